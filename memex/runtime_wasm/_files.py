@@ -1,0 +1,111 @@
+"""The files every guest sees besides its mounts, prepared once per machine in the cache:
+the stdlib zip under the name the interpreter looks for, matplotlib's data extracted from the
+zip, and the guest bundle (MemEx's guest-side package plus the pure-Python msgpack, assembled
+from installed packages: no third-party code is kept in the repository).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+import zipfile
+from pathlib import Path
+
+from ._artifacts import Artifacts
+from ._cache import cache_dir, file_lock
+
+__all__ = ["GUEST_BUNDLE", "GUEST_LIB", "bundle_dir", "driver_source", "mpl_data_dir", "stdlib_dir"]
+
+GUEST_LIB = "/usr/local/lib"
+GUEST_BUNDLE = "/memex"
+_GUEST_SRC = Path(__file__).resolve().parent / "guest"
+
+
+def _materialize(final: Path, build: callable) -> Path:  # type: ignore[valid-type]
+    """Build a directory once per machine: under a lock, into a temporary sibling, renamed."""
+    if final.is_dir():
+        return final
+    with file_lock(final.with_name(final.name + ".lock")):
+        if final.is_dir():
+            return final
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+        try:
+            build(tmp)
+            os.chmod(tmp, 0o755)
+            os.replace(tmp, final)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def stdlib_dir(arts: Artifacts) -> Path:
+    """A folder holding only ``python3XY.zip``, mounted read-only at /usr/local/lib."""
+
+    def build(tmp: Path) -> None:
+        dest = tmp / f"python{arts.python_tag}.zip"
+        try:
+            os.link(arts.stdlib_zip, dest)
+        except OSError:
+            shutil.copyfile(arts.stdlib_zip, dest)
+
+    return _materialize(cache_dir() / "stdlib" / arts.stdlib_sha256[:24], build)
+
+
+def mpl_data_dir(arts: Artifacts) -> Path | None:
+    """matplotlib's data, extracted from the inner ``mpl-data.zip`` of the stdlib zip."""
+
+    def build(tmp: Path) -> None:
+        with zipfile.ZipFile(arts.stdlib_zip) as outer:
+            try:
+                inner_bytes = outer.read("matplotlib/mpl-data.zip")
+            except KeyError:
+                return
+        inner_path = tmp / ".inner.zip"
+        inner_path.write_bytes(inner_bytes)
+        with zipfile.ZipFile(inner_path) as inner:
+            for member in inner.infolist():
+                target = (tmp / member.filename).resolve()
+                if not str(target).startswith(str(tmp.resolve()) + os.sep):
+                    continue  # never write outside the folder
+                inner.extract(member, tmp)
+        inner_path.unlink()
+
+    d = _materialize(cache_dir() / "mpl-data" / arts.stdlib_sha256[:24], build)
+    return d if any(d.iterdir()) else None
+
+
+def _bundle_sources() -> list[tuple[str, Path]]:
+    import msgpack
+
+    files: list[tuple[str, Path]] = []
+    for path in sorted((_GUEST_SRC / "memex_guest").rglob("*.py")):
+        files.append((f"memex_guest/{path.relative_to(_GUEST_SRC / 'memex_guest')}", path))
+    mp = Path(msgpack.__file__).resolve().parent
+    for path in sorted(mp.glob("*.py")):
+        files.append((f"msgpack/{path.name}", path))
+    return files
+
+
+def bundle_dir() -> Path:
+    """The guest bundle: ``site/memex_guest`` and ``site/msgpack`` (pure Python), mounted
+    read-only at /memex. Keyed by the content of its sources."""
+    sources = _bundle_sources()
+    h = hashlib.sha256()
+    for name, path in sources:
+        h.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
+
+    def build(tmp: Path) -> None:
+        for name, path in sources:
+            dest = tmp / "site" / name
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, dest)
+
+    return _materialize(cache_dir() / "bundle" / h.hexdigest()[:24], build)
+
+
+def driver_source() -> str:
+    return (_GUEST_SRC / "_driver.py").read_text()

@@ -1,0 +1,163 @@
+"""The runtime's public records: limits, mounts and turn results (frozen, keyword-only)."""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+from ..errors import ConfigError
+
+__all__ = ["GuestException", "Limits", "Mount", "TurnResult", "TurnStatus"]
+
+RESERVED_GUEST_PATHS = ("/usr/local/lib", "/memex", "/tmp")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Limits:
+    """Hard caps for one sandbox. Every cap ends a turn with a clear result, never a host
+    crash or hang.
+
+    Attributes:
+        timeout: wall seconds per turn (epoch interruption; also bounds guest sleeps and door
+            handlers). A turn past it is trapped and rolled back.
+        memory: bytes of guest linear memory; an allocation beyond it is a MemoryError in the
+            guest, which lives on.
+        fuel: instructions per turn (selects the fuel-metered engine, ~20% slower); None = off.
+        fuel_total: instructions over the sandbox's lifetime; None = off.
+        stdout_bytes / stderr_bytes: bytes kept per stream per turn; the rest is counted and
+            replaced by a truncation marker.
+        idle_timeout: seconds without a turn after which the sandbox closes itself.
+        lifetime: seconds after creation after which the sandbox closes itself.
+    """
+
+    timeout: float = 30.0
+    memory: int = 1 << 30
+    fuel: int | None = None
+    fuel_total: int | None = None
+    stdout_bytes: int = 1 << 20
+    stderr_bytes: int = 1 << 20
+    idle_timeout: float | None = None
+    lifetime: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.timeout > 0:
+            raise ConfigError(f"Limits.timeout must be > 0 seconds, got {self.timeout!r}")
+        if self.memory < (48 << 20):
+            raise ConfigError(
+                f"Limits.memory must be at least 48 MiB (the interpreter alone needs ~40 MiB), "
+                f"got {self.memory!r}"
+            )
+        for name in ("fuel", "fuel_total"):
+            v = getattr(self, name)
+            if v is not None and v <= 0:
+                raise ConfigError(f"Limits.{name} must be positive or None, got {v!r}")
+        for name in ("stdout_bytes", "stderr_bytes"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"Limits.{name} must be >= 0")
+        for name in ("idle_timeout", "lifetime"):
+            v = getattr(self, name)
+            if v is not None and not v > 0:
+                raise ConfigError(f"Limits.{name} must be > 0 seconds or None, got {v!r}")
+
+    @property
+    def metered(self) -> bool:
+        return self.fuel is not None or self.fuel_total is not None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Mount:
+    """A host directory the guest may see at ``guest_path`` (read-only unless ``writable``)."""
+
+    host_path: str | os.PathLike[str]
+    guest_path: str
+    writable: bool = False
+
+    def __post_init__(self) -> None:
+        host = Path(self.host_path)
+        if not host.is_dir():
+            raise ConfigError(f"mount source {host} is not an existing directory")
+        g = self.guest_path
+        if not isinstance(g, str) or not g.startswith("/"):
+            raise ConfigError(f"mount target must be an absolute guest path, got {g!r}")
+        norm = posixpath.normpath(g)
+        if norm != g.rstrip("/") or ".." in g.split("/") or norm == "/":
+            raise ConfigError(f"mount target {g!r} must be a normalized path below /")
+        for reserved in RESERVED_GUEST_PATHS:
+            if norm == reserved or norm.startswith(reserved + "/") or reserved.startswith(
+                norm + "/"
+            ):
+                raise ConfigError(f"mount target {g!r} overlaps MemEx's reserved {reserved}")
+
+    @classmethod
+    def parse(cls, spec: str) -> Mount:
+        """``HOST:GUEST[:ro|rw]`` as the CLI takes it."""
+        parts = spec.split(":")
+        if len(parts) == 3 and parts[2] in ("ro", "rw"):
+            return cls(host_path=parts[0], guest_path=parts[1], writable=parts[2] == "rw")
+        if len(parts) == 2:
+            return cls(host_path=parts[0], guest_path=parts[1])
+        raise ConfigError(f"mount spec {spec!r} is not HOST:GUEST[:ro|rw]")
+
+
+class TurnStatus(str, Enum):
+    OK = "ok"  # the cell ran to the end
+    ERROR = "error"  # the cell raised; `exception` says what
+    EXIT = "exit"  # the cell called sys.exit()/exit() or os._exit(); `exit_code` says which
+    KILLED = "killed"  # a limit or trap stopped the turn; `limit` says which
+
+
+@dataclass(frozen=True, kw_only=True)
+class GuestException:
+    type: str
+    message: str
+    traceback: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class TurnResult:
+    """What one turn did, as data: nothing a guest does raises on the host."""
+
+    status: TurnStatus
+    stdout: str = ""
+    stderr: str = ""
+    value: str | None = None  # repr of the cell's final expression, like a REPL echo
+    exception: GuestException | None = None
+    exit_code: int | None = None
+    limit: str | None = None  # deadline|fuel|fuel_total|memory|stack|lifetime|cancelled|trap
+    trap: str | None = None  # the engine's message when a trap ended the turn
+    rolled_back: bool = False  # guest state is back to the end of the last good turn
+    duration: float = 0.0  # wall seconds
+    fuel_used: int | None = None
+    memory_bytes: int = 0  # guest linear memory after the turn
+    truncated: tuple[str, ...] = field(default=())  # streams that hit their byte cap
+
+    @property
+    def ok(self) -> bool:
+        return self.status is TurnStatus.OK
+
+    def to_dict(self) -> dict[str, object]:
+        d: dict[str, object] = {
+            "status": self.status.value,
+            "stdout": self.stdout,
+            "stderr": self.stderr,
+            "value": self.value,
+            "exception": None
+            if self.exception is None
+            else {
+                "type": self.exception.type,
+                "message": self.exception.message,
+                "traceback": self.exception.traceback,
+            },
+            "exit_code": self.exit_code,
+            "limit": self.limit,
+            "trap": self.trap,
+            "rolled_back": self.rolled_back,
+            "duration": self.duration,
+            "fuel_used": self.fuel_used,
+            "memory_bytes": self.memory_bytes,
+            "truncated": list(self.truncated),
+        }
+        return d

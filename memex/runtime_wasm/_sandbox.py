@@ -1,0 +1,530 @@
+"""``Sandbox``: one live, capped CPython-on-WASI kernel whose state persists across turns and
+survives traps (the failing turn is rolled back to the end of the last good one)."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import posixpath
+import shutil
+import tempfile
+import threading
+import time
+import weakref
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError, GuestFileError, GuestStartError, ImageError, SandboxClosed
+from ._door import Door
+from ._engine import LoadedModule, load_module
+from ._files import GUEST_BUNDLE, GUEST_LIB, bundle_dir, driver_source, mpl_data_dir, stdlib_dir
+from ._image import MemoryImage, read_image_file, write_image_file
+from ._instance import Instance, InstanceSpec, TurnOutcome
+from ._records import GuestException, Limits, Mount, TurnResult, TurnStatus
+from ._runner import Runner
+
+__all__ = ["Checkpoint", "Sandbox"]
+
+_TURN = "__memex_turn__()"
+_LIVE: weakref.WeakSet[Sandbox] = weakref.WeakSet()
+_LIVE_LOCK = threading.Lock()
+_REAPER: threading.Thread | None = None
+
+
+class Checkpoint:
+    """A saved guest state of one sandbox (an image of its memory), for ``restore``."""
+
+    __slots__ = ("__weakref__", "_image", "_owner_key", "turns")
+
+    def __init__(self, image: MemoryImage, owner_key: tuple[Any, ...], turns: int) -> None:
+        self._image = image
+        self._owner_key = owner_key
+        self.turns = turns
+
+    @property
+    def size(self) -> int:
+        return self._image.size
+
+
+def _bootstrap_source() -> str:
+    driver = driver_source()
+    return (
+        "import sys as _s\n"
+        f"_s.path.append({GUEST_BUNDLE + '/site'!r})\n"
+        "del _s\n"
+        f"exec(compile({driver!r}, '<memex-driver>', 'exec'), "
+        "{'__name__': 'memex_driver', '__file__': '<memex-driver>'})\n"
+    )
+
+
+class Sandbox:
+    """A persistent, capped Python kernel in WebAssembly.
+
+    >>> with Sandbox(limits=Limits(timeout=5)) as sb:
+    ...     sb.run("x = 21")
+    ...     sb.run("x * 2").value
+    '42'
+    """
+
+    def __init__(
+        self,
+        *,
+        limits: Limits | None = None,
+        mounts: Sequence[Mount] = (),
+        preload: Iterable[str] = (),
+        door: Door | None = None,
+        env: dict[str, str] | None = None,
+        rollback: bool = True,
+        _image: MemoryImage | None = None,
+        _scratch_from: Path | None = None,
+    ) -> None:
+        self.limits = limits or Limits()
+        self.door = door if door is not None else Door()
+        self.rollback = rollback
+        self.preload = tuple(preload)
+        for name in self.preload:
+            if not isinstance(name, str) or not all(p.isidentifier() for p in name.split(".")):
+                raise ConfigError(f"preload entries are module names, got {name!r}")
+        self.mounts = tuple(mounts)
+        seen = set()
+        for m in self.mounts:
+            if not isinstance(m, Mount):
+                raise ConfigError(f"mounts takes Mount objects, got {type(m).__name__}")
+            if m.guest_path in seen:
+                raise ConfigError(f"two mounts at {m.guest_path}")
+            seen.add(m.guest_path)
+        self._env = dict(env or {})
+        self._closed_reason: str | None = None
+        self._lock = threading.RLock()
+        self._busy = False
+        self.turns = 0
+        self.fuel_used_total = 0
+        self.created = time.monotonic()
+        self.last_used = self.created
+        self._good: MemoryImage | None = None  # None: the freshly bootstrapped state
+        self._good_owned = False
+        self._base: MemoryImage | None = None  # state to rebuild when _good is None
+        self._inst: Instance | None = None
+        self._loaded: LoadedModule = load_module("metered" if self.limits.metered else "plain")
+        self._scratch = Path(tempfile.mkdtemp(prefix="memex-tmp-"))
+        if _scratch_from is not None:
+            shutil.copytree(_scratch_from, self._scratch, dirs_exist_ok=True, symlinks=True)
+        self._spec = self._make_spec()
+        self._runner = Runner(f"memex-sandbox-{id(self):x}")
+        try:
+            if _image is not None:
+                self._base = _image
+                self._runner.call(self._fresh_instance)
+            elif self.preload:
+                from ._warm import warm_image
+
+                self._base = warm_image(self._loaded, self._spec, self.preload)
+                self._runner.call(self._fresh_instance)
+            else:
+                self._runner.call(self._fresh_instance)
+        except BaseException:
+            self._teardown("failed to start")
+            raise
+        with _LIVE_LOCK:
+            _LIVE.add(self)
+        if self.limits.idle_timeout is not None or self.limits.lifetime is not None:
+            _start_reaper()
+
+    # ---- construction -------------------------------------------------------------------
+    def _make_spec(self) -> InstanceSpec:
+        arts = self._loaded.artifacts
+        preopens: list[tuple[str, str, bool]] = [
+            (str(stdlib_dir(arts)), GUEST_LIB, False),
+            (str(bundle_dir()), GUEST_BUNDLE, False),
+        ]
+        mpl = mpl_data_dir(arts)
+        if mpl is not None:
+            preopens.append(
+                (str(mpl), f"{GUEST_LIB}/python{arts.python_tag}.zip/matplotlib/mpl-data", False)
+            )
+        preopens.append((str(self._scratch), "/tmp", True))
+        for m in self.mounts:
+            preopens.append((str(Path(m.host_path).resolve()), m.guest_path, m.writable))
+        env = {
+            "HOME": "/tmp",
+            "TMPDIR": "/tmp",
+            "MPLBACKEND": "Agg",
+            "MPLCONFIGDIR": "/tmp/.matplotlib",
+            "MSGPACK_PUREPYTHON": "1",
+            "PYTHONIOENCODING": "utf-8",
+        }
+        env.update(self._env)
+        return InstanceSpec(
+            preopens=tuple(preopens),
+            env=tuple(sorted(env.items())),
+            memory_limit=self.limits.memory,
+        )
+
+    def _new_instance(self) -> Instance:
+        return Instance(self._loaded, self._spec, self.door.dispatch)
+
+    def _fresh_instance(self) -> None:
+        """(runner) Replace the instance by one holding the last good state."""
+        old, self._inst = self._inst, None
+        if old is not None:
+            old.close()
+        inst = self._new_instance()
+        try:
+            image = self._good if self._good is not None else self._base
+            if image is not None:
+                image.restore_into(inst)
+            else:
+                self._bootstrap(inst)
+        except BaseException:
+            inst.close()
+            raise
+        self._inst = inst
+
+    def _bootstrap(self, inst: Instance) -> None:
+        out = inst.run_raw(_bootstrap_source(), deadline=time.monotonic() + 60, fuel=None,
+                           cell={})
+        if out.trap or out.raw_rc:
+            raise GuestStartError(
+                f"guest bootstrap failed ({out.trap or f'rc={out.raw_rc}'}): "
+                f"{inst.stderr.text()[-2000:]}"
+            )
+
+    # ---- state --------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self._closed_reason is not None
+
+    def _check_open(self) -> None:
+        if self._closed_reason is not None:
+            raise SandboxClosed(self._closed_reason)
+
+    @property
+    def memory_bytes(self) -> int:
+        self._check_open()
+        return self._runner.call(lambda: self._require().memory_size())
+
+    def _require(self) -> Instance:
+        if self._inst is None:
+            raise SandboxClosed(self._closed_reason or "guest lost")
+        return self._inst
+
+    def _key(self) -> tuple[Any, ...]:
+        return (self._loaded.flavour, tuple((g, w) for _, g, w in self._spec.preopens),
+                self._spec.env)
+
+    # ---- turns --------------------------------------------------------------------------
+    def run(self, code: str, *, timeout: float | None = None, filename: str | None = None
+            ) -> TurnResult:
+        """Run one cell. Guest errors, exits and limits come back as data in the result."""
+        if not isinstance(code, str):
+            raise ConfigError(f"code must be a str, got {type(code).__name__}")
+        if timeout is not None and not timeout > 0:
+            raise ConfigError("timeout must be > 0")
+        with self._lock:
+            self._check_open()
+            self._busy = True
+            try:
+                return self._runner.call(lambda: self._turn(code, timeout, filename))
+            finally:
+                self._busy = False
+                self.last_used = time.monotonic()
+
+    def _turn(self, code: str, timeout: float | None, filename: str | None) -> TurnResult:
+        inst = self._require()
+        lim = self.limits
+        start = time.monotonic()
+        budget = min(timeout or lim.timeout, lim.timeout if timeout is None else timeout)
+        lifetime_cut = False
+        if lim.lifetime is not None:
+            left = self.created + lim.lifetime - start
+            if left < budget:
+                budget, lifetime_cut = max(left, 0.001), True
+        fuel: int | None = lim.fuel
+        fuel_total_cut = False
+        if lim.fuel_total is not None:
+            left_fuel = max(lim.fuel_total - self.fuel_used_total, 1)
+            if fuel is None or left_fuel < fuel:
+                fuel, fuel_total_cut = left_fuel, True
+        inst.stdout.reset(lim.stdout_bytes)
+        inst.stderr.reset(lim.stderr_bytes)
+        self.turns += 1
+        cell = {"code": code, "filename": filename or f"<cell-{self.turns}>"}
+        out = inst.run_raw(_TURN, deadline=start + budget, fuel=fuel, cell=cell)
+        duration = time.monotonic() - start
+        if out.fuel_used is not None:
+            self.fuel_used_total += out.fuel_used
+        limit = out.limit
+        if limit == "deadline" and lifetime_cut:
+            limit = "lifetime"
+        if limit == "fuel" and fuel_total_cut:
+            limit = "fuel_total"
+        truncated = tuple(s.name for s in (inst.stdout, inst.stderr) if s.truncated)
+        stdout, stderr = inst.stdout.text(), inst.stderr.text()
+        if out.trap is not None:
+            rolled_back = self._recover()
+            return TurnResult(
+                status=TurnStatus.EXIT if limit == "exit" else TurnStatus.KILLED,
+                stdout=stdout, stderr=stderr, limit=limit, trap=out.trap,
+                exit_code=out.exit_code, rolled_back=rolled_back, duration=duration,
+                fuel_used=out.fuel_used, truncated=truncated,
+                memory_bytes=self._inst.memory_size() if self._inst else 0,
+            )
+        result = self._from_report(out, stdout, stderr, duration, truncated, inst)
+        if self.rollback:
+            self._runner.post(self._checkpoint_good)
+        return result
+
+    def _from_report(self, out: TurnOutcome, stdout: str, stderr: str, duration: float,
+                     truncated: tuple[str, ...], inst: Instance) -> TurnResult:
+        rep = out.report
+        common: dict[str, Any] = dict(stdout=stdout, stderr=stderr, duration=duration,
+                                      fuel_used=out.fuel_used, truncated=truncated,
+                                      memory_bytes=inst.memory_size())
+        if not isinstance(rep, dict):
+            return TurnResult(
+                status=TurnStatus.ERROR,
+                exception=GuestException(type="MemexDriverError",
+                                         message=f"the guest's turn driver did not report "
+                                         f"(rc={out.raw_rc})", traceback=stderr[-4000:]),
+                **common,
+            )
+        status = rep.get("status")
+        if status == "ok":
+            value = rep.get("value")
+            return TurnResult(status=TurnStatus.OK, value=value if isinstance(value, str) else None,
+                              **common)
+        if status == "exit":
+            code = rep.get("exit_code")
+            return TurnResult(status=TurnStatus.EXIT,
+                              exit_code=code if isinstance(code, int) else 1, **common)
+        exc = rep.get("exception") if isinstance(rep.get("exception"), dict) else {}
+        assert isinstance(exc, dict)
+        etype = str(exc.get("type", "Exception"))
+        return TurnResult(
+            status=TurnStatus.ERROR,
+            exception=GuestException(type=etype, message=str(exc.get("message", "")),
+                                     traceback=str(exc.get("traceback", ""))),
+            limit="memory" if etype == "MemoryError" else None,
+            **common,
+        )
+
+    def _checkpoint_good(self) -> None:
+        """(runner, background) Remember the state after a good turn for rollback."""
+        inst = self._inst
+        if inst is None or not inst.alive:
+            return
+        reuse = self._good if self._good_owned else None
+        self._good = MemoryImage.capture(inst, reuse=reuse)
+        self._good_owned = True
+
+    def _recover(self) -> bool:
+        """(runner) After a trap: a new instance holding the last good state."""
+        if not self.rollback:
+            self._good = None  # start over from the base state
+        try:
+            self._fresh_instance()
+        except Exception as exc:
+            self._teardown(f"guest could not be restored after a trap: {exc}")
+            return False
+        return self.rollback
+
+    # ---- checkpoints, fork, save/load ---------------------------------------------------
+    def checkpoint(self) -> Checkpoint:
+        """Capture the current guest state (copy of its memory)."""
+        with self._lock:
+            self._check_open()
+            img = self._runner.call(lambda: MemoryImage.capture(self._require()))
+            return Checkpoint(img, self._key(), self.turns)
+
+    def restore(self, checkpoint: Checkpoint) -> None:
+        """Put the guest back to ``checkpoint`` (taken from this sandbox or a fork of it)."""
+        if not isinstance(checkpoint, Checkpoint):
+            raise ConfigError("restore takes a Checkpoint from checkpoint()")
+        with self._lock:
+            self._check_open()
+            if checkpoint._owner_key != self._key():
+                raise ConfigError("checkpoint comes from a sandbox with other mounts or engine")
+
+            def job() -> None:
+                self._good = checkpoint._image
+                self._good_owned = False
+                self._fresh_instance()
+
+            self._runner.call(job)
+
+    def fork(self) -> Sandbox:
+        """An independent sandbox with identical guest state, limits, mounts and /tmp files."""
+        with self._lock:
+            self._check_open()
+            img = self._runner.call(lambda: MemoryImage.capture(self._require()))
+            return Sandbox(limits=self.limits, mounts=self.mounts, door=self.door,
+                           env=self._env, rollback=self.rollback, _image=img,
+                           _scratch_from=self._scratch)
+
+    def save(self, path: str | os.PathLike[str]) -> int:
+        """Write the guest state to a compressed image file; returns its size in bytes."""
+        with self._lock:
+            self._check_open()
+            img = self._runner.call(lambda: MemoryImage.capture(self._require()))
+            try:
+                meta = {"turns": self.turns, "env": dict(self._env),
+                        "guest_paths": [g for _, g, _ in self._spec.preopens],
+                        "flavour": self._loaded.flavour}
+                return write_image_file(Path(path), img,
+                                        self._loaded.artifacts.snapshot_sha256, meta)
+            finally:
+                img.close()
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], *, limits: Limits | None = None,
+             mounts: Sequence[Mount] = (), door: Door | None = None,
+             env: dict[str, str] | None = None, rollback: bool = True) -> Sandbox:
+        """A sandbox holding the state saved by ``save``. Mounts must sit at the same guest
+        paths as when it was saved (the guest's libc remembers them)."""
+        limits = limits or Limits()
+        loaded = load_module("metered" if limits.metered else "plain")
+        img, info = read_image_file(Path(path), loaded.artifacts.snapshot_sha256)
+        want = info.meta.get("guest_paths")
+        sb_env = env if env is not None else info.meta.get("env")
+        have = ["/usr/local/lib", "/memex"]
+        if isinstance(want, list):
+            have_mounts = [p for p in want if p not in ("/usr/local/lib", "/memex", "/tmp")
+                           and not p.startswith("/usr/local/lib/")]
+            given = [m.guest_path for m in mounts]
+            if given != have_mounts:
+                img.close()
+                raise ImageError(f"{path} was saved with mounts at {have_mounts}; "
+                                 f"load() was given {given}")
+        del have
+        return cls(limits=limits, mounts=mounts, door=door,
+                   env=sb_env if isinstance(sb_env, dict) else None, rollback=rollback,
+                   _image=img)
+
+    # ---- files ----------------------------------------------------------------------------
+    def _host_path(self, guest_path: str, *, write: bool) -> Path:
+        if not isinstance(guest_path, str) or not guest_path.startswith("/"):
+            raise GuestFileError(f"guest path must be absolute, got {guest_path!r}")
+        norm = posixpath.normpath(guest_path)
+        best: tuple[str, str, bool] | None = None
+        for host, guest, writable in self._spec.preopens:
+            if guest in (GUEST_LIB, GUEST_BUNDLE) or guest.startswith(GUEST_LIB + "/"):
+                continue
+            if (norm == guest or norm.startswith(guest + "/")) and (
+                best is None or len(guest) > len(best[1])
+            ):
+                best = (host, guest, writable)
+        if best is None:
+            raise GuestFileError(f"{guest_path} is not under /tmp or a mount")
+        host, guest, writable = best
+        if write and not writable:
+            raise GuestFileError(f"{guest_path} is on a read-only mount")
+        root = Path(host).resolve()
+        rel = posixpath.relpath(norm, guest)
+        target = (root / rel).resolve()
+        if target != root and root not in target.parents:
+            raise GuestFileError(f"{guest_path} escapes its mount")
+        return target
+
+    def read_file(self, guest_path: str) -> bytes:
+        """Read a file the guest wrote (under /tmp or a mount)."""
+        self._check_open()
+        target = self._host_path(guest_path, write=False)
+        try:
+            return target.read_bytes()
+        except OSError as exc:
+            raise GuestFileError(f"cannot read {guest_path}: {exc.strerror}") from exc
+
+    def write_file(self, guest_path: str, data: bytes) -> None:
+        """Place a file where the guest can read it (under /tmp or a writable mount)."""
+        self._check_open()
+        target = self._host_path(guest_path, write=True)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        except OSError as exc:
+            raise GuestFileError(f"cannot write {guest_path}: {exc.strerror}") from exc
+
+    # ---- lifecycle ----------------------------------------------------------------------
+    def close(self) -> None:
+        """Release the guest, its thread and its /tmp. Idempotent."""
+        self._teardown("closed")
+
+    def _teardown(self, reason: str) -> None:
+        if self._closed_reason is not None:
+            return
+        self._closed_reason = reason
+        inst = self._inst
+        if inst is not None:
+            inst.cancel.set()
+        runner = self.__dict__.get("_runner")
+        if runner is not None:
+            def job() -> None:
+                if self._inst is not None:
+                    self._inst.close()
+                    self._inst = None
+            if runner.on_thread():
+                job()
+            else:
+                runner.call(job)
+            runner.stop(timeout=5)
+        for img, owned in ((self._good, self._good_owned),):
+            if img is not None and owned:
+                img.close()
+        self._good = None
+        shutil.rmtree(self.__dict__.get("_scratch", ""), ignore_errors=True) if self.__dict__.get(
+            "_scratch") else None
+        with _LIVE_LOCK:
+            _LIVE.discard(self)
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            if self._closed_reason is None:
+                self._teardown("garbage collected")
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        state = self._closed_reason or "open"
+        return f"<Sandbox turns={self.turns} {state}>"
+
+
+def _reap() -> None:
+    while True:
+        time.sleep(0.25)
+        now = time.monotonic()
+        with _LIVE_LOCK:
+            live = list(_LIVE)
+        for sb in live:
+            lim = sb.limits
+            if sb.closed or sb._busy:
+                continue
+            if lim.lifetime is not None and now - sb.created > lim.lifetime:
+                sb._teardown("lifetime ended")
+            elif lim.idle_timeout is not None and now - sb.last_used > lim.idle_timeout:
+                sb._teardown("idle timeout")
+
+
+def _start_reaper() -> None:
+    global _REAPER
+    with _LIVE_LOCK:
+        if _REAPER is None:
+            _REAPER = threading.Thread(target=_reap, name="memex-reaper", daemon=True)
+            _REAPER.start()
+
+
+@atexit.register
+def _close_all() -> None:
+    with _LIVE_LOCK:
+        live = list(_LIVE)
+    for sb in live:
+        try:
+            sb._teardown("interpreter exit")
+        except Exception:
+            pass
