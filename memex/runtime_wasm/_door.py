@@ -102,8 +102,7 @@ class Door:
                 return self._error(rid, "too_large", f"request of {len(frame)} bytes exceeds "
                                    f"the {self.max_request_bytes}-byte cap", op, start, frame)
             try:
-                req = msgpack.unpackb(frame, raw=False, strict_map_key=False,
-                                      max_buffer_size=self.max_request_bytes)
+                req = msgpack.unpackb(frame, raw=False, strict_map_key=False)
             except Exception as exc:  # malformed bytes of any kind
                 return self._error(rid, "protocol", f"malformed frame: {type(exc).__name__}",
                                    op, start, frame)

@@ -154,6 +154,7 @@ class Instance:
         out = TurnOutcome()
         data = source.encode("utf-8")
         store = self.store
+        start_wall = time.monotonic()
         remaining = deadline - time.monotonic()
         store.set_epoch_deadline(ticks_for(max(remaining, 0.0)))
         budget = fuel if fuel is not None else (1 << 62)
@@ -172,12 +173,10 @@ class Instance:
         except wasmtime.ExitTrap as exc:
             self.alive = False
             out.trap, out.limit, out.exit_code = f"process exit {exc.code}", "exit", exc.code
-        except wasmtime.Trap as exc:
+        except (wasmtime.Trap, wasmtime.WasmtimeError) as exc:
             self.alive = False
-            out.trap, out.limit = str(exc), _classify(exc)
-        except wasmtime.WasmtimeError as exc:
-            self.alive = False
-            out.trap, out.limit = str(exc), _classify(exc)
+            out.limit = _classify(exc)
+            out.trap = _describe(exc, out.limit, deadline - start_wall)
         finally:
             if self.loaded.flavour == "metered":
                 try:
@@ -288,6 +287,26 @@ class Instance:
         store = self.__dict__.pop("store", None)
         if store is not None:
             store.close()
+
+
+_MESSAGES = {
+    "deadline": "wall-clock deadline of {budget:.3g}s reached",
+    "fuel": "fuel (instruction) budget exhausted",
+    "stack": "wasm stack overflow",
+    "memory": "out of memory",
+}
+
+
+def _describe(exc: Exception, limit: str, budget: float) -> str:
+    """A one-line trap description (the engine's message carries a whole wasm backtrace)."""
+    if limit in _MESSAGES:
+        return _MESSAGES[limit].format(budget=budget)
+    text = str(exc).strip()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if "wasm trap" in ln or "trap" in ln.lower() and "backtrace" not in ln:
+            return ln
+    return lines[0] if lines else type(exc).__name__
 
 
 def _classify(exc: Exception) -> str:

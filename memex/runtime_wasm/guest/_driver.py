@@ -119,6 +119,34 @@ def _install():
         _host.call(ctl + b'{"op":"end","report":' + payload.encode("utf-8", "replace") + b"}")
 
     _b.__memex_turn__ = turn
+    _no_network()
+
+
+def _no_network():
+    # No sockets in the sandbox: a clear PermissionError instead of WASI's "Not supported".
+    import errno
+
+    try:
+        import _socket
+    except ImportError:
+        return
+    message = ("network access is disabled in this sandbox: the guest has no sockets "
+               "(network egress goes through the host under a policy)")
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(errno.EACCES, message)
+
+    class socket(_socket.socket):
+        __slots__ = ()
+
+        def __init__(self, *args, **kwargs):
+            refuse()
+
+    _socket.socket = socket
+    _socket.SocketType = socket
+    for name in ("getaddrinfo", "gethostbyname", "gethostbyname_ex", "gethostbyaddr",
+                 "getnameinfo", "socketpair", "fromfd"):
+        setattr(_socket, name, refuse)
 
 
 _install()

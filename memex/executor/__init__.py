@@ -1,0 +1,3 @@
+"""The agent loop, LLM client, backends, trajectories and sub-agents."""
+
+__all__: list[str] = []
