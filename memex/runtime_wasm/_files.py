@@ -6,6 +6,7 @@ from installed packages: no third-party code is kept in the repository).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -42,6 +43,7 @@ def _materialize(final: Path, build: callable) -> Path:  # type: ignore[valid-ty
     return final
 
 
+@functools.lru_cache(maxsize=8)
 def stdlib_dir(arts: Artifacts) -> Path:
     """A folder holding only ``python3XY.zip``, mounted read-only at /usr/local/lib."""
 
@@ -55,6 +57,7 @@ def stdlib_dir(arts: Artifacts) -> Path:
     return _materialize(cache_dir() / "stdlib" / arts.stdlib_sha256[:24], build)
 
 
+@functools.lru_cache(maxsize=8)
 def mpl_data_dir(arts: Artifacts) -> Path | None:
     """matplotlib's data, extracted from the inner ``mpl-data.zip`` of the stdlib zip."""
 
@@ -90,6 +93,7 @@ def _bundle_sources() -> list[tuple[str, Path]]:
     return files
 
 
+@functools.lru_cache(maxsize=1)
 def bundle_dir() -> Path:
     """The guest bundle: ``site/memex_guest`` and ``site/msgpack`` (pure Python), mounted
     read-only at /memex. Keyed by the content of its sources."""
@@ -107,5 +111,6 @@ def bundle_dir() -> Path:
     return _materialize(cache_dir() / "bundle" / h.hexdigest()[:24], build)
 
 
+@functools.lru_cache(maxsize=1)
 def driver_source() -> str:
     return (_GUEST_SRC / "_driver.py").read_text()

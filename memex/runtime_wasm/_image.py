@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import json
 import mmap
+import os
 
 import struct
 import zlib
@@ -28,86 +29,132 @@ if TYPE_CHECKING:
 
 __all__ = ["ImageInfo", "MemoryImage", "read_image_file", "write_image_file"]
 
-_HUGE = 2 << 20
 MAGIC = b"MEMEXIMG"
 FORMAT_VERSION = 1
 _HEADER = struct.Struct("<8sII")
 _CHUNK = 1 << 20
 
 
-def _round_up(n: int, to: int) -> int:
-    return (n + to - 1) // to * to
-
-
 _libc = ctypes.CDLL(None, use_errno=True)
-_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-_MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", 14)
-
-
-def advise_hugepages(addr: int, length: int) -> None:
-    """Ask for transparent huge pages on a region about to be written in full: one fault per
-    2 MiB instead of per 4 KiB is most of the cost of filling a fresh memory."""
-    start = _round_up(addr, _HUGE)
-    end = (addr + length) // _HUGE * _HUGE
-    if end > start:
-        _libc.madvise(start, end - start, _MADV_HUGEPAGE)
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_int, ctypes.c_long]
+_libc.mmap.restype = ctypes.c_void_p
+_PROT_RW = mmap.PROT_READ | mmap.PROT_WRITE
+_MAP_PRIVATE = mmap.MAP_PRIVATE
+_MAP_FIXED = 0x10
+_MAP_FAILED = ctypes.c_void_p(-1).value
 
 
 class MemoryImage:
-    """A reusable buffer holding one image of a guest's linear memory."""
+    """One immutable image of a guest's linear memory, held in a memfd.
 
-    __slots__ = ("_addr", "_buf", "size")
+    Restoring maps the image copy-on-write over the fresh instance's memory (``mmap`` with
+    ``MAP_PRIVATE | MAP_FIXED``), so a restore or fork costs page-table work, not a copy, and
+    every sandbox restored from one image shares its unmodified pages. Because private
+    mappings read through to the file, an image is never written after it is first used.
+    """
 
-    def __init__(self, capacity: int) -> None:
-        capacity = max(_round_up(capacity, _HUGE), _HUGE)
-        self._buf = mmap.mmap(-1, capacity)
-        self._addr = ctypes.addressof(ctypes.c_char.from_buffer(self._buf))
-        advise_hugepages(self._addr, capacity)
-        self.size = 0
+    __slots__ = ("__weakref__", "_fd", "_view_map", "size")
 
-    @property
-    def capacity(self) -> int:
-        return len(self._buf)
+    def __init__(self, fd: int, size: int) -> None:
+        self._fd = fd
+        self.size = size
+        self._view_map: mmap.mmap | None = None
 
     @classmethod
-    def capture(cls, inst: Instance, reuse: MemoryImage | None = None) -> MemoryImage:
+    def _new_fd(cls, size: int) -> int:
+        fd = os.memfd_create("memex-image", os.MFD_CLOEXEC)
+        os.ftruncate(fd, size)
+        return fd
+
+    @classmethod
+    def capture(cls, inst: Instance) -> MemoryImage:
+        """Copy the live memory of an idle instance (the kernel copies: no user page faults)."""
         size = inst.memory_size()
-        img = reuse if reuse is not None and reuse.capacity >= size else cls(size)
-        ctypes.memmove(img._addr, inst.memory_address(), size)
-        img.size = size
+        img = cls(cls._new_fd(size), size)
+        try:
+            img._write_from(inst.memory_address(), size)
+        except BaseException:
+            img.close()
+            raise
         return img
+
+    def overwrite_from(self, inst: Instance) -> None:
+        """Recapture into this image's own pages (no page allocation). Only for an image that
+        no instance maps and nobody else holds."""
+        size = inst.memory_size()
+        if size > self.size:
+            os.ftruncate(self._fd, size)
+        if self._view_map is not None:
+            self._view_map.close()
+            self._view_map = None
+        self._write_from(inst.memory_address(), size)
+        self.size = size
+
+    def _write_from(self, addr: int, size: int) -> None:
+        view = memoryview((ctypes.c_char * size).from_address(addr)).cast("B")
+        off = 0
+        while off < size:
+            n = os.pwrite(self._fd, view[off : off + _CHUNK * 64], off)
+            if n <= 0:
+                raise ImageError("short write capturing a memory image")
+            off += n
 
     @classmethod
     def from_chunks(cls, size: int, chunks: list[tuple[int, bytes]]) -> MemoryImage:
-        img = cls(size)
-        for offset, data in chunks:
-            img._buf[offset : offset + len(data)] = data
-        img.size = size
-        return img
-
-    def copy(self) -> MemoryImage:
-        other = MemoryImage(self.size)
-        ctypes.memmove(other._addr, self._addr, self.size)
-        other.size = self.size
-        return other
+        fd = cls._new_fd(size)
+        try:
+            for offset, data in chunks:
+                os.pwrite(fd, data, offset)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(fd, size)
 
     def restore_into(self, inst: Instance) -> None:
         """Make ``inst`` (a fresh, idle instance of the same binary) hold this image."""
+        if self._fd < 0:
+            raise ImageError("memory image is closed")
         inst.grow_to(self.size)
-        if inst.memory_size() != self.size:
+        if inst.memory_size() < self.size:
             raise ImageError(
-                f"memory size mismatch restoring an image ({inst.memory_size()} != {self.size})"
+                f"memory size mismatch restoring an image ({inst.memory_size()} < {self.size})"
             )
         dst = inst.memory_address()
-        advise_hugepages(dst, self.size)
-        ctypes.memmove(dst, self._addr, self.size)
+        got = _libc.mmap(dst, self.size, _PROT_RW, _MAP_PRIVATE | _MAP_FIXED, self._fd, 0)
+        if got != dst:  # mapping refused (e.g. a seccomp policy): let the kernel copy instead
+            target = memoryview((ctypes.c_char * self.size).from_address(dst)).cast("B")
+            off = 0
+            while off < self.size:
+                n = os.preadv(self._fd, [target[off:]], off)
+                if n <= 0:
+                    raise ImageError("short read restoring a memory image")
+                off += n
+
+    def _mapped(self) -> mmap.mmap:
+        if self._view_map is None:
+            self._view_map = mmap.mmap(self._fd, self.size, mmap.MAP_SHARED, mmap.PROT_READ)
+        return self._view_map
 
     def view(self) -> memoryview:
-        return memoryview(self._buf)[: self.size]
+        return memoryview(self._mapped())[: self.size]
 
     def close(self) -> None:
-        if not self._buf.closed:
-            self._buf.close()
+        if self._view_map is not None:
+            try:
+                self._view_map.close()
+            except BufferError:
+                return  # a view is still exported; the fd is closed when this is collected
+            self._view_map = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -102,9 +102,16 @@ class Sandbox:
         self.fuel_used_total = 0
         self.created = time.monotonic()
         self.last_used = self.created
-        self._good: MemoryImage | None = None  # None: the freshly bootstrapped state
-        self._good_owned = False
-        self._base: MemoryImage | None = None  # state to rebuild when _good is None
+        # Images of guest state. _good: the end of the last good turn (None: use _base, or a
+        # fresh bootstrap when that is None too). _good_reusable: only this sandbox holds it
+        # and no instance maps it, so the next checkpoint may overwrite it in place.
+        # _backing: the image mapped copy-on-write under the live instance. _current: the live
+        # state equals _good (or _base), so fork/checkpoint/save need no new copy.
+        self._good: MemoryImage | None = None
+        self._good_reusable = False
+        self._base: MemoryImage | None = None
+        self._backing: MemoryImage | None = None
+        self._current = False
         self._inst: Instance | None = None
         self._loaded: LoadedModule = load_module("metered" if self.limits.metered else "plain")
         self._scratch = Path(tempfile.mkdtemp(prefix="memex-tmp-"))
@@ -115,14 +122,11 @@ class Sandbox:
         try:
             if _image is not None:
                 self._base = _image
-                self._runner.call(self._fresh_instance)
-            elif self.preload:
+            elif self.preload or _seen_before(self._key()):
                 from ._warm import warm_image
 
                 self._base = warm_image(self._loaded, self._spec, self.preload)
-                self._runner.call(self._fresh_instance)
-            else:
-                self._runner.call(self._fresh_instance)
+            self._runner.call(self._fresh_instance)
         except BaseException:
             self._teardown("failed to start")
             raise
@@ -169,17 +173,20 @@ class Sandbox:
         old, self._inst = self._inst, None
         if old is not None:
             old.close()
+        self._backing = None
         inst = self._new_instance()
         try:
             image = self._good if self._good is not None else self._base
             if image is not None:
                 image.restore_into(inst)
+                self._backing = image
             else:
                 self._bootstrap(inst)
         except BaseException:
             inst.close()
             raise
         self._inst = inst
+        self._current = image is not None
 
     def _bootstrap(self, inst: Instance) -> None:
         out = inst.run_raw(_bootstrap_source(), deadline=time.monotonic() + 60, fuel=None,
@@ -249,6 +256,7 @@ class Sandbox:
         inst.stdout.reset(lim.stdout_bytes)
         inst.stderr.reset(lim.stderr_bytes)
         self.turns += 1
+        self._current = False
         cell = {"code": code, "filename": filename or f"<cell-{self.turns}>"}
         out = inst.run_raw(_TURN, deadline=start + budget, fuel=fuel, cell=cell)
         duration = time.monotonic() - start
@@ -314,9 +322,23 @@ class Sandbox:
         inst = self._inst
         if inst is None or not inst.alive:
             return
-        reuse = self._good if self._good_owned else None
-        self._good = MemoryImage.capture(inst, reuse=reuse)
-        self._good_owned = True
+        good = self._good
+        if good is not None and self._good_reusable and good is not self._backing:
+            good.overwrite_from(inst)
+        else:
+            self._good = MemoryImage.capture(inst)
+            self._good_reusable = True
+        self._current = True
+
+    def _shared_image(self) -> MemoryImage:
+        """(runner) An immutable image of the live state for a checkpoint, fork or save: the
+        rollback image when it is current (no copy), else a new capture."""
+        if self._current:
+            image = self._good if self._good is not None else self._base
+            if image is not None:
+                self._good_reusable = False  # someone else holds it from now on
+                return image
+        return MemoryImage.capture(self._require())
 
     def _recover(self) -> bool:
         """(runner) After a trap: a new instance holding the last good state."""
@@ -334,7 +356,7 @@ class Sandbox:
         """Capture the current guest state (copy of its memory)."""
         with self._lock:
             self._check_open()
-            img = self._runner.call(lambda: MemoryImage.capture(self._require()))
+            img = self._runner.call(self._shared_image)
             return Checkpoint(img, self._key(), self.turns)
 
     def restore(self, checkpoint: Checkpoint) -> None:
@@ -348,7 +370,7 @@ class Sandbox:
 
             def job() -> None:
                 self._good = checkpoint._image
-                self._good_owned = False
+                self._good_reusable = False
                 self._fresh_instance()
 
             self._runner.call(job)
@@ -357,7 +379,7 @@ class Sandbox:
         """An independent sandbox with identical guest state, limits, mounts and /tmp files."""
         with self._lock:
             self._check_open()
-            img = self._runner.call(lambda: MemoryImage.capture(self._require()))
+            img = self._runner.call(self._shared_image)
             return Sandbox(limits=self.limits, mounts=self.mounts, door=self.door,
                            env=self._env, rollback=self.rollback, _image=img,
                            _scratch_from=self._scratch)
@@ -366,15 +388,12 @@ class Sandbox:
         """Write the guest state to a compressed image file; returns its size in bytes."""
         with self._lock:
             self._check_open()
-            img = self._runner.call(lambda: MemoryImage.capture(self._require()))
-            try:
-                meta = {"turns": self.turns, "env": dict(self._env),
-                        "guest_paths": [g for _, g, _ in self._spec.preopens],
-                        "flavour": self._loaded.flavour}
-                return write_image_file(Path(path), img,
-                                        self._loaded.artifacts.snapshot_sha256, meta)
-            finally:
-                img.close()
+            img = self._runner.call(self._shared_image)
+            meta = {"turns": self.turns, "env": dict(self._env),
+                    "guest_paths": [g for _, g, _ in self._spec.preopens],
+                    "flavour": self._loaded.flavour}
+            return write_image_file(Path(path), img, self._loaded.artifacts.snapshot_sha256,
+                                    meta)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], *, limits: Limits | None = None,
@@ -468,10 +487,7 @@ class Sandbox:
             else:
                 runner.call(job)
             runner.stop(timeout=5)
-        for img, owned in ((self._good, self._good_owned),):
-            if img is not None and owned:
-                img.close()
-        self._good = None
+        self._good = self._backing = self._base = None
         shutil.rmtree(self.__dict__.get("_scratch", ""), ignore_errors=True) if self.__dict__.get(
             "_scratch") else None
         with _LIVE_LOCK:
@@ -493,6 +509,19 @@ class Sandbox:
     def __repr__(self) -> str:
         state = self._closed_reason or "open"
         return f"<Sandbox turns={self.turns} {state}>"
+
+
+_SEEN: set[tuple[Any, ...]] = set()
+
+
+def _seen_before(key: tuple[Any, ...]) -> bool:
+    """The first plain sandbox of a kind in a process bootstraps directly (fastest for one
+    sandbox, e.g. `memex run`); later ones start from a shared warm image (copy-on-write)."""
+    with _LIVE_LOCK:
+        if key in _SEEN:
+            return True
+        _SEEN.add(key)
+        return False
 
 
 def _reap() -> None:

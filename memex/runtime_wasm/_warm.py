@@ -12,6 +12,7 @@ import time
 from ..errors import GuestStartError, ImageError
 from ._cache import cache_dir, file_lock
 from ._engine import LoadedModule
+from ._files import bundle_dir, driver_source
 from ._image import MemoryImage, read_image_file, write_image_file
 from ._instance import Instance, InstanceSpec
 
@@ -28,6 +29,8 @@ def _key(loaded: LoadedModule, spec: InstanceSpec, preload: tuple[str, ...]) -> 
         repr(tuple(g for _, g, _ in spec.preopens)),
         repr(spec.env),
         repr(preload),
+        hashlib.sha256(driver_source().encode()).hexdigest(),
+        str(bundle_dir()),
     ]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
 
