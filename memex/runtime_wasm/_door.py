@@ -150,8 +150,8 @@ class Door:
             return self._error(rid, "handler_error", f"{type(exc).__name__}: {exc}", op, start,
                                frame)
         try:
-            reply = msgpack.packb({"v": 1, "id": rid, "ok": True, "value": value},
-                                  use_bin_type=True)
+            reply: bytes = msgpack.packb({"v": 1, "id": rid, "ok": True, "value": value},
+                                         use_bin_type=True)
         except Exception as exc:
             return self._error(rid, "unencodable", f"result of {op!r} cannot be encoded: {exc}",
                                op, start, frame)
@@ -163,8 +163,9 @@ class Door:
 
     def _error(self, rid: Any, kind: str, message: str, op: str | None, start: float,
                frame: bytes, may_still_run: bool = False) -> bytes:
-        reply = msgpack.packb({"v": 1, "id": rid, "ok": False,
-                               "error": {"kind": kind, "message": message}}, use_bin_type=True)
+        reply: bytes = msgpack.packb({"v": 1, "id": rid, "ok": False,
+                                      "error": {"kind": kind, "message": message}},
+                                     use_bin_type=True)
         self._record(op, False, kind, start, frame, len(reply), may_still_run)
         return reply
 

@@ -12,6 +12,7 @@ import os
 import shutil
 import tempfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 from ._artifacts import Artifacts
@@ -24,7 +25,7 @@ GUEST_BUNDLE = "/memex"
 _GUEST_SRC = Path(__file__).resolve().parent / "guest"
 
 
-def _materialize(final: Path, build: callable) -> Path:  # type: ignore[valid-type]
+def _materialize(final: Path, build: Callable[[Path], None]) -> Path:
     """Build a directory once per machine: under a lock, into a temporary sibling, renamed."""
     if final.is_dir():
         return final

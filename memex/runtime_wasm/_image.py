@@ -10,11 +10,11 @@ descriptors) is not part of an image.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import mmap
 import os
-
 import struct
 import zlib
 from dataclasses import dataclass
@@ -151,10 +151,8 @@ class MemoryImage:
             self._fd = -1
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self.close()
-        except Exception:
-            pass
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -164,7 +162,9 @@ class ImageInfo:
     meta: dict[str, object]
 
 
-def write_image_file(path: Path, img: MemoryImage, binary_sha256: str, meta: dict[str, object]) -> int:
+def write_image_file(
+    path: Path, img: MemoryImage, binary_sha256: str, meta: dict[str, object]
+) -> int:
     """Compressed image on disk: a header naming the format version and the binary, then
     1 MiB chunks (all-zero chunks are skipped). Returns the file size."""
     header = json.dumps(

@@ -45,5 +45,8 @@ class StreamCapture:
     def text(self) -> str:
         out = b"".join(self._chunks).decode("utf-8", errors="replace")
         if self.dropped:
-            out += f"\n[memex: {self.name} truncated at {self.cap} bytes; {self.dropped} more bytes dropped]\n"
+            out += (
+                f"\n[memex: {self.name} truncated at {self.cap} bytes; "
+                f"{self.dropped} more bytes dropped]\n"
+            )
         return out

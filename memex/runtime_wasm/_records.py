@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import posixpath
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 
 from ..errors import ConfigError
@@ -102,7 +102,7 @@ class Mount:
         raise ConfigError(f"mount spec {spec!r} is not HOST:GUEST[:ro|rw]")
 
 
-class TurnStatus(str, Enum):
+class TurnStatus(StrEnum):
     OK = "ok"  # the cell ran to the end
     ERROR = "error"  # the cell raised; `exception` says what
     EXIT = "exit"  # the cell called sys.exit()/exit() or os._exit(); `exit_code` says which

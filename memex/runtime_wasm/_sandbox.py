@@ -4,6 +4,7 @@ survives traps (the failing turn is rolled back to the end of the last good one)
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import posixpath
 import shutil
@@ -257,7 +258,7 @@ class Sandbox:
         inst.stderr.reset(lim.stderr_bytes)
         self.turns += 1
         self._current = False
-        cell = {"code": code, "filename": filename or f"<cell-{self.turns}>"}
+        cell: dict[str, object] = {"code": code, "filename": filename or f"<cell-{self.turns}>"}
         out = inst.run_raw(_TURN, deadline=start + budget, fuel=fuel, cell=cell)
         duration = time.monotonic() - start
         if out.fuel_used is not None:
@@ -500,11 +501,9 @@ class Sandbox:
         self.close()
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             if self._closed_reason is None:
                 self._teardown("garbage collected")
-        except Exception:
-            pass
 
     def __repr__(self) -> str:
         state = self._closed_reason or "open"
@@ -553,7 +552,5 @@ def _close_all() -> None:
     with _LIVE_LOCK:
         live = list(_LIVE)
     for sb in live:
-        try:
+        with contextlib.suppress(Exception):
             sb._teardown("interpreter exit")
-        except Exception:
-            pass

