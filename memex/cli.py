@@ -80,6 +80,13 @@ def cmd_prepare(args: argparse.Namespace) -> int:
             stop.set()
             t.join()
         step(f"{fl} module ready in {time.monotonic() - start:.0f}s: {path}")
+    bundle = bundle_dir()
+    if not any(bundle.rglob("*.pyc")):
+        from .runtime_wasm._engine import load_module
+        from .runtime_wasm._warm import precompile_bundle
+
+        step("compiling the guest bundle to guest bytecode")
+        precompile_bundle(load_module(flavours[0]), bundle, stdlib_dir(arts))
     step("done")
     return 0
 

@@ -271,7 +271,8 @@ class Sandbox:
         truncated = tuple(s.name for s in (inst.stdout, inst.stderr) if s.truncated)
         stdout, stderr = inst.stdout.text(), inst.stderr.text()
         if out.trap is not None:
-            rolled_back = self._recover()
+            # A sandbox being closed is not worth restoring.
+            rolled_back = self._recover() if self._closed_reason is None else False
             return TurnResult(
                 status=TurnStatus.EXIT if limit == "exit" else TurnStatus.KILLED,
                 stdout=stdout, stderr=stderr, limit=limit, trap=out.trap,
