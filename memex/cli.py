@@ -164,6 +164,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     return _exit_code(r)
 
 
+def _read_line(prompt: str) -> str:
+    if sys.stdin.isatty():
+        return input(prompt)
+    sys.stderr.write(prompt)  # like CPython: prompts never mix into stdout
+    sys.stderr.flush()
+    line = sys.stdin.readline()
+    if not line:
+        raise EOFError
+    return line.rstrip("\n")
+
+
 def cmd_repl(args: argparse.Namespace) -> int:
     import codeop
 
@@ -176,7 +187,7 @@ def cmd_repl(args: argparse.Namespace) -> int:
     try:
         while True:
             try:
-                line = input("... " if buf else ">>> ")
+                line = _read_line("... " if buf else ">>> ")
             except EOFError:
                 print(file=sys.stderr)
                 return 0

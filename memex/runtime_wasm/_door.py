@@ -12,17 +12,19 @@ the same handlers by forwarding frames.
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 
 from ..errors import ConfigError
 from ._instance import GuestKilled
+
+if TYPE_CHECKING:
+    import concurrent.futures as cf
 
 __all__ = ["Door", "DoorCall", "ErrorKind"]
 
@@ -36,6 +38,8 @@ def _pool() -> cf.ThreadPoolExecutor:
     global _POOL
     with _POOL_LOCK:
         if _POOL is None:
+            import concurrent.futures as cf  # deferred: most runs never use the pool
+
             _POOL = cf.ThreadPoolExecutor(max_workers=32, thread_name_prefix="memex-door")
         return _POOL
 
@@ -134,7 +138,7 @@ class Door:
                 bound = min(self.call_timeout, deadline - time.monotonic())
                 try:
                     value = fut.result(timeout=max(bound, 0.0))
-                except cf.TimeoutError:
+                except TimeoutError:
                     may_still_run = not fut.cancel()
                     if time.monotonic() >= deadline:
                         self._record(op, False, "timeout", start, frame, 0, may_still_run)

@@ -15,7 +15,6 @@ import platform
 import threading
 import time
 from dataclasses import dataclass
-from importlib.metadata import version as _dist_version
 from pathlib import Path
 from typing import Literal
 
@@ -101,9 +100,21 @@ def ticks_for(seconds: float) -> int:
     return max(1, int(seconds / TICK_SECONDS + 0.999))
 
 
+def _wasmtime_version() -> str:
+    """wasmtime-py's version from its dist-info folder name (importlib.metadata costs ~40 ms of
+    import time, which `memex run` cannot afford)."""
+    site = Path(wasmtime.__file__).resolve().parent.parent
+    found = sorted(p.name for p in site.glob("wasmtime-*.dist-info"))
+    if len(found) == 1:
+        return found[0].removeprefix("wasmtime-").removesuffix(".dist-info")
+    from importlib.metadata import version
+
+    return version("wasmtime")
+
+
 def _key(flavour: Flavour, arts: Artifacts) -> str:
     parts = [
-        f"wasmtime={_dist_version('wasmtime')}",
+        f"wasmtime={_wasmtime_version()}",
         f"machine={platform.machine()}",
         f"binary={arts.snapshot_sha256}",
         *(f"{k}={v}" for k, v in sorted(_settings(flavour).items())),

@@ -1,0 +1,108 @@
+"""The `memex` command, run as a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def memex(
+    *args: str, stdin: str | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "memex", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_run_code_prints_and_exits_zero() -> None:
+    p = memex("run", "-c", "print(6 * 7)")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == "42\n"
+
+
+def test_run_reports_guest_exit_code_and_traceback() -> None:
+    p = memex("run", "-c", "import sys; sys.exit(4)")
+    assert p.returncode == 4
+    p = memex("run", "-c", "1/0")
+    assert p.returncode == 1
+    assert "ZeroDivisionError" in p.stderr
+
+
+def test_run_deadline_exits_124_with_message() -> None:
+    p = memex("run", "--timeout", "0.5", "-c", "while True: pass")
+    assert p.returncode == 124
+    assert "deadline" in p.stderr
+
+
+def test_run_json_is_a_turn_result() -> None:
+    p = memex("run", "--json", "-c", "print('x'); 1/0")
+    assert p.returncode == 1
+    d = json.loads(p.stdout)
+    assert d["status"] == "error"
+    assert d["stdout"] == "x\n"
+    assert d["exception"]["type"] == "ZeroDivisionError"
+
+
+def test_run_file_with_mount(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "n.txt").write_text("41")
+    script = tmp_path / "s.py"
+    script.write_text("print(int(open('/data/n.txt').read()) + 1)\nopen('/data/w', 'w')\n")
+    p = memex("run", "--mount", f"{data}:/data", str(script))
+    assert p.stdout == "42\n"
+    assert p.returncode == 1 and "PermissionError" in p.stderr  # read-only by default
+    script.write_text("open('/data/w', 'w').write('ok')\n")
+    p = memex("run", "--mount", f"{data}:/data:rw", str(script))
+    assert p.returncode == 0, p.stderr
+    assert (data / "w").read_text() == "ok"
+
+
+def test_run_memory_and_fuel_flags() -> None:
+    p = memex("run", "--memory", "128M", "-c", "x = bytearray(512 << 20)")
+    assert p.returncode == 1 and "MemoryError" in p.stderr
+    p = memex("run", "--fuel", "5000000", "-c", "while True: pass")
+    assert p.returncode == 125 and "fuel" in p.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("run",),
+        ("run", "/nonexistent/file.py"),
+        ("run", "--mount", "/nonexistent:/data", "-c", "pass"),
+        ("run", "--mount", ".:/tmp", "-c", "pass"),
+    ],
+)
+def test_run_misuse_is_a_clear_error(args: tuple[str, ...]) -> None:
+    p = memex(*args)
+    assert p.returncode == 2
+    assert p.stderr.strip() and "Traceback" not in p.stderr
+
+
+def test_repl_keeps_state_and_handles_blocks() -> None:
+    script = "x = 5\ndef f(a):\n    return a * 2\n\nf(x)\n1/0\nx + 1\n"
+    p = memex("repl", stdin=script)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines() == ["10", "6"]
+    assert "ZeroDivisionError" in p.stderr
+
+
+def test_repl_exit_ends_with_code() -> None:
+    p = memex("repl", stdin="print('a')\nexit(3)\nprint('never')\n")
+    assert p.returncode == 3
+    assert p.stdout == "a\n"
+
+
+def test_prepare_is_idempotent_when_cached() -> None:
+    p = memex("prepare")
+    assert p.returncode == 0, p.stderr
+    assert "already compiled" in p.stderr
