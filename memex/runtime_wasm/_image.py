@@ -30,9 +30,10 @@ if TYPE_CHECKING:
 __all__ = ["ImageInfo", "MemoryImage", "read_image_file", "write_image_file"]
 
 MAGIC = b"MEMEXIMG"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 _HEADER = struct.Struct("<8sII")
 _CHUNK = 1 << 20
+_END = b"MEMEXEND"  # a file cut anywhere, even at a chunk boundary, is detected
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -167,20 +168,24 @@ def write_image_file(
 ) -> int:
     """Compressed image on disk: a header naming the format version and the binary, then
     1 MiB chunks (all-zero chunks are skipped). Returns the file size."""
-    header = json.dumps(
-        {"binary_sha256": binary_sha256, "memory_size": img.size, "chunk": _CHUNK, "meta": meta}
-    ).encode()
-    parts = [_HEADER.pack(MAGIC, FORMAT_VERSION, len(header)), header]
     view = img.view()
     zero = bytes(_CHUNK)
+    body: list[bytes] = []
+    count = 0
     for off in range(0, img.size, _CHUNK):
         chunk = view[off : off + _CHUNK]
         if chunk == zero[: len(chunk)]:
             continue
         data = zlib.compress(chunk, 1)
-        parts.append(struct.pack("<QI", off, len(data)))
-        parts.append(data)
-    blob = b"".join(parts)
+        body.append(struct.pack("<QI", off, len(data)))
+        body.append(data)
+        count += 1
+    del view
+    header = json.dumps(
+        {"binary_sha256": binary_sha256, "memory_size": img.size, "chunk": _CHUNK,
+         "chunks": count, "meta": meta}
+    ).encode()
+    blob = b"".join([_HEADER.pack(MAGIC, FORMAT_VERSION, len(header)), header, *body, _END])
     atomic_write(path, blob)
     return len(blob)
 
@@ -202,6 +207,7 @@ def read_image_file(path: Path, binary_sha256: str) -> tuple[MemoryImage, ImageI
         size = int(header["memory_size"])
         chunk = int(header["chunk"])
         sha = str(header["binary_sha256"])
+        count = int(header["chunks"])
     except (ValueError, KeyError, TypeError) as exc:
         raise ImageError(f"{path} has a corrupt header") from exc
     if sha != binary_sha256:
@@ -213,9 +219,14 @@ def read_image_file(path: Path, binary_sha256: str) -> tuple[MemoryImage, ImageI
         raise ImageError(f"{path} has an invalid memory size {size}")
     pos = _HEADER.size + hlen
     chunks: list[tuple[int, bytes]] = []
+    if not blob.endswith(_END):
+        raise ImageError(f"{path} is truncated (no end marker)")
+    end = len(blob) - len(_END)
     try:
-        while pos < len(blob):
+        while pos < end:
             off, n = struct.unpack_from("<QI", blob, pos)
+            if pos + 12 + n > end:
+                raise ImageError(f"{path} is truncated or corrupt (chunk past the end)")
             pos += 12
             data = zlib.decompress(blob[pos : pos + n])
             pos += n
@@ -224,6 +235,8 @@ def read_image_file(path: Path, binary_sha256: str) -> tuple[MemoryImage, ImageI
             chunks.append((off, data))
     except (struct.error, zlib.error) as exc:
         raise ImageError(f"{path} is truncated or corrupt: {exc}") from exc
+    if len(chunks) != count:
+        raise ImageError(f"{path} is truncated or corrupt ({len(chunks)} of {count} chunks)")
     img = MemoryImage.from_chunks(size, chunks)
     meta = header.get("meta") if isinstance(header.get("meta"), dict) else {}
     return img, ImageInfo(binary_sha256=sha, memory_size=size, meta=meta)

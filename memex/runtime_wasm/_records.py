@@ -43,8 +43,20 @@ class Limits:
     lifetime: float | None = None
 
     def __post_init__(self) -> None:
-        if not self.timeout > 0:
-            raise ConfigError(f"Limits.timeout must be > 0 seconds, got {self.timeout!r}")
+        for name in ("memory", "fuel", "fuel_total", "stdout_bytes", "stderr_bytes"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+                raise ConfigError(f"Limits.{name} must be an int, got {v!r}")
+        for name in ("timeout", "idle_timeout", "lifetime"):
+            v = getattr(self, name)
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < 1e9:
+                raise ConfigError(
+                    f"Limits.{name} must be a finite number of seconds > 0, got {v!r}"
+                )
+        if self.memory > (4 << 30):
+            raise ConfigError(f"Limits.memory cannot exceed 4 GiB (wasm32), got {self.memory!r}")
         if self.memory < (48 << 20):
             raise ConfigError(
                 f"Limits.memory must be at least 48 MiB (the interpreter alone needs ~40 MiB), "

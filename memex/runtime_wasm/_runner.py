@@ -50,15 +50,19 @@ class Runner:
                 return
             fn, box = item
             try:
-                value = fn()
                 if box is not None:
-                    box.value = value
+                    box.value = fn()
+                else:
+                    fn()
             except BaseException as exc:
                 if box is not None:
                     box.error = exc
             finally:
                 if box is not None:
                     box.done.release()
+                # Drop the job now: a bound method kept here while waiting would keep its
+                # sandbox alive (and never collected) after the caller dropped it.
+                del item, fn, box
 
     def on_thread(self) -> bool:
         return threading.current_thread() is self._thread

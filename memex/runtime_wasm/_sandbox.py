@@ -227,8 +227,8 @@ class Sandbox:
         """Run one cell. Guest errors, exits and limits come back as data in the result."""
         if not isinstance(code, str):
             raise ConfigError(f"code must be a str, got {type(code).__name__}")
-        if timeout is not None and not timeout > 0:
-            raise ConfigError("timeout must be > 0")
+        if timeout is not None and not (0 < timeout < float("inf")):
+            raise ConfigError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
         with self._lock:
             self._check_open()
             self._busy = True
@@ -242,7 +242,8 @@ class Sandbox:
         inst = self._require()
         lim = self.limits
         start = time.monotonic()
-        budget = min(timeout or lim.timeout, lim.timeout if timeout is None else timeout)
+        # Limits.timeout is a hard cap: a per-turn timeout may only shorten it.
+        budget = lim.timeout if timeout is None else min(timeout, lim.timeout)
         lifetime_cut = False
         if lim.lifetime is not None:
             left = self.created + lim.lifetime - start
@@ -282,7 +283,9 @@ class Sandbox:
             )
         result = self._from_report(out, stdout, stderr, duration, truncated, inst)
         if self.rollback:
-            self._runner.post(self._checkpoint_good)
+            # A weak reference: queued background work must not keep a dropped sandbox alive.
+            ref = weakref.WeakMethod(self._checkpoint_good)
+            self._runner.post(lambda: (m := ref()) is not None and m())
         return result
 
     def _from_report(self, out: TurnOutcome, stdout: str, stderr: str, duration: float,

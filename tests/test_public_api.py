@@ -1,0 +1,156 @@
+"""The public surface of the package, pinned: a rename or removal must be deliberate."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+import memex
+import memex.errors
+import memex.runtime_wasm
+
+MEMEX_ALL = [
+    "ArtifactsError",
+    "Checkpoint",
+    "ConfigError",
+    "Door",
+    "DoorCall",
+    "GuestException",
+    "GuestFileError",
+    "GuestStartError",
+    "ImageError",
+    "Limits",
+    "MemexError",
+    "ModuleCacheMissing",
+    "Mount",
+    "Sandbox",
+    "SandboxClosed",
+    "SandboxError",
+    "SetupError",
+    "TurnResult",
+    "TurnStatus",
+    "__version__",
+]
+
+RUNTIME_ALL = [
+    "Checkpoint",
+    "Door",
+    "DoorCall",
+    "GuestException",
+    "Limits",
+    "Mount",
+    "Sandbox",
+    "TurnResult",
+    "TurnStatus",
+    "compile_module",
+    "load_module",
+    "module_path",
+]
+
+ERRORS_ALL = [
+    "ArtifactsError",
+    "ConfigError",
+    "GuestFileError",
+    "GuestStartError",
+    "ImageError",
+    "MemexError",
+    "ModuleCacheMissing",
+    "SandboxClosed",
+    "SandboxError",
+    "SetupError",
+]
+
+# The documented exception tree: name -> direct parent(s) within MemEx.
+ERROR_PARENTS = {
+    "ConfigError": "MemexError",
+    "SetupError": "MemexError",
+    "ArtifactsError": "SetupError",
+    "ModuleCacheMissing": "SetupError",
+    "SandboxError": "MemexError",
+    "SandboxClosed": "SandboxError",
+    "GuestStartError": "SandboxError",
+    "GuestFileError": "SandboxError",
+    "ImageError": "SandboxError",
+}
+
+
+def test_memex_all_is_pinned() -> None:
+    assert memex.__all__ == MEMEX_ALL
+
+
+def test_runtime_wasm_all_is_pinned() -> None:
+    assert memex.runtime_wasm.__all__ == RUNTIME_ALL
+
+
+def test_errors_all_is_pinned() -> None:
+    assert memex.errors.__all__ == ERRORS_ALL
+
+
+@pytest.mark.parametrize("module", [memex, memex.runtime_wasm, memex.errors])
+def test_every_exported_name_exists(module: object) -> None:
+    for name in module.__all__:  # type: ignore[attr-defined]
+        assert hasattr(module, name), f"{module.__name__}.{name} is exported but missing"  # type: ignore[attr-defined]
+
+
+def test_top_level_names_are_the_runtime_objects() -> None:
+    for name in set(MEMEX_ALL) & set(RUNTIME_ALL):
+        assert getattr(memex, name) is getattr(memex.runtime_wasm, name)
+    for name in ERRORS_ALL:
+        assert getattr(memex, name) is getattr(memex.errors, name)
+
+
+def test_version() -> None:
+    assert isinstance(memex.__version__, str)
+    assert memex.__version__.count(".") >= 2
+
+
+@pytest.mark.parametrize("name", ERRORS_ALL)
+def test_every_error_derives_from_memex_error(name: str) -> None:
+    cls = getattr(memex.errors, name)
+    assert inspect.isclass(cls)
+    assert issubclass(cls, memex.errors.MemexError)
+    assert issubclass(cls, Exception)
+
+
+def test_every_exception_class_in_errors_module_is_exported_and_rooted() -> None:
+    classes = {n for n, obj in vars(memex.errors).items()
+               if inspect.isclass(obj) and issubclass(obj, BaseException)
+               and obj.__module__ == memex.errors.__name__}
+    assert classes == set(ERRORS_ALL)
+    for n in classes:
+        assert issubclass(getattr(memex.errors, n), memex.errors.MemexError)
+
+
+@pytest.mark.parametrize(("child", "parent"), sorted(ERROR_PARENTS.items()))
+def test_error_tree(child: str, parent: str) -> None:
+    assert getattr(memex.errors, parent) in getattr(memex.errors, child).__mro__[1:]
+
+
+def test_config_error_is_also_value_error() -> None:
+    assert issubclass(memex.ConfigError, ValueError)
+
+
+def test_sandbox_closed_carries_reason() -> None:
+    exc = memex.SandboxClosed("idle timeout")
+    assert exc.reason == "idle timeout"
+    assert "idle timeout" in str(exc)
+
+
+def test_turn_status_values() -> None:
+    assert {s.name: s.value for s in memex.TurnStatus} == {
+        "OK": "ok", "ERROR": "error", "EXIT": "exit", "KILLED": "killed"}
+
+
+def test_runtime_layer_does_not_import_upper_layers() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, memex.runtime_wasm\n"
+        "bad = [m for m in sys.modules if m.startswith(('memex.host_tools', 'memex.executor'))]\n"
+        "print(bad)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
