@@ -3,42 +3,51 @@ door import and the shadowed clock/poll functions that keep blocking waits insid
 
 An ``Instance`` is not thread-safe: the owning sandbox drives it from one runner thread.
 A trap leaves it dead (``alive`` False); the sandbox replaces it and restores an image.
+
+Everything that crosses into wasmtime on a turn goes through the seam ``_ffi`` (raw calls on
+reused buffers, host imports dispatched straight to this object, raw memory access): a trivial
+turn is one ``host_alloc`` call, one ``turn`` call and, for a cell that returns a value or
+fails, one control request. The cell itself travels inside the turn's source (see
+``_inline_turn`` and guest/_driver.py); drivers of older images still pull it with a JSON
+control request, which stays supported.
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import struct
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import wasmtime
 
 from ..errors import GuestStartError
+from . import _ffi
 from ._engine import LoadedModule, engine, ticks_for
 from ._output import StreamCapture
 
 __all__ = ["DoorFn", "GuestKilled", "Instance", "InstanceSpec", "TurnOutcome"]
 
 CONTROL = b"\x00MX"
+TURN_CALL = "__memex_turn__()"
+_INLINE = TURN_CALL + "\n#"  # the cell rides in a comment line (see guest/_driver.py)
 _ERRNO_INVAL = 28
+_ERRNO_FAULT = 21
 _SUB = struct.Struct("<QB")
 _CLOCK = struct.Struct("<I4xQQH")
 _EVENT = struct.Struct("<QHB5xQH6x")
 _U32 = struct.Struct("<I")
+_U32X2 = struct.Struct("<II")
 _U64 = struct.Struct("<Q")
-
-# wasmtime-py's table behind stdout_custom/stderr_custom has no lock.
-_WASI_LOCK = threading.Lock()
 
 DoorFn = Callable[[bytes, float], bytes]
 """The host side of the door: (request bytes, turn deadline on time.monotonic) -> reply."""
 
 
-class GuestKilled(Exception):  # noqa: N818 - internal control flow, never escapes the package
+class GuestKilled(Exception):
     """Raised inside a host function to trap the running turn (the instance dies)."""
 
     def __init__(self, limit: str, detail: str) -> None:
@@ -80,154 +89,203 @@ class Instance:
         self.deadline = float("inf")
         self.cancel = threading.Event()
         self.alive = True
+        self.pending: BaseException | None = None  # raised by a host import; traps the turn
+        self._metered = loaded.flavour == "metered"
         self._cell: dict[str, object] = {}
         self._report: dict[str, object] | None = None
         self._closed = False
+        self._ctx = 0
+        self._out_keys = (
+            _ffi.new_output_key(self.stdout.write),
+            _ffi.new_output_key(self.stderr.write),
+        )
+        weakref.finalize(self, _ffi.release_output_keys, self._out_keys)
         eng = engine(loaded.flavour)
         try:
+            pre = _ffi.instance_pre(eng, loaded.module)
             self.store = wasmtime.Store(eng)
             self.store.set_limits(memory_size=spec.memory_limit)
-            if loaded.flavour == "metered":
-                self.store.set_fuel(1 << 62)
-            self.store.set_epoch_deadline(1 << 40)
+            self._ctx = ctx = _ffi.context_address(self.store)
+            if self._metered:
+                _ffi.set_fuel(ctx, 1 << 62)
+            _ffi.set_epoch_deadline(ctx, 1 << 40)
             wasi = wasmtime.WasiConfig()
             wasi.argv = [spec.argv0]
             wasi.env = [list(kv) for kv in spec.env]
             for host, guest, writable in spec.preopens:
                 wasi.preopen_dir(host, guest, writable)
-            with _WASI_LOCK:
-                wasi.stdout_custom = self.stdout.write
-                wasi.stderr_custom = self.stderr.write
-                self.store.set_wasi(wasi)
-            linker = wasmtime.Linker(eng)
-            linker.allow_shadowing = True
-            linker.define_wasi()
-            i32 = wasmtime.ValType.i32()
-            i64 = wasmtime.ValType.i64()
-            linker.define_func(
-                "wasi_snapshot_preview1", "poll_oneoff",
-                wasmtime.FuncType([i32, i32, i32, i32], [i32]), self._poll_oneoff,
-                access_caller=True,
-            )
-            linker.define_func(
-                "wasi_snapshot_preview1", "clock_time_get",
-                wasmtime.FuncType([i32, i64, i32], [i32]), self._clock_time_get,
-                access_caller=True,
-            )
-            linker.define_func(
-                "host", "call", wasmtime.FuncType([i32, i32, i32, i32], [i32]), self._host_call,
-                access_caller=True,
-            )
-            self.instance = linker.instantiate(self.store, loaded.module)
+            _ffi.set_outputs(wasi, *self._out_keys)
+            self.store.set_wasi(wasi)
+            _ffi.bind_target(ctx, self)
+            self.instance = pre.instantiate(self.store)
             exports = self.instance.exports(self.store)
             self.memory: wasmtime.Memory = exports["memory"]
-            self._turn_fn: wasmtime.Func = exports["turn"]
-            self._alloc: wasmtime.Func = exports["host_alloc"]
-        except wasmtime.WasmtimeError as exc:
+            self._mem = _ffi.MemoryRef(self.memory, ctx)
+            self._turn_fn = _ffi.RawFunc(exports["turn"], 2)
+            self._alloc = _ffi.RawFunc(exports["host_alloc"], 1)
+            self._alloc_nested = _ffi.RawFunc(exports["host_alloc"], 1)
+        except (wasmtime.WasmtimeError, wasmtime.Trap) as exc:
             self.close()
             raise GuestStartError(f"could not instantiate the guest: {exc}") from exc
+        except BaseException:
+            self.close()
+            raise
 
     # ---- memory -------------------------------------------------------------------------
     def memory_size(self) -> int:
-        return int(self.memory.data_len(self.store))
+        return self._mem.current_size()
 
     def memory_address(self) -> int:
-        return ctypes.addressof(self.memory.data_ptr(self.store).contents)
+        self._mem.refresh()
+        return self._mem.base
 
     def grow_to(self, size: int) -> None:
         have = self.memory_size()
         if size > have:
             pages = (size - have + 65535) // 65536
-            self.memory.grow(self.store, pages)
+            try:
+                self.memory.grow(self.store, pages)
+            except wasmtime.WasmtimeError as exc:
+                raise GuestStartError(f"could not grow the guest memory: {exc}") from exc
 
     # ---- running ------------------------------------------------------------------------
     def run_raw(
         self, source: str, *, deadline: float, fuel: int | None, cell: dict[str, object]
     ) -> TurnOutcome:
-        """Run ``source`` with the snapshot's ``turn`` export. ``cell`` is what the driver's
-        ``begin`` control request returns (the user's code travels that way)."""
+        """Run ``source`` with the snapshot's ``turn`` export. ``cell`` (``code``,
+        ``filename``) is the user's cell for a ``__memex_turn__()`` source: it is sent inline
+        with the source, or answers the driver's ``begin`` control request."""
         if not self.alive:
             raise GuestStartError("instance is dead")
         self._cell = cell
         self._report = None
+        self.pending = None
         self.deadline = deadline
         out = TurnOutcome()
-        data = source.encode("utf-8")
-        store = self.store
+        inline = False
+        if source == TURN_CALL:
+            source, inline = _inline_turn(cell)
+        data = source.encode("utf-8", "surrogatepass")
+        ctx = self._ctx
         start_wall = time.monotonic()
-        remaining = deadline - time.monotonic()
-        store.set_epoch_deadline(ticks_for(max(remaining, 0.0)))
+        _ffi.set_epoch_deadline(ctx, ticks_for(max(deadline - start_wall, 0.0)))
         budget = fuel if fuel is not None else (1 << 62)
-        if self.loaded.flavour == "metered":
-            store.set_fuel(budget)
+        metered = self._metered
+        prev = _ffi.enter(self)
         try:
-            ptr = self._alloc(store, len(data))
-            if ptr == 0:
+            if metered:
+                _ffi.set_fuel(ctx, budget)
+            ptr = self._alloc.call1(ctx, len(data))
+            if ptr == 0 or not self._mem.write(ptr, data):
                 raise GuestKilled("memory", "the guest could not allocate the cell's source")
-            self.memory.write(store, data, ptr)
-            rc = self._turn_fn(store, ptr, len(data))
-            out.raw_rc = int(rc)
+            out.raw_rc = self._turn_fn.call2(ctx, ptr, len(data))
         except GuestKilled as exc:
             self.alive = False
             out.trap, out.limit = exc.detail, exc.limit
-        except wasmtime.ExitTrap as exc:
-            self.alive = False
-            out.trap, out.limit, out.exit_code = f"process exit {exc.code}", "exit", exc.code
         except (wasmtime.Trap, wasmtime.WasmtimeError) as exc:
             self.alive = False
-            out.limit = _classify(exc)
-            out.trap = _describe(exc, out.limit, deadline - start_wall)
+            self._trapped(out, exc, deadline - start_wall)
         finally:
-            if self.loaded.flavour == "metered":
+            _ffi.leave(prev)
+            self.pending = None
+            if metered:
                 try:
-                    left = store.get_fuel()
-                    out.fuel_used = budget - int(left)
+                    out.fuel_used = budget - _ffi.get_fuel(ctx)
                 except wasmtime.WasmtimeError:
                     out.fuel_used = None
             self.deadline = float("inf")
         if out.limit == "deadline" and time.monotonic() < deadline and self.cancel.is_set():
             out.limit = "cancelled"
-        out.report = self._report
+        report: dict[str, object] | None = self._report
+        if report is None and inline and out.raw_rc is not None and out.raw_rc & 0xFF == 0:
+            # The driver's silent "ok, no value" (bit 8 of the code only says that exit() or
+            # quit() was called in some earlier turn).
+            report = {"status": "ok", "value": None}
+        out.report = report
         return out
 
-    # ---- host functions -----------------------------------------------------------------
-    def _host_call(
-        self, caller: wasmtime.Caller, req_ptr: int, req_len: int, out_ptr: int, out_len: int
-    ) -> int:
-        mem = self.memory
-        try:
-            request = bytes(mem.read(caller, req_ptr, req_ptr + req_len))
-        except (ValueError, IndexError, wasmtime.WasmtimeError):
+    def _trapped(self, out: TurnOutcome, exc: BaseException, budget: float) -> None:
+        """Fill ``out`` for a turn that trapped with ``exc``; an exception a host import raised
+        (parked in ``pending``) is the real cause and wins, as in wasmtime-py."""
+        cause = self.pending if self.pending is not None else exc
+        if isinstance(cause, GuestKilled):
+            out.trap, out.limit = cause.detail, cause.limit
+        elif isinstance(cause, wasmtime.ExitTrap):
+            out.trap, out.limit, out.exit_code = f"process exit {cause.code}", "exit", cause.code
+        elif isinstance(cause, (wasmtime.Trap, wasmtime.WasmtimeError)):
+            out.limit = _classify(cause)
+            out.trap = _describe(cause, out.limit, budget)
+        elif isinstance(cause, Exception):
+            out.limit = "trap"
+            out.trap = f"host function failed: {type(cause).__name__}: {cause}"
+        else:  # KeyboardInterrupt and the like: the turn is dead, the signal goes on
+            raise cause
+
+    # ---- host imports (called through _ffi with the calling store's context) ------------
+    def host_call(self, req_ptr: int, req_len: int, out_ptr: int, out_len: int) -> int:
+        mem = self._mem
+        request = mem.read(req_ptr, req_len)
+        if request is None:
             return -2
-        if request.startswith(CONTROL):
-            reply = self._control(request[len(CONTROL):])
+        if request[:3] == CONTROL:
+            reply = self._control(request[3:])
         else:
             reply = self._door(request, self.deadline)  # may raise GuestKilled
         n = len(reply)
-        ptr = self._alloc(caller, n) if n else 0
-        if n and ptr == 0:
-            return -2  # the guest is out of memory: OSError in the guest
+        ptr = 0
         if n:
-            mem.write(caller, reply, ptr)
-        mem.write(caller, _U32.pack(ptr), out_ptr)
-        mem.write(caller, _U32.pack(n), out_len)
-        return 0
+            ptr = self._alloc_nested.call1(self._ctx, n)
+            if ptr == 0 or not mem.write(ptr, reply):
+                return -2  # the guest is out of memory: OSError in the guest
+        if out_len == out_ptr - 4:  # the guest's two out-words are usually adjacent
+            ok = mem.write(out_len, _U32X2.pack(n, ptr))
+        elif out_len == out_ptr + 4:
+            ok = mem.write(out_ptr, _U32X2.pack(ptr, n))
+        else:
+            ok = mem.write(out_ptr, _U32.pack(ptr)) and mem.write(out_len, _U32.pack(n))
+        return 0 if ok else -2
 
     def _control(self, body: bytes) -> bytes:
+        """The driver's control channel. Current frames: ``B`` (begin: reply u32 length of
+        the filename, the filename, then the code, UTF-8) and ``E`` + report (end: ``o`` ok
+        without value, ``v`` + the value's repr, ``j`` + a JSON record). JSON frames from
+        drivers in older images are still understood."""
+        op = body[:1]
+        if op == b"B":
+            code = self._cell.get("code")
+            if not isinstance(code, str):
+                return b""
+            name = self._cell.get("filename")
+            fn = (name if isinstance(name, str) else "").encode("utf-8", "surrogatepass")
+            return _U32.pack(len(fn)) + fn + code.encode("utf-8", "surrogatepass")
+        if op == b"E":
+            kind, rest = body[1:2], body[2:]
+            try:
+                if kind == b"o":
+                    self._report = {"status": "ok", "value": None}
+                elif kind == b"v":
+                    self._report = {"status": "ok",
+                                    "value": rest.decode("utf-8", "surrogatepass")}
+                else:
+                    rep = json.loads(rest)
+                    self._report = rep if isinstance(rep, dict) else None
+            except ValueError:
+                self._report = None
+            return b""
         try:
             msg = json.loads(body)
         except ValueError:
             return b'{"error":"bad control frame"}'
-        op = msg.get("op") if isinstance(msg, dict) else None
-        if op == "begin":
+        op_name = msg.get("op") if isinstance(msg, dict) else None
+        if op_name == "begin":
             return json.dumps(self._cell).encode()
-        if op == "end":
+        if op_name == "end":
             report = msg.get("report")
             self._report = report if isinstance(report, dict) else None
             return b"{}"
         return b'{"error":"unknown control op"}'
 
-    def _clock_time_get(self, caller: wasmtime.Caller, clock_id: int, _prec: int, out: int) -> int:
+    def clock_time_get(self, clock_id: int, _precision: int, out: int) -> int:
         if clock_id == 0:
             now = time.time_ns()
         elif clock_id == 1:
@@ -236,18 +294,17 @@ class Instance:
             now = time.thread_time_ns()
         else:
             return _ERRNO_INVAL
-        self.memory.write(caller, _U64.pack(now), out)
-        return 0
+        return 0 if self._mem.write(out, _U64.pack(now)) else _ERRNO_FAULT
 
-    def _poll_oneoff(
-        self, caller: wasmtime.Caller, in_ptr: int, out_ptr: int, nsubs: int, nevents_ptr: int
-    ) -> int:
+    def poll_oneoff(self, in_ptr: int, out_ptr: int, nsubs: int, nevents_ptr: int) -> int:
         """WASI poll_oneoff, shadowed so that guest sleeps end at the turn's deadline (a plain
         wasmtime sleep outlives epoch interruption) and a closing sandbox can interrupt them."""
-        if nsubs <= 0:
+        if nsubs <= 0 or nsubs > 1 << 16:
             return _ERRNO_INVAL
-        mem = self.memory
-        data = bytes(mem.read(caller, in_ptr, in_ptr + 48 * nsubs))
+        mem = self._mem
+        data = mem.read(in_ptr, 48 * nsubs)
+        if data is None:
+            return _ERRNO_FAULT
         now_mono, now_real = time.monotonic_ns(), time.time_ns()
         ready: list[bytes] = []
         clocks: list[tuple[int, int]] = []
@@ -272,8 +329,10 @@ class Instance:
             if self.cancel.wait(wait_ns / 1e9):
                 raise GuestKilled("cancelled", "sandbox closed while the guest slept")
             ready = [_EVENT.pack(u, 0, 0, 0, 0) for u, t in clocks if t <= wait_ns]
-        mem.write(caller, b"".join(ready), out_ptr)
-        mem.write(caller, _U32.pack(len(ready)), nevents_ptr)
+        if not mem.write(out_ptr, b"".join(ready)) or not mem.write(
+            nevents_ptr, _U32.pack(len(ready))
+        ):
+            return _ERRNO_FAULT
         return 0
 
     # ---- lifecycle ----------------------------------------------------------------------
@@ -282,11 +341,25 @@ class Instance:
             return
         self._closed = True
         self.alive = False
-        for name in ("instance", "_turn_fn", "_alloc", "memory"):
+        if self._ctx:
+            _ffi.unbind_target(self._ctx)
+        for name in ("instance", "_turn_fn", "_alloc", "_alloc_nested", "_mem", "memory"):
             self.__dict__.pop(name, None)
         store = self.__dict__.pop("store", None)
         if store is not None:
             store.close()
+        _ffi.release_output_keys(self._out_keys)
+
+
+def _inline_turn(cell: dict[str, object]) -> tuple[str, bool]:
+    """``__memex_turn__()`` with the cell appended as a comment line the driver reads directly
+    (older drivers ignore it and ask for the cell with a control request instead); and whether
+    the cell went inline."""
+    code, name = cell.get("code"), cell.get("filename", "")
+    if not isinstance(code, str) or not isinstance(name, str):
+        return TURN_CALL, False
+    return (_INLINE + name.encode("unicode_escape").decode("ascii") + "\t"
+            + code.encode("unicode_escape").decode("ascii")), True
 
 
 _MESSAGES = {
@@ -304,7 +377,7 @@ def _describe(exc: Exception, limit: str, budget: float) -> str:
     text = str(exc).strip()
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     for ln in reversed(lines):
-        if "wasm trap" in ln or "trap" in ln.lower() and "backtrace" not in ln:
+        if "wasm trap" in ln or ("trap" in ln.lower() and "backtrace" not in ln):
             return ln
     return lines[0] if lines else type(exc).__name__
 

@@ -6,9 +6,9 @@ imports (pandas alone takes ~1.3 s to import in the guest).
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 import threading
 import time
+from pathlib import Path
 
 from ..errors import GuestStartError, ImageError
 from ._cache import cache_dir, file_lock

