@@ -12,36 +12,83 @@ the same handlers by forwarding frames.
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgpack
 
 from ..errors import ConfigError
 from ._instance import GuestKilled
 
-if TYPE_CHECKING:
-    import concurrent.futures as cf
-
 __all__ = ["Door", "DoorCall", "ErrorKind"]
 
 ErrorKind = str  # protocol | too_large | unknown_op | handler_error | timeout | unencodable
 
-_POOL: cf.ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
+class _Job:
+    """One handler call handed to a pool worker; answered through a lock (one wake-up each
+    way, ~100 us cheaper per call than Future/Condition)."""
+
+    __slots__ = ("args", "done", "error", "fn", "kwargs", "started", "value")
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]):
+        self.fn, self.args, self.kwargs = fn, args, kwargs
+        self.done = threading.Lock()
+        self.done.acquire()
+        self.value: Any = None
+        self.error: BaseException | None = None
+        self.started = False
+
+    def result(self, timeout: float) -> Any:
+        if not self.done.acquire(timeout=max(timeout, 0.0)):
+            raise TimeoutError
+        self.done.release()
+        if self.error is not None:
+            raise self.error
+        return self.value
 
 
-def _pool() -> cf.ThreadPoolExecutor:
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            import concurrent.futures as cf  # deferred: most runs never use the pool
+class _Pool:
+    """Persistent daemon workers (at most ``workers``), created on demand."""
 
-            _POOL = cf.ThreadPoolExecutor(max_workers=32, thread_name_prefix="memex-door")
-        return _POOL
+    def __init__(self, workers: int = 32) -> None:
+        self._q: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self._idle = 0
+        self._n = 0
+        self._max = workers
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> _Job:
+        job = _Job(fn, args, kwargs)
+        with self._lock:
+            spawn = self._idle == 0 and self._n < self._max
+            if spawn:
+                self._n += 1
+            elif self._idle:
+                self._idle -= 1
+        if spawn:
+            threading.Thread(target=self._work, daemon=True, name="memex-door").start()
+        self._q.put(job)
+        return job
+
+    def _work(self) -> None:
+        while True:
+            job = self._q.get()
+            job.started = True
+            try:
+                job.value = job.fn(*job.args, **job.kwargs)
+            except BaseException as exc:
+                job.error = exc
+            job.done.release()
+            del job
+            with self._lock:
+                self._idle += 1
+
+
+_POOL = _Pool()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,12 +181,12 @@ class Door:
             if inline:
                 value = handler(*args, **kwargs)
             else:
-                fut = _pool().submit(handler, *args, **kwargs)
+                job = _POOL.submit(handler, *args, **kwargs)
                 bound = min(self.call_timeout, deadline - time.monotonic())
                 try:
-                    value = fut.result(timeout=max(bound, 0.0))
+                    value = job.result(timeout=bound)
                 except TimeoutError:
-                    may_still_run = not fut.cancel()
+                    may_still_run = True  # a Python thread cannot be stopped
                     if time.monotonic() >= deadline:
                         self._record(op, False, "timeout", start, frame, 0, may_still_run)
                         raise GuestKilled(

@@ -21,6 +21,7 @@ from typing import Literal
 import wasmtime
 
 from ..errors import ModuleCacheMissing, SetupError
+from . import _ffi
 from ._artifacts import Artifacts, find_artifacts
 from ._cache import atomic_write, cache_dir, file_lock
 
@@ -66,9 +67,7 @@ def _config(flavour: Flavour) -> wasmtime.Config:
     cfg.wasm_exceptions = True
     # Must precede max_wasm_stack: an 8 MiB wasm stack with the default async stack makes
     # Engine() abort the process. wasmtime-py exposes this setting only privately.
-    from wasmtime import _ffi
-
-    _ffi.wasmtime_config_async_stack_size_set(cfg.ptr(), ASYNC_STACK)
+    _ffi.set_async_stack_size(cfg, ASYNC_STACK)
     cfg.max_wasm_stack = WASM_STACK
     return cfg
 

@@ -8,8 +8,9 @@ Reply frame:   {"v": 1, "id": int, "ok": true, "value": any}
 
 import _host
 
+from ._codec import packb, unpackb
+
 _next_id = [0]
-_packer = [None]
 
 
 class DoorError(Exception):
@@ -21,23 +22,11 @@ class DoorError(Exception):
         self.message = message
 
 
-def _codec():
-    if _packer[0] is None:
-        import msgpack
-
-        _packer[0] = msgpack
-    return _packer[0]
-
-
 def call(op, *args, **kwargs):
     """Call the host handler registered as `op`; returns its value or raises DoorError."""
-    msgpack = _codec()
     _next_id[0] += 1
-    frame = msgpack.packb(
-        {"v": 1, "id": _next_id[0], "op": op, "args": list(args), "kwargs": kwargs},
-        use_bin_type=True,
-    )
-    reply = msgpack.unpackb(_host.call(frame), raw=False, strict_map_key=False)
+    frame = packb({"v": 1, "id": _next_id[0], "op": op, "args": list(args), "kwargs": kwargs})
+    reply = unpackb(_host.call(frame))
     if not isinstance(reply, dict):
         raise DoorError("protocol", "malformed reply from host")
     if reply.get("ok"):
