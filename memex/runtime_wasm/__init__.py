@@ -4,7 +4,7 @@ This layer imports neither ``memex.host_tools`` nor ``memex.executor``: its door
 carries frames of bytes.
 """
 
-from ._door import Door, DoorCall
+from ._door import Door, DoorCall, DoorContext
 from ._engine import compile_module, load_module, module_path
 from ._records import GuestException, Limits, Mount, TurnResult, TurnStatus
 from ._sandbox import Checkpoint, Sandbox
@@ -13,6 +13,7 @@ __all__ = [
     "Checkpoint",
     "Door",
     "DoorCall",
+    "DoorContext",
     "GuestException",
     "Limits",
     "Mount",

@@ -12,10 +12,11 @@ the same handlers by forwarding frames.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +25,7 @@ import msgpack
 from ..errors import ConfigError
 from ._instance import GuestKilled
 
-__all__ = ["Door", "DoorCall", "ErrorKind"]
+__all__ = ["Door", "DoorCall", "DoorContext", "ErrorKind", "serving_door"]
 
 ErrorKind = str  # protocol | too_large | unknown_op | handler_error | timeout | unencodable
 
@@ -104,6 +105,47 @@ class DoorCall:
     may_still_run: bool = False
 
 
+_SERVING = threading.local()
+
+
+def serving_door() -> Door | None:
+    """The door whose handler this thread is running, if any (the re-entrancy guard: a
+    handler must not run code in the sandbox that is waiting for it)."""
+    return getattr(_SERVING, "door", None)
+
+
+@contextlib.contextmanager
+def _serving(door: Door) -> Iterator[None]:
+    prev = getattr(_SERVING, "door", None)
+    _SERVING.door = door
+    try:
+        yield
+    finally:
+        _SERVING.door = prev
+
+
+@dataclass(frozen=True, kw_only=True)
+class DoorContext:
+    """What a handler registered with ``context=True`` gets as its first argument."""
+
+    door: Door
+    op: str
+    deadline: float  # on time.monotonic(): when the calling turn ends
+
+    def remaining(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def serving(self) -> contextlib.AbstractContextManager[None]:
+        """Mark another thread (e.g. one running part of a batch) as serving this door."""
+        return _serving(self.door)
+
+
+def _invoke(door: Door, handler: Callable[..., Any], args: tuple[Any, ...],
+            kwargs: dict[str, Any]) -> Any:
+    with _serving(door):
+        return handler(*args, **kwargs)
+
+
 class Door:
     """Registry of door handlers plus the dispatch the guest's ``_host.call`` reaches."""
 
@@ -120,19 +162,23 @@ class Door:
         self.max_request_bytes = max_request_bytes
         self.max_reply_bytes = max_reply_bytes
         self.call_timeout = call_timeout
-        self._handlers: dict[str, tuple[Callable[..., Any], bool]] = {}
+        self._handlers: dict[str, tuple[Callable[..., Any], bool, bool]] = {}
         self._keep = keep_calls
         self.calls: list[DoorCall] = []
 
-    def register(self, op: str, handler: Callable[..., Any], *, inline: bool = False) -> None:
+    def register(
+        self, op: str, handler: Callable[..., Any], *, inline: bool = False,
+        context: bool = False,
+    ) -> None:
         """Expose ``handler(*args, **kwargs)`` to the guest as ``memex_guest.call(op, ...)``.
 
         ``inline=True`` runs it on the guest's own thread (no hand-off, ~50 us faster) for
         handlers that cannot block; it is then bounded only by the turn's deadline afterwards.
+        ``context=True`` passes a :class:`DoorContext` (the turn's deadline) first.
         """
         if not isinstance(op, str) or not op:
             raise ConfigError("a door op name must be a non-empty string")
-        self._handlers[op] = (handler, inline)
+        self._handlers[op] = (handler, inline, context)
 
     def unregister(self, op: str) -> None:
         self._handlers.pop(op, None)
@@ -177,11 +223,14 @@ class Door:
             entry = self._handlers.get(op)
             if entry is None:
                 return self._error(rid, "unknown_op", f"no handler for {op!r}", op, start, frame)
-            handler, inline = entry
+            handler, inline, wants_context = entry
+            call_args: tuple[Any, ...] = tuple(args)
+            if wants_context:
+                call_args = (DoorContext(door=self, op=op, deadline=deadline), *call_args)
             if inline:
-                value = handler(*args, **kwargs)
+                value = _invoke(self, handler, call_args, kwargs)
             else:
-                job = _POOL.submit(handler, *args, **kwargs)
+                job = _POOL.submit(_invoke, self, handler, call_args, kwargs)
                 bound = min(self.call_timeout, deadline - time.monotonic())
                 try:
                     value = job.result(timeout=bound)

@@ -16,8 +16,15 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, GuestFileError, GuestStartError, ImageError, SandboxClosed
-from ._door import Door
+from ..errors import (
+    ConfigError,
+    GuestFileError,
+    GuestStartError,
+    ImageError,
+    SandboxClosed,
+    SandboxError,
+)
+from ._door import Door, serving_door
 from ._engine import LoadedModule, load_module
 from ._files import GUEST_BUNDLE, GUEST_LIB, bundle_dir, driver_source, mpl_data_dir, stdlib_dir
 from ._image import MemoryImage, read_image_file, write_image_file
@@ -229,6 +236,10 @@ class Sandbox:
             raise ConfigError(f"code must be a str, got {type(code).__name__}")
         if timeout is not None and not (0 < timeout < float("inf")):
             raise ConfigError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
+        if serving_door() is self.door:
+            raise SandboxError(
+                "a door handler cannot run code in the sandbox whose turn is waiting for it"
+            )
         with self._lock:
             self._check_open()
             self._busy = True
