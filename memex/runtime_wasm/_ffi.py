@@ -15,7 +15,10 @@ boundary several times, so the hot path goes through the C API directly:
 * linear memory is read and written through ``wasmtime_memory_data``/``_data_size`` and
   ``ctypes`` (``string_at``/``memmove``), re-reading the base and length at every access (a
   memory may grow between two host calls);
-* stdout/stderr go to per-store callbacks keyed by an integer (no shared, unlocked table).
+* stdout/stderr go to per-store callbacks keyed by an integer (no shared, unlocked table);
+* reaching a store's epoch deadline calls back into its :class:`HostTarget`
+  (``wasmtime_store_epoch_deadline_callback``), which extends the deadline or stops the guest:
+  that is how a turn is cancelled from another thread and how its wall-clock deadline is kept.
 
 Short accessor calls go through a ``PyDLL`` view of the same library so that they keep the GIL
 (releasing it for a sub-microsecond call invites a switch to another thread); calls that run
@@ -55,6 +58,7 @@ __all__ = [
     "set_fuel",
     "set_outputs",
     "unbind_target",
+    "watch_epochs",
 ]
 
 _c_void_p = ctypes.c_void_p
@@ -87,6 +91,11 @@ _set_epoch_deadline = _proto(
 _set_fuel = _proto(_PYDLL, "wasmtime_context_set_fuel", _c_void_p, _c_void_p, ctypes.c_uint64)
 _get_fuel = _proto(_PYDLL, "wasmtime_context_get_fuel", _c_void_p, _c_void_p, _c_void_p)
 _trap_new = _proto(_PYDLL, "wasmtime_trap_new", _c_void_p, ctypes.c_char_p, _c_size_t)
+_error_new = _proto(_PYDLL, "wasmtime_error_new", _c_void_p, ctypes.c_char_p)
+_store_epoch_callback = _proto(
+    _PYDLL, "wasmtime_store_epoch_deadline_callback", None,
+    _c_void_p, _c_void_p, _c_void_p, _c_void_p,
+)
 _define_unchecked = _proto(
     _PYDLL, "wasmtime_linker_define_func_unchecked", _c_void_p,
     _c_void_p, ctypes.c_char_p, _c_size_t, ctypes.c_char_p, _c_size_t, _c_void_p, _c_void_p,
@@ -112,7 +121,8 @@ def check() -> None:
             (wasmtime.WasmtimeError, "_from_ptr"), (wasmtime.Linker, "ptr"),
             (wasmtime.FuncType, "ptr"), (wasmtime.WasiConfig, "ptr"),
             (wasmtime.Linker, "instantiate_pre"), (wasmtime.Config, "ptr"),
-            (_w, "wasmtime_config_async_stack_size_set"),
+            (_w, "wasmtime_config_async_stack_size_set"), (wasmtime.Store, "ptr"),
+            (_w, "wasmtime_store_epoch_deadline_callback"), (_w, "wasmtime_error_new"),
         ) if not hasattr(holder, name)
     ]
     if missing:  # pragma: no cover - only on an incompatible wasmtime-py
@@ -277,6 +287,11 @@ class HostTarget(Protocol):
 
     def clock_time_get(self, clock_id: int, precision: int, out_ptr: int) -> int: ...
 
+    def epoch_deadline(self) -> int:
+        """The store reached its epoch deadline (see :func:`watch_epochs`): return how many
+        more ticks the guest may run (at least 1), or raise to stop it."""
+        ...
+
 
 _TARGETS: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 _CURRENT = threading.local()  # the target whose guest runs on this thread (see `enter`)
@@ -352,6 +367,53 @@ def _finalize_nothing(_data: int | None) -> None:
 
 
 _no_finalizer = _FINALIZER(_finalize_nothing)
+
+
+# ---- epoch deadlines ------------------------------------------------------------------------
+# wasmtime_error_t *cb(wasmtime_context_t *, void *env, uint64_t *delta, uint8_t *kind)
+_EPOCH_CALLBACK = ctypes.CFUNCTYPE(_c_size_t, _c_void_p, _c_void_p, _c_void_p, _c_void_p)
+_U64 = struct.Struct("<Q")
+_EPOCH_UNKNOWN = b"memex: epoch deadline reached on a store with no target"
+
+
+def _on_epoch_deadline(_ctx: int | None, env: int | None, delta_ptr: int | None,
+                       _kind_ptr: int | None) -> int:
+    # Runs on the thread running the guest, whenever its store reaches the epoch deadline.
+    # ``env`` is the store's context address (the key of ``_TARGETS``). The update kind is
+    # left at its default, WASMTIME_UPDATE_DEADLINE_CONTINUE.
+    target = None
+    try:
+        target = _TARGETS.get(env or 0)
+        if target is None:
+            return int(_error_new(_EPOCH_UNKNOWN) or 0)
+        delta = max(1, int(target.epoch_deadline()))
+        _memmove(delta_ptr or 0, _U64.pack(delta), 8)
+        return 0
+    except BaseException as exc:
+        if target is not None and target.pending is None:
+            target.pending = exc
+        try:
+            text = f"memex: guest stopped at an epoch check: {exc}"
+        except BaseException:
+            text = "memex: guest stopped at an epoch check"
+        return int(_error_new(text.encode("utf-8", "replace").replace(b"\0", b"")) or 0)
+
+
+# One process-wide callback object, never collected: stores refer to it only by address.
+_epoch_callback = _EPOCH_CALLBACK(_on_epoch_deadline)
+_EPOCH_CALLBACK_ADDR = ctypes.cast(_epoch_callback, _c_void_p).value
+
+
+def watch_epochs(store: wasmtime.Store, ctx: int) -> None:
+    """Make reaching ``store``'s epoch deadline call ``epoch_deadline()`` on the target bound
+    to ``ctx`` (its context address, see :func:`bind_target`) instead of trapping: the target
+    extends the deadline or raises, which stops the guest (the exception is parked in
+    ``pending``, as for the host imports). Nothing is allocated per store: the callback is
+    process-wide and its data is ``ctx`` itself (no finalizer; wasmtime drops the registration
+    with the store). A store reaching its deadline with no bound target (after
+    :func:`unbind_target`) traps."""
+    store_ptr = ctypes.cast(store.ptr(), _c_void_p).value
+    _store_epoch_callback(store_ptr, _EPOCH_CALLBACK_ADDR, ctx, None)
 
 
 _PRE: dict[int, tuple[wasmtime.Module, wasmtime.Linker, Any]] = {}

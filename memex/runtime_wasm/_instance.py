@@ -1,6 +1,12 @@
 """One live guest: a wasmtime Store + instance of the snapshot binary, its WASI wiring, the
 door import and the shadowed clock/poll functions that keep blocking waits inside deadlines.
 
+Deadlines and cancellation: the store's epoch deadline is set at most ``EPOCH_CHUNK`` ticks
+ahead, and reaching it calls :meth:`Instance.epoch_deadline` on the guest's thread (through
+``_ffi.watch_epochs``), which stops the guest when ``cancel`` is set (a sandbox closing from
+another thread) or the turn's wall-clock deadline has passed, and otherwise lets it run for
+another chunk. A CPU-bound guest therefore notices a cancellation within one chunk (~50 ms).
+
 An ``Instance`` is not thread-safe: the owning sandbox drives it from one runner thread.
 A trap leaves it dead (``alive`` False); the sandbox replaces it and restores an image.
 
@@ -26,7 +32,7 @@ import wasmtime
 
 from ..errors import GuestStartError
 from . import _ffi
-from ._engine import LoadedModule, engine, ticks_for
+from ._engine import TICK_SECONDS, LoadedModule, engine, ticks_for
 from ._output import StreamCapture
 
 __all__ = ["DoorFn", "GuestKilled", "Instance", "InstanceSpec", "TurnOutcome"]
@@ -42,6 +48,14 @@ _EVENT = struct.Struct("<QHB5xQH6x")
 _U32 = struct.Struct("<I")
 _U32X2 = struct.Struct("<II")
 _U64 = struct.Struct("<Q")
+
+EPOCH_CHUNK_SECONDS = 0.05
+"""How long a guest runs between two checks of its cancel event and deadline (at most)."""
+EPOCH_CHUNK = ticks_for(EPOCH_CHUNK_SECONDS)
+_CHUNK_SPAN = EPOCH_CHUNK * TICK_SECONDS
+_HALF_TICK = TICK_SECONDS / 2
+_CANCELLED_RUN = "turn cancelled: the sandbox was closed while the guest was running"
+_CANCELLED_SLEEP = "turn cancelled: the sandbox was closed while the guest slept"
 
 DoorFn = Callable[[bytes, float], bytes]
 """The host side of the door: (request bytes, turn deadline on time.monotonic) -> reply."""
@@ -87,6 +101,7 @@ class Instance:
         self.stdout = StreamCapture("stdout", 1 << 20)
         self.stderr = StreamCapture("stderr", 1 << 20)
         self.deadline = float("inf")
+        self._budget = 0.0  # the running turn's deadline, in seconds from its start
         self.cancel = threading.Event()
         self.alive = True
         self.pending: BaseException | None = None  # raised by a host import; traps the turn
@@ -117,6 +132,7 @@ class Instance:
             _ffi.set_outputs(wasi, *self._out_keys)
             self.store.set_wasi(wasi)
             _ffi.bind_target(ctx, self)
+            _ffi.watch_epochs(self.store, ctx)
             self.instance = pre.instantiate(self.store)
             exports = self.instance.exports(self.store)
             self.memory: wasmtime.Memory = exports["memory"]
@@ -168,7 +184,9 @@ class Instance:
         data = source.encode("utf-8", "surrogatepass")
         ctx = self._ctx
         start_wall = time.monotonic()
-        _ffi.set_epoch_deadline(ctx, ticks_for(max(deadline - start_wall, 0.0)))
+        self._budget = span = deadline - start_wall
+        # The first epoch check comes after at most one chunk (see epoch_deadline).
+        _ffi.set_epoch_deadline(ctx, min(ticks_for(max(span, 0.0)), EPOCH_CHUNK))
         budget = fuel if fuel is not None else (1 << 62)
         metered = self._metered
         prev = _ffi.enter(self)
@@ -184,7 +202,7 @@ class Instance:
             out.trap, out.limit = exc.detail, exc.limit
         except (wasmtime.Trap, wasmtime.WasmtimeError) as exc:
             self.alive = False
-            self._trapped(out, exc, deadline - start_wall)
+            self._trapped(out, exc, span)
         finally:
             _ffi.leave(prev)
             self.pending = None
@@ -222,6 +240,20 @@ class Instance:
             raise cause
 
     # ---- host imports (called through _ffi with the calling store's context) ------------
+    def epoch_deadline(self) -> int:
+        """The store reached its epoch deadline (on the guest's thread, every chunk of a
+        running guest): stop the guest if the sandbox is closing or the turn's deadline has
+        passed (within half a tick), else return how many ticks it may run until the next
+        check."""
+        if self.cancel.is_set():
+            raise GuestKilled("cancelled", _CANCELLED_RUN)
+        left = self.deadline - time.monotonic()
+        if left >= _CHUNK_SPAN:
+            return EPOCH_CHUNK
+        if left <= _HALF_TICK:
+            raise GuestKilled("deadline", _MESSAGES["deadline"].format(budget=self._budget))
+        return ticks_for(left)
+
     def host_call(self, req_ptr: int, req_len: int, out_ptr: int, out_len: int) -> int:
         mem = self._mem
         request = mem.read(req_ptr, req_len)
@@ -324,10 +356,11 @@ class Instance:
             wait_ns = min(t for _, t in clocks)
             wake = time.monotonic() + wait_ns / 1e9
             if wake > self.deadline:
-                self.cancel.wait(max(0.0, self.deadline - time.monotonic()))
+                if self.cancel.wait(max(0.0, self.deadline - time.monotonic())):
+                    raise GuestKilled("cancelled", _CANCELLED_SLEEP)
                 raise GuestKilled("deadline", "wall-clock deadline reached while sleeping")
             if self.cancel.wait(wait_ns / 1e9):
-                raise GuestKilled("cancelled", "sandbox closed while the guest slept")
+                raise GuestKilled("cancelled", _CANCELLED_SLEEP)
             ready = [_EVENT.pack(u, 0, 0, 0, 0) for u, t in clocks if t <= wait_ns]
         if not mem.write(out_ptr, b"".join(ready)) or not mem.write(
             nevents_ptr, _U32.pack(len(ready))

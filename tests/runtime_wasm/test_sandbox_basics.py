@@ -222,17 +222,70 @@ def test_syntax_error_is_reported_and_state_kept(sandbox: Sandbox) -> None:
     assert sandbox.run("'x' in globals(), kept").value == "(False, 'yes')"
 
 
-@pytest.mark.xfail(
-    reason="BUG: a cell's SyntaxError traceback lists the driver's ast.parse frame "
-    '(File "/usr/local/lib/python315.zip/ast.py", line 46, in parse)',
-    strict=True,
-)
 def test_syntax_error_traceback_shows_only_cell_frames(sandbox: Sandbox) -> None:
     r = sandbox.run("def f(:\n    pass")
     assert r.exception is not None
     tb = r.exception.traceback
     assert "ast.py" not in tb, tb
     assert all(n.startswith("<cell-") for n in frames(tb)), tb
+
+
+def test_syntax_error_traceback_is_like_the_repl(sandbox: Sandbox) -> None:
+    r = sandbox.run("x = 1\ny = (", filename="<bad>")
+    assert r.exception is not None and r.exception.type == "SyntaxError"
+    tb = r.exception.traceback
+    # nothing of the cell ran, so there is no frame: only where the error is, as in the REPL
+    assert frames(tb) == ["<bad>"], tb
+    assert "Traceback (most recent call last)" not in tb, tb
+    assert "memex" not in tb.lower() and "ast.py" not in tb, tb
+    assert tb.rstrip().splitlines()[-1].startswith("SyntaxError: ")
+
+
+def test_syntax_error_raised_by_the_cell_keeps_its_frames(sandbox: Sandbox) -> None:
+    r = sandbox.run("compile('1 +', '<inner>', 'exec')")
+    assert r.exception is not None and r.exception.type == "SyntaxError"
+    assert frames(r.exception.traceback) == ["<cell-1>", "<inner>"], r.exception.traceback
+
+
+# The driver refuses sockets with helpers of its own; their frames must not show either.
+NO_SOCKET_CELLS = {
+    "socket": ("import socket\nsocket.socket()", ["<cell-1>", "socket.py"]),
+    "getaddrinfo": ("import _socket\n_socket.getaddrinfo('example.com', 80)", ["<cell-1>"]),
+    "create_connection": (
+        "import socket\nsocket.create_connection(('example.com', 80))",
+        ["<cell-1>", "socket.py", "socket.py"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NO_SOCKET_CELLS))
+def test_socket_refusal_traceback_ends_in_user_code(sandbox: Sandbox, case: str) -> None:
+    code, expected = NO_SOCKET_CELLS[case]
+    r = sandbox.run(code)
+    assert r.exception is not None and r.exception.type == "PermissionError", r
+    assert "network access is disabled" in r.exception.message
+    tb = r.exception.traceback
+    assert "<memex-driver>" not in tb and "driver" not in tb, tb
+    assert [n.rsplit("/", 1)[-1] for n in frames(tb)] == expected, tb
+    assert tb.rstrip().splitlines()[-1].startswith("PermissionError: "), tb
+
+
+def test_chained_exceptions_lose_driver_frames_too(sandbox: Sandbox) -> None:
+    r = sandbox.run(
+        "import _socket\n"
+        "def connect():\n"
+        "    try:\n"
+        "        _socket.getaddrinfo('example.com', 80)\n"
+        "    except OSError as exc:\n"
+        "        raise RuntimeError('no network') from exc\n"
+        "connect()",
+        filename="<chain>",
+    )
+    assert r.exception is not None and r.exception.type == "RuntimeError"
+    tb = r.exception.traceback
+    assert "<memex-driver>" not in tb, tb
+    assert "direct cause" in tb
+    assert frames(tb) == ["<chain>", "<chain>", "<chain>"], tb
 
 
 # ---- exits --------------------------------------------------------------------------------
@@ -347,3 +400,23 @@ def test_host_environment_does_not_leak(sandbox: Sandbox) -> None:
     assert r.status is TurnStatus.OK
     assert r.value is not None and "'HOME'" in r.value
     assert "'PATH'" not in r.value
+
+
+def test_exception_group_members_lose_driver_frames(sandbox: Sandbox) -> None:
+    r = sandbox.run(
+        "import _socket\n"
+        "errors = []\n"
+        "for host in ('a.example', 'b.example'):\n"
+        "    try:\n"
+        "        _socket.getaddrinfo(host, 80)\n"
+        "    except OSError as exc:\n"
+        "        errors.append(exc)\n"
+        "raise ExceptionGroup('no network', errors)",
+        filename="<group>",
+    )
+    assert r.exception is not None and r.exception.type == "ExceptionGroup", r
+    tb = r.exception.traceback
+    assert "<memex-driver>" not in tb, tb
+    assert tb.count("PermissionError: ") == 2, tb
+    # group tracebacks are drawn with "|" margins: look for frames anywhere on a line
+    assert re.findall(r'File "([^"]+)", line \d+', tb) == ["<group>"] * 3, tb

@@ -38,13 +38,11 @@ def _install():
         return text
 
     def _drive(coro):
-        # A coroutine from top-level await, driven by hand: the guest has no event loop
-        # of its own (asyncio.run needs a socketpair that WASI lacks).
-        try:
-            while True:
-                coro.send(None)
-        except StopIteration as stop:
-            return stop.value
+        # A cell with top-level await runs on MemEx's guest event loop (asyncio.run's own loop
+        # needs a socketpair that WASI lacks); concurrent tool calls there go out as one batch.
+        from memex_guest.aio import run_cell
+
+        return run_cell(coro)
 
     def _run(code, mode, ns):
         if code.co_flags & 0x80:  # CO_COROUTINE: the cell used top-level await
@@ -55,13 +53,42 @@ def _install():
         return None
 
     def _user_tb(tb):
-        # Drop the driver's own frames so tracebacks show only the cell's code.
-        while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        # The traceback without the driver's own frames: the ones that run the cell (at the
+        # start) and the ones of its helpers the cell can reach (e.g. the socket refusal, at
+        # the end), so that tracebacks show only the cell's code and what it called.
+        kept = []
+        while tb is not None:
+            if tb.tb_frame.f_code.co_filename != __file__:
+                kept.append(tb)
             tb = tb.tb_next
-        return tb
+        for i in range(len(kept) - 1):
+            if kept[i].tb_next is not kept[i + 1]:
+                kept[i].tb_next = kept[i + 1]
+        if kept and kept[-1].tb_next is not None:
+            kept[-1].tb_next = None
+        return kept[0] if kept else None
+
+    def _clean(exc):
+        # ... for the exception and every one chained to it or grouped in it.
+        todo = [exc]
+        seen = set()
+        while todo:
+            exc = todo.pop()
+            if exc is None or id(exc) in seen:
+                continue
+            seen.add(id(exc))
+            try:
+                exc.__traceback__ = _user_tb(exc.__traceback__)
+            except BaseException:
+                pass
+            if isinstance(exc, BaseExceptionGroup):
+                todo.extend(exc.exceptions)
+            todo.append(exc.__cause__)
+            if not exc.__suppress_context__:
+                todo.append(exc.__context__)
 
     def _exc_record(exc):
-        exc.__traceback__ = _user_tb(exc.__traceback__)
+        _clean(exc)
         import traceback  # ~50 ms the first time: paid only when a cell raises
 
         lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
@@ -150,7 +177,10 @@ def _install():
         try:
             try:
                 body, tail = _compile(src, filename)
-            except SyntaxError as exc:
+            except Exception as exc:
+                # Nothing of the cell ran, so no frame is the cell's: a SyntaxError shows only
+                # where in the cell it is (as in the REPL), not the parser's frames.
+                exc.__traceback__ = None
                 report = {"status": "error", "exception": _exc_record(exc)}
             else:
                 _run(body, "exec", ns)
@@ -223,6 +253,10 @@ def _install():
 
     _b.__memex_turn__ = turn
     _no_network()
+    try:
+        import memex_guest  # noqa: F401  installs the asyncio hook (asyncio itself stays lazy)
+    except ImportError:
+        pass
 
 
 def _no_network():

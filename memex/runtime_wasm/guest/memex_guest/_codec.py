@@ -1,23 +1,72 @@
 # Runs inside the guest. Imports nothing from the host packages.
-"""A fast msgpack subset for door frames (the pure-Python msgpack costs ~150 us per call in
-the guest). Byte-identical to msgpack.packb(obj, use_bin_type=True) for dict/list/tuple/str/
-bytes/int/float/bool/None; anything else (ext types, big containers) falls back to msgpack."""
+"""A fast msgpack codec for door frames (the pure-Python msgpack costs ~150 us per call in
+the guest), with the typed values of docs/abi.md Layer 2 (msgpack ext types 1-8).
 
-# types; the decoder returns what msgpack.unpackb(data, raw=False, strict_map_key=False) does.
+Encoding is byte-identical to ``msgpack.packb(obj, use_bin_type=True)`` for
+dict/list/tuple/str/bytes/int/float/bool/None. Values of other types go through
+``memex_guest.codec`` (imported on first use): numpy arrays, DataFrames, datetimes... become
+ext types; a ``typed`` encoding also sends tuples as ext 7 (a plain door frame keeps sending
+them as arrays, as it always did). Anything this module does not handle falls back to the
+msgpack package with the same hooks (``default=`` / ``ext_hook=``).
+
+Decoding returns what ``msgpack.unpackb(data, raw=False, strict_map_key=False,
+ext_hook=...)`` does, with ext types 1-8 built into typed values.
+"""
+
 import struct as _struct
 
 _pack_d = _struct.Struct(">Bd").pack
 _u16 = _struct.Struct(">BH").pack
 _u32 = _struct.Struct(">BI").pack
 _u64 = _struct.Struct(">BQ").pack
+_i8 = _struct.Struct(">Bb").pack
+_i16 = _struct.Struct(">Bh").pack
+_i32 = _struct.Struct(">Bi").pack
 _i64 = _struct.Struct(">Bq").pack
+_ext_hdr8 = _struct.Struct(">BBb").pack
+_ext_hdr16 = _struct.Struct(">BHb").pack
+_ext_hdr32 = _struct.Struct(">BIb").pack
+_FIXEXT = {1: 0xD4, 2: 0xD5, 4: 0xD6, 8: 0xD7, 16: 0xD8}
 
 
 class _Fallback(Exception):
     pass
 
 
-def _enc(obj, out):
+class Raw:
+    """Bytes that are already one encoded msgpack value (spliced into a frame verbatim)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data):
+        self.data = data
+
+
+_typed_mod = []  # [memex_guest.codec] once loaded
+
+
+def _typed():
+    if not _typed_mod:
+        from . import codec
+
+        _typed_mod.append(codec)
+    return _typed_mod[0]
+
+
+def ext_bytes(code, data):
+    """The msgpack encoding of ExtType(code, data) (same bytes as the msgpack package)."""
+    n = len(data)
+    head = _FIXEXT.get(n)
+    if head is not None:
+        return bytes((head, code & 0xFF)) + data
+    if n < 256:
+        return _ext_hdr8(0xC7, n, code) + data
+    if n < 65536:
+        return _ext_hdr16(0xC8, n, code) + data
+    return _ext_hdr32(0xC9, n, code) + data
+
+
+def _enc(obj, out, typed):
     t = type(obj)
     if t is str:
         b = obj.encode("utf-8")
@@ -34,21 +83,31 @@ def _enc(obj, out):
             raise _Fallback
         out.append(b)
     elif t is int:
-        if 0 <= obj < 128:
-            out.append(bytes((obj,)))
-        elif -32 <= obj < 0:
-            out.append(bytes((obj & 0xFF,)))
-        elif 0 <= obj < 2**64:
-            if obj < 256:
+        if obj >= 0:
+            if obj < 128:
+                out.append(bytes((obj,)))
+            elif obj < 256:
                 out.append(bytes((0xCC, obj)))
             elif obj < 65536:
                 out.append(_u16(0xCD, obj))
             elif obj < 2**32:
                 out.append(_u32(0xCE, obj))
-            else:
+            elif obj < 2**64:
                 out.append(_u64(0xCF, obj))
+            else:
+                raise _Fallback  # msgpack decides (OverflowError)
+        elif obj >= -32:
+            out.append(bytes((obj & 0xFF,)))
+        elif obj >= -0x80:
+            out.append(_i8(0xD0, obj))
+        elif obj >= -0x8000:
+            out.append(_i16(0xD1, obj))
+        elif obj >= -0x80000000:
+            out.append(_i32(0xD2, obj))
+        elif obj >= -0x8000000000000000:
+            out.append(_i64(0xD3, obj))
         else:
-            raise _Fallback  # msgpack's own rules for other negatives/big ints
+            raise _Fallback
     elif obj is None:
         out.append(b"\xc0")
     elif obj is True:
@@ -66,9 +125,9 @@ def _enc(obj, out):
         else:
             out.append(_u32(0xDF, n))
         for k, v in obj.items():
-            _enc(k, out)
-            _enc(v, out)
-    elif t is list or t is tuple:
+            _enc(k, out, typed)
+            _enc(v, out, typed)
+    elif t is list or (t is tuple and not typed):
         n = len(obj)
         if n < 16:
             out.append(bytes((0x90 | n,)))
@@ -77,31 +136,75 @@ def _enc(obj, out):
         else:
             out.append(_u32(0xDD, n))
         for v in obj:
-            _enc(v, out)
+            _enc(v, out, typed)
     elif t is bytes or t is bytearray:
         n = len(obj)
         if n < 256:
             out.append(bytes((0xC4, n)))
         elif n < 65536:
             out.append(_u16(0xC5, n))
-        else:
+        elif n < 2**32:
             out.append(_u32(0xC6, n))
+        else:
+            raise _Fallback
         out.append(bytes(obj))
+    elif t is Raw:
+        out.append(obj.data)
     else:
-        raise _Fallback
+        code, payload = _typed().convert(obj, typed)
+        if code is None:  # a plain stand-in (a Record's dict, an enum's value, ...)
+            _enc(payload, out, typed)
+        else:
+            inner = []
+            _enc(payload, inner, True)
+            out.append(ext_bytes(code, b"".join(inner)))
 
 
-def packb(obj):
+def packb(obj, typed=False):
+    """Encode ``obj``. ``typed=True`` is the tool-call encoding (tuples as ext 7)."""
     out = []
     try:
-        _enc(obj, out)
+        _enc(obj, out, typed)
     except (_Fallback, RecursionError):
         import msgpack
-        return msgpack.packb(obj, use_bin_type=True)
+
+        return msgpack.packb(obj, use_bin_type=True, strict_types=typed,
+                             default=_typed().msgpack_default(typed))
+    return b"".join(out)
+
+
+def pack_request(rid, op, args, kwargs, typed=False):
+    """The door request frame {"v": 1, "id", "op", "args", "kwargs"}: the same bytes as
+    packb() of that map, with its constant keys written once."""
+    out = [b"\x85\xa1v\x01\xa2id"]
+    try:
+        _enc(rid, out, typed)
+        out.append(b"\xa2op")
+        _enc(op, out, typed)
+        out.append(b"\xa4args")
+        _enc(args, out, typed)
+        out.append(b"\xa6kwargs")
+        _enc(kwargs, out, typed)
+    except (_Fallback, RecursionError):
+        return packb({"v": 1, "id": rid, "op": op, "args": args, "kwargs": kwargs}, typed)
     return b"".join(out)
 
 
 _unpack_from = _struct.unpack_from
+
+
+def _ext(code, b, start, end):
+    if 1 <= code <= 8:
+        payload, j = _dec(b, start)
+        if j != end:
+            raise ValueError("ext %d: payload length mismatch" % code)
+        return _typed().from_ext(code, payload)
+    import msgpack
+
+    data = bytes(b[start:end])
+    if code == -1:
+        return msgpack.Timestamp.from_bytes(data)
+    return msgpack.ExtType(code, data)
 
 
 def _dec(b, i):
@@ -114,20 +217,9 @@ def _dec(b, i):
         n = c & 0x1F
         return b[i + 1 : i + 1 + n].decode("utf-8"), i + 1 + n
     if 0x80 <= c < 0x90:
-        d = {}
-        i += 1
-        for _ in range(c & 0x0F):
-            k, i = _dec(b, i)
-            v, i = _dec(b, i)
-            d[k] = v
-        return d, i
+        return _map(b, i + 1, c & 0x0F)
     if 0x90 <= c < 0xA0:
-        items = []
-        i += 1
-        for _ in range(c & 0x0F):
-            v, i = _dec(b, i)
-            items.append(v)
-        return items, i
+        return _arr(b, i + 1, c & 0x0F)
     if c == 0xC0:
         return None, i + 1
     if c == 0xC2:
@@ -152,6 +244,8 @@ def _dec(b, i):
         return _unpack_from(">q", b, i + 1)[0], i + 9
     if c == 0xCB:
         return _unpack_from(">d", b, i + 1)[0], i + 9
+    if c == 0xCA:
+        return _unpack_from(">f", b, i + 1)[0], i + 5
     if c == 0xD9:
         n = b[i + 1]
         return b[i + 2 : i + 2 + n].decode("utf-8"), i + 2 + n
@@ -170,10 +264,75 @@ def _dec(b, i):
     if c == 0xC6:
         n = _unpack_from(">I", b, i + 1)[0]
         return b[i + 5 : i + 5 + n], i + 5 + n
-    raise _Fallback  # ext types, float32, big maps/arrays: the package decides
+    if c == 0xDC:
+        return _arr(b, i + 3, _unpack_from(">H", b, i + 1)[0])
+    if c == 0xDD:
+        return _arr(b, i + 5, _unpack_from(">I", b, i + 1)[0])
+    if c == 0xDE:
+        return _map(b, i + 3, _unpack_from(">H", b, i + 1)[0])
+    if c == 0xDF:
+        return _map(b, i + 5, _unpack_from(">I", b, i + 1)[0])
+    if 0xD4 <= c <= 0xD8:
+        n = 1 << (c - 0xD4)
+        start = i + 2
+        return _ext(_unpack_from(">b", b, i + 1)[0], b, start, start + n), start + n
+    if c == 0xC7:
+        n, code = _unpack_from(">Bb", b, i + 1)
+        start = i + 3
+    elif c == 0xC8:
+        n, code = _unpack_from(">Hb", b, i + 1)
+        start = i + 4
+    elif c == 0xC9:
+        n, code = _unpack_from(">Ib", b, i + 1)
+        start = i + 6
+    else:
+        raise _Fallback  # 0xC1 (never used): the package reports it
+    if start + n > len(b):
+        raise _Fallback
+    return _ext(code, b, start, start + n), start + n
+
+
+def _map(b, i, n):
+    d = {}
+    for _ in range(n):
+        k, i = _dec(b, i)
+        v, i = _dec(b, i)
+        d[k] = v
+    return d, i
+
+
+def _arr(b, i, n):
+    items = []
+    for _ in range(n):
+        v, i = _dec(b, i)
+        items.append(v)
+    return items, i
+
+
+_REPLY_HEAD = b"\x84\xa1v\x01\xa2id"
+_REPLY_OK = b"\xa2ok\xc3\xa5value"
+_NO_VALUE = object()
+
+
+def unpack_ok_value(b):
+    """The value of a reply frame {"v": 1, "id", "ok": true, "value"} laid out in that order
+    (as the host writes it), else _NO_VALUE (decode the whole frame instead)."""
+    if not b.startswith(_REPLY_HEAD):
+        return _NO_VALUE
+    try:
+        _, i = _dec(b, 7)
+        if b[i : i + 10] != _REPLY_OK:
+            return _NO_VALUE
+        v, i = _dec(b, i + 10)
+        if i == len(b):
+            return v
+    except (_Fallback, IndexError, UnicodeDecodeError, RecursionError, _struct.error):
+        pass
+    return _NO_VALUE
 
 
 def unpackb(b):
+    """Decode one msgpack document (ext types 1-8 become typed values)."""
     try:
         v, i = _dec(b, 0)
         if i == len(b):
@@ -181,4 +340,5 @@ def unpackb(b):
     except (_Fallback, IndexError, UnicodeDecodeError, RecursionError, _struct.error):
         pass
     import msgpack
-    return msgpack.unpackb(b, raw=False, strict_map_key=False)
+
+    return msgpack.unpackb(b, raw=False, strict_map_key=False, ext_hook=_typed().ext_hook)

@@ -1,0 +1,176 @@
+"""OpenAI function tools: the definition checked (pydantic), its JSON Schema checked and used
+to validate arguments (``jsonschema``), and turned into typed parameters for the guest stub."""
+
+from __future__ import annotations
+
+import inspect
+import types
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+import jsonschema
+import jsonschema.validators
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..errors import ToolDefinitionError
+from ._tool import ArgumentsInvalid, ReturnInvalid, Tool, ToolParam, _is_async
+from ._types import render_default, safe_identifier
+
+__all__ = ["openai_tool", "schema_type"]
+
+_JSON_TYPES: dict[str, Any] = {"string": str, "integer": int, "number": float,
+                               "boolean": bool, "null": type(None)}
+
+
+class _Function(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object",
+                                                                "properties": {}})
+    strict: bool | None = None
+
+
+def _validator(schema: Mapping[str, Any], what: str) -> jsonschema.protocols.Validator:
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        cls.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise ToolDefinitionError(f"{what}: invalid JSON Schema at "
+                                  f"{'/'.join(map(str, exc.absolute_path)) or '(root)'}: "
+                                  f"{exc.message}") from exc
+    # Tuples (msgpack ext 7) count as JSON arrays.
+    checker = cls.TYPE_CHECKER.redefine(
+        "array", lambda _c, inst: isinstance(inst, list | tuple))
+    extended = jsonschema.validators.extend(cls, type_checker=checker)
+    return typing.cast(jsonschema.protocols.Validator, extended(schema))
+
+
+def _errors(validator: jsonschema.protocols.Validator, instance: Any) -> list[dict[str, Any]]:
+    out = []
+    for err in sorted(validator.iter_errors(instance), key=lambda e: list(map(str, e.path))):
+        path: list[Any] = list(err.absolute_path)
+        if err.validator == "required" and isinstance(err.instance, dict):
+            missing = [p for p in err.validator_value
+                       if p not in err.instance and repr(p) in err.message]
+            path += missing[:1]
+        out.append({"path": path, "message": err.message})
+    return out
+
+
+class _SchemaChecker:
+    def __init__(self, name: str, parameters: Mapping[str, Any],
+                 returns: Mapping[str, Any] | None) -> None:
+        self._schema = dict(parameters)
+        self._args = _validator(parameters, f"tool {name!r} parameters")
+        self._ret = _validator(returns, f"tool {name!r} returns_schema") if returns else None
+
+    def arguments(self, given: dict[str, Any]) -> dict[str, Any]:
+        errors = _errors(self._args, given)
+        if errors:
+            raise ArgumentsInvalid(errors)
+        return dict(given)
+
+    def returns(self, value: Any) -> Any:
+        if self._ret is not None:
+            errors = _errors(self._ret, value)
+            if errors:
+                raise ReturnInvalid(errors)
+        return value
+
+    def json_schema(self) -> dict[str, Any]:
+        return dict(self._schema)
+
+
+def schema_type(schema: Any, root: Mapping[str, Any], depth: int = 0) -> Any:
+    """The Python annotation a JSON Schema describes, for the guest stub (``Any`` when the
+    schema says more than an annotation can)."""
+    if not isinstance(schema, dict) or depth > 16:
+        return Any
+    ref = schema.get("$ref")
+    if isinstance(ref, str):
+        for prefix in ("#/$defs/", "#/definitions/"):
+            if ref.startswith(prefix):
+                defs = root.get(prefix[2:-1], {})
+                return schema_type(defs.get(ref[len(prefix):]), root, depth + 1)
+        return Any
+    if "const" in schema:
+        return _literal([schema["const"]])
+    if isinstance(schema.get("enum"), list):
+        return _literal(schema["enum"])
+    for key in ("anyOf", "oneOf"):
+        if isinstance(schema.get(key), list):
+            members = [schema_type(s, root, depth + 1) for s in schema[key]]
+            return Any if Any in members else typing.Union[tuple(members)]  # noqa: UP007
+    t = schema.get("type")
+    if isinstance(t, list):
+        members = [schema_type({**schema, "type": x}, root, depth + 1) for x in t]
+        return typing.Union[tuple(members)] if members else Any  # noqa: UP007
+    if t in _JSON_TYPES:
+        return _JSON_TYPES[t]
+    if t == "array":
+        items = schema.get("items")
+        return (types.GenericAlias(list, (schema_type(items, root, depth + 1),))
+                if isinstance(items, dict) else list)
+    if t == "object":
+        extra = schema.get("additionalProperties")
+        value = schema_type(extra, root, depth + 1) if isinstance(extra, dict) else Any
+        return types.GenericAlias(dict, (str, value))
+    return Any
+
+
+def _literal(values: list[Any]) -> Any:
+    if values and all(v is None or isinstance(v, str | int) for v in values):
+        return Literal[tuple(values)]
+    return Any
+
+
+def openai_tool(cls: type[Tool], definition: Mapping[str, Any], handler: Callable[..., Any], *,
+                timeout: float | None, inline: bool,
+                returns_schema: Mapping[str, Any] | None) -> Tool:
+    if not isinstance(definition, Mapping):
+        raise ToolDefinitionError("an OpenAI tool definition is a mapping")
+    inner: Any = definition
+    if definition.get("type") == "function" and isinstance(definition.get("function"), Mapping):
+        inner = definition["function"]
+    elif "type" in definition and definition.get("type") != "function":
+        raise ToolDefinitionError(f"only function tools are supported, got type "
+                                  f"{definition.get('type')!r}")
+    try:
+        fn = _Function.model_validate(
+            {k: v for k, v in inner.items() if k != "type"} if "name" in inner else inner)
+    except ValidationError as exc:
+        raise ToolDefinitionError(f"invalid OpenAI tool definition: {exc}") from exc
+    if not callable(handler):
+        raise ToolDefinitionError(f"tool {fn.name!r}: the handler is not callable")
+    schema = fn.parameters
+    if schema.get("type", "object") != "object":
+        raise ToolDefinitionError(f"tool {fn.name!r}: parameters must be an object schema")
+    checker = _SchemaChecker(fn.name, schema, returns_schema)
+    props = schema.get("properties", {})
+    required = schema.get("required", [])
+    if not isinstance(props, dict) or not isinstance(required, list):
+        raise ToolDefinitionError(f"tool {fn.name!r}: properties must be a map, required a list")
+    taken: set[str] = {"_mx"}
+    params: list[ToolParam] = []
+    order = [p for p in props if p in required] + [p for p in props if p not in required]
+    for pname in order:
+        prop = props[pname] if isinstance(props[pname], dict) else {}
+        py = safe_identifier(pname, taken, reserved=())
+        taken.add(py)
+        has_default = "default" in prop and render_default(prop["default"]) is not None
+        params.append(ToolParam(
+            name=pname, py_name=py, kind="positional_or_keyword",
+            annotation=schema_type(prop, schema), required=pname in required,
+            default=prop.get("default") if has_default else inspect.Parameter.empty,
+            description=str(prop.get("description", "")),
+        ))
+    summary, _, text = fn.description.strip().partition("\n")
+    openai = fn.model_dump(exclude_none=True)
+    return cls(name=fn.name, handler=handler, summary=summary.strip(), description=text.strip(),
+               params=tuple(params),
+               returns=schema_type(returns_schema, returns_schema) if returns_schema else Any,
+               is_async=_is_async(handler), timeout=timeout,
+               inline=inline, origin="openai", checker=checker, openai=openai)

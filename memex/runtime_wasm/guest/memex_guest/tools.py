@@ -1,0 +1,440 @@
+# Runs inside the guest. Imports nothing from the host packages.
+"""Calling host tools from the guest: records, tool errors and ``call``.
+
+``call(name, arguments)`` sends one ``tools.call`` door request (docs/abi.md, Layer 3) and
+returns the tool's typed value. Inside the MemEx event loop (``memex_guest.aio``: top-level
+``await`` in a cell, ``asyncio.run``) it returns an awaitable instead (``aio.ToolCall``, a
+coroutine whose call is already queued); every call made before the loop next waits goes to
+the host in one ``tools.batch`` request.
+
+Tool failures raise a ``ToolError`` subclass chosen by the error map's ``kind``.
+"""
+
+import reprlib as _reprlib
+
+from . import door as _door
+from ._codec import Raw as _Raw
+from ._codec import packb as _packb
+from .codec import DecodeError as _DecodeError
+
+__all__ = [
+    "MISSING",
+    "Record",
+    "ToolArgumentError",
+    "ToolBudgetError",
+    "ToolDeniedError",
+    "ToolError",
+    "ToolExecutionError",
+    "ToolNotFoundError",
+    "ToolReturnError",
+    "ToolTimeoutError",
+    "call",
+    "define_record",
+    "make_record",
+]
+
+
+# ---- MISSING ---------------------------------------------------------------------------------
+class _Missing:
+    """A value that was not given: an argument left to the host's default, a record field
+    the host did not send. Falsy; arguments equal to MISSING are not sent. Its repr is
+    ``...`` so that a stub's signature reads ``days: int = ...`` (docs/abi.md, Layer 4)."""
+
+    __slots__ = ()
+    _instance = None
+
+    def __new__(cls):
+        if cls._instance is None:
+            cls._instance = object.__new__(cls)
+        return cls._instance
+
+    def __repr__(self):
+        return "..."
+
+    def __bool__(self):
+        return False
+
+    def __reduce__(self):
+        return "MISSING"
+
+
+MISSING = _Missing()
+
+
+# ---- records ---------------------------------------------------------------------------------
+_REGISTRY = {}
+
+
+class Record:
+    """An attribute-accessible value built from a host record (pydantic model, dataclass):
+    ext type 5, ``[type_name, {field: value}]``.
+
+    Subclasses list their fields in ``__fields__`` (names, in order) and are registered by
+    class name (or ``__type_name__``): a record of that type name from the host becomes an
+    instance of the subclass. A type name with no class gives a plain ``Record`` that carries
+    the name. Records are mutable, compare equal by type name and fields, and ``to_dict()``
+    turns them (recursively) into plain dicts; a record passed as a tool argument is sent as
+    that dict.
+    """
+
+    __slots__ = ("__dict__", "_memex_type")
+    __fields__ = ()
+    __type_name__ = "Record"
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        fields = cls.__dict__.get("__fields__")
+        if fields is not None:
+            if isinstance(fields, str):
+                fields = fields.replace(",", " ").split()
+            cls.__fields__ = tuple(fields)
+        name = cls.__dict__.get("__type_name__") or cls.__name__
+        cls.__type_name__ = name
+        _REGISTRY[name] = cls
+
+    def __init__(self, *args, **kwargs):
+        fields = type(self).__fields__
+        if len(args) > len(fields):
+            raise TypeError("%s takes at most %d positional fields (%d given)"
+                            % (self._type_name(), len(fields), len(args)))
+        d = self.__dict__
+        for name, value in zip(fields, args, strict=False):
+            if name in kwargs:
+                raise TypeError("%s got field %r twice" % (self._type_name(), name))
+            d[name] = value
+        for name in fields[len(args):]:
+            d[name] = kwargs.pop(name, MISSING)
+        d.update(kwargs)
+
+    def _type_name(self):
+        try:
+            return self._memex_type
+        except AttributeError:
+            return type(self).__type_name__
+
+    @property
+    def __record_type__(self):
+        """The record's type name (the host's model name)."""
+        return self._type_name()
+
+    def to_dict(self):
+        """The fields as a plain dict (nested records, lists, tuples and dicts converted
+        recursively; fields that are MISSING are left out)."""
+        return {k: _plain(v) for k, v in self.__dict__.items() if v is not MISSING}
+
+    def __getitem__(self, name):
+        try:
+            return self.__dict__[name]
+        except KeyError:
+            raise KeyError(name) from None
+
+    def __contains__(self, name):
+        return name in self.__dict__
+
+    @_reprlib.recursive_repr()
+    def __repr__(self):
+        parts = []
+        for k, v in self.__dict__.items():
+            if k.isidentifier():
+                parts.append("%s=%r" % (k, v))
+            else:
+                parts.append("**{%r: %r}" % (k, v))
+        return "%s(%s)" % (self._type_name(), ", ".join(parts))
+
+    def __eq__(self, other):
+        if not isinstance(other, Record):
+            return NotImplemented
+        if self._type_name() != other._type_name():
+            return False
+        a, b = self.__dict__, other.__dict__
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+
+    __hash__ = None
+
+    def __reduce__(self):
+        return make_record, (self._type_name(), dict(self.__dict__))
+
+
+def _same(a, b):
+    # == that also works for fields holding arrays or frames (elementwise results)
+    if a is b:
+        return True
+    try:
+        r = a == b
+        if r is True or r is False:
+            return r
+        if type(a) is not type(b):
+            return False
+        equals = getattr(a, "equals", None)  # pandas objects
+        if equals is not None:
+            return bool(equals(b))
+        shape = getattr(a, "shape", None)
+        if shape is not None and shape != getattr(b, "shape", None):
+            return False
+        all_ = getattr(r, "all", None)
+        return bool(all_()) if all_ is not None else bool(r)
+    except Exception:
+        return False
+
+
+def _plain(v):
+    if isinstance(v, Record):
+        return v.to_dict()
+    t = type(v)
+    if t is list:
+        return [_plain(x) for x in v]
+    if t is tuple:
+        return tuple(_plain(x) for x in v)
+    if t is dict:
+        return {k: _plain(x) for k, x in v.items()}
+    return v
+
+
+def make_record(type_name, fields):
+    """The record of ``type_name`` with ``fields``: an instance of the registered class (no
+    ``__init__`` call; declared fields the host did not send are MISSING), else a plain
+    ``Record`` carrying the type name."""
+    cls = _REGISTRY.get(type_name)
+    if cls is None:
+        obj = Record.__new__(Record)
+        obj._memex_type = type_name
+        obj.__dict__.update(fields)
+        return obj
+    obj = cls.__new__(cls)
+    d = obj.__dict__
+    for name in cls.__fields__:
+        d[name] = fields.get(name, MISSING)
+    if len(d) != len(fields) or not all(k in d for k in fields):
+        d.update(fields)
+    return obj
+
+
+def define_record(name, fields, doc=None, module=None):
+    """Create (and register) a Record subclass ``name`` with ``fields`` (a sequence of
+    names or a space/comma separated string)."""
+    ns = {"__fields__": fields, "__slots__": ()}
+    if doc is not None:
+        ns["__doc__"] = doc
+    if module is not None:
+        ns["__module__"] = module
+    return type(name, (Record,), ns)
+
+
+# ---- errors ----------------------------------------------------------------------------------
+class ToolError(Exception):
+    """A tool call that did not produce a value. ``kind`` is the host's error kind,
+    ``message`` its message, ``errors`` the ``{"path": [...], "message"}`` entries it gave
+    (argument or return validation), ``tool`` the tool's name, ``details`` the whole map."""
+
+    kind = "tool_error"
+
+    def __init__(self, message="", *, tool=None, kind=None, errors=None, details=None):
+        super().__init__(message)
+        self.message = message
+        self.tool = tool
+        if kind is not None:
+            self.kind = kind
+        self.errors = list(errors) if errors else []
+        self.details = details if details is not None else {}
+
+    def __str__(self):
+        lines = [self.message] if self.message else []
+        for e in self.errors:
+            if not isinstance(e, dict):
+                text = str(e)
+            else:
+                path = e.get("path") or []
+                where = ".".join(str(p) for p in path) if isinstance(path, (list, tuple)) \
+                    else str(path)
+                text = "%s: %s" % (where or "<value>", e.get("message", ""))
+            if text not in self.message:
+                lines.append("  " + text if lines else text)
+        return "\n".join(lines)
+
+
+class ToolArgumentError(ToolError):
+    """The arguments were refused (validation, size or depth); ``errors`` lists
+    ``{"path": [...], "message": str}``."""
+
+    kind = "invalid_arguments"
+
+
+class ToolExecutionError(ToolError):
+    """The tool raised; the message is what the tool exposes."""
+
+    kind = "tool_failed"
+
+
+class ToolReturnError(ToolError):
+    """The tool returned a value that violates its declared return type."""
+
+    kind = "invalid_return"
+
+
+class ToolNotFoundError(ToolError):
+    """No such tool."""
+
+    kind = "unknown_tool"
+
+
+class ToolDeniedError(ToolError):
+    """The host's gate refused the call."""
+
+    kind = "denied"
+
+
+class ToolBudgetError(ToolError):
+    """A call budget (per turn or per sandbox) is used up."""
+
+    kind = "budget_exceeded"
+
+
+class ToolTimeoutError(ToolError):
+    """The call outlived its bound (it may still be running on the host)."""
+
+    kind = "timeout"
+
+
+_KINDS = {
+    "invalid_arguments": ToolArgumentError,
+    "too_large": ToolArgumentError,
+    "too_deep": ToolArgumentError,
+    "tool_failed": ToolExecutionError,
+    "invalid_return": ToolReturnError,
+    "unknown_tool": ToolNotFoundError,
+    "denied": ToolDeniedError,
+    "budget_exceeded": ToolBudgetError,
+    "timeout": ToolTimeoutError,
+    # door-level kinds (the tool layer did not answer itself)
+    "handler_error": ToolExecutionError,
+    "unencodable": ToolReturnError,
+    "unknown_op": ToolNotFoundError,
+}
+
+
+def error_from_map(err, tool=None):
+    """The ToolError for a tool error map ``{"kind", "message", ...}``."""
+    if not isinstance(err, dict):
+        err = {"kind": "protocol", "message": "malformed tool error: %r" % (err,)}
+    kind = err.get("kind")
+    kind = kind if isinstance(kind, str) else "tool_error"
+    message = err.get("message")
+    message = message if isinstance(message, str) else ("" if message is None else str(message))
+    cls = _KINDS.get(kind, ToolError)
+    if kind == "too_large" and message.startswith("reply"):
+        cls = ToolReturnError  # the door's cap on the reply, not on the arguments
+    elif kind == "unknown_op" and not message:
+        message = "tools are not available in this sandbox"
+    if not message:
+        message = kind.replace("_", " ")
+    name = err.get("tool", tool)
+    errors = err.get("errors")
+    return cls(message, errors=errors if isinstance(errors, list) else None, tool=name,
+               kind=kind, details=err)
+
+
+def _check_value(value, name):
+    if type(value) is dict and "__tool_error__" in value and len(value) == 1:
+        raise error_from_map(value["__tool_error__"], name)
+    return value
+
+
+# ---- calls -----------------------------------------------------------------------------------
+_ACTIVE = [None]  # the memex_guest.aio loop running right now, if any
+
+
+def _arguments(arguments):
+    if arguments is None:
+        return {}
+    if isinstance(arguments, Record):
+        arguments = arguments.to_dict()
+    elif type(arguments) is not dict:
+        try:
+            arguments = dict(arguments)
+        except (TypeError, ValueError):
+            raise TypeError("tool arguments must be a mapping of names to values, not %s"
+                            % type(arguments).__name__) from None
+    out = {}
+    for k, v in arguments.items():
+        if not isinstance(k, str):
+            raise TypeError("tool argument names must be str, not %r" % (k,))
+        if v is not MISSING:
+            out[k] = v
+    return out
+
+
+def call(name, arguments=None):
+    """Call the host tool ``name`` with ``arguments`` (a dict of argument name -> value).
+
+    Outside an event loop: blocks and returns the tool's value (typed: records, ndarrays,
+    DataFrames, datetimes...), or raises a ToolError subclass. Inside the MemEx event loop:
+    returns an awaitable (``memex_guest.aio.ToolCall``) whose call is queued at once; calls
+    still pending when the loop next waits are sent together in one ``tools.batch``
+    request.
+    """
+    if type(name) is not str:
+        raise TypeError("a tool name must be a str")
+    args = _arguments(arguments)
+    loop = _ACTIVE[0]
+    if loop is not None:
+        return loop.memex_submit(name, _Raw(_packb(args, True)))
+    return _check_value(_request("tools.call", [name, args], name), name)
+
+
+def call_encoded(name, raw):
+    """``tools.call`` with arguments already encoded (a ``_codec.Raw``); returns the value or
+    raises a ToolError."""
+    return _check_value(_request("tools.call", [name, raw], name), name)
+
+
+def _request(op, args, name):
+    try:
+        return _door.request(op, args, {}, True)
+    except _door.DoorError as exc:
+        raise error_from_map(exc.error, name) from None
+    except _DecodeError as exc:
+        raise ToolReturnError("the host's value cannot be rebuilt in the guest: %s" % (exc,),
+                              tool=name, kind="invalid_return") from exc
+
+
+def call_batch(calls):
+    """Send ``[(name, raw_arguments), ...]`` as one ``tools.batch`` request. Returns one
+    ``(True, value)`` or ``(False, ToolError)`` per call, in order."""
+    n = len(calls)
+    entries = [[i, name, raw] for i, (name, raw) in enumerate(calls)]
+    try:
+        reply = _door.request("tools.batch", [entries], {}, True)
+    except _door.DoorError as exc:
+        if exc.kind == "unknown_op":  # a host without batches: one call at a time
+            return [_one(name, raw) for name, raw in calls]
+        return [(False, error_from_map(exc.error, name)) for name, _ in calls]
+    except _DecodeError as exc:
+        return [(False, ToolReturnError("the host's batch reply cannot be rebuilt in the "
+                                        "guest: %s" % (exc,), tool=name, kind="invalid_return"))
+                for name, _ in calls]
+    results = [None] * n
+    if type(reply) is list:
+        for item in reply:
+            if type(item) is list and len(item) == 3 and type(item[0]) is int \
+                    and 0 <= item[0] < n and results[item[0]] is None:
+                cid, ok, value = item
+                tool = calls[cid][0]
+                if ok:
+                    if type(value) is dict and "__tool_error__" in value and len(value) == 1:
+                        results[cid] = (False, error_from_map(value["__tool_error__"], tool))
+                    else:
+                        results[cid] = (True, value)
+                else:
+                    results[cid] = (False, error_from_map(value, tool))
+    for i, r in enumerate(results):
+        if r is None:
+            results[i] = (False, ToolError("the host's batch reply has no result for this call",
+                                           tool=calls[i][0], kind="protocol"))
+    return results
+
+
+def _one(name, raw):
+    try:
+        return True, call_encoded(name, raw)
+    except ToolError as exc:
+        return False, exc
