@@ -33,6 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from _fmt import fmt  # noqa: E402  (bench/ is on sys.path when a script runs)
+
 from memex.runtime_wasm import Door, Limits, Sandbox  # noqa: E402
 
 Row = tuple[str, str, str, str]  # section, what, value, note
@@ -40,14 +42,6 @@ ROWS: list[Row] = []
 
 
 # ---- helpers --------------------------------------------------------------------------------
-def fmt(seconds: float) -> str:
-    if seconds < 1e-3:
-        return f"{seconds * 1e6:.1f} us"
-    if seconds < 1.0:
-        return f"{seconds * 1e3:.2f} ms"
-    return f"{seconds:.2f} s"
-
-
 def spread(samples: list[float]) -> str:
     if len(samples) < 10:
         return f"n={len(samples)}"

