@@ -1,0 +1,60 @@
+"""What the model sees after a block ran: printed output, the echoed final expression and
+errors, bounded. Nothing else about guest state reaches the context."""
+
+from __future__ import annotations
+
+from ..runtime_wasm import TurnResult, TurnStatus
+
+__all__ = ["bound_text", "render_observation"]
+
+
+def bound_text(text: str, limit: int) -> str:
+    """``text`` cut to about ``limit`` characters, keeping head and tail around an explicit
+    ``[... N characters elided ...]`` marker (the tail often holds the error)."""
+    if limit <= 0 or len(text) <= limit:
+        return text
+    head = int(limit * 0.6)
+    tail = limit - head
+    elided = len(text) - head - tail
+    return f"{text[:head]}\n[... {elided} characters elided ...]\n{text[len(text) - tail:]}"
+
+
+_LIMIT_WORDS = {
+    "deadline": "the turn's time limit",
+    "fuel": "the turn's instruction budget",
+    "fuel_total": "the sandbox's instruction budget",
+    "memory": "the memory limit",
+    "stack": "the stack limit",
+    "lifetime": "the sandbox's lifetime",
+    "cancelled": "cancellation",
+    "trap": "a crash of the interpreter",
+}
+
+
+def render_observation(result: TurnResult, *, limit: int = 4000) -> str:
+    """One block's outcome as text for the model.
+
+    Streams appear as printed (stderr marked), then ``Out: <repr>`` for a final expression,
+    then the error: the traceback (already trimmed to the agent's own cell), an exit code,
+    or which limit stopped the turn and that its state changes were undone.
+    """
+    parts: list[str] = []
+    if result.stdout:
+        parts.append(result.stdout.rstrip("\n"))
+    if result.stderr:
+        parts.append("[stderr]\n" + result.stderr.rstrip("\n"))
+    if result.value is not None:
+        parts.append(f"Out: {result.value}")
+    if result.status is TurnStatus.ERROR and result.exception is not None:
+        exc = result.exception
+        parts.append(exc.traceback.rstrip("\n") if exc.traceback
+                     else f"{exc.type}: {exc.message}")
+    elif result.status is TurnStatus.EXIT:
+        parts.append(f"[the code called exit({result.exit_code}); the session continues]")
+    elif result.status is TurnStatus.KILLED:
+        what = _LIMIT_WORDS.get(result.limit or "", result.limit or "a limit")
+        undone = (" Variables are as they were before this block."
+                  if result.rolled_back else "")
+        parts.append(f"[stopped by {what}.{undone}]")
+    text = "\n".join(parts) if parts else "[no output]"
+    return bound_text(text, limit)

@@ -1,0 +1,141 @@
+"""Reading a model's reply: fenced Python blocks, and tool calls written as text.
+
+Small local models rarely produce clean output: fences without a language tag, a missing
+closing fence at the end of a reply, tool calls written as fenced JSON or ``<tool_call>`` tags
+instead of native calls. These parsers are lenient on purpose and never raise.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["TextToolCall", "extract_code", "extract_tool_calls"]
+
+_FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*([\w+.-]*)[^\n]*\n", re.MULTILINE)
+_PY_TAGS = frozenset({"python", "py", "python3", "ipython", "pycon"})
+_CODE_TAGS = _PY_TAGS | {""}
+
+
+def _fences(text: str) -> list[tuple[str, str, bool]]:
+    """Every fenced block as (language tag, body, closed)."""
+    out: list[tuple[str, str, bool]] = []
+    pos = 0
+    while True:
+        m = _FENCE.search(text, pos)
+        if m is None:
+            return out
+        fence, tag = m.group(1), m.group(2).lower()
+        close = re.compile(rf"^[ \t]*{re.escape(fence[0])}{{{len(fence)},}}[ \t]*$", re.MULTILINE)
+        c = close.search(text, m.end())
+        if c is None:
+            out.append((tag, text[m.end():], False))
+            return out
+        out.append((tag, text[m.end():c.start()], True))
+        pos = c.end()
+
+
+def extract_code(text: str) -> list[str]:
+    """The Python blocks of a reply, in order.
+
+    Blocks tagged ``python``/``py`` (or untagged, when the reply has no tagged block) count;
+    an unclosed last block counts too (models often stop at the stop sequence). ``>>>``
+    prompts are stripped from pasted sessions. Blocks that are only whitespace are dropped.
+    """
+    blocks = _fences(text)
+    tagged = [b for b in blocks if b[0] in _PY_TAGS]
+    chosen = tagged if tagged else [b for b in blocks if b[0] == "" and not _looks_json(b[1])]
+    out = []
+    for tag, body, _closed in chosen:
+        code = _strip_prompts(body) if tag == "pycon" or body.lstrip().startswith(">>>") else body
+        code = code.strip("\n")
+        if code.strip():
+            out.append(code + "\n")
+    return out
+
+
+def _strip_prompts(body: str) -> str:
+    lines = []
+    for line in body.splitlines():
+        if line.startswith(">>> ") or line.startswith("... "):
+            lines.append(line[4:])
+        elif line in (">>>", "..."):
+            lines.append("")
+        else:
+            continue  # printed output in a pasted session
+    return "\n".join(lines)
+
+
+def _looks_json(body: str) -> bool:
+    s = body.strip()
+    return bool(s) and s[0] in "{[" and _loads(s) is not None
+
+
+def _loads(s: str) -> Any:
+    try:
+        return json.loads(s)
+    except (ValueError, RecursionError):
+        return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TextToolCall:
+    """A tool call a model wrote as text. ``arguments`` is the JSON text of the arguments
+    (as native calls carry it); ``error`` says why it could not be read, if it could not."""
+
+    name: str
+    arguments: str
+    source: str  # "json_fence" | "tool_call_tag" | "bare_json"
+    error: str | None = None
+
+
+_TAG = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+
+
+def extract_tool_calls(text: str) -> list[TextToolCall]:
+    """Tool calls written as text: ``<tool_call>{...}</tool_call>`` tags, fenced JSON blocks
+    (```json / untagged), or a reply that is one bare JSON object. Each object needs
+    ``name`` and ``arguments`` (or ``parameters``); a list of such objects gives several calls.
+    ``arguments`` may be an object or a JSON string. Text without any gives ``[]``.
+    """
+    found: list[tuple[Any, str]] = []
+    for m in _TAG.finditer(text):
+        found.append((_loads(m.group(1)), "tool_call_tag"))
+    if not found:
+        for tag, body, _closed in _fences(text):
+            if tag in ("json", "tool_call", "") and _loads(body.strip()) is not None:
+                found.append((_loads(body.strip()), "json_fence"))
+    if not found:
+        s = text.strip()
+        if s[:1] in "{[" and _loads(s) is not None:
+            found.append((_loads(s), "bare_json"))
+    calls: list[TextToolCall] = []
+    for obj, source in found:
+        for item in obj if isinstance(obj, list) else [obj]:
+            call = _as_call(item, source)
+            if call is not None:
+                calls.append(call)
+    return calls
+
+
+def _as_call(obj: Any, source: str) -> TextToolCall | None:
+    if not isinstance(obj, dict):
+        return None
+    if "function" in obj and isinstance(obj["function"], dict):  # OpenAI-shaped
+        obj = obj["function"]
+    name = obj.get("name")
+    if not isinstance(name, str) or not name:
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):
+        parsed = _loads(args) if args.strip() else {}
+        if not isinstance(parsed, dict):
+            return TextToolCall(name=name, arguments=args, source=source,
+                                error="the arguments are not a JSON object")
+        return TextToolCall(name=name, arguments=json.dumps(parsed), source=source)
+    if not isinstance(args, dict):
+        return TextToolCall(name=name, arguments=json.dumps(args), source=source,
+                            error="the arguments are not a JSON object")
+    return TextToolCall(name=name, arguments=json.dumps(args), source=source)

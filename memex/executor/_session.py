@@ -1,0 +1,203 @@
+"""One rollout's sandbox: tools served through the door, typed inputs placed in globals, the
+``submit`` tool validated on the host against the rollout's schema."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import msgpack
+
+from ..errors import ConfigError, MemexError
+from ..host_tools import Tool, ToolBudget, ToolCallRecord, ToolHost, ToolSet
+from ..host_tools._codec import EncodeError, decode, encode
+from ..runtime_wasm import Door, Limits, Mount, Sandbox, TurnResult, TurnStatus
+
+__all__ = ["AgentSession", "make_submit_tool"]
+
+SUBMIT_DOC = "Submit the final answer; it is checked against the task's answer schema."
+
+
+class _SubmitBox:
+    """The first accepted answer of a rollout (later submits in the same rollout are kept
+    as the answer only if none was accepted yet)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.accepted = False
+        self.answer: Any = None
+        self.attempts = 0
+
+    def accept(self, answer: Any) -> None:
+        with self.lock:
+            self.attempts += 1
+            if not self.accepted:
+                self.accepted, self.answer = True, answer
+
+
+def make_submit_tool(schema: Any, on_accept: Callable[[Any], None]) -> Tool:
+    """The ``submit(answer)`` tool: ``schema`` is a type (pydantic model, dataclass,
+    TypedDict, ``list[int]``...), a JSON Schema mapping, or None (any value)."""
+    if isinstance(schema, Mapping):
+        definition = {"name": "submit", "description": SUBMIT_DOC,
+                      "parameters": {"type": "object", "properties": {"answer": dict(schema)},
+                                     "required": ["answer"], "additionalProperties": False}}
+
+        def handler_js(answer: Any) -> None:
+            on_accept(answer)
+
+        return Tool.from_openai(definition, handler_js, inline=True)
+
+    def submit(answer: Any) -> None:
+        on_accept(answer)
+
+    submit.__annotations__ = {"answer": Any if schema is None else schema, "return": None}
+    submit.__doc__ = f"{SUBMIT_DOC}\n\nArgs:\n    answer: the final answer."
+    return Tool.from_function(submit, name="submit", inline=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostCall:
+    """A tool call made by the host on the model's behalf (tool-calling action space)."""
+
+    ok: bool
+    value: Any  # the decoded value, or the error map
+    record: ToolCallRecord | None
+
+
+class AgentSession:
+    """The sandbox side of one rollout. ``open_sandbox`` lets a backend provide the sandbox
+    (any object with Sandbox's ``run``/``door``/``close``); by default it is in-process."""
+
+    def __init__(
+        self, *, tools: ToolSet, submit_schema: Any, limits: Limits | None = None,
+        mounts: Iterable[Mount] = (), preload: Iterable[str] = (),
+        inputs: Mapping[str, Any] | None = None, tool_budget: ToolBudget | None = None,
+        gate: Any = None, install_tools: bool = True,
+        open_sandbox: Callable[..., Any] | None = None,
+        on_call: Callable[[ToolCallRecord], None] | None = None,
+    ) -> None:
+        self.inputs = dict(inputs or {})
+        for name in self.inputs:
+            if not isinstance(name, str) or not name.isidentifier() or name.startswith("_"):
+                raise ConfigError(f"input names must be public identifiers, got {name!r}")
+            if name in tools or name in ("submit", "tools"):
+                raise ConfigError(f"input {name!r} would hide a tool of the same name")
+        self.box = _SubmitBox()
+        submit = make_submit_tool(submit_schema, self.box.accept)
+        self.toolset = ToolSet([*tools, submit])
+        self.door = Door()
+        self._encoded: dict[str, Any] = {}
+        for name, value in self.inputs.items():
+            try:
+                self._encoded[name] = encode(value, names=self.toolset.record_names)
+            except (EncodeError, ValueError, OverflowError) as exc:
+                raise ConfigError(f"input {name!r} cannot be sent to the guest: {exc}") from exc
+        self._vars: list[tuple[str, str]] = []
+        self.door.register("agent.input", self._op_input, inline=True)
+        self.door.register("agent.vars", self._op_vars, inline=True)
+        self.host = ToolHost(self.toolset, budget=tool_budget, gate=gate, on_call=on_call)
+        opener = open_sandbox or Sandbox
+        self.sandbox: Any = None
+        try:
+            self.sandbox = opener(limits=limits, mounts=tuple(mounts), preload=tuple(preload),
+                                  door=self.door)
+            self.host.attach(self.sandbox, install=install_tools)
+            self._prelude()
+        except BaseException:
+            self.close()
+            raise
+
+    def _op_input(self, name: Any) -> Any:
+        if name not in self._encoded:
+            raise KeyError(f"no input named {name!r}")
+        return self._encoded[name]
+
+    def _prelude(self) -> None:
+        src = resources.files("memex.executor").joinpath("guest/agent_prelude.py").read_text()
+        cell = (f"{src}\n__memex_agent_prelude__({list(self.inputs)!r}, {SUBMIT_DOC!r})\n"
+                "del __memex_agent_prelude__\n")
+        r = self.sandbox.run(cell, filename="<memex-agent-prelude>")
+        if r.status is not TurnStatus.OK:
+            what = (f"{r.exception.type}: {r.exception.message}" if r.exception
+                    else f"{r.status.value} ({r.limit})")
+            raise MemexError(f"setting up the agent's guest scope failed: {what}")
+        self._encoded.clear()  # the guest holds them now; free the host copies
+
+    # ---- turns ----------------------------------------------------------------------------
+    def run(self, code: str, *, timeout: float | None = None) -> TurnResult:
+        result: TurnResult = self.sandbox.run(code, timeout=timeout)
+        return result
+
+    def new_variables(self) -> list[tuple[str, str]]:
+        """Names the last blocks bound or rebound, with a short description each."""
+        self._vars = []
+        r = self.sandbox.run("__memex_new_variables__()", filename="<memex-agent-vars>")
+        if r.status is not TurnStatus.OK:
+            return []
+        return self._vars
+
+    def _op_vars(self, items: Any) -> None:
+        if isinstance(items, list):
+            self._vars = [(a[:100], b[:200]) for a, b in
+                          (x for x in items if isinstance(x, list) and len(x) == 2)
+                          if isinstance(a, str) and isinstance(b, str)][:50]
+
+    @property
+    def submitted(self) -> bool:
+        return self.box.accepted
+
+    @property
+    def answer(self) -> Any:
+        return self.box.answer
+
+    # ---- host-side tool calls (the tool-calling action space) ----------------------------
+    def call_tool(self, name: str, arguments: Mapping[str, Any]) -> HostCall:
+        """Run a tool through the same door pipeline a guest uses (validation, budgets,
+        gate, records), from the host."""
+        before = len(self.host.calls)
+        frame = msgpack.packb({"v": 1, "id": 1, "op": "tools.call",
+                               "args": [name, dict(arguments)], "kwargs": {}},
+                              use_bin_type=True)
+        reply = msgpack.unpackb(self.door.dispatch(frame), raw=False, strict_map_key=False,
+                                ext_hook=msgpack.ExtType)
+        record = self.host.calls[-1] if len(self.host.calls) > before else None
+        if not reply.get("ok"):
+            return HostCall(ok=False, value=reply.get("error"), record=record)
+        value = reply.get("value")
+        if isinstance(value, dict) and set(value) == {"__tool_error__"}:
+            return HostCall(ok=False, value=value["__tool_error__"], record=record)
+        return HostCall(ok=True, value=decode(value), record=record)
+
+    def close(self) -> None:
+        if self.sandbox is not None:
+            self.sandbox.close()
+        self.host.close()
+
+
+def to_text(value: Any, limit: int = 4000) -> str:
+    """A tool result as text, the way tool-calling agents serialize results (JSON, with
+    DataFrames as records)."""
+    t = type(value)
+    mod = t.__module__.partition(".")[0]
+    try:
+        if mod == "pandas" and t.__name__ == "DataFrame":
+            text = value.to_json(orient="records", date_format="iso")
+        elif mod == "pandas":
+            text = value.to_json(date_format="iso")
+        elif mod == "numpy":
+            text = json.dumps(value.tolist())
+        else:
+            from pydantic_core import to_jsonable_python
+
+            text = json.dumps(to_jsonable_python(value, serialize_unknown=True),
+                              ensure_ascii=False)
+    except (TypeError, ValueError):
+        text = repr(value)
+    from ._observe import bound_text
+
+    return bound_text(str(text), limit)

@@ -1,0 +1,79 @@
+# Runs inside the guest (exec'd by memex.executor's session). Imports nothing from the host.
+"""The agent's guest prelude: typed inputs in globals, a lenient submit(), and a preview of
+the variables each block creates (for the model's observation)."""
+
+
+def __memex_agent_prelude__(input_names, submit_doc):
+    import __main__
+    import memex_guest.door as door
+    import memex_guest.tools as tools
+
+    g = __main__.__dict__
+    for name in input_names:
+        g[name] = door.request("agent.input", [name], {}, True)
+
+    missing = object()
+
+    def submit(answer=missing, /, **fields):
+        if answer is missing:
+            if not fields:
+                raise TypeError("submit() needs the answer: submit(answer) or submit(field=...)")
+            answer = fields
+        elif fields:
+            raise TypeError("submit() takes the answer or its fields as keywords, not both")
+        # A blocking call even inside the guest's event loop (tools.call would return an
+        # awaitable there, and an un-awaited submit must not vanish).
+        try:
+            value = door.request("tools.call", ["submit", {"answer": answer}], {}, True)
+        except door.DoorError as exc:
+            raise tools.error_from_map(exc.error, "submit") from None
+        if type(value) is dict and "__tool_error__" in value and len(value) == 1:
+            raise tools.error_from_map(value["__tool_error__"], "submit")
+        print("[answer accepted]")
+
+    submit.__doc__ = submit_doc
+    g["submit"] = submit
+
+    seen = {}
+
+    def describe(v):
+        t = type(v)
+        mod = t.__module__.partition(".")[0]
+        if mod == "pandas" and t.__name__ == "DataFrame":
+            cols = ", ".join(str(c) for c in list(v.columns)[:8])
+            more = ", ..." if len(v.columns) > 8 else ""
+            return "DataFrame %d rows x %d cols [%s%s]" % (len(v), len(v.columns), cols, more)
+        if mod == "numpy" and t.__name__ == "ndarray":
+            return "ndarray %s %s" % (v.dtype, tuple(v.shape))
+        if mod == "pandas" and t.__name__ == "Series":
+            return "Series %d values (%s)" % (len(v), v.dtype)
+        if isinstance(v, (list, tuple, dict, set, frozenset, str, bytes)):
+            return "%s len %d" % (t.__name__, len(v))
+        if isinstance(v, (int, float, bool, complex)) or v is None:
+            r = repr(v)
+            return "%s = %s" % (t.__name__, r if len(r) <= 40 else r[:37] + "...")
+        if callable(v):
+            return "function" if t.__name__ == "function" else t.__name__
+        return t.__name__
+
+    def new_variables():
+        out = []
+        for name, v in list(g.items()):
+            if name.startswith("_") or type(v).__name__ == "module":
+                continue
+            key = (id(v), type(v))
+            if seen.get(name) != key:
+                seen[name] = key
+                try:
+                    out.append([name, describe(v)])
+                except Exception:
+                    out.append([name, type(v).__name__])
+        for name in [n for n in seen if n not in g]:
+            del seen[name]
+        return out
+
+    def report():
+        door.request("agent.vars", [new_variables()], {}, False)
+
+    new_variables()  # everything present now (tools, inputs, submit) is not new
+    g["__memex_new_variables__"] = report
