@@ -111,7 +111,8 @@ class MemexAgent:
         preload: Iterable[str] = (), tool_budget: ToolBudget | None = None, gate: Any = None,
         backend: Any = None, observation_chars: int = 4000,
         trajectory_path: str | None = None, on_step: Callable[[Step], None] | None = None,
-        base_url: str | None = None, api_key: str | None = None,
+        on_text: Callable[[str], None] | None = None, base_url: str | None = None,
+        api_key: str | None = None,
         temperature: float = 0.0, max_tokens: int = 1024,
     ) -> None:
         if action_space not in ("code", "tools"):
@@ -135,6 +136,7 @@ class MemexAgent:
         self.observation_chars = observation_chars
         self.trajectory_path = trajectory_path
         self.on_step = on_step
+        self.on_text = on_text
         self._backend = backend
         from ._llm import LLMClient
 
@@ -310,7 +312,17 @@ class _Run:
         from ..errors import LLMError
 
         try:
-            c = self.a.llm.complete(self.messages, **kwargs)
+            if self.a.on_text is None:
+                c = self.a.llm.complete(self.messages, **kwargs)
+            else:  # stream the text to the caller as it arrives
+                c: Any = None
+                for part in self.a.llm.stream(self.messages, **kwargs):
+                    if isinstance(part, str):
+                        self.a.on_text(part)
+                    else:
+                        c = part
+                if c is None:
+                    raise LLMError("the stream ended without a completion")
         except LLMError as exc:
             raise _LLMFailed(f"{type(exc).__name__}: {exc}") from exc
         self.prompt_tokens += c.usage.prompt_tokens

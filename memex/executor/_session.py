@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -119,7 +120,12 @@ class AgentSession:
 
     def _prelude(self) -> None:
         src = resources.files("memex.executor").joinpath("guest/agent_prelude.py").read_text()
-        cell = (f"{src}\n__memex_agent_prelude__({list(self.inputs)!r}, {SUBMIT_DOC!r})\n"
+        from ._trajectory import Step, ToolCallInfo, Trajectory
+
+        records = {c.__name__: [f.name for f in dataclasses.fields(c)]
+                   for c in (Trajectory, Step, ToolCallInfo)}
+        cell = (f"{src}\n__memex_agent_prelude__({list(self.inputs)!r}, {SUBMIT_DOC!r}, "
+                f"{records!r})\n"
                 "del __memex_agent_prelude__\n")
         r = self.sandbox.run(cell, filename="<memex-agent-prelude>")
         if r.status is not TurnStatus.OK:

@@ -18,7 +18,8 @@ from typing import IO, Any
 
 from ..errors import ConfigError
 
-__all__ = ["Step", "ToolCallInfo", "Trajectory", "TrajectoryWriter", "load_trajectories"]
+__all__ = ["Step", "ToolCallInfo", "Trajectory", "TrajectoryWriter", "load_trajectories",
+           "save_trajectories"]
 
 FORMAT = 1
 

@@ -3,12 +3,16 @@
 the variables each block creates (for the model's observation)."""
 
 
-def __memex_agent_prelude__(input_names, submit_doc):
+def __memex_agent_prelude__(input_names, submit_doc, record_types):
     import __main__
     import memex_guest.door as door
     import memex_guest.tools as tools
 
     g = __main__.__dict__
+    # Typed record classes (e.g. Trajectory, Step) for inputs, registered by type name.
+    for type_name, fields in record_types.items():
+        type(type_name, (tools.Record,), {"__fields__": tuple(fields), "__slots__": (),
+                                          "__module__": "memex"})
     for name in input_names:
         g[name] = door.request("agent.input", [name], {}, True)
 

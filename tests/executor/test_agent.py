@@ -1,0 +1,259 @@
+"""The agent loop against a real chat-completions server on 127.0.0.1 (a scripted model),
+driven through the real openai client, with real sandboxes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from memex.executor import (
+    Aids,
+    Budget,
+    MemexAgent,
+    Trajectory,
+    load_trajectories,
+)
+from memex.executor._llm import LLMClient
+from memex.executor._scripted import ScriptedError, ScriptedLLM, ScriptedReply, ScriptedToolCall
+from memex.host_tools import tool
+from memex.runtime_wasm import Limits
+
+
+class Answer(BaseModel):
+    total: int
+    label: str
+
+
+@tool
+def numbers(n: int) -> list[int]:
+    """The first n squares.
+
+    Args:
+        n: how many.
+    """
+    return [i * i for i in range(n)]
+
+
+def py(code: str, text: str = "Running code.") -> str:
+    return f"{text}\n```python\n{code}\n```"
+
+
+def make_agent(srv: ScriptedLLM, **kw: Any) -> MemexAgent:
+    llm = LLMClient("scripted", base_url=srv.base_url, max_retries=kw.pop("retries", 2),
+                    backoff=0.01, timeout=kw.pop("llm_timeout", 30))
+    kw.setdefault("limits", Limits(timeout=20))
+    return MemexAgent(model=llm, tools=[numbers], submit=Answer, **kw)
+
+
+def observations(srv: ScriptedLLM) -> list[str]:
+    """The user/tool messages the model received, in order (last request's view)."""
+    msgs = srv.requests[-1].messages
+    return [m["content"] for m in msgs[2:] if m["role"] in ("user", "tool")]
+
+
+def test_multi_turn_state_print_only_and_submit() -> None:
+    script = [
+        py("xs = numbers(5)\ntotal = sum(xs)\nbig = list(range(10**5))"),  # prints nothing
+        py("print(total, len(big))"),
+        py("submit({'total': total, 'label': 'squares'})"),
+    ]
+    with ScriptedLLM(script) as srv:
+        r = make_agent(srv).run("Sum the first five squares.")
+    assert r.submitted and r.end_reason == "submitted"
+    assert r.answer == Answer(total=30, label="squares")
+    obs = [s.observation for s in r.trajectory.steps]
+    assert "30 100000" in obs[1]
+    assert "0, 1, 4" not in obs[0] and "99999" not in obs[0]  # nothing printed, nothing shown
+    assert "xs" in obs[0] and "[new variables" in obs[0]  # the preview names, not contents
+    t = r.trajectory
+    assert [s.status for s in t.steps] == ["ok", "ok", "submitted"]
+    assert t.tool_calls[0].name == "numbers" and t.tool_calls[0].kind == "code"
+    assert t.prompt_tokens > 0 and t.completion_tokens > 0 and t.llm_calls == 3
+    # the system prompt shows the tool catalogue and the answer schema
+    system = srv.requests[0].messages[0]["content"]
+    assert "numbers(n: int) -> list[int]" in system and '"total": int' in system
+
+
+def test_traceback_trimmed_and_state_survives_errors() -> None:
+    script = [py("a = 1\nb = a / 0"), py("print(a)"), py("submit(total=a, label='x')")]
+    with ScriptedLLM(script) as srv:
+        r = make_agent(srv).run("t")
+    first = r.trajectory.steps[0]
+    assert first.status == "error" and first.error == "ZeroDivisionError"
+    assert "ZeroDivisionError: division by zero" in first.observation
+    assert "memex" not in first.observation.lower().replace("[new variables", "")
+    assert "Output:\n1" in r.trajectory.steps[1].observation
+    assert r.answer == Answer(total=1, label="x")
+
+
+def test_long_output_is_bounded_with_a_marker() -> None:
+    script = [py("print('A' * 50000 + 'THE-END')"), py("submit(total=1, label='y')")]
+    with ScriptedLLM(script) as srv:
+        r = make_agent(srv, observation_chars=1000).run("t")
+    obs = r.trajectory.steps[0].observation
+    assert "characters elided ...]" in obs and obs.rstrip().endswith("THE-END")
+    assert len(obs) < 1300
+    assert len(srv.requests[1].messages[-1]["content"]) < 1300
+
+
+def test_submit_rejected_then_accepted() -> None:
+    script = [py("submit({'total': 'many'})"), py("submit({'total': 3, 'label': 'ok'})")]
+    with ScriptedLLM(script) as srv:
+        r = make_agent(srv).run("t")
+    first = r.trajectory.steps[0]
+    assert first.status == "rejected"
+    assert "total" in first.observation and "label" in first.observation
+    assert "Field required" in first.observation
+    assert r.submitted and r.answer == Answer(total=3, label="ok")
+
+
+def test_reply_without_code_gets_a_nudge() -> None:
+    script = ["I think the answer is 4.", py("submit(total=4, label='n')")]
+    with ScriptedLLM(script) as srv:
+        r = make_agent(srv).run("t")
+    s0 = r.trajectory.steps[0]
+    assert s0.status == "no_action" and "no ```python code block" in s0.observation
+    assert r.submitted
+
+
+def test_repeated_reply_is_noted() -> None:
+    script = [py("print(1)"), py("print(1)"), py("submit(total=1, label='r')")]
+    with ScriptedLLM(script) as srv:
+        r = make_agent(srv).run("t")
+    assert "repeats an earlier reply" in r.trajectory.steps[1].observation
+    with ScriptedLLM(script) as srv:
+        r = make_agent(srv, aids=Aids(repeat_note=False)).run("t")
+    assert "repeats" not in r.trajectory.steps[1].observation
+
+
+def test_several_blocks_run_in_order_and_stop_at_an_error() -> None:
+    reply = ("```python\nx = 2\n```\n```python\nprint(x * 10)\n```\n"
+             "```python\nraise ValueError('nope')\n```\n```python\nprint('never')\n```")
+    with ScriptedLLM([reply, py("submit(total=x, label='m')")]) as srv:
+        r = make_agent(srv).run("t")
+    s0 = r.trajectory.steps[0]
+    assert "20" in s0.observation and "ValueError: nope" in s0.observation
+    assert "never" not in s0.observation and "1 later block(s) not run" in s0.observation
+    assert len(s0.code) == 3
+
+
+@pytest.mark.parametrize("budget,reason", [
+    (Budget(max_turns=2), "max_turns"),
+    (Budget(max_tokens=50), "max_tokens"),
+    (Budget(max_seconds=0.5), "max_seconds"),
+    (Budget(max_cost=0.0001), "max_cost"),
+])
+def test_each_budget_ends_the_rollout(budget: Budget, reason: str) -> None:
+    def forever(_req: dict[str, Any]) -> ScriptedReply:
+        return ScriptedReply(content=py("import time; time.sleep(0.2); print('again')"),
+                             prompt_tokens=30, completion_tokens=10)
+
+    with ScriptedLLM(forever) as srv:
+        llm = LLMClient("priced", base_url=srv.base_url, prices={"priced": (10.0, 10.0)})
+        agent = MemexAgent(model=llm, tools=[numbers], submit=Answer, budget=budget,
+                           limits=Limits(timeout=20))
+        r = agent.run("loop forever")
+    assert not r.submitted and r.answer is None
+    assert r.end_reason == reason == r.trajectory.end_reason
+    assert len(r.trajectory.steps) >= 1
+
+
+def test_llm_retries_then_success_and_exhaustion() -> None:
+    script: list[Any] = [ScriptedError(status=500), ScriptedError(status=429, retry_after=0.05),
+                         py("submit(total=7, label='retry')")]
+    with ScriptedLLM(script) as srv:
+        r = make_agent(srv).run("t")
+    assert r.submitted and len(srv.requests) == 3
+    with ScriptedLLM([ScriptedError(status=500)] * 5) as srv:
+        r = make_agent(srv, retries=1).run("t")
+    assert r.end_reason == "llm_error" and not r.submitted
+    assert r.error is not None and "500" in r.error
+
+
+def test_native_function_calling_mode() -> None:
+    script = [
+        ScriptedReply(tool_calls=(ScriptedToolCall(name="python",
+                                                   arguments={"code": "v = sum(numbers(4))\nv"}),)),
+        ScriptedReply(tool_calls=(ScriptedToolCall(
+            name="python", arguments={"code": "submit(total=v, label='native')"}),)),
+    ]
+    with ScriptedLLM(script) as srv:
+        r = make_agent(srv, code_via="tool_call").run("t")
+    assert r.answer == Answer(total=14, label="native")
+    assert r.trajectory.steps[0].action == "native_code"
+    req = srv.requests[1]
+    assert req.tools and req.tools[0]["function"]["name"] == "python"
+    tool_msgs = [m for m in req.messages if m["role"] == "tool"]
+    assert tool_msgs and "Out: 14" in tool_msgs[0]["content"]
+
+
+def test_tool_calling_baseline_native_and_text_calls() -> None:
+    script = [
+        ScriptedReply(tool_calls=(ScriptedToolCall(name="numbers", arguments={"n": 4}),)),
+        '```json\n{"name": "python_exec", "arguments": {"code": "print(0+1+4+9)"}}\n```',
+        ScriptedReply(tool_calls=(ScriptedToolCall(name="submit",
+                                                   arguments={"answer": {"total": "x"}}),)),
+        '<tool_call>{"name": "submit", "arguments": {"answer": {"total": 14, "label": "t"}}}'
+        "</tool_call>",
+    ]
+    with ScriptedLLM(script) as srv:
+        r = make_agent(srv, action_space="tools").run("t")
+    assert r.submitted and r.answer == Answer(total=14, label="t")
+    steps = r.trajectory.steps
+    assert [c.kind for s in steps for c in s.tool_calls] == ["native", "text", "native", "text"]
+    assert "[0, 1, 4, 9]" in steps[0].observation  # serialized to text for the model
+    assert steps[1].observation.strip().endswith("14")
+    assert steps[2].status == "rejected" and "invalid_arguments" in steps[2].observation
+    names = {t["function"]["name"] for t in srv.requests[0].tools or []}
+    assert names == {"numbers", "python_exec", "submit"}
+
+
+def test_trajectory_jsonl_round_trip_and_inputs(tmp_path: Path) -> None:
+    import numpy as np
+    import pandas as pd
+
+    path = tmp_path / "t.jsonl"
+    df = pd.DataFrame({"a": [1, 2, 3], "when": pd.to_datetime(["2026-01-01"] * 3)})
+    script = [py("print(df.dtypes['when'], arr.dtype, arr.shape, int(df.a.sum()))"),
+              py("submit(total=int(arr.sum()), label=str(df.when.dt.year[0]))")]
+    with ScriptedLLM(script) as srv:
+        r = make_agent(srv, trajectory_path=str(path)).run(
+            "use the inputs", inputs={"df": df, "arr": np.arange(6).reshape(2, 3)})
+    assert "datetime64" in r.trajectory.steps[0].observation
+    assert "int64 (2, 3) 6" in r.trajectory.steps[0].observation
+    assert r.answer == Answer(total=15, label="2026")
+    assert "DataFrame, 3 rows x 2 columns" in srv.requests[0].messages[0]["content"]
+    [loaded] = load_trajectories(path)
+    assert loaded == r.trajectory
+    assert Trajectory.from_dict(json.loads(json.dumps(r.trajectory.to_dict()))) == r.trajectory
+
+
+def test_trajectories_as_inputs_arrive_typed() -> None:
+    with ScriptedLLM([py("submit(total=2, label='a')")]) as srv:
+        first = make_agent(srv).run("t").trajectory
+    script = [py("t = runs[0]\nprint(type(t).__name__, t.end_reason, t.answer['label'], "
+                 "len(t.steps), t.steps[0].code[0].strip())"),
+              py("submit(total=len(runs), label=runs[0].steps[0].status)")]
+    with ScriptedLLM(script) as srv:
+        r = make_agent(srv).run("audit", inputs={"runs": [first]})
+    assert "Trajectory submitted a 1 submit(total=2, label='a')" in r.trajectory.steps[0].observation
+    assert r.answer == Answer(total=1, label="submitted")
+
+
+def test_bad_configuration_raises() -> None:
+    from memex.errors import ConfigError
+
+    with ScriptedLLM(["x"]) as srv:
+        with pytest.raises(ConfigError):
+            make_agent(srv, action_space="json")  # type: ignore[arg-type]
+        agent = make_agent(srv)
+        with pytest.raises(ConfigError):
+            agent.run("")
+        with pytest.raises(ConfigError):
+            agent.run("t", inputs={"_hidden": 1})
+        with pytest.raises(ConfigError):
+            agent.run("t", inputs={"numbers": 1})
