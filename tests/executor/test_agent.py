@@ -240,7 +240,8 @@ def test_trajectories_as_inputs_arrive_typed() -> None:
               py("submit(total=len(runs), label=runs[0].steps[0].status)")]
     with ScriptedLLM(script) as srv:
         r = make_agent(srv).run("audit", inputs={"runs": [first]})
-    assert "Trajectory submitted a 1 submit(total=2, label='a')" in r.trajectory.steps[0].observation
+    obs = r.trajectory.steps[0].observation
+    assert "Trajectory submitted a 1 submit(total=2, label='a')" in obs
     assert r.answer == Answer(total=1, label="submitted")
 
 
