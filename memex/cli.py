@@ -239,6 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("repl", help="an interactive sandboxed REPL with persistent state")
     _add_limits(p)
     p.set_defaults(func=cmd_repl)
+    from ._cli_agent import add_parsers as add_agent_parsers
+
+    add_agent_parsers(sub)
     return parser
 
 

@@ -1,8 +1,17 @@
 """The agent loop, LLM client, backends, trajectories and sub-agents."""
 
 from ._agent import Aids, Budget, MemexAgent, Rollout
+from ._llm import Completion, LLMClient, Price, ToolCall, Usage
+from ._local_model import LocalModel, ModelSpec, fetch_model
 from ._observe import bound_text, render_observation
 from ._parse import TextToolCall, extract_code, extract_tool_calls
+from ._scripted import (
+    RecordedRequest,
+    ScriptedError,
+    ScriptedLLM,
+    ScriptedReply,
+    ScriptedToolCall,
+)
 from ._trajectory import (
     Step,
     ToolCallInfo,
@@ -15,16 +24,29 @@ from ._trajectory import (
 __all__ = [
     "Aids",
     "Budget",
+    "Completion",
+    "LLMClient",
+    "LocalModel",
     "MemexAgent",
+    "ModelSpec",
+    "Price",
+    "RecordedRequest",
     "Rollout",
+    "ScriptedError",
+    "ScriptedLLM",
+    "ScriptedReply",
+    "ScriptedToolCall",
     "Step",
     "TextToolCall",
+    "ToolCall",
     "ToolCallInfo",
     "Trajectory",
     "TrajectoryWriter",
+    "Usage",
     "bound_text",
     "extract_code",
     "extract_tool_calls",
+    "fetch_model",
     "load_trajectories",
     "render_observation",
     "save_trajectories",

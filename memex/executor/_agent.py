@@ -311,11 +311,11 @@ class _Run:
     def _complete(self, **kwargs: Any) -> Any:
         from ..errors import LLMError
 
+        c: Any = None
         try:
             if self.a.on_text is None:
                 c = self.a.llm.complete(self.messages, **kwargs)
             else:  # stream the text to the caller as it arrives
-                c: Any = None
                 for part in self.a.llm.stream(self.messages, **kwargs):
                     if isinstance(part, str):
                         self.a.on_text(part)
