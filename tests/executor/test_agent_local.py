@@ -1,0 +1,59 @@
+"""End to end against the real local model (llama.cpp on 127.0.0.1): real code ran, the loop
+ended properly, the trajectory is complete. Tolerant of wrong answers: the model is small.
+
+Skipped (with the reason) when llama-cpp-python or the model file is absent; `.ci/run`
+provides both (`./build.sh test` installs the `local` extra and fetches the model)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from memex.errors import MemexError
+from memex.executor import Budget, LocalModel, MemexAgent, load_trajectories
+from memex.executor._local_model import MODELS, model_dir, verify_model_file
+from memex.runtime_wasm import Limits
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from funnel_data import TASK, FunnelAnswer, build_warehouse, sql_tool  # noqa: E402
+
+MODEL = os.environ.get("MEMEX_TEST_LOCAL_MODEL", "qwen-1.5b")
+
+
+def _skip_reason() -> str | None:
+    if importlib.util.find_spec("llama_cpp") is None:
+        return "llama-cpp-python is not installed (pip install -e .[local])"
+    try:
+        verify_model_file(model_dir() / MODELS[MODEL].filename, MODEL)
+    except MemexError as exc:
+        return f"local model absent: {exc}"
+    return None
+
+
+pytestmark = [pytest.mark.local_llm, pytest.mark.slow]
+
+
+@pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
+def test_funnel_rollout_with_the_local_model(tmp_path: Path) -> None:
+    db = build_warehouse(tmp_path / "w.db", seed=0)
+    path = tmp_path / "t.jsonl"
+    with LocalModel(MODEL, fetch=False) as lm:
+        agent = MemexAgent(model=lm.client(max_tokens=384, timeout=600), tools=[sql_tool(db)],
+                           submit=FunnelAnswer, limits=Limits(timeout=60), preload=["pandas"],
+                           budget=Budget(max_turns=4), trajectory_path=str(path))
+        r = agent.run(TASK)
+    t = r.trajectory
+    assert r.end_reason in ("submitted", "max_turns"), (r.end_reason, r.error)
+    assert 1 <= len(t.steps) <= 4 and t.llm_calls == len(t.steps)
+    assert t.prompt_tokens > 500 and t.completion_tokens > 0  # real usage from the server
+    ran = [s for s in t.steps if s.code]
+    assert ran, "the model wrote no code block in any turn"
+    assert all(s.observation for s in t.steps)
+    if r.submitted:
+        assert isinstance(r.answer, FunnelAnswer)
+    [loaded] = load_trajectories(path)
+    assert loaded == t
