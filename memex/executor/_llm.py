@@ -167,14 +167,16 @@ class LLMClient:
     before retry n is ``min(max_backoff, backoff * 2**(n-1))`` scaled by a random factor in
     [0.5, 1], or what the server's ``Retry-After`` asks (up to 60 s; a longer ask fails now).
     ``prices`` (model name -> :class:`Price` or ``(input, output)`` USD per 1M tokens) is merged
-    over :data:`DEFAULT_PRICES`.
+    over :data:`DEFAULT_PRICES`. ``on_retry(attempt, pause, error)`` is called before each pause
+    with the failed attempt's number and error (e.g. for the CLI to say "retrying in 2s").
     """
 
     def __init__(self, model: str | None = None, base_url: str | None = None,
                  api_key: str | None = None, *, timeout: float = 300.0, max_retries: int = 3,
                  backoff: float = 0.5, max_backoff: float = 20.0,
                  prices: Mapping[str, Price | tuple[float, float]] | None = None,
-                 temperature: float | None = 0.0, max_tokens: int | None = 1024) -> None:
+                 temperature: float | None = 0.0, max_tokens: int | None = 1024,
+                 on_retry: Callable[[int, float, LLMError], None] | None = None) -> None:
         self.model = model or _env("MEMEX_MODEL") or ""
         self.base_url = base_url or _env("OPENAI_BASE_URL")
         key = api_key or _env("OPENAI_API_KEY")
@@ -197,6 +199,7 @@ class LLMClient:
         self.max_backoff = max_backoff
         self.temperature = temperature
         self.max_tokens = max_tokens
+        self.on_retry = on_retry
         table: dict[str, Price] = dict(DEFAULT_PRICES)
         for name, p in (prices or {}).items():
             table[name] = p if isinstance(p, Price) else Price(input=p[0], output=p[1])
@@ -330,10 +333,12 @@ class LLMClient:
             start = time.monotonic()
             try:
                 return call(), attempt, time.monotonic() - start
-            except (openai.OpenAIError, httpx2.HTTPError) as exc:
+            except (openai.OpenAIError, httpx2.HTTPError, ValueError) as exc:
                 pause = self._delay(exc, attempt)
                 if pause is None:
                     raise self._error(exc, attempt) from exc
+                if self.on_retry is not None:
+                    self.on_retry(attempt, pause, self._error(exc, attempt))
             time.sleep(pause)
 
     async def _aretrying(self, call: Callable[[], Awaitable[_T]]) -> tuple[_T, int, float]:
@@ -343,10 +348,12 @@ class LLMClient:
             start = time.monotonic()
             try:
                 return await call(), attempt, time.monotonic() - start
-            except (openai.OpenAIError, httpx2.HTTPError) as exc:
+            except (openai.OpenAIError, httpx2.HTTPError, ValueError) as exc:
                 pause = self._delay(exc, attempt)
                 if pause is None:
                     raise self._error(exc, attempt) from exc
+                if self.on_retry is not None:
+                    self.on_retry(attempt, pause, self._error(exc, attempt))
             await asyncio.sleep(pause)
 
     def complete(self, messages: Sequence[Mapping[str, Any]], *,
@@ -422,7 +429,7 @@ class LLMClient:
                     if delta.content:
                         text.append(delta.content)
                         yield delta.content
-        except (openai.OpenAIError, httpx2.HTTPError) as exc:
+        except (openai.OpenAIError, httpx2.HTTPError, ValueError) as exc:
             raise self._error(exc, attempts) from exc
         finally:
             chunks.close()

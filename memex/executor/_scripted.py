@@ -90,6 +90,7 @@ class RecordedRequest:
     messages: list[dict[str, Any]] = field(default_factory=list)
     tools: list[dict[str, Any]] | None = None
     stream: bool = False
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 def _tokens(text: str) -> int:
@@ -172,7 +173,8 @@ class _Handler(BaseHTTPRequestHandler):
             owner._note_bad_request(f"{exc}")
             self._error(400, f"ScriptedLLM: bad request body: {exc}")
             return
-        reply = owner._next_reply(self.path, body)
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        reply = owner._next_reply(self.path, body, headers)
         if reply.delay > 0 and owner._closing.wait(reply.delay):
             return
         if isinstance(reply, ScriptedError):
@@ -318,7 +320,8 @@ class ScriptedLLM:
         with self._lock:
             self._bad.append(why)
 
-    def _next_reply(self, path: str, body: dict[str, Any]) -> ScriptedReply | ScriptedError:
+    def _next_reply(self, path: str, body: dict[str, Any],
+                    headers: dict[str, str]) -> ScriptedReply | ScriptedError:
         with self._lock:
             n = len(self._requests) + 1
             item: Reply | Callable[[dict[str, Any]], Reply] | None
@@ -339,7 +342,7 @@ class ScriptedLLM:
         rec = RecordedRequest(path=path, body=body, reply=reply,
                               messages=list(body.get("messages") or []),
                               tools=list(tools) if isinstance(tools, list) else None,
-                              stream=bool(body.get("stream")))
+                              stream=bool(body.get("stream")), headers=headers)
         with self._lock:
             self._requests.append(rec)
         return reply
