@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import inspect
 
 import pytest
@@ -18,6 +19,8 @@ MEMEX_ALL = [
     "Door",
     "DoorCall",
     "DoorContext",
+    "DoorError",
+    "GateDecision",
     "GuestException",
     "GuestFileError",
     "GuestStartError",
@@ -30,16 +33,31 @@ MEMEX_ALL = [
     "SandboxClosed",
     "SandboxError",
     "SetupError",
+    "Tool",
+    "ToolBudget",
+    "ToolCallRecord",
+    "ToolHost",
+    "ToolParam",
+    "ToolRequest",
+    "ToolSet",
     "TurnResult",
     "TurnStatus",
     "__version__",
+    "tool",
 ]
+
+# Names memex re-exports lazily (imported on first access), by the submodule defining them.
+MEMEX_LAZY = {
+    "memex.host_tools": ["GateDecision", "Tool", "ToolBudget", "ToolCallRecord", "ToolHost",
+                         "ToolParam", "ToolRequest", "ToolSet", "tool"],
+}
 
 RUNTIME_ALL = [
     "Checkpoint",
     "Door",
     "DoorCall",
     "DoorContext",
+    "DoorError",
     "GuestException",
     "Limits",
     "Mount",
@@ -123,6 +141,42 @@ def test_top_level_names_are_the_runtime_objects() -> None:
         assert getattr(memex, name) is getattr(memex.errors, name)
     for name in set(HOST_TOOLS_ALL) & set(MEMEX_ALL):
         assert getattr(memex, name) is getattr(memex.host_tools, name)
+
+
+def test_lazy_names_are_pinned_and_listed() -> None:
+    lazy = dict(memex._LAZY)
+    assert lazy == {n: mod for mod, names in MEMEX_LAZY.items() for n in names}
+    assert set(lazy) <= set(memex.__all__)
+    assert set(memex.__all__) <= set(dir(memex))
+    for name, mod in lazy.items():
+        assert getattr(memex, name) is getattr(importlib.import_module(mod), name)
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchName'"):
+        memex.NoSuchName  # noqa: B018
+
+
+def test_import_memex_does_not_import_lazy_layers() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, memex\n"
+        "lazy = sorted(set(memex._LAZY.values()))\n"
+        "before = [m for m in lazy if m in sys.modules]\n"
+        "names = [n for n in dir(memex) if n in memex._LAZY]\n"
+        "tool = memex.Tool\n"
+        "print(before, len(names) == len(memex._LAZY), 'memex.host_tools' in sys.modules,"
+        " tool is sys.modules['memex.host_tools'].Tool)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert out.stdout.strip() == "[] True True True", out.stdout + out.stderr
+
+
+def test_door_error_is_a_handler_signal_not_a_memex_error() -> None:
+    assert issubclass(memex.DoorError, Exception)
+    assert not issubclass(memex.DoorError, memex.MemexError)
+    err = memex.DoorError("denied", "no", path=["a"])
+    assert (err.kind, err.message, err.extra) == ("denied", "no", {"path": ["a"]})
 
 
 def test_version() -> None:

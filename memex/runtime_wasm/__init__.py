@@ -4,7 +4,7 @@ This layer imports neither ``memex.host_tools`` nor ``memex.executor``: its door
 carries frames of bytes.
 """
 
-from ._door import Door, DoorCall, DoorContext
+from ._door import Door, DoorCall, DoorContext, DoorError
 from ._engine import compile_module, load_module, module_path
 from ._records import GuestException, Limits, Mount, TurnResult, TurnStatus
 from ._sandbox import Checkpoint, Sandbox
@@ -14,6 +14,7 @@ __all__ = [
     "Door",
     "DoorCall",
     "DoorContext",
+    "DoorError",
     "GuestException",
     "Limits",
     "Mount",

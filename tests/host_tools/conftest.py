@@ -42,10 +42,7 @@ def tcall(name, args):
     r = door('tools.call', name, args)
     if not r['ok']:
         return ('error', r['error'])
-    v = r['value']
-    if isinstance(v, dict) and set(v) == {'__tool_error__'}:
-        return ('error', v['__tool_error__'])
-    return ('ok', _plain(v))
+    return ('ok', _plain(r['value']))
 def tbatch(calls):
     r = door('tools.batch', calls)
     return _plain(r['value']) if r['ok'] else ('error', r['error'])

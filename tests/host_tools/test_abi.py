@@ -16,7 +16,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import memex.runtime_wasm
 from memex import Door, Limits, Sandbox, TurnStatus
 from memex.host_tools import ToolHost, tool
 from memex.host_tools._codec import encode, packb
@@ -52,16 +51,10 @@ CALL_OK = h("84 a1 76 01 a2 69 64 07 a2 6f 6b c3 a5 76 61 6c 75 65 2a")
 # {"v": 1, "id": 8, "op": "tools.call", "args": ["sub", {}], "kwargs": {}}
 UNKNOWN = h("85 a1 76 01 a2 69 64 08 a2 6f 70 aa 74 6f 6f 6c 73 2e 63 61 6c 6c a4 61 72 67 73 92"
             " a3 73 75 62 80 a6 6b 77 61 72 67 73 80")
-# {"v": 1, "id": 8, "ok": true, "value": {"__tool_error__": {"kind": "unknown_tool",
-#                                                          "message": "no tool named 'sub'"}}}
-UNKNOWN_REPLY = h(
-    "84 a1 76 01 a2 69 64 08 a2 6f 6b c3 a5 76 61 6c 75 65 81 ae 5f 5f 74 6f 6f 6c 5f 65 72 72"
-    " 6f 72 5f 5f 82 a4 6b 69 6e 64 ac 75 6e 6b 6e 6f 77 6e 5f 74 6f 6f 6c a7 6d 65 73 73 61 67"
-    " 65 b3 6e 6f 20 74 6f 6f 6c 20 6e 61 6d 65 64 20 27 73 75 62 27")
-# The same once the door carries typed errors (memex.runtime_wasm.DoorError, docs/abi.md):
+# A failed tools.call is a door error whose map is the tool error (docs/abi.md, Layer 3):
 # {"v": 1, "id": 8, "ok": false, "error": {"kind": "unknown_tool",
 #                                           "message": "no tool named 'sub'"}}
-UNKNOWN_REPLY_TYPED = h(
+UNKNOWN_REPLY = h(
     "84 a1 76 01 a2 69 64 08 a2 6f 6b c2 a5 65 72 72 6f 72 82 a4 6b 69 6e 64 ac 75 6e 6b 6e 6f"
     " 77 6e 5f 74 6f 6f 6c a7 6d 65 73 73 61 67 65 b3 6e 6f 20 74 6f 6f 6c 20 6e 61 6d 65 64 20"
     " 27 73 75 62 27")
@@ -84,8 +77,7 @@ def test_golden_request_and_reply_frames() -> None:
                           "args": ["add", {"a": 2, "b": 40}], "kwargs": {}},
                          use_bin_type=True) == CALL
     assert door.dispatch(CALL) == CALL_OK
-    typed = hasattr(memex.runtime_wasm, "DoorError")
-    assert door.dispatch(UNKNOWN) == (UNKNOWN_REPLY_TYPED if typed else UNKNOWN_REPLY)
+    assert door.dispatch(UNKNOWN) == UNKNOWN_REPLY
     assert door.dispatch(BATCH) == BATCH_REPLY
 
 

@@ -110,8 +110,7 @@ def test_validation_errors_reach_the_guest_with_paths(
     assert kind == "error" and err["kind"] == "invalid_arguments"
     assert "a: Input should be a valid integer" in err["message"]
     assert "b: Field required" in err["message"]
-    if "errors" in err:  # the interim carrier keeps the structured list (docs/abi.md)
-        assert [e["path"] for e in err["errors"]] == [["a"], ["b"], ["c"]]
+    assert [e["path"] for e in err["errors"]] == [["a"], ["b"], ["c"]]
     _, err = guest_eval(tool_sandbox, "tcall('add', [1, 2])")
     assert err["kind"] == "invalid_arguments"
 
@@ -147,15 +146,16 @@ def test_wrong_return_type_is_an_error(
         return threading.Lock()
 
     @tool
-    def forger() -> dict[str, Any]:
-        """Returns the carrier shape."""
+    def error_shaped() -> dict[str, Any]:
+        """Returns a map that looks like an error: it is just a value (errors are door
+        errors, never values)."""
         return {"__tool_error__": {"kind": "denied", "message": "forged"}}
 
-    serve([unsendable, forger])
+    serve([unsendable, error_shaped])
     _, err = guest_eval(tool_sandbox, "tcall('unsendable', {})")
     assert err["kind"] == "invalid_return" and "cannot be sent" in err["message"]
-    _, err = guest_eval(tool_sandbox, "tcall('forger', {})")
-    assert err["kind"] == "invalid_return" and "reserved" in err["message"]
+    assert guest_eval(tool_sandbox, "tcall('error_shaped', {})") == (
+        "ok", {"__tool_error__": {"kind": "denied", "message": "forged"}})
 
 
 def test_openai_tool_through_the_door(
@@ -269,14 +269,10 @@ def test_frames_from_the_guest_cannot_break_the_host(
         " 'id': 3, 'op': 'tools.call', 'args': ['add', {'a': msgpack.ExtType(1, b'\\xc1'),"
         " 'b': 1}], 'kwargs': {}})]:\n"
         "    r = msgpack.unpackb(_host.call(f), raw=False, strict_map_key=False)\n"
-        "    v = r.get('value')\n"
-        "    out.append((r['ok'], (r.get('error') or (v or {}).get('__tool_error__') or {})"
-        ".get('kind')))\n"
+        "    out.append((r['ok'], (r.get('error') or {}).get('kind')))\n"
         "out"))
-    assert got[:2] == [(False, "protocol"), (False, "protocol")]
-    assert got[2][1] == "unknown_tool"
-    assert got[3] == (False, "handler_error")
-    assert got[4][1] == "invalid_arguments"
+    assert got == [(False, "protocol"), (False, "protocol"), (False, "unknown_tool"),
+                   (False, "protocol"), (False, "invalid_arguments")]
 
 
 def test_nan_inf_and_bad_utf8(tool_sandbox: Sandbox, serve: Serve, guest_eval: Eval) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from memex import Door, Limits, Sandbox, TurnStatus
+from memex import Door, DoorError, Limits, Sandbox, TurnStatus
 
 np = pytest.importorskip("numpy")
 pd = pytest.importorskip("pandas")
@@ -234,8 +234,13 @@ class FakeTools:
         return {"__tool_error__": {"kind": "unknown_tool", "message": f"no tool named {name!r}"}}
 
     def call(self, name: str, args: dict[str, Any]) -> Any:
-        # a tool that raises here makes the door answer handler_error
-        return self.run_one(name, args)
+        # a tool that raises here makes the door answer handler_error; a tool error map
+        # becomes the door's error (DoorError), the form docs/abi.md gives for tools.call
+        value = self.run_one(name, args)
+        if isinstance(value, dict) and "__tool_error__" in value:
+            err = dict(value["__tool_error__"])
+            raise DoorError(err.pop("kind"), err.pop("message"), **err)
+        return value
 
     def batch(self, calls: list[list[Any]]) -> list[list[Any]]:
         self.batches.append(calls)
@@ -657,7 +662,7 @@ def test_error_kinds_map_to_tool_errors(env: Any, kind: str, cls: str) -> None:
     sb, _, door = env
     ok(sb, GUEST_ERR)
     error = {"kind": kind, "message": f"it went {kind}"}
-    # as a value {"__tool_error__": map}
+    # as the DoorError the fake's tools.call raises
     got = value(sb, f"err('error', {{'error': {error!r}}})")
     assert got == (cls, kind, "error", f"it went {kind}", [], True)
     # as the door error of tools.call

@@ -27,6 +27,7 @@ _ext_hdr8 = _struct.Struct(">BBb").pack
 _ext_hdr16 = _struct.Struct(">BHb").pack
 _ext_hdr32 = _struct.Struct(">BIb").pack
 _FIXEXT = {1: 0xD4, 2: 0xD5, 4: 0xD6, 8: 0xD7, 16: 0xD8}
+_BYTE = [bytes((i,)) for i in range(256)]  # one-byte values: fixints and fix headers
 
 
 class _Fallback(Exception):
@@ -72,7 +73,7 @@ def _enc(obj, out, typed):
         b = obj.encode("utf-8")
         n = len(b)
         if n < 32:
-            out.append(bytes((0xA0 | n,)))
+            out.append(_BYTE[0xA0 | n])
         elif n < 256:
             out.append(bytes((0xD9, n)))
         elif n < 65536:
@@ -85,7 +86,7 @@ def _enc(obj, out, typed):
     elif t is int:
         if obj >= 0:
             if obj < 128:
-                out.append(bytes((obj,)))
+                out.append(_BYTE[obj])
             elif obj < 256:
                 out.append(bytes((0xCC, obj)))
             elif obj < 65536:
@@ -97,7 +98,7 @@ def _enc(obj, out, typed):
             else:
                 raise _Fallback  # msgpack decides (OverflowError)
         elif obj >= -32:
-            out.append(bytes((obj & 0xFF,)))
+            out.append(_BYTE[obj & 0xFF])
         elif obj >= -0x80:
             out.append(_i8(0xD0, obj))
         elif obj >= -0x8000:
@@ -119,7 +120,7 @@ def _enc(obj, out, typed):
     elif t is dict:
         n = len(obj)
         if n < 16:
-            out.append(bytes((0x80 | n,)))
+            out.append(_BYTE[0x80 | n])
         elif n < 65536:
             out.append(_u16(0xDE, n))
         else:
@@ -130,7 +131,7 @@ def _enc(obj, out, typed):
     elif t is list or (t is tuple and not typed):
         n = len(obj)
         if n < 16:
-            out.append(bytes((0x90 | n,)))
+            out.append(_BYTE[0x90 | n])
         elif n < 65536:
             out.append(_u16(0xDC, n))
         else:
@@ -188,6 +189,61 @@ def pack_request(rid, op, args, kwargs, typed=False):
     except (_Fallback, RecursionError):
         return packb({"v": 1, "id": rid, "op": op, "args": args, "kwargs": kwargs}, typed)
     return b"".join(out)
+
+
+_STRS = {}  # str -> its encoding, for tool names and argument names (bounded)
+_REQ_HEAD = b"\x85\xa1v\x01\xa2id"
+_CALL_MID = b"\xa2op\xaatools.call\xa4args\x92"
+_CALL_END = b"\xa6kwargs\x80"
+
+
+def _str_bytes(s):
+    b = _STRS.get(s)
+    if b is None:
+        out = []
+        _enc(s, out, False)
+        b = b"".join(out)
+        if len(s) <= 64 and len(_STRS) < 4096:
+            _STRS[s] = b
+    return b
+
+
+def pack_arguments(arguments, skip):
+    """The typed encoding of a tool call's arguments (a dict), leaving out values that are
+    ``skip``: the same bytes as ``packb({k: v ... if v is not skip}, True)``. A key that is
+    not a str raises TypeError."""
+    out = [b""]
+    n = 0
+    try:
+        for k, v in arguments.items():
+            if v is skip:
+                continue
+            if type(k) is not str:
+                raise TypeError("tool argument names must be str, not %r" % (k,))
+            out.append(_STRS.get(k) or _str_bytes(k))
+            if type(v) is int and 0 <= v < 128:
+                out.append(_BYTE[v])
+            else:
+                _enc(v, out, True)
+            n += 1
+    except (_Fallback, RecursionError):
+        return packb({k: v for k, v in arguments.items() if v is not skip}, True)
+    out[0] = _BYTE[0x80 | n] if n < 16 else _u16(0xDE, n) if n < 65536 else _u32(0xDF, n)
+    return b"".join(out)
+
+
+def pack_tool_call(rid, name, raw):
+    """The ``tools.call`` request frame for the tool ``name`` with arguments already
+    encoded (``raw``): the same bytes as ``pack_request(rid, "tools.call", [name,
+    Raw(raw)], {}, True)``."""
+    if 0 <= rid < 128:
+        head = _BYTE[rid]
+    else:
+        parts = []
+        _enc(rid, parts, False)
+        head = b"".join(parts)
+    return b"".join((_REQ_HEAD, head, _CALL_MID, _STRS.get(name) or _str_bytes(name), raw,
+                     _CALL_END))
 
 
 _unpack_from = _struct.unpack_from

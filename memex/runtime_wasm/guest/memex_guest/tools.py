@@ -14,7 +14,7 @@ import reprlib as _reprlib
 
 from . import door as _door
 from ._codec import Raw as _Raw
-from ._codec import packb as _packb
+from ._codec import pack_arguments as _pack_arguments
 from .codec import DecodeError as _DecodeError
 
 __all__ = [
@@ -290,9 +290,15 @@ class ToolBudgetError(ToolError):
 
 
 class ToolTimeoutError(ToolError):
-    """The call outlived its bound (it may still be running on the host)."""
+    """The call outlived its bound. ``ran`` says whether the tool started on the host (it
+    may still be running there); None when the host did not say."""
 
     kind = "timeout"
+
+    @property
+    def ran(self):
+        ran = self.details.get("ran")
+        return ran if type(ran) is bool else None
 
 
 _KINDS = {
@@ -333,12 +339,6 @@ def error_from_map(err, tool=None):
                kind=kind, details=err)
 
 
-def _check_value(value, name):
-    if type(value) is dict and "__tool_error__" in value and len(value) == 1:
-        raise error_from_map(value["__tool_error__"], name)
-    return value
-
-
 # ---- calls -----------------------------------------------------------------------------------
 _ACTIVE = [None]  # the memex_guest.aio loop running right now, if any
 
@@ -370,26 +370,28 @@ def call(name, arguments=None):
     DataFrames, datetimes...), or raises a ToolError subclass. Inside the MemEx event loop:
     returns an awaitable (``memex_guest.aio.ToolCall``) whose call is queued at once; calls
     still pending when the loop next waits are sent together in one ``tools.batch``
-    request.
+    request. Arguments that cannot be encoded raise TypeError here, before anything is sent.
     """
     if type(name) is not str:
         raise TypeError("a tool name must be a str")
-    args = _arguments(arguments)
+    if type(arguments) is not dict:
+        arguments = _arguments(arguments)
+    raw = _pack_arguments(arguments, MISSING)
     loop = _ACTIVE[0]
     if loop is not None:
-        return loop.memex_submit(name, _Raw(_packb(args, True)))
-    return _check_value(_request("tools.call", [name, args], name), name)
+        return loop.memex_submit(name, _Raw(raw))
+    return _request(name, raw)
 
 
 def call_encoded(name, raw):
     """``tools.call`` with arguments already encoded (a ``_codec.Raw``); returns the value or
     raises a ToolError."""
-    return _check_value(_request("tools.call", [name, raw], name), name)
+    return _request(name, raw.data)
 
 
-def _request(op, args, name):
+def _request(name, raw):
     try:
-        return _door.request(op, args, {}, True)
+        return _door.tool_request(name, raw)
     except _door.DoorError as exc:
         raise error_from_map(exc.error, name) from None
     except _DecodeError as exc:
@@ -420,10 +422,7 @@ def call_batch(calls):
                 cid, ok, value = item
                 tool = calls[cid][0]
                 if ok:
-                    if type(value) is dict and "__tool_error__" in value and len(value) == 1:
-                        results[cid] = (False, error_from_map(value["__tool_error__"], tool))
-                    else:
-                        results[cid] = (True, value)
+                    results[cid] = (True, value)
                 else:
                     results[cid] = (False, error_from_map(value, tool))
     for i, r in enumerate(results):
