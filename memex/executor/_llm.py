@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import json
 import math
 import os
 import random
@@ -32,6 +33,8 @@ __all__ = [
     "Price",
     "ToolCall",
     "Usage",
+    "estimate_prompt_tokens",
+    "estimate_tokens",
 ]
 
 _T = TypeVar("_T")
@@ -97,7 +100,9 @@ class ToolCall:
 class Completion:
     """One assistant reply. ``latency`` is the wall seconds of the attempt that succeeded
     (for a stream: from the request to the last chunk); ``attempts`` counts every try;
-    ``cost`` is USD from the price table, None when the model has no price."""
+    ``cost`` is USD from the price table, None when the model has no price;
+    ``usage_estimated`` says the endpoint reported no usage (llama.cpp's server sends none when
+    streaming) and ``usage`` is the rough :func:`estimate_prompt_tokens` count instead."""
 
     content: str
     tool_calls: tuple[ToolCall, ...] = ()
@@ -107,6 +112,7 @@ class Completion:
     latency: float = 0.0
     attempts: int = 1
     model: str = ""
+    usage_estimated: bool = False
 
     def to_message(self) -> dict[str, Any]:
         """The reply as an assistant message for the next request. ``content`` is always a
@@ -118,6 +124,30 @@ class Completion:
                  "function": {"name": c.name, "arguments": c.arguments}}
                 for c in self.tool_calls]
         return msg
+
+
+def estimate_tokens(text: str) -> int:
+    """A rough token count without a tokenizer: ceil(len(text) / 4)."""
+    return math.ceil(len(text) / 4)
+
+
+def estimate_prompt_tokens(messages: Sequence[Any],
+                           tools: Sequence[Any] | None = None) -> int:
+    """A rough prompt size: per message 4 tokens plus :func:`estimate_tokens` of its text
+    (content, tool-call names and arguments), plus the tool definitions' JSON."""
+    total = 0
+    for m in messages:
+        if not isinstance(m, Mapping):
+            continue
+        content = m.get("content")
+        text = content if isinstance(content, str) else json.dumps(content or "")
+        for c in m.get("tool_calls") or ():
+            fn = c.get("function", {}) if isinstance(c, Mapping) else {}
+            text += str(fn.get("name", "")) + str(fn.get("arguments", ""))
+        total += 4 + estimate_tokens(text)
+    if tools:
+        total += estimate_tokens(json.dumps(list(tools)))
+    return total
 
 
 def _env(name: str) -> str | None:
@@ -398,7 +428,8 @@ class LLMClient:
         Opening the stream is retried like :meth:`complete`; a stream that breaks after text
         was yielded is not (the caller saw part of a reply) and raises
         :class:`LLMConnectionError`. Usage comes from the endpoint's final usage chunk
-        (``stream_options.include_usage``); an endpoint that sends none gives zeros."""
+        (``stream_options.include_usage``); for an endpoint that sends none it is estimated
+        (``usage_estimated``)."""
         kw = self._kwargs(messages, tools=tools, tool_choice=tool_choice, stop=stop,
                           temperature=temperature, max_tokens=max_tokens, seed=seed,
                           extra_body=extra_body)
@@ -436,9 +467,16 @@ class LLMClient:
         tool_calls = tuple(ToolCall(id=c["id"] or f"call_{i}", name=c["name"],
                                     arguments=c["arguments"])
                            for i, c in sorted(calls.items()))
-        yield Completion(content="".join(text), tool_calls=tool_calls, finish_reason=finish,
+        content = "".join(text)
+        estimated = usage.total_tokens == 0
+        if estimated:
+            prompt = estimate_prompt_tokens(kw["messages"], kw.get("tools"))
+            out = estimate_tokens(content + "".join(c.name + c.arguments for c in tool_calls))
+            usage = Usage(prompt_tokens=prompt, completion_tokens=out, total_tokens=prompt + out)
+        yield Completion(content=content, tool_calls=tool_calls, finish_reason=finish,
                          usage=usage, cost=self._cost(usage, self.model, model),
-                         latency=time.monotonic() - start, attempts=attempts, model=model)
+                         latency=time.monotonic() - start, attempts=attempts, model=model,
+                         usage_estimated=estimated)
 
 
 def _usage(raw: Any) -> Usage:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import re
 import threading
 import time
@@ -29,6 +28,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, TypeAlias
 
 from ..errors import ConfigError
+from ._llm import estimate_prompt_tokens, estimate_tokens
 
 __all__ = [
     "RecordedRequest",
@@ -93,29 +93,17 @@ class RecordedRequest:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-def _tokens(text: str) -> int:
-    return math.ceil(len(text) / 4)
-
-
 def count_prompt_tokens(body: Mapping[str, Any]) -> int:
     """The rough prompt size documented in the module docstring."""
-    total = 0
-    for m in body.get("messages") or ():
-        if not isinstance(m, Mapping):
-            continue
-        content = m.get("content")
-        text = content if isinstance(content, str) else json.dumps(content or "")
-        for c in m.get("tool_calls") or ():
-            fn = c.get("function", {}) if isinstance(c, Mapping) else {}
-            text += str(fn.get("name", "")) + str(fn.get("arguments", ""))
-        total += 4 + _tokens(text)
-    if body.get("tools"):
-        total += _tokens(json.dumps(body["tools"]))
-    return total
+    messages = body.get("messages")
+    tools = body.get("tools")
+    return estimate_prompt_tokens(messages if isinstance(messages, list) else [],
+                                  tools if isinstance(tools, list) else None)
 
 
 def _reply_tokens(r: ScriptedReply) -> int:
-    return _tokens(r.content + "".join(c.name + c.arguments_json() for c in r.tool_calls))
+    return estimate_tokens(r.content + "".join(c.name + c.arguments_json()
+                                               for c in r.tool_calls))
 
 
 class _Server(ThreadingHTTPServer):
@@ -199,8 +187,8 @@ class _Handler(BaseHTTPRequestHandler):
         ident = f"chatcmpl-{uuid.uuid4().hex[:16]}"
         if body.get("stream"):
             opts = body.get("stream_options") or {}
-            self._stream(ident, model, reply.content, calls, finish,
-                         usage if opts.get("include_usage") else None)
+            wanted = opts.get("include_usage") and owner.stream_usage
+            self._stream(ident, model, reply.content, calls, finish, usage if wanted else None)
             return
         message: dict[str, Any] = {"role": "assistant", "content": reply.content,
                                    "refusal": None}
@@ -260,11 +248,13 @@ class ScriptedLLM:
     a text reply; an item may also be a callable ``(request_json) -> reply``), or a single
     callable used for every request. When a sequence runs out, the request gets HTTP 500 with
     an explanatory message (recorded like any answer). ``base_url`` is what the ``openai``
-    client wants; ``requests`` lists what was received. Starts on construction; ``close()`` is
-    idempotent, and so is leaving the ``with`` block.
+    client wants; ``requests`` lists what was received. ``stream_usage=False`` leaves the
+    usage chunk out of streams even when asked, as llama.cpp's server does. Starts on
+    construction; ``close()`` is idempotent, and so is leaving the ``with`` block.
     """
 
-    def __init__(self, script: Script, *, model: str = "scripted") -> None:
+    def __init__(self, script: Script, *, model: str = "scripted",
+                 stream_usage: bool = True) -> None:
         if callable(script):
             self._items: list[Reply | Callable[[dict[str, Any]], Reply]] | None = None
             self._fn: Callable[[dict[str, Any]], Reply] | None = script
@@ -277,6 +267,7 @@ class ScriptedLLM:
                     raise ConfigError(f"script item {i} is not a reply: {item!r:.200}")
             self._items, self._fn = list(script), None
         self.model = model
+        self.stream_usage = stream_usage
         self._lock = threading.Lock()
         self._requests: list[RecordedRequest] = []
         self._bad: list[str] = []

@@ -153,6 +153,23 @@ def test_stream_text_then_completion() -> None:
     assert final.cost is not None and final.cost > 0
 
 
+def test_stream_without_usage_is_estimated() -> None:
+    with ScriptedLLM(["abcd" * 5], stream_usage=False) as llm, client_for(llm) as c:
+        *_, final = list(c.stream(USER))
+        body = llm.requests[0].body
+    assert isinstance(final, Completion)
+    assert final.usage_estimated is True
+    assert final.usage.prompt_tokens == count_prompt_tokens(body) > 0
+    assert final.usage.completion_tokens == 5
+
+
+def test_reported_usage_is_not_estimated() -> None:
+    with ScriptedLLM(["x", "y"]) as llm, client_for(llm) as c:
+        assert c.complete(USER).usage_estimated is False
+        *_, final = list(c.stream(USER))
+    assert isinstance(final, Completion) and final.usage_estimated is False
+
+
 def test_stream_tool_calls() -> None:
     calls = (ScriptedToolCall(name="sql", arguments={"query": "select 1"}, id="a"),
              ScriptedToolCall(name="python", arguments='{"code": "x = 1"}', id="b"))
