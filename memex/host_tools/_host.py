@@ -26,7 +26,7 @@ from typing import Any, Literal
 import msgpack
 
 from ..errors import ConfigError, ToolInstallError
-from ..runtime_wasm import Door, DoorContext, DoorError, Sandbox, TurnStatus
+from ..runtime_wasm import Door, DoorContext, DoorError, SandboxAPI, TurnStatus
 from ._codec import DecodeError, EncodeError, TooDeep, decode, encode
 from ._pool import AsyncJob, Job, LoopThread, Workers
 from ._tool import ArgumentsInvalid, ReturnInvalid, Tool
@@ -237,7 +237,7 @@ class ToolHost:
         self.calls: list[ToolCallRecord] = []
         self._keep = keep_calls
         self._door: Door | None = None
-        self._sandbox: Sandbox | None = None
+        self._sandbox: SandboxAPI[Any] | None = None
         self._lock = threading.Lock()
         self._turn_key: Any = None
         self._turn_calls = 0
@@ -255,7 +255,7 @@ class ToolHost:
         door.register("tools.batch", self._op_batch, inline=True, context=True)
         door.register("tools.list", self._op_list, inline=True)
 
-    def attach(self, sandbox: Sandbox, *, install: bool = True) -> ToolHost:
+    def attach(self, sandbox: SandboxAPI[Any], *, install: bool = True) -> ToolHost:
         """Serve this sandbox (its door) and install the guest module ``tools`` in it."""
         self.register(sandbox.door)
         self._sandbox = sandbox
@@ -263,7 +263,7 @@ class ToolHost:
             self.install(sandbox)
         return self
 
-    def install(self, sandbox: Sandbox) -> None:
+    def install(self, sandbox: SandboxAPI[Any]) -> None:
         """(Re)install the stub module; run again after changing the tool set."""
         r = sandbox.run(self.tools.install_source(), filename="<memex-tools-install>")
         if r.status is not TurnStatus.OK:

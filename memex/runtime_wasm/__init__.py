@@ -4,6 +4,7 @@ This layer imports neither ``memex.host_tools`` nor ``memex.executor``: its door
 carries frames of bytes.
 """
 
+from ._api import SandboxAPI
 from ._door import Door, DoorCall, DoorContext, DoorError
 from ._engine import compile_module, load_module, module_path
 from ._records import GuestException, Limits, Mount, TurnResult, TurnStatus
@@ -19,6 +20,7 @@ __all__ = [
     "Limits",
     "Mount",
     "Sandbox",
+    "SandboxAPI",
     "TurnResult",
     "TurnStatus",
     "compile_module",
