@@ -2,7 +2,9 @@
 """MemEx's guest-side package: the client end of the door to the host.
 
 Submodules: ``door`` (door frames), ``codec`` (typed values), ``tools`` (records, tool errors,
-``tools.call``), ``aio`` (the guest's asyncio event loop; imports asyncio, ~270 ms).
+``tools.call``), ``aio`` (the guest's asyncio event loop; imports asyncio, ~270 ms), ``net``
+(HTTP through the host's egress policy: ``fetch``; importing this package routes
+``http.client`` and ``urllib.request`` through it as soon as they are imported).
 
 Importing this package arranges for asyncio, whenever it is imported, to use
 ``memex_guest.aio.EventLoop`` (the stock loop cannot start in the guest), without importing
@@ -11,6 +13,7 @@ asyncio itself.
 
 import sys as _sys
 
+from . import net as _net
 from .door import DoorError, call
 
 __all__ = ["DoorError", "call", "install_asyncio"]
@@ -74,3 +77,4 @@ def install_asyncio():
 
 
 install_asyncio()
+_net.install()
