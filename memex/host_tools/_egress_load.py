@@ -17,15 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PolicyError
-from ._egress_policy import (
-    DEFAULT_STRIP_HEADERS,
-    EgressLimits,
-    EgressPolicy,
-    EgressRule,
-    EgressSecret,
-    _seconds,
-    _size,
-)
+from ._egress_match import DEFAULT_STRIP_HEADERS, parse_seconds, parse_size
+from ._egress_policy import EgressLimits, EgressPolicy, EgressRule, EgressSecret
 
 __all__ = ["Locator", "load_document", "load_policy_file", "load_policy_text", "parse_text",
            "policy_from_data"]
@@ -229,13 +222,13 @@ def _converted(table: Mapping[str, Any], iss: _Issues, path: PathKey) -> dict[st
     for k in ("max_request_bytes", "max_response_bytes"):
         if out.get(k) is not None:
             try:
-                out[k] = _size(out[k], k, None)
+                out[k] = parse_size(out[k], k, None)
             except PolicyError as exc:
                 iss.add((*path, k), exc.reason)
                 out.pop(k)
     if out.get("timeout") is not None:
         try:
-            out["timeout"] = _seconds(out["timeout"], "timeout", None)
+            out["timeout"] = parse_seconds(out["timeout"], "timeout", None)
         except PolicyError as exc:
             iss.add((*path, "timeout"), exc.reason)
             out.pop("timeout")
