@@ -153,14 +153,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         print("memex run: give -c CODE or a FILE", file=sys.stderr)
         return 2
+    egress = None
+    if args.policy is not None:  # network egress under a policy; the audit after the run
+        from ._cli_policy import audit_dicts, print_audit, run_egress
+
+        egress = run_egress(args.policy)
     with Sandbox(limits=_limits(args), mounts=_mounts(args.mount),
                  preload=[p for p in (args.preload or "").split(",") if p],
                  rollback=False) as sb:
+        if egress is not None:
+            egress.attach(sb, install=False)
         r = sb.run(code, filename=filename)
     if args.json:
-        print(json.dumps(r.to_dict()))
+        print(json.dumps(r.to_dict() | ({"egress": audit_dicts(egress)} if egress else {})))
     else:
         _print_result(r, echo=False)
+        if egress is not None:
+            print_audit(egress)
     return _exit_code(r)
 
 
@@ -234,6 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", nargs="?")
     p.add_argument("-c", dest="code", default=None)
     p.add_argument("--json", action="store_true", help="print the turn result as JSON")
+    p.add_argument("--policy", default=None, metavar="POLICY",
+                   help="egress policy file (TOML/YAML): network access under it, audit after")
     _add_limits(p)
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("repl", help="an interactive sandboxed REPL with persistent state")
@@ -245,6 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
     from ._cli_model import add_model_parser
 
     add_model_parser(sub)
+    from ._cli_policy import add_policy_parser
+
+    add_policy_parser(sub)
     return parser
 
 
