@@ -400,6 +400,36 @@ class Sandbox:
                            env=self._env, rollback=self.rollback, _image=img,
                            _scratch_from=self._scratch)
 
+    def fork_in_turn(self, *, door: Door | None = None, limits: Limits | None = None
+                     ) -> Sandbox:
+        """:meth:`fork` from inside this sandbox's own turn: for an inline door handler (it
+        runs on this sandbox's runner thread), where ``fork()`` would wait for the lock the
+        turn holds. The fork holds the guest state as of the end of the last good turn (the
+        image a rollback would restore), not the state of the turn in progress; its /tmp is
+        copied as it is now. ``door`` gives the fork a door of its own (default: this one);
+        ``limits`` its own limits on the same engine (metered or not, as this one)."""
+        if not self._runner.on_thread():
+            raise SandboxError("fork_in_turn() is for a door handler running inside this "
+                               "sandbox's turn (inline); use fork() elsewhere")
+        self._check_open()
+        lim = limits or self.limits
+        if lim.metered != self.limits.metered:
+            raise ConfigError("a fork runs on its parent's engine: fuel limits must be both "
+                              "set or both unset")
+        if not self.rollback:
+            raise SandboxError("fork_in_turn() needs rollback=True (it forks the image of "
+                               "the last good turn)")
+        img = self._good
+        if img is None and self.turns <= 1:
+            img = self._base  # no turn has ended yet: the starting state is the last good one
+        if img is None:
+            raise SandboxError("no image of a finished turn to fork from yet")
+        if img is self._good:
+            self._good_reusable = False  # the fork maps it from now on
+        return Sandbox(limits=lim, mounts=self.mounts,
+                       door=door if door is not None else self.door, env=self._env,
+                       rollback=self.rollback, _image=img, _scratch_from=self._scratch)
+
     def save(self, path: str | os.PathLike[str]) -> int:
         """Write the guest state to a compressed image file; returns its size in bytes."""
         with self._lock:
