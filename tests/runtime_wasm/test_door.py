@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ast
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -237,44 +236,48 @@ def test_slow_handler_past_call_timeout_is_timeout_and_turn_continues(
 ) -> None:
     door = Door(call_timeout=0.2)
     release = threading.Event()
+    finished: list[bool] = []
 
     def slow() -> str:
-        release.wait(5)
+        release.wait(30)
+        finished.append(True)
         return "late"
 
     door.register("slow", slow)
     sb = door_sandbox(make_sandbox, door, timeout=5)
     try:
-        r = sb.run(
-            "import time\nt0 = time.monotonic()\nres = attempt('slow')\n"
-            "elapsed = time.monotonic() - t0\nprint('continued')\nres[0], elapsed"
-        )
+        r = sb.run("res = attempt('slow')\nprint('continued')\nres[0]")
+        still_running = not finished  # the answer came while the handler was running
     finally:
         release.set()
     assert r.status is TurnStatus.OK, r
     assert "continued" in r.stdout
-    kind, elapsed = ast.literal_eval(r.value or "None")
-    assert kind == "timeout"
-    assert 0.15 <= elapsed < 2.0
+    assert r.value == "'timeout'" and still_running
     last = door.calls[-1]
     assert last.error_kind == "timeout"
     assert last.op == "slow"
     assert last.may_still_run
-    assert sb.run("elapsed > 0").value == "True"
 
 
 def test_slow_handler_past_turn_deadline_kills_and_rolls_back(make_sandbox: MakeSandbox) -> None:
     door = Door(call_timeout=30)
     release = threading.Event()
-    door.register("slow", lambda: release.wait(10) and "late")
+    finished: list[bool] = []
+
+    def slow() -> str:
+        release.wait(30)
+        finished.append(True)
+        return "late"
+
+    door.register("slow", slow)
     sb = door_sandbox(make_sandbox, door, timeout=0.5)
     sb.run("z = 1")
-    t0 = time.monotonic()
     try:
         r = sb.run("z = 2\nmemex_guest.call('slow')")
+        still_running = not finished  # the turn ended at its deadline, not the handler's end
     finally:
         release.set()
-    assert time.monotonic() - t0 < 3.0
+    assert still_running
     assert r.status is TurnStatus.KILLED
     assert r.limit == "deadline"
     assert r.rolled_back is True

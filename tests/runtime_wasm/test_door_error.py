@@ -160,3 +160,23 @@ def test_any_door_error_gets_a_decodable_reply(kind: str, message: str,
     for key, value in err.items():
         if key not in ("kind", "message"):
             assert key in extra and msgpack.packb(value) == msgpack.packb(extra[key])
+
+
+def test_door_records_and_contexts_are_complete_frozen_dataclasses() -> None:
+    import dataclasses
+
+    from memex import DoorCall, DoorContext
+
+    seen: list[DoorContext] = []
+    door = Door()
+    door.register("ctx", lambda ctx: seen.append(ctx), context=True)
+    door.register("deny", raiser("denied", "no"))
+    reply(door, "ctx")
+    reply(door, "deny")
+    for obj, cls in [(door.calls[-1], DoorCall), (door.calls[-2], DoorCall),
+                     (seen[0], DoorContext)]:
+        assert set(vars(obj)) == {f.name for f in dataclasses.fields(cls)}
+        assert dataclasses.replace(obj) == obj
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            obj.op = "x"  # type: ignore[misc]
+    assert seen[0].request_bytes == len(frame("ctx")) and seen[0].op == "ctx"
