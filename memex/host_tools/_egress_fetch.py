@@ -212,6 +212,7 @@ class _HopState:
     request_bytes: int = 0
     response_bytes: int = 0
     status: int | None = None
+    sent_url: str | None = None  # with the host's query secrets (redacted in the audit)
 
 
 class Fetcher:
@@ -248,6 +249,8 @@ class Fetcher:
             except FetchFailure as exc:
                 if exc.rule is None and st.decision is not None and st.decision.allowed:
                     exc.rule = st.decision.rule
+                exc.reason = _redact(exc.reason, st.redact)  # the guest sees these
+                exc.url = _redact(exc.url, st.redact) if exc.url else exc.url
                 on_hop(self._report(st, req, exc.kind, exc.reason, exc.rule))
                 raise
             d = st.decision
@@ -273,8 +276,8 @@ class Fetcher:
     def _report(self, st: _HopState, req: FetchRequest, outcome: str, reason: str,
                 rule: str | None) -> Hop:
         d = st.decision
-        return Hop(time=st.wall, via=req.via, method=st.method,
-                   url=_redact(d.url if d is not None else st.url, st.redact),
+        url = st.sent_url or (d.url if d is not None else st.url)
+        return Hop(time=st.wall, via=req.via, method=st.method, url=_redact(url, st.redact),
                    decision="allow" if d is not None and d.allowed else "deny",
                    outcome=outcome, reason=_redact(reason, st.redact), rule=rule,
                    status=st.status, request_bytes=st.request_bytes,
@@ -330,11 +333,12 @@ class Fetcher:
         sent, stripped = self._headers(headers, rule.allows_header,
                                        cross_origin=prev_origin not in (None, t.origin()))
         st.stripped = stripped
-        t = self._inject(st, t, sent)
+        sent_t = self._inject(st, t, sent)
+        st.sent_url = sent_t.url
         hop_deadline = min(deadline, st.start + timeout)
         st.request_bytes = len(body or b"")
-        status, reason, rheaders, rbody = self._exchange(st, t, addrs, sent, body, hop_deadline,
-                                                         resp_cap)
+        status, reason, rheaders, rbody = self._exchange(st, sent_t, addrs, sent, body,
+                                                         hop_deadline, resp_cap)
         if st.redact:
             values = [v for v in st.redact if len(v) >= 4]
             rheaders = tuple((k, _redact(v, values)) for k, v in rheaders)

@@ -494,11 +494,30 @@ def _add_https_handler(ur, hc):
         ur._opener.add_handler(HTTPSHandler())
 
 
-class _PatchingLoader:
-    """Wraps http.client's loader: once the module has run, route it through the host."""
+def _ftp_refused(self, req):
+    url = req.get_full_url()
+    raise _error({"kind": "denied", "message": "egress denied: %s: scheme 'ftp' is not "
+                  "supported (the sandbox's egress carries http and https only)" % url},
+                 "GET", url)
 
-    def __init__(self, loader):
+
+def _patch_urllib_request(ur):
+    """urllib's FTP handlers would open sockets: refuse ftp like any other scheme."""
+    for name in ("FTPHandler", "CacheFTPHandler"):
+        cls = getattr(ur, name, None)
+        if cls is not None:
+            cls.ftp_open = _ftp_refused
+
+
+_PATCHES = {"http.client": _patch_http_client, "urllib.request": _patch_urllib_request}
+
+
+class _PatchingLoader:
+    """Wraps a module's loader: once the module has run, route it through the host."""
+
+    def __init__(self, loader, patch):
         self._loader = loader
+        self._patch = patch
 
     def create_module(self, spec):
         return self._loader.create_module(spec)
@@ -506,21 +525,22 @@ class _PatchingLoader:
     def exec_module(self, module):
         self._loader.exec_module(module)
         try:
-            _patch_http_client(module)
-        except Exception as exc:  # never break `import http.client` itself
-            _sys.stderr.write("memex_guest.net: could not route http.client through the "
-                              "host: %r\n" % (exc,))
+            self._patch(module)
+        except Exception as exc:  # never break the import itself
+            _sys.stderr.write("memex_guest.net: could not route %s through the host: %r\n"
+                              % (module.__name__, exc))
 
     def __getattr__(self, name):
         return getattr(self._loader, name)
 
 
 class _HttpClientFinder:
-    """A meta path finder that wraps http.client's loader (it stays: a re-import is patched
-    too)."""
+    """A meta path finder that wraps the loaders of http.client and urllib.request (it stays:
+    a re-import is patched too)."""
 
     def find_spec(self, name, path=None, target=None):
-        if name != "http.client":
+        patch = _PATCHES.get(name)
+        if patch is None:
             return None
         for finder in _sys.meta_path:
             if finder is self or type(finder).__name__ == "_HttpClientFinder":
@@ -531,7 +551,7 @@ class _HttpClientFinder:
             spec = find(name, path, target)
             if spec is not None:
                 if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _PatchingLoader(spec.loader)
+                    spec.loader = _PatchingLoader(spec.loader, patch)
                 return spec
         return None
 
@@ -542,5 +562,8 @@ def install():
     hc = _sys.modules.get("http.client")
     if hc is not None:
         _patch_http_client(hc)
+    ur = _sys.modules.get("urllib.request")
+    if ur is not None:
+        _patch_urllib_request(ur)
     if not any(type(f).__name__ == "_HttpClientFinder" for f in _sys.meta_path):
         _sys.meta_path.insert(0, _HttpClientFinder())
