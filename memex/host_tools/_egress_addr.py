@@ -155,7 +155,7 @@ def parse_address(text: str) -> IPAddress:
     return addr
 
 
-_LABEL = re.compile(r"[a-z0-9_-]{1,63}\Z")
+_LABEL = re.compile(r"(?!-)[a-z0-9_-]{1,63}(?<!-)\Z")
 _PCT = re.compile(r"%([0-9A-Fa-f]{2})")
 
 
@@ -372,7 +372,7 @@ _TABLE: list[tuple[str, str]] = [
     ("255.255.255.255/32", "reserved"), ("240.0.0.0/4", "reserved"),
     ("192.0.0.0/24", "reserved"), ("192.0.2.0/24", "reserved"), ("198.51.100.0/24", "reserved"),
     ("203.0.113.0/24", "reserved"), ("198.18.0.0/15", "reserved"), ("192.88.99.0/24", "reserved"),
-    ("2001:db8::/32", "reserved"), ("100::/64", "reserved"), ("2001:2::/48", "reserved"),
+    ("2001:db8::/32", "reserved"), ("100::/64", "reserved"), ("2001::/23", "reserved"),
 ]
 _SPECIAL: list[tuple[IPNetwork, str]] = sorted(
     ((ipaddress.ip_network(n), c) for n, c in _TABLE), key=lambda e: -e[0].prefixlen)
