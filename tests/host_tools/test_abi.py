@@ -3,6 +3,7 @@ the guest side) the frames the guest's stubs send, compared with the host encode
 
 from __future__ import annotations
 
+import ast
 import datetime
 import decimal
 import math
@@ -195,3 +196,29 @@ def test_guest_frames_are_the_host_encoders_bytes(
                              use_bin_type=True)
         assert frame == want, src
     host.close()
+
+
+def test_guest_fast_tool_frames_match_the_host_encoder(
+        make_sandbox: Callable[..., Sandbox]) -> None:
+    """The guest's tools.call fast path (arguments packed once, frame spliced) writes the
+    bytes the host's encoder writes, at every size of request id."""
+    sb = make_sandbox()
+    rids = [0, 1, 127, 128, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**63 - 1]
+    r = sb.run(
+        "import memex_guest._codec as C\n"
+        f"rids = {rids!r}\n"
+        "args = [{'a': 1, 'b': 2}, {}, {'x': [1, (2, 3)], 'y': 'z' * 40, 'n': None},"
+        " {str(i): i for i in range(20)}]\n"
+        "skip = object()\n"
+        "[[C.pack_tool_call(rid, 'add', C.pack_arguments(a, skip)) for a in args]"
+        " for rid in rids]")
+    assert r.status is TurnStatus.OK, r
+    got = ast.literal_eval(r.value or "None")  # a list of lists of bytes literals
+    args: list[dict[str, Any]] = [{"a": 1, "b": 2}, {}, {"x": [1, (2, 3)], "y": "z" * 40,
+                                                        "n": None},
+                                  {str(i): i for i in range(20)}]
+    for rid, frames in zip(rids, got, strict=True):
+        for a, frame in zip(args, frames, strict=True):
+            assert frame == msgpack.packb({"v": 1, "id": rid, "op": "tools.call",
+                                           "args": ["add", encode(a)], "kwargs": {}},
+                                          use_bin_type=True), (rid, a)

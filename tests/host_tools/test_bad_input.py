@@ -176,8 +176,10 @@ def test_unknown_tool(served: tuple[Sandbox, ToolHost], guest_eval: Eval) -> Non
     got = guest_eval(sb, "attempt(mt.call, 'ad', {'a': 1, 'b': 2})")
     assert got[:2] == ("ToolNotFoundError", "unknown_tool") and "did you mean add" in got[2]
     assert host.calls[-1].tool == "ad" and host.calls[-1].outcome == "unknown_tool"
-    got = guest_eval(sb, "attempt(mt.call, 3, {})")
-    assert got[:2] == ("raised", "TypeError")
+    got = guest_eval(sb, "[attempt(mt.call, 3, {})[:2], attempt(mt.call, 'add', {1: 2})[:2],"
+                         " attempt(mt.call, 'add', 5)[:2],"
+                         " attempt(mt.call, 'add', [('a', 1), ('b', 2)])]")
+    assert got == [("raised", "TypeError")] * 3 + [("ok", 3)]  # pairs make a mapping
     still_serving(sb, guest_eval)
 
 

@@ -16,6 +16,7 @@ ext_hook=...)`` does, with ext types 1-8 built into typed values.
 import struct as _struct
 
 _pack_d = _struct.Struct(">Bd").pack
+_u8 = _struct.Struct(">BB").pack
 _u16 = _struct.Struct(">BH").pack
 _u32 = _struct.Struct(">BI").pack
 _u64 = _struct.Struct(">BQ").pack
@@ -238,6 +239,8 @@ def pack_tool_call(rid, name, raw):
     Raw(raw)], {}, True)``."""
     if 0 <= rid < 128:
         head = _BYTE[rid]
+    elif 128 <= rid < 65536:
+        head = _u8(0xCC, rid) if rid < 256 else _u16(0xCD, rid)
     else:
         parts = []
         _enc(rid, parts, False)

@@ -380,7 +380,13 @@ def call(name, arguments=None):
     loop = _ACTIVE[0]
     if loop is not None:
         return loop.memex_submit(name, _Raw(raw))
-    return _request(name, raw)
+    try:  # _request, inlined: this is the path of every plain call
+        return _door.tool_request(name, raw)
+    except _door.DoorError as exc:
+        raise error_from_map(exc.error, name) from None
+    except _DecodeError as exc:
+        raise ToolReturnError("the host's value cannot be rebuilt in the guest: %s" % (exc,),
+                              tool=name, kind="invalid_return") from exc
 
 
 def call_encoded(name, raw):
