@@ -12,6 +12,8 @@ from ._scripted import (
     ScriptedReply,
     ScriptedToolCall,
 )
+from ._spawn import FAILURE_KINDS, TreeBudget
+from ._spawn_spec import GuestObject
 from ._trajectory import (
     Step,
     ToolCallInfo,
@@ -22,9 +24,11 @@ from ._trajectory import (
 )
 
 __all__ = [
+    "FAILURE_KINDS",
     "Aids",
     "Budget",
     "Completion",
+    "GuestObject",
     "LLMClient",
     "LocalModel",
     "MemexAgent",
@@ -42,6 +46,7 @@ __all__ = [
     "ToolCallInfo",
     "Trajectory",
     "TrajectoryWriter",
+    "TreeBudget",
     "Usage",
     "bound_text",
     "extract_code",

@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import ConfigError, MemexError
 from ..host_tools import Tool, ToolBudget, ToolCallRecord, ToolSet
@@ -21,6 +21,9 @@ from ..runtime_wasm import Limits, Mount
 from . import _prompt
 from ._session import AgentSession
 from ._trajectory import Step, ToolCallInfo, Trajectory, TrajectoryWriter
+
+if TYPE_CHECKING:
+    from ._spawn import TreeBudget, _Node
 
 __all__ = ["Aids", "Budget", "MemexAgent", "Rollout"]
 
@@ -100,7 +103,9 @@ class MemexAgent:
     Tool objects, a ToolSet); ``submit`` is the answer schema (pydantic model, dataclass,
     TypedDict, any type, a JSON Schema dict, or None for any value). ``backend`` chooses where
     sandboxes live (a name or a Backend; default in-process). ``code_via="tool_call"`` asks
-    for code as a native ``python`` function call instead of fenced blocks.
+    for code as a native ``python`` function call instead of fenced blocks. ``spawn`` (a
+    :class:`~memex.executor.TreeBudget`, or True) lets the agent's code start sub-agents with
+    ``spawn_agent()``, every rollout of the tree under that one budget (docs/spawn.md).
     """
 
     def __init__(
@@ -113,7 +118,7 @@ class MemexAgent:
         trajectory_path: str | None = None, on_step: Callable[[Step], None] | None = None,
         on_text: Callable[[str], None] | None = None, base_url: str | None = None,
         api_key: str | None = None,
-        temperature: float = 0.0, max_tokens: int = 1024,
+        temperature: float = 0.0, max_tokens: int = 1024, spawn: Any = None,
     ) -> None:
         if action_space not in ("code", "tools"):
             raise ConfigError(f"action_space is 'code' or 'tools', got {action_space!r}")
@@ -138,6 +143,13 @@ class MemexAgent:
         self.on_step = on_step
         self.on_text = on_text
         self._backend = backend
+        from ._spawn import TreeBudget
+
+        if spawn is True:
+            spawn = TreeBudget()
+        if spawn not in (None, False) and not isinstance(spawn, TreeBudget):
+            raise ConfigError("spawn takes a TreeBudget (or True for the default one)")
+        self.spawn: TreeBudget | None = spawn or None
         from ._llm import LLMClient
 
         if isinstance(model, LLMClient):
@@ -171,7 +183,7 @@ class MemexAgent:
                      else f"The submit function's `answer` takes: {schema}")
         if inputs:
             where = "Variables already defined in the session" if code else "Data available"
-            lines = [f"- {k}: {_prompt.describe_value(v)}" for k, v in inputs.items()]
+            lines = [f"- {k}: {_describe(v)}" for k, v in inputs.items()]
             if not code:
                 lines.append("(these are variables of the python_exec session)")
             parts.append(f"{where}:\n" + "\n".join(lines))
@@ -207,9 +219,17 @@ PYTHON_TOOL = {"type": "function", "function": {
 class _Run:
     """State of one rollout (kept off the agent so one agent can run many at once)."""
 
-    def __init__(self, agent: MemexAgent, task: str, inputs: dict[str, Any]) -> None:
+    def __init__(self, agent: MemexAgent, task: str, inputs: dict[str, Any],
+                 node: _Node | None = None) -> None:
         if not isinstance(task, str) or not task.strip():
             raise ConfigError("the task must be a non-empty string")
+        if node is None and agent.spawn is not None:
+            from ._spawn import SpawnTree
+
+            node = SpawnTree(agent.spawn).root
+        self.node = node  # this rollout's place in a sub-agent tree, if spawning is on
+        if node is not None:
+            node.run = self
         self.a = agent
         self.task = task
         self.inputs = inputs
@@ -218,7 +238,7 @@ class _Run:
             id=uuid.uuid4().hex[:16], task=task, model=str(agent.llm.model),
             action_space=agent.action_space if agent.code_via == "text" or
             agent.action_space == "tools" else "code/tool_call",
-            started=time.time(), inputs={k: _prompt.describe_value(v) for k, v in inputs.items()})
+            started=time.time(), inputs={k: _describe(v) for k, v in inputs.items()})
         self.steps: list[Step] = []
         self.messages: list[dict[str, Any]] = []
         self.prompt_tokens = 0
@@ -237,8 +257,11 @@ class _Run:
             if self.writer:
                 self.writer.start(self.traj)
             session = self._open_session()
+            system = a.system_prompt(self.inputs)
+            if self.node is not None and self.node.prompt_section():
+                system += "\n\n" + self.node.prompt_section()
             self.messages = [
-                {"role": "system", "content": a.system_prompt(self.inputs)},
+                {"role": "system", "content": system},
                 {"role": "user", "content": f"Task: {self.task}"},
             ]
             while True:
@@ -260,6 +283,10 @@ class _Run:
         finally:
             answer = session.answer if session is not None and session.submitted else None
             submitted = session is not None and session.submitted
+            if self.node is not None:  # sub-agents: stopped, joined, attached to their steps
+                end = self.node.end_reason(end)
+                self.node.finish(end)
+                self.steps = self.node.attach(self.steps)
             if session is not None:
                 session.close()
             self.traj = replace(
@@ -282,10 +309,15 @@ class _Run:
 
             backend = get_backend(a._backend)
             opener = backend.open
+        door = None
+        if self.node is not None:
+            fork_opener, door = self.node.session_options()
+            opener = fork_opener or opener
         return AgentSession(
             tools=a.tools, submit_schema=a.submit_schema, limits=a.limits, mounts=a.mounts,
             preload=a.preload, inputs=self.inputs, tool_budget=a.tool_budget, gate=a.gate,
-            install_tools=a.action_space == "code", open_sandbox=opener,
+            install_tools=a.action_space == "code", open_sandbox=opener, door=door,
+            spawn=self.node,
             on_call=self.pending_calls.append)
 
     def _budget_reason(self) -> str | None:
@@ -299,6 +331,8 @@ class _Run:
             return "max_seconds"
         if b.max_cost is not None and self.cost is not None and self.cost >= b.max_cost:
             return "max_cost"
+        if self.node is not None:  # the tree's budget, and a cancel from the parent
+            return self.node.stop_reason()
         return None
 
     def _add(self, step: Step) -> None:
@@ -329,13 +363,18 @@ class _Run:
         self.completion_tokens += c.usage.completion_tokens
         if c.cost is not None:
             self.cost = (self.cost or 0.0) + c.cost
+        if self.node is not None:
+            self.node.charge(c)
         return c
 
     def _turn_timeout(self) -> float | None:
         b = self.a.budget
-        if b.max_seconds is None:
+        left = None if b.max_seconds is None else b.max_seconds - (time.monotonic() - self.t0)
+        tree_left = self.node.tree.seconds_left() if self.node is not None else None
+        if tree_left is not None:
+            left = tree_left if left is None else min(left, tree_left)
+        if left is None:
             return None
-        left = b.max_seconds - (time.monotonic() - self.t0)
         return max(0.05, min(self.a.limits.timeout, left))
 
     def _reminder(self) -> str:
@@ -369,6 +408,12 @@ def _info(r: ToolCallRecord) -> ToolCallInfo:
     return ToolCallInfo(name=r.tool, arguments=r.arguments, outcome=r.outcome,
                         result=result if r.outcome == "ok" else (r.message or r.outcome),
                         duration=r.duration)
+
+
+def _describe(v: Any) -> str:
+    from ._spawn_spec import describe_input
+
+    return describe_input(v)
 
 
 def _jsonable_answer(answer: Any) -> Any:

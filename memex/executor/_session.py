@@ -72,7 +72,9 @@ class HostCall:
 
 class AgentSession:
     """The sandbox side of one rollout. ``open_sandbox`` lets a backend provide the sandbox
-    (any object with Sandbox's ``run``/``door``/``close``); by default it is in-process."""
+    (any object with Sandbox's ``run``/``door``/``close``); by default it is in-process.
+    ``door`` is the door that sandbox was (or will be) opened with (default: a new one);
+    ``spawn`` (a sub-agent tree node) serves the sub-agent API to this session's guest."""
 
     def __init__(
         self, *, tools: ToolSet, submit_schema: Any, limits: Limits | None = None,
@@ -81,6 +83,7 @@ class AgentSession:
         gate: Any = None, install_tools: bool = True,
         open_sandbox: Callable[..., Any] | None = None,
         on_call: Callable[[ToolCallRecord], None] | None = None,
+        door: Door | None = None, spawn: Any = None,
     ) -> None:
         self.inputs = dict(inputs or {})
         for name in self.inputs:
@@ -91,7 +94,8 @@ class AgentSession:
         self.box = _SubmitBox()
         submit = make_submit_tool(submit_schema, self.box.accept)
         self.toolset = ToolSet([*tools, submit])
-        self.door = Door()
+        self.door = door if door is not None else Door()
+        self.spawn = spawn
         self._encoded: dict[str, Any] = {}
         for name, value in self.inputs.items():
             try:
@@ -102,6 +106,8 @@ class AgentSession:
         self.door.register("agent.input", self._op_input, inline=True)
         self.door.register("agent.vars", self._op_vars, inline=True)
         self.host = ToolHost(self.toolset, budget=tool_budget, gate=gate, on_call=on_call)
+        if spawn is not None:
+            spawn.bind(self)
         opener = open_sandbox or Sandbox
         self.sandbox: Any = None
         try:
@@ -124,9 +130,11 @@ class AgentSession:
 
         records = {c.__name__: [f.name for f in dataclasses.fields(c)]
                    for c in (Trajectory, Step, ToolCallInfo)}
-        cell = (f"{src}\n__memex_agent_prelude__({list(self.inputs)!r}, {SUBMIT_DOC!r}, "
-                f"{records!r})\n"
-                "del __memex_agent_prelude__\n")
+        setup, hooks = self.spawn.guest_setup() if self.spawn is not None else ("", "None")
+        cell = (f"{setup}{src}\n__memex_agent_prelude__({list(self.inputs)!r}, "
+                f"{SUBMIT_DOC!r}, {records!r}, {hooks})\n"
+                "del __memex_agent_prelude__\n"
+                + (f"del {hooks}\n" if self.spawn is not None else ""))
         r = self.sandbox.run(cell, filename="<memex-agent-prelude>")
         if r.status is not TurnStatus.OK:
             what = (f"{r.exception.type}: {r.exception.message}" if r.exception

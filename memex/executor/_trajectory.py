@@ -1,7 +1,9 @@
 """Trajectories: typed records of every step of a rollout, saved as JSONL events.
 
 A file holds events (``start``, ``step``, ``end``) of one or more rollouts, written as they
-happen so a crashed run still leaves a readable prefix. A :class:`Trajectory` is a plain frozen
+happen so a crashed run still leaves a readable prefix. Sub-agent rollouts end after the step
+that spawned them was written, so the ``end`` event carries them (``children``: step index ->
+trajectories) and loading puts them back on their steps. A :class:`Trajectory` is a plain frozen
 record, so it can be handed to another rollout's ``inputs`` and arrives in the guest as a typed
 record (steps, code, observations, tool calls), not as flattened text.
 """
@@ -171,13 +173,17 @@ class TrajectoryWriter:
         for k in (*_HEAD, "steps"):
             if k != "id":
                 d.pop(k, None)
+        children = {str(i): [c.to_dict() for c in s.children]
+                    for i, s in enumerate(t.steps) if s.children}
+        if children:
+            d["children"] = children
         self._emit({"event": "end", **d})
 
     def write(self, t: Trajectory) -> None:
         """All events of a finished trajectory."""
         self.start(t)
         for s in t.steps:
-            self.step(t, s)
+            self.step(t, replace(s, children=()) if s.children else s)
         self.end(t)
 
     def close(self) -> None:
@@ -227,10 +233,18 @@ def load_trajectories(path: str | os.PathLike[str]) -> list[Trajectory]:
             raise ConfigError(f"{p}:{n}: not a trajectory event ({exc})") from exc
     out = []
     for tid in order:
-        end = ends.get(tid, {"end_reason": "incomplete"})
-        fields = {**heads[tid], **end, "steps": [asdict(s) for s in steps[tid]]}
-        t = Trajectory.from_dict(fields)
-        out.append(replace(t, steps=tuple(steps[tid])))
+        end = dict(ends.get(tid, {"end_reason": "incomplete"}))
+        children = end.pop("children", None) or {}
+        t = Trajectory.from_dict({**heads[tid], **end})
+        try:
+            kids = {int(i): tuple(Trajectory.from_dict(c) for c in cs)
+                    for i, cs in children.items()}
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise ConfigError(f"{p}: the children of trajectory {tid} are malformed "
+                              f"({exc})") from exc
+        found = [replace(s, children=s.children + kids[i]) if i in kids else s
+                 for i, s in enumerate(steps[tid])]
+        out.append(replace(t, steps=tuple(found)))
     return out
 
 

@@ -1,9 +1,11 @@
 # Runs inside the guest (exec'd by memex.executor's session). Imports nothing from the host.
 """The agent's guest prelude: typed inputs in globals, a lenient submit(), and a preview of
-the variables each block creates (for the model's observation)."""
+the variables each block creates (for the model's observation). ``hooks`` (from the
+sub-agent API, when spawning is on): ``rebuild(value)`` turns values that travelled pickled
+back into objects; ``prepare(answer)`` readies a sub-agent's answer for its parent."""
 
 
-def __memex_agent_prelude__(input_names, submit_doc, record_types):
+def __memex_agent_prelude__(input_names, submit_doc, record_types, hooks=None):
     import __main__
     import memex_guest.door as door
     import memex_guest.tools as tools
@@ -13,8 +15,13 @@ def __memex_agent_prelude__(input_names, submit_doc, record_types):
     for type_name, fields in record_types.items():
         type(type_name, (tools.Record,), {"__fields__": tuple(fields), "__slots__": (),
                                           "__module__": "memex"})
+    hooks = hooks or {}
+    rebuild = hooks.get("rebuild")
+    prepare = hooks.get("prepare")
     for name in input_names:
         g[name] = door.request("agent.input", [name], {}, True)
+        if rebuild is not None:
+            g[name] = rebuild(g[name])
 
     missing = object()
 
@@ -25,6 +32,8 @@ def __memex_agent_prelude__(input_names, submit_doc, record_types):
             answer = fields
         elif fields:
             raise TypeError("submit() takes the answer or its fields as keywords, not both")
+        if prepare is not None:
+            answer = prepare(answer)
         # A blocking call even inside the guest's event loop (tools.call would return an
         # awaitable there, and an un-awaited submit must not vanish).
         try:

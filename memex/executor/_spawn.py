@@ -1,0 +1,561 @@
+"""Sub-agents: ``spawn_agent()`` in a guest starts a full MemEx rollout on the host, in parallel.
+
+A root rollout of an agent built with ``spawn=TreeBudget(...)`` owns a :class:`SpawnTree`: one
+budget (depth, live and total sub-agents, turns, tokens, cost, wall time) for every rollout in
+the tree, each of which is a :class:`_Node`. A node serves its guest's door ops:
+
+* ``agent.spawn(spec)`` (inline, returns at once): checks the request, starts the child on its
+  own thread with its own sandbox and door (fresh, preloaded, or ``fork_in_turn`` of the
+  parent's sandbox), and answers its id;
+* ``agent.poll(ids)`` / ``agent.cancel(id)`` (inline);
+* ``agent.wait(ids, timeout, mode)`` and ``agent.trajectory(id)`` (blocking on a pool thread):
+  they return before the calling block's deadline, so a wait never kills the block.
+
+Every rollout of the tree checks the tree's budget before each model call (and a cancel flag);
+a budget that runs out cancels every running sub-agent at once (each handle says why). A
+cancelled child's sandbox is closed from a helper thread, which interrupts a running block in
+~10 ms; a model request already in flight is let finish and its reply discarded. When any
+rollout ends, its running children are cancelled and every child thread is joined, so no
+sandbox or thread outlives the root. Children's final trajectories are attached to the step
+of the parent that spawned them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigError, MemexError
+from ..host_tools._codec import EncodeError, encode
+from ..runtime_wasm import Door, DoorContext, Sandbox
+from ._spawn_spec import ChildSpec, SpawnRefused, clone_llm, parse_spec
+from ._trajectory import Step, Trajectory
+
+if TYPE_CHECKING:
+    from ._agent import MemexAgent, Rollout, _Run
+    from ._llm import Completion, LLMClient
+    from ._session import AgentSession
+
+__all__ = ["FAILURE_KINDS", "SpawnTree", "TreeBudget"]
+
+FAILURE_KINDS = ("error", "timeout", "trap", "budget", "cancelled")
+WAIT_MARGIN = 0.25  # a wait returns this long before its block's deadline
+_UNSET: Any = object()
+
+PROMPT = """\
+Sub-agents: spawn_agent(task, inputs={{...}}, submit=None, tools=None, limits=None, \
+fork=False) starts another agent on a sub-task and returns a handle at once; it works in \
+parallel with you, in a session of its own. inputs are copied into its session as they are \
+(DataFrames, arrays, functions, objects); submit is the type of its answer (a JSON Schema \
+dict, int/str/list/dict, or a record class such as your answer's); tools names the tools it \
+may use (default: all of yours). h.result() waits for its answer as an object (raises \
+AgentFailed with .kind and .reason if it has none); h.done(), h.cancel(), h.trajectory() (its \
+full record). wait_all(handles) returns all answers in order (an AgentFailed in place of a \
+failed one); as_completed(handles) yields handles as they finish; handles can be awaited. \
+fork=True starts it from a copy of your variables as they were when your previous block \
+ended. At most {max_live} sub-agents run at once ({left} more may be started in all); they \
+can nest {levels} more level(s)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TreeBudget:
+    """One budget for a root rollout and every sub-agent under it (None: no bound).
+
+    ``max_depth`` is how deep sub-agents may nest (the root is depth 0; 0 disables spawning);
+    ``max_live`` bounds sub-agents running at once and ``max_children`` those started in all;
+    ``max_turns`` (model calls), ``max_tokens``, ``max_cost`` (USD) and ``max_seconds`` (wall
+    time from the root's start) count the whole tree, root included. ``models`` lists the
+    models a sub-agent may ask for (None: any model at the same endpoint)."""
+
+    max_depth: int = 2
+    max_live: int = 8
+    max_children: int = 64
+    max_turns: int | None = None
+    max_tokens: int | None = None
+    max_cost: float | None = None
+    max_seconds: float | None = None
+    models: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_depth", "max_live", "max_children"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ConfigError(f"TreeBudget.{name} must be an int >= 0, got {v!r}")
+        for name in ("max_turns", "max_tokens", "max_cost", "max_seconds"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)
+                                  or not 0 < v < float("inf")):
+                raise ConfigError(f"TreeBudget.{name} must be > 0 or None, got {v!r}")
+        if self.models is not None and (isinstance(self.models, str) or not all(
+                isinstance(m, str) for m in self.models)):
+            raise ConfigError("TreeBudget.models is a tuple of model names or None")
+
+
+class SpawnTree:
+    """The shared state of one root rollout and its sub-agents (thread-safe)."""
+
+    def __init__(self, budget: TreeBudget) -> None:
+        self.budget = budget
+        self.cond = threading.Condition()
+        self.t0 = time.monotonic()
+        self.turns = 0
+        self.tokens = 0
+        self.cost = 0.0
+        self.spawned = 0
+        self.live = 0
+        self.exhausted: str | None = None
+        self.nodes: list[_Node] = []
+        self._llms: dict[tuple[int, str], LLMClient] = {}
+        self._timer: threading.Timer | None = None
+        self._closed = False
+        self.root = _Node(self, None, node_id="", depth=0, task="")
+        if budget.max_seconds is not None:
+            self._timer = threading.Timer(budget.max_seconds, self.trip, ("max_seconds",))
+            self._timer.name = "memex-agent-tree-timer"
+            self._timer.daemon = True
+            self._timer.start()
+
+    # ---- budget -------------------------------------------------------------------------
+    def _over(self) -> str | None:
+        b = self.budget
+        if b.max_tokens is not None and self.tokens >= b.max_tokens:
+            return "max_tokens"
+        if b.max_cost is not None and self.cost >= b.max_cost:
+            return "max_cost"
+        if b.max_seconds is not None and time.monotonic() - self.t0 >= b.max_seconds:
+            return "max_seconds"
+        return None
+
+    def reserve_turn(self) -> str | None:
+        """Count one model call against the tree; the reason it may not happen, if any."""
+        with self.cond:
+            what = self.exhausted or self._over()
+            if what is None and self.budget.max_turns is not None \
+                    and self.turns >= self.budget.max_turns:
+                what = "max_turns"
+            if what is None:
+                self.turns += 1
+                return None
+        self.trip(what)
+        return f"tree_{what}"
+
+    def charge(self, tokens: int, cost: float | None) -> None:
+        with self.cond:
+            self.tokens += tokens
+            self.cost += cost or 0.0
+            what = self._over()
+        if what is not None:
+            self.trip(what)
+
+    def usage(self) -> str:
+        b = self.budget
+        parts = [f"{self.turns}{'/' + str(b.max_turns) if b.max_turns else ''} turns",
+                 f"{self.tokens}{'/' + str(b.max_tokens) if b.max_tokens else ''} tokens"]
+        if b.max_cost is not None:
+            parts.append(f"${self.cost:.4f}/${b.max_cost:g}")
+        if b.max_seconds is not None:
+            parts.append(f"{time.monotonic() - self.t0:.1f}/{b.max_seconds:g}s")
+        return ", ".join(parts)
+
+    def trip(self, what: str) -> None:
+        """The tree's ``what`` budget ran out: every running sub-agent is cancelled."""
+        with self.cond:
+            if self.exhausted is None:
+                self.exhausted = what
+            victims = [n for n in self.nodes if n.status == "running"]
+        reason = f"the agent tree's {what} budget ran out ({self.usage()})"
+        for n in victims:
+            n.stop("budget", reason, f"tree_{what}")
+
+    def seconds_left(self) -> float | None:
+        b = self.budget
+        return None if b.max_seconds is None else b.max_seconds - (time.monotonic() - self.t0)
+
+    def llm_for(self, llm: LLMClient, model: str) -> LLMClient:
+        """A client for ``model`` at ``llm``'s endpoint, shared within the tree."""
+        key = (id(llm), model)
+        with self.cond:
+            if key not in self._llms:
+                self._llms[key] = clone_llm(llm, model)
+            return self._llms[key]
+
+    def close(self) -> None:
+        """Stop the wall-time timer and release the clients made for other models."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer.join()
+        for llm in self._llms.values():
+            llm.close()
+
+
+class _Node:
+    """One rollout of a tree: the root (``parent is None``) or a sub-agent."""
+
+    def __init__(self, tree: SpawnTree, parent: _Node | None, *, node_id: str, depth: int,
+                 task: str, agent: MemexAgent | None = None,
+                 inputs: dict[str, Any] | None = None, step_index: int = 0) -> None:
+        self.tree = tree
+        self.parent = parent
+        self.id = node_id
+        self.depth = depth
+        self.task = task
+        self.agent = agent
+        self.inputs = inputs or {}
+        self.step_index = step_index
+        self.children: list[_Node] = []
+        self.by_id: dict[str, _Node] = {}
+        self.run: _Run | None = None
+        self.session: AgentSession | None = None
+        self.thread: threading.Thread | None = None
+        self.fork_sandbox: Sandbox | None = None
+        self.status = "running"  # running | done | failed | cancelled
+        self.kind: str | None = None
+        self.reason = ""
+        self.stopped: tuple[str, str, str] | None = None  # kind, reason, end_reason
+        self.answer: Any = None
+        self.answer_enc: Any = _UNSET
+        self.trajectory: Trajectory | None = None
+        self.finished = False
+        self.spawned_at = time.monotonic()
+        self.ready_at: float | None = None  # its session is open, its first model call next
+        self._closer: threading.Thread | None = None
+
+    # ---- hooks for the rollout (_Run) --------------------------------------------------
+    def stop_reason(self) -> str | None:
+        """Why this rollout may not make another model call (checked before each one)."""
+        if self.ready_at is None:
+            self.ready_at = time.monotonic()
+        if self.stopped is not None:
+            return self.stopped[2]
+        return self.tree.reserve_turn()
+
+    def charge(self, c: Completion) -> None:
+        self.tree.charge(c.usage.prompt_tokens + c.usage.completion_tokens, c.cost)
+
+    def end_reason(self, end: str) -> str:
+        if end != "submitted" and self.stopped is not None:
+            return self.stopped[2]
+        return end
+
+    def session_options(self) -> tuple[Callable[..., Any] | None, Door | None]:
+        """(opener, door) for the rollout's session: the fork made at spawn time, if any."""
+        sb = self.fork_sandbox
+        if sb is None:
+            return None, None
+
+        def opener(**_kw: Any) -> Sandbox:
+            self.fork_sandbox = None  # the session owns it now
+            return sb
+
+        return opener, sb.door
+
+    def bind(self, session: AgentSession) -> None:
+        """Serve the sub-agent door ops of ``session``'s guest (called by the session)."""
+        with self.tree.cond:
+            self.session = session
+        door = session.door
+        door.register("agent.spawn", self._op_spawn, inline=True)
+        door.register("agent.poll", self._op_poll, inline=True)
+        door.register("agent.cancel", self._op_cancel, inline=True)
+        door.register("agent.wait", self._op_wait, context=True)
+        door.register("agent.trajectory", self._op_trajectory, context=True)
+
+    def guest_setup(self) -> tuple[str, str]:
+        """(cell, hooks expression): installs the guest API as module ``memex_agents``."""
+        src = resources.files("memex.executor").joinpath("guest/spawn_api.py").read_text()
+        config = {"depth": self.depth, "max_depth": self.tree.budget.max_depth}
+        cell = ("def __memex_spawn_setup__(src, config):\n"
+                "    import sys, types\n"
+                "    m = types.ModuleType('memex_agents')\n"
+                "    m.__file__ = '<memex-agents>'\n"
+                "    sys.modules['memex_agents'] = m\n"
+                "    exec(compile(src, '<memex-agents>', 'exec'), m.__dict__)\n"
+                "    return m._setup(config)\n"
+                f"__memex_spawn_hooks__ = __memex_spawn_setup__({src!r}, {config!r})\n"
+                "del __memex_spawn_setup__\n")
+        return cell, "__memex_spawn_hooks__"
+
+    def prompt_section(self) -> str:
+        b = self.tree.budget
+        if self.depth >= b.max_depth:
+            return ""
+        left = max(0, b.max_children - self.tree.spawned)
+        return PROMPT.format(max_live=b.max_live, left=left, levels=b.max_depth - self.depth)
+
+    def finish(self, end: str) -> None:
+        """The rollout ended: cancel its running children and join every child thread."""
+        with self.tree.cond:
+            children = list(self.children)
+        for c in children:
+            c.stop("cancelled", f"its parent agent ended ({end})", "cancelled")
+        for c in children:
+            if c.thread is not None:
+                c.thread.join()
+        if self.parent is None:
+            self.tree.close()
+
+    def attach(self, steps: list[Step]) -> list[Step]:
+        """``steps`` with each child's trajectory attached to the step that spawned it."""
+        if not steps:
+            return steps
+        by_step: dict[int, list[Trajectory]] = {}
+        for c in self.children:
+            if c.trajectory is not None:
+                by_step.setdefault(min(c.step_index, len(steps) - 1), []).append(c.trajectory)
+        return [replace(s, children=s.children + tuple(by_step[i])) if i in by_step else s
+                for i, s in enumerate(steps)]
+
+    # ---- lifecycle of a child ----------------------------------------------------------
+    def stop(self, kind: str, reason: str, end_reason: str) -> bool:
+        """Decide this child's outcome as a failure now and interrupt its work; False if it
+        had already ended."""
+        tree = self.tree
+        with tree.cond:
+            if self.status != "running":
+                return False
+            self.stopped = (kind, reason, end_reason)
+            self.status = "cancelled" if kind == "cancelled" else "failed"
+            self.kind, self.reason = kind, reason
+            tree.live -= 1
+            if self.session is not None and self._closer is None:
+                # started under the lock, so the child's thread never sees it unstarted
+                self._closer = threading.Thread(
+                    target=_close_quietly, args=(self.session,), daemon=True,
+                    name=f"memex-agent-{self.id}-stop")
+                self._closer.start()
+            tree.cond.notify_all()
+        return True
+
+    def _main(self) -> None:
+        """The child's thread: one full rollout, then its outcome for the parent."""
+        from ._agent import _Run
+
+        rollout: Rollout | None = None
+        error: str | None = None
+        try:
+            assert self.agent is not None
+            rollout = _Run(self.agent, self.task, self.inputs, node=self).go()
+        except BaseException as exc:  # a child's failure is data for its parent
+            error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self.inputs = {}
+            if self.fork_sandbox is not None:  # never handed to a session
+                self.fork_sandbox.close()
+                self.fork_sandbox = None
+            with self.tree.cond:
+                closer = self._closer
+            if closer is not None:
+                closer.join()
+            self._finished(rollout, error)
+
+    def _finished(self, rollout: Rollout | None, error: str | None) -> None:
+        tree = self.tree
+        traj = rollout.trajectory if rollout is not None else self._failed_trajectory(error)
+        with tree.cond:
+            self.trajectory = traj
+            self.session = None
+            if self.status == "running":
+                if rollout is not None and rollout.submitted:
+                    self.status, self.answer = "done", rollout.answer
+                else:
+                    self.kind, self.reason = _failure(rollout, error)
+                    self.status = "cancelled" if self.kind == "cancelled" else "failed"
+                tree.live -= 1
+            self.finished = True
+            tree.cond.notify_all()
+
+    def _failed_trajectory(self, error: str | None) -> Trajectory:
+        a = self.agent
+        return Trajectory(id=uuid.uuid4().hex[:16], task=self.task,
+                          model=str(a.llm.model) if a is not None else "",
+                          action_space=a.action_space if a is not None else "",
+                          started=time.time(), end_reason="error", error=error)
+
+    # ---- door ops (this node is the parent) --------------------------------------------
+    def _op_spawn(self, spec: Any) -> dict[str, Any]:
+        try:
+            return {"id": self._spawn(spec).id}
+        except SpawnRefused as exc:
+            return {"error": exc.kind, "message": exc.message}
+
+    def _spawn(self, raw: Any) -> _Node:
+        tree, b, run, session = self.tree, self.tree.budget, self.run, self.session
+        if run is None or session is None:
+            raise SpawnRefused("protocol", "this agent is not running")
+        if self.stopped is not None:
+            raise SpawnRefused("cancelled", "this agent is being stopped")
+        if self.depth >= b.max_depth:
+            raise SpawnRefused("depth", f"sub-agents may nest {b.max_depth} level(s) deep and "
+                               f"this agent is at depth {self.depth}: do this work here")
+        records = {name: cls for cls, name in session.toolset.record_names.items()}
+        spec = parse_spec(raw, tools=run.a.tools, records=records, budget=run.a.budget,
+                          limits=run.a.limits, allowed_models=b.models)
+        sandbox = session.sandbox
+        if spec.fork and not isinstance(sandbox, Sandbox):
+            raise SpawnRefused("fork", "fork=True needs an in-process sandbox")
+        agent = self._child_agent(spec)
+        with tree.cond:
+            if tree.exhausted is not None:
+                raise SpawnRefused("budget", f"the agent tree's {tree.exhausted} budget ran "
+                                   f"out ({tree.usage()})")
+            if tree.live >= b.max_live:
+                raise SpawnRefused("max_live", f"{tree.live} sub-agents are running in this "
+                                   f"agent tree (max_live={b.max_live}): wait for one first")
+            if tree.spawned >= b.max_children:
+                raise SpawnRefused("max_children", f"this agent tree has started its "
+                                   f"{b.max_children} sub-agents (max_children)")
+            n = len(self.children) + 1
+            node = _Node(tree, self, node_id=f"{self.id}.{n}" if self.id else str(n),
+                         depth=self.depth + 1, task=spec.task, agent=agent,
+                         inputs=spec.inputs, step_index=len(run.steps))
+            tree.spawned += 1
+            tree.live += 1
+            self.children.append(node)
+            self.by_id[node.id] = node
+            tree.nodes.append(node)
+        try:
+            if spec.fork:
+                assert isinstance(sandbox, Sandbox)
+                node.fork_sandbox = sandbox.fork_in_turn(door=Door(), limits=spec.limits)
+            node.thread = threading.Thread(target=node._main, daemon=True,
+                                           name=f"memex-agent-{node.id}")
+            node.thread.start()
+        except (MemexError, RuntimeError) as exc:
+            node.thread = None
+            if node.fork_sandbox is not None:
+                node.fork_sandbox.close()
+            with tree.cond:
+                tree.spawned -= 1
+                tree.live -= 1
+                self.children.remove(node)
+                del self.by_id[node.id]
+                tree.nodes.remove(node)
+            raise SpawnRefused("fork" if spec.fork else "start",
+                               f"the sub-agent could not be started: {exc}") from None
+        return node
+
+    def _child_agent(self, spec: ChildSpec) -> MemexAgent:
+        assert self.run is not None
+        parent = self.run.a
+        a = copy.copy(parent)
+        a.tools = spec.tools
+        a.submit_schema = spec.submit
+        a.instructions = spec.instructions
+        a.budget = spec.budget
+        a.limits = spec.limits
+        a.trajectory_path = None
+        a.on_step = None
+        a.on_text = None
+        if spec.model is not None and spec.model != parent.llm.model:
+            a.llm = self.tree.llm_for(parent.llm, spec.model)
+        return a
+
+    def _lookup(self, ids: Any) -> list[tuple[str, _Node | None]]:
+        if not isinstance(ids, list):
+            ids = [ids]
+        return [(str(i), self.by_id.get(i) if isinstance(i, str) else None) for i in ids]
+
+    def _op_poll(self, ids: Any) -> dict[str, str]:
+        with self.tree.cond:
+            return {i: n.status if n is not None else "unknown" for i, n in self._lookup(ids)}
+
+    def _op_cancel(self, agent_id: Any) -> bool:
+        node = self.by_id.get(agent_id) if isinstance(agent_id, str) else None
+        return node is not None and node.stop("cancelled", "cancelled by its parent agent",
+                                              "cancelled")
+
+    def _op_wait(self, ctx: DoorContext, ids: Any, timeout: Any = None, mode: Any = "all"
+                 ) -> dict[str, Any]:
+        nodes = self._lookup(ids)
+        now = time.monotonic()
+        deadline = ctx.deadline - WAIT_MARGIN
+        until, why = min((deadline, "deadline"), (now + ctx.door.call_timeout - 1.0, "slice"))
+        if isinstance(timeout, int | float) and not isinstance(timeout, bool) \
+                and now + max(0.0, timeout) < until:
+            until, why = now + max(0.0, timeout), "timeout"
+        known = [n for _, n in nodes if n is not None]
+        with self.tree.cond:
+            while True:
+                ended = sum(1 for n in known if n.status != "running")
+                if ended == len(known) or (mode == "any" and ended) or \
+                        self.stopped is not None:
+                    break
+                left = until - time.monotonic()
+                if left <= 0:
+                    break
+                self.tree.cond.wait(left)
+            settled = [(i, n) for i, n in nodes if n is None or n.status != "running"]
+        pending = [i for i, n in nodes if n is not None and n.status == "running"]
+        results = {i: self._result(i, n) for i, n in settled}
+        return {"results": results, "pending": pending,
+                "deadline": bool(pending) and why == "deadline"
+                and time.monotonic() >= until}
+
+    def _result(self, agent_id: str, node: _Node | None) -> dict[str, Any]:
+        if node is None:
+            return {"status": "failed", "kind": "error",
+                    "reason": f"no sub-agent {agent_id!r} here (a handle works only in the "
+                              "agent that spawned it)"}
+        if node.status != "done":
+            return {"status": node.status, "kind": node.kind, "reason": node.reason}
+        if node.answer_enc is _UNSET:
+            assert self.session is not None
+            try:
+                node.answer_enc = encode(node.answer, names=self.session.toolset.record_names)
+            except (EncodeError, ValueError, OverflowError) as exc:
+                return {"status": "failed", "kind": "error",
+                        "reason": f"its answer cannot be sent back: {exc}"}
+        return {"status": "done", "answer": node.answer_enc}
+
+    def _op_trajectory(self, ctx: DoorContext, agent_id: Any) -> dict[str, Any]:
+        node = self.by_id.get(agent_id) if isinstance(agent_id, str) else None
+        if node is None:
+            return {"error": f"no sub-agent {agent_id!r} here (a handle works only in the "
+                             "agent that spawned it)"}
+        until = min(ctx.deadline - WAIT_MARGIN, time.monotonic() + ctx.door.call_timeout - 1)
+        with self.tree.cond:
+            while not node.finished:
+                left = until - time.monotonic()
+                if left <= 0:
+                    return {"pending": f"sub-agent {agent_id} is still running or stopping; "
+                                       "its trajectory is not final yet: ask again later"}
+                self.tree.cond.wait(left)
+            traj = node.trajectory
+        return {"trajectory": encode(traj)}
+
+
+def _close_quietly(session: AgentSession) -> None:
+    with contextlib.suppress(Exception):
+        session.sandbox.close()
+
+
+def _failure(rollout: Rollout | None, error: str | None) -> tuple[str, str]:
+    """(kind, reason) of a child that ended without an answer."""
+    if rollout is None:
+        return "error", error or "the sub-agent could not start"
+    end, t = rollout.end_reason, rollout.trajectory
+    if end in ("max_turns", "max_tokens", "max_cost"):
+        return "budget", (f"it ended without an answer: its {end} budget ran out after "
+                          f"{len(t.steps)} turns, {t.total_tokens} tokens")
+    if end == "max_seconds":
+        return "timeout", f"it ended without an answer after {t.duration:.1f}s (max_seconds)"
+    if end.startswith("tree_"):
+        return "budget", f"the agent tree's {end[5:]} budget ran out"
+    if end == "llm_error":
+        return "error", f"its model call failed: {rollout.error}"
+    if end == "sandbox_error":
+        return "trap", f"its sandbox failed: {rollout.error}"
+    if end == "cancelled":
+        return "cancelled", "cancelled"
+    detail = f": {rollout.error}" if rollout.error else ""
+    return "error", f"it ended without an answer ({end}){detail}"
