@@ -290,7 +290,7 @@ class Fetcher:
         d = self.policy.check(st.url, st.method, addresses=addresses)
         st.decision = d
         st.addresses = d.addresses
-        if not d.allowed:
+        if not d.allowed and not (addresses is None and d.code == "pending_dns"):
             kind = "invalid_request" if d.code == "invalid" and addresses is None else "denied"
             raise FetchFailure(kind, d.reason, rule=d.rule, url=d.url)
         return d

@@ -283,7 +283,8 @@ class EgressDecision:
     name whose addresses were not given: the addresses are checked when the request is made.
     ``code``: ``allowed``, ``no_match`` (default deny), ``deny_rule``, ``special`` (a special
     address no rule names), ``metadata`` (a metadata host name), ``invalid`` (the URL or
-    method), ``scheme``."""
+    method), ``scheme``, ``pending_dns`` (only a rule with ``ip`` could allow the name: its
+    addresses decide)."""
 
     allowed: bool
     code: str
@@ -446,8 +447,12 @@ class EgressPolicy:
                             rule_source=r.source, matched=r, **common)
         specials = [s for s in (classify(a) for a in addrs or ()) if s is not None]
         blocked: Special | None = None
+        pending: EgressRule | None = None
         for r in candidates:
             if r.action != "allow" or not r._request_match(t, m):
+                continue
+            if r._nets and addrs is None:
+                pending = pending or r
                 continue
             if r._nets and addrs is not None and not all(
                     any(ip_in(a, n) for n in r._nets) for a in addrs):
@@ -462,6 +467,12 @@ class EgressPolicy:
                 allowed=True, code="allowed", reason=f"allowed by rule {r.describe()}{note}",
                 method=m, rule=r.label, rule_source=r.source, matched=r,
                 secrets=tuple(s.name for s in self.secrets_for(t)), **common)
+        if pending is not None:
+            nets = ", ".join(str(n) for n in pending._nets)
+            return deny("pending_dns", f"no rule allows {m} {t.url} by name alone; rule "
+                        f"{pending.describe()} allows it if {t.host} resolves inside {nets} "
+                        "(checked when the request is made)", rule=pending.label,
+                        rule_source=pending.source, **common)
         if blocked is not None:
             return deny("special", f"{blocked.describe()}; only an allow rule naming it "
                         f"(an ip or host inside {blocked.network}) may reach it",

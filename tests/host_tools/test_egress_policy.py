@@ -83,7 +83,11 @@ def test_names_are_decided_before_dns_then_with_their_addresses() -> None:
                {"name": "no-internal", "action": "deny", "ip": "10.0.0.0/8"},
                {"name": "web", "action": "allow", "host": "*"})
     d = p.check("https://api.example.com/")
-    assert d.allowed and not d.resolved and "before DNS" in d.reason and d.rule == "pinned"
+    assert d.allowed and not d.resolved and "before DNS" in d.reason and d.rule == "web"
+    d = policy({"name": "pinned", "action": "allow", "host": "api.example.com",
+                "ip": "93.184.216.0/24"}).check("https://api.example.com/")
+    assert not d.allowed and d.code == "pending_dns" and d.rule == "pinned"
+    assert "if api.example.com resolves inside 93.184.216.0/24" in d.reason
     d = p.check("https://api.example.com/", addresses=["93.184.216.34"])
     assert d.allowed and d.resolved and d.rule == "pinned" and "before DNS" not in d.reason
     d = p.check("https://api.example.com/", addresses=["8.8.8.8"])
