@@ -370,7 +370,7 @@ class _Run:
     def _turn_timeout(self) -> float | None:
         b = self.a.budget
         left = None if b.max_seconds is None else b.max_seconds - (time.monotonic() - self.t0)
-        tree_left = self.node.tree.seconds_left() if self.node is not None else None
+        tree_left = self.node.turn_seconds_left() if self.node is not None else None
         if tree_left is not None:
             left = tree_left if left is None else min(left, tree_left)
         if left is None:

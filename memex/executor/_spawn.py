@@ -47,6 +47,7 @@ __all__ = ["FAILURE_KINDS", "SpawnTree", "TreeBudget"]
 
 FAILURE_KINDS = ("error", "timeout", "trap", "budget", "cancelled")
 WAIT_MARGIN = 0.25  # a wait returns this long before its block's deadline
+TREE_GRACE = 2 * WAIT_MARGIN  # a block may run this long past the tree's max_seconds
 _UNSET: Any = object()
 
 PROMPT = """\
@@ -241,6 +242,13 @@ class _Node:
 
     def charge(self, c: Completion) -> None:
         self.tree.charge(c.usage.prompt_tokens + c.usage.completion_tokens, c.cost)
+
+    def turn_seconds_left(self) -> float | None:
+        """The bound the tree's wall time puts on a block starting now. A little grace past
+        the tree's end lets a block waiting for sub-agents see them cancelled (and why)
+        instead of being cut off at the same moment."""
+        left = self.tree.seconds_left()
+        return None if left is None else max(0.0, left) + TREE_GRACE
 
     def end_reason(self, end: str) -> str:
         if end != "submitted" and self.stopped is not None:
