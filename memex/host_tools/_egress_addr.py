@@ -86,6 +86,11 @@ class Target:
 
 
 # ---- IPv4 in all its spellings (WHATWG "IPv4 parser") -----------------------------------------
+_DIGITS = {10: frozenset("0123456789"), 8: frozenset("01234567"),
+           16: frozenset("0123456789abcdefABCDEF")}
+_LAST_NUMBER = re.compile(r"(?:^|\.)(?:[0-9]+|0[xX][0-9A-Fa-f]*)\.?\Z")
+
+
 def _ipv4_number(part: str) -> int | None:
     if part == "":
         return None
@@ -96,20 +101,14 @@ def _ipv4_number(part: str) -> int | None:
             return 0
     elif len(part) > 1 and part[0] == "0":
         part, radix = part[1:], 8
-    digits = {10: "0123456789", 8: "01234567", 16: "0123456789abcdefABCDEF"}[radix]
-    if not all(c in digits for c in part):
+    if not _DIGITS[radix].issuperset(part):
         return None
     return int(part, radix)
 
 
 def _ends_in_number(host: str) -> bool:
-    parts = host.split(".")
-    if parts[-1] == "" and len(parts) > 1:
-        parts.pop()
-    last = parts[-1]
-    if last and all(c in "0123456789" for c in last):
-        return True
-    return _ipv4_number(last) is not None and last[:2] in ("0x", "0X")
+    """WHATWG: a host whose last label is a number must be an IPv4 address."""
+    return _LAST_NUMBER.search(host) is not None
 
 
 def parse_ipv4(host: str) -> ipaddress.IPv4Address | None:
@@ -181,13 +180,14 @@ def _pct_decode_host(text: str) -> str:
         raise BadURL("the host is not valid UTF-8 after percent-decoding") from None
 
 
-_FORBIDDEN = frozenset(" \t\r\n\0/\\?#@[]:<>^|%")
+_FORBIDDEN = re.compile(r"[\x00-\x20/\\?#@\[\]:<>^|%\x7f]")
+_CONTROL = re.compile(r"[\x00-\x20\x7f]")
 
 
 def _forbid(host: str) -> None:
-    bad = next((c for c in host if c in _FORBIDDEN or ord(c) < 0x20), None)
-    if bad is not None:
-        raise BadURL(f"the host contains a forbidden character {bad!r}")
+    m = _FORBIDDEN.search(host)
+    if m is not None:
+        raise BadURL(f"the host contains a forbidden character {m.group()!r}")
 
 
 def normalise_host(text: str, *, bracketed: bool = False) -> tuple[str, IPAddress | None]:
@@ -199,11 +199,12 @@ def normalise_host(text: str, *, bracketed: bool = False) -> tuple[str, IPAddres
     if not host:
         raise BadURL("the URL has no host")
     _forbid(host)
-    try:
-        host = idna.uts46_remap(host, std3_rules=False, transitional=False)
-    except idna.IDNAError as exc:
-        raise BadURL(f"invalid international host name: {exc}") from None
-    _forbid(host)
+    if not host.isascii():  # UTS #46 maps ASCII to its lowercase: only the rest needs it
+        try:
+            host = idna.uts46_remap(host, std3_rules=False, transitional=False)
+        except idna.IDNAError as exc:
+            raise BadURL(f"invalid international host name: {exc}") from None
+        _forbid(host)
     if not host.isascii():
         try:
             host = idna.encode(host, uts46=False).decode("ascii")
@@ -236,7 +237,13 @@ _PATH_OK = _UNRESERVED | frozenset("!$&'()*+,;=:@/")
 _QUERY_OK = _PATH_OK | frozenset("?")
 
 
+_PLAIN_PATH = re.compile(r"[A-Za-z0-9\-._~!$&'()*+,;=:@/]*\Z")
+_PLAIN_QUERY = re.compile(r"[A-Za-z0-9\-._~!$&'()*+,;=:@/?]*\Z")
+
+
 def _encode(text: str, allowed: frozenset[str], *, decode_unreserved: bool) -> str:
+    if (_PLAIN_QUERY if "?" in allowed else _PLAIN_PATH).match(text):
+        return text  # nothing to encode or decode (the common case)
     out: list[str] = []
     i = 0
     while i < len(text):
@@ -280,7 +287,8 @@ def _normalise_path(path: str) -> str:
     path = path.replace("\\", "/")
     if not path.startswith("/"):
         path = "/" + path
-    return _remove_dots(_encode(path, _PATH_OK, decode_unreserved=True))
+    path = _encode(path, _PATH_OK, decode_unreserved=True)
+    return _remove_dots(path) if "/." in path else path
 
 
 # ---- URLs ---------------------------------------------------------------------------------------
@@ -294,7 +302,7 @@ def parse_url(url: str) -> Target:
         raise BadURL(f"a URL must be a string, not {type(url).__name__}")
     if len(url) > MAX_URL:
         raise BadURL(f"the URL is longer than {MAX_URL} characters")
-    if any(ord(c) <= 0x20 or ord(c) == 0x7F for c in url):
+    if _CONTROL.search(url):
         raise BadURL("the URL contains spaces or control characters")
     m = _SCHEME.match(url)
     if not m:
@@ -376,6 +384,20 @@ _TABLE: list[tuple[str, str]] = [
 ]
 _SPECIAL: list[tuple[IPNetwork, str]] = sorted(
     ((ipaddress.ip_network(n), c) for n, c in _TABLE), key=lambda e: -e[0].prefixlen)
+
+
+def _buckets() -> list[tuple[int, int, dict[int, tuple[IPNetwork, str]]]]:
+    """(version, mask, {network as int: (network, category)}) per prefix length, longest
+    first: a lookup is one dict probe per length instead of a scan of the table."""
+    by: dict[tuple[int, int], dict[int, tuple[IPNetwork, str]]] = {}
+    for net, category in _SPECIAL:
+        by.setdefault((net.version, net.prefixlen), {}).setdefault(
+            int(net.network_address), (net, category))
+    return [(v, int(ipaddress.ip_network(("::" if v == 6 else "0.0.0.0", plen)).netmask), d)
+            for (v, plen), d in sorted(by.items(), key=lambda e: -e[0][1])]
+
+
+_BUCKETS = _buckets()
 _NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
 _COMPAT = ipaddress.IPv6Network("::/96")
 
@@ -395,9 +417,12 @@ def _embedded_ipv4(addr: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
 
 def classify(addr: IPAddress) -> Special | None:
     """The special category of an address (None for an ordinary public one)."""
-    for net, category in _SPECIAL:
-        if addr.version == net.version and addr in net:
-            return Special(address=addr, category=category, network=net)
+    value, version = int(addr), addr.version
+    for v, mask, nets in _BUCKETS:
+        if v == version:
+            hit = nets.get(value & mask)
+            if hit is not None:
+                return Special(address=addr, category=hit[1], network=hit[0])
     if isinstance(addr, ipaddress.IPv6Address):
         inner = _embedded_ipv4(addr)
         if inner is not None:

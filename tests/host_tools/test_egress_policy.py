@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from memex.errors import ConfigError, PolicyError
 from memex.host_tools import EgressLimits, EgressPolicy, EgressRule, EgressSecret
-from memex.host_tools._egress_addr import parse_url
+from memex.host_tools._egress_addr import parse_address, parse_url
 from memex.host_tools._egress_policy import SecretUnavailable
 
 
@@ -151,7 +151,8 @@ def test_decision_as_dict_and_secret_names(monkeypatch: pytest.MonkeyPatch) -> N
 
 rule_st = st.fixed_dictionaries({
     "action": st.sampled_from(["allow", "deny"]),
-    "host": st.sampled_from(["*", "a.test", "*.test", "b.a.test", "127.0.0.1", "10.0.0.0/8"]),
+    "host": st.sampled_from([[], "*", "a.test", "*.test", "b.a.test", "127.0.0.1", "10.0.0.0/8"]),
+    "ip": st.sampled_from([[], "10.0.0.0/8", ["127.0.0.1", "10.2.0.0/16"]]),
     "method": st.sampled_from([[], ["GET"], ["POST"]]),
     "path": st.sampled_from([[], ["/x"], ["/"]]),
 })
@@ -170,16 +171,24 @@ def test_rule_order_never_changes_whether_a_request_is_allowed(
     assert p.check(url, method).allowed == policy(*shuffled).check(url, method).allowed
 
 
-@given(st.lists(rule_st, min_size=1, max_size=12), url_st, st.sampled_from(["GET", "POST"]))
+@given(st.lists(rule_st, min_size=1, max_size=12), url_st, st.sampled_from(["GET", "POST"]),
+       st.sampled_from([None, ["10.1.1.1"], ["127.0.0.1", "10.2.2.2"], ["93.184.216.34"]]))
 @settings(max_examples=300, deadline=None)
-def test_the_host_index_finds_every_matching_rule(rules: list[dict[str, Any]], url: str,
-                                                  method: str) -> None:
+def test_the_index_finds_every_rule_that_can_decide(
+        rules: list[dict[str, Any]], url: str, method: str, addresses: list[str] | None) -> None:
     p = policy(*rules)
     t = parse_url(url)
-    found = set(p._index.candidates(t))
+    addrs = [t.ip] if t.ip is not None else (
+        None if addresses is None else [parse_address(a) for a in addresses])
+    found = set(p._index.candidates(t, addrs))
     for i, r in enumerate(p.rules):
-        if r._request_match(t, method):
+        if not r._request_match(t, method):
+            continue
+        if not r._nets:
             assert i in found, (r, url)
+        elif addrs is not None and any(any(a in n for n in r._nets if a.version == n.version)
+                                       for a in addrs):
+            assert i in found, (r, url, addrs)
 
 
 # ---- the same policy, four ways ------------------------------------------------------------------
