@@ -315,7 +315,7 @@ class _NetIndex:
         self._by: dict[tuple[int, int], tuple[int, dict[int, list[int]]]] = {}
 
     def add(self, net: IPNetwork, rule: int) -> None:
-        mask, table = self._by.setdefault((net.version, net.prefixlen),
+        _, table = self._by.setdefault((net.version, net.prefixlen),
                                           (int(net.netmask), {}))
         table.setdefault(int(net.network_address), []).append(rule)
 
