@@ -67,5 +67,9 @@ def get_backend(backend: str | Backend = "inprocess", **options: Any) -> Backend
         from ._backend_subprocess import SubprocessBackend
 
         return SubprocessBackend(**options)
+    if backend == "pool":
+        from ._backend_pool import PoolBackend
+
+        return PoolBackend(**options)
     raise ConfigError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)} "
                       "or pass a Backend instance")

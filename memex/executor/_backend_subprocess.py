@@ -90,12 +90,20 @@ class ProcessSandbox:
         self._stash: Path | None = None
         self._resumes = 0
         self._registered = False
+        self._admitted: str | None = None  # the tenant a pool admitted this sandbox for
         self._door_server: DoorServer | None = None
 
     # ---- state ----------------------------------------------------------------------------
     @property
     def closed(self) -> bool:
         return self._closed_reason is not None
+
+    @property
+    def resumable(self) -> bool:
+        """The caller holds an image of the latest guest state (shipped shortly after each
+        turn when the backend resumes): a worker death now would lose nothing."""
+        return self._backend.resume and self._resume_cp is not None and \
+            self._resume_gen == self._gen
 
     @property
     def worker_pid(self) -> int:
@@ -124,7 +132,7 @@ class ProcessSandbox:
             self._lost = reason
             keep = self._backend.resume and self._resume_cp is not None
         if keep and self._scratch and os.path.isdir(self._scratch):
-            stash = self._backend._stash_root / str(self.sid)
+            stash = self._backend._stash_dir() / str(self.sid)
             with contextlib.suppress(OSError):
                 shutil.rmtree(stash, ignore_errors=True)
                 os.rename(self._scratch, stash)
@@ -238,23 +246,28 @@ class ProcessSandbox:
             gen_after = self._gen + 1
             self.turns += 1
             start = time.monotonic()
-            try:
-                value, _ = self._worker.request(
-                    "run", self.sid, code, timeout, filename, gen_after,
-                    timeout=budget + self._backend.grace)
-            except WorkerDied as died:
-                self._worker_lost(died.reason)
-                self._resume_or_raise(died.reason)
-                return TurnResult(status=TurnStatus.KILLED, limit="lost", rolled_back=True,
-                                  trap=f"the sandbox's worker died during the turn: "
-                                  f"{died.reason}", duration=time.monotonic() - start)
-            except SandboxClosed as exc:
-                self.turns -= 1
-                self._closed_in_worker(exc)
-                raise
-            except BaseException:
-                self.turns -= 1
-                raise
+            for attempt in (0, 1):
+                try:
+                    value, _ = self._worker.request(
+                        "run", self.sid, code, timeout, filename, gen_after,
+                        timeout=budget + self._backend.grace)
+                    break
+                except WorkerDied as died:
+                    self._worker_lost(died.reason)
+                    self._resume_or_raise(died.reason)
+                    if died.started or attempt:
+                        return TurnResult(
+                            status=TurnStatus.KILLED, limit="lost", rolled_back=True,
+                            trap=f"the sandbox's worker died during the turn: {died.reason}",
+                            duration=time.monotonic() - start)
+                    # the turn never began in the dead worker: run it in the new one
+                except SandboxClosed as exc:
+                    self.turns -= 1
+                    self._closed_in_worker(exc)
+                    raise
+                except BaseException:
+                    self.turns -= 1
+                    raise
             result = result_from_wire(value[0])
             if result.trap is None or not result.rolled_back:
                 self._gen = gen_after
@@ -291,9 +304,9 @@ class ProcessSandbox:
             self._check_open()
             self._ensure_live()
             b = self._backend
-            b._admit_fork(self)
             child = ProcessSandbox(b, self._worker, b._new_sid(), door=self.door,
                                    limits=self.limits, spec=self._spec, tenant=self.tenant)
+            b._admit(child)
             b._register(child, self._worker)
             try:
                 value = child._open_on(self._worker, {}, (), "fork", self.sid, child.sid,
@@ -328,14 +341,16 @@ class ProcessSandbox:
 
     # ---- lifecycle --------------------------------------------------------------------------
     def close(self) -> None:
-        """Close the sandbox in its worker (interrupting a running turn). Idempotent."""
+        """Close the sandbox (its worker tears it down, interrupting a running turn, without
+        the caller waiting). Idempotent."""
         with self._state:
             if self._closed_reason is not None:
                 return
             self._closed_reason = "closed"
         if self._lost is None and self._worker.alive:
-            with contextlib.suppress(WorkerDied, MemexError):
-                self._worker.request("close", self.sid, timeout=self._backend.op_timeout)
+            # Not awaited: the worker tears the sandbox down (interrupting a running turn)
+            # while the caller goes on; later requests about it find it gone.
+            self._worker.send("close", self.sid)
         self._release()
 
     def _release(self) -> None:
@@ -382,14 +397,14 @@ class SubprocessBackend(Backend):
         grace: seconds past a turn's deadline before a silent worker is presumed stuck and
             killed (its sandboxes are then resumed or lost).
         op_timeout: the same bound for everything else (open, checkpoint, files).
-        env: extra environment variables for the worker processes.
+        worker_env: extra environment variables for the worker processes.
     """
 
     name = "subprocess"
 
     def __init__(self, *, workers: int = 1, resume: bool = True, max_resumes: int = 3,
                  grace: float = 10.0, op_timeout: float = 120.0,
-                 env: Mapping[str, str] | None = None) -> None:
+                 worker_env: Mapping[str, str] | None = None) -> None:
         if not isinstance(workers, int) or workers < 1:
             raise ConfigError(f"workers must be an int >= 1, got {workers!r}")
         if max_resumes < 0 or not grace > 0 or not op_timeout > 0:
@@ -399,7 +414,7 @@ class SubprocessBackend(Backend):
         self.max_resumes = max_resumes
         self.grace = grace
         self.op_timeout = op_timeout
-        self._env = dict(env or {})
+        self._worker_env = dict(worker_env or {})
         self._lock = threading.RLock()
         self._spawn_lock = threading.Lock()
         self._workers: list[WorkerClient] = []
@@ -407,16 +422,24 @@ class SubprocessBackend(Backend):
             weakref.WeakValueDictionary())
         self._ids = itertools.count(1)
         self._closed = False
-        self._stash_root = Path(tempfile.mkdtemp(prefix=f"memex-stash-{os.getpid()}-"))
+        self._stash_root: Path | None = None
+        _sweep_stale_dirs()
         _BACKENDS.add(self)
+
+    def _stash_dir(self) -> Path:
+        """Where a dead worker's sandboxes keep their /tmp files until they resume."""
+        with self._lock:
+            if self._stash_root is None:
+                self._stash_root = Path(tempfile.mkdtemp(prefix=f"memex-stash-{os.getpid()}-"))
+            return self._stash_root
 
     # ---- workers ----------------------------------------------------------------------------
     def _spawn(self) -> WorkerClient:
         return WorkerClient(on_checkpoint=self._on_checkpoint, on_death=self._on_death,
-                            env=self._env)
+                            env=self._worker_env)
 
     def _usable(self, w: WorkerClient) -> bool:
-        return w.alive and not w.closing
+        return w.alive and not w.closing and not w.retiring
 
     def _pick_worker(self) -> WorkerClient:
         """The least loaded usable worker, starting one while fewer than ``workers`` run."""
@@ -481,8 +504,8 @@ class SubprocessBackend(Backend):
     def _before_turn(self, h: ProcessSandbox) -> None:
         """Called before each turn (the pool's turns-per-second quota)."""
 
-    def _admit_fork(self, h: ProcessSandbox) -> None:
-        """Called before a fork (the pool counts it against the tenant's quotas)."""
+    def _admit(self, h: ProcessSandbox) -> None:
+        """Called before a fork is made (the pool counts it against the tenant's quotas)."""
 
     def _released(self, h: ProcessSandbox) -> None:
         """Called once when a handle is closed or lost (the pool frees its slot)."""
@@ -554,7 +577,8 @@ class SubprocessBackend(Backend):
             h._release()
         for w in workers:
             w.close()
-        shutil.rmtree(self._stash_root, ignore_errors=True)
+        if self._stash_root is not None:
+            shutil.rmtree(self._stash_root, ignore_errors=True)
 
     def worker_pids(self) -> list[int]:
         """Pids of the live worker processes."""
@@ -564,6 +588,22 @@ class SubprocessBackend(Backend):
     def __repr__(self) -> str:
         return (f"<{type(self).__name__} workers={len(self._workers)} "
                 f"live={len(self._handles)}{' closed' if self._closed else ''}>")
+
+
+def _sweep_stale_dirs() -> None:
+    """Remove scratch roots left by callers that were killed (their pid is gone)."""
+    base = Path(tempfile.gettempdir())
+    for prefix in ("memex-worker-", "memex-stash-"):
+        for d in base.glob(prefix + "*"):
+            pid = d.name[len(prefix):].split("-", 1)[0]
+            if not pid.isdigit() or int(pid) == os.getpid():
+                continue
+            try:
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                shutil.rmtree(d, ignore_errors=True)
+            except OSError:
+                pass
 
 
 @atexit.register

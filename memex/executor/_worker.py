@@ -14,7 +14,8 @@ runtime). Messages, caller to worker (``rid`` numbers a request, ``sid`` a sandb
     ["read_file", rid, sid, path]       ["write_file", rid, sid, path, data]
     ["close", rid | None, sid]          ["stats", rid]              ["exit"]
 
-and worker to caller: ``["hello", pid]``, ``["ok", rid, value]`` (+ fd for a checkpoint),
+and worker to caller: ``["hello", pid]``, ``["started", rid]`` (a turn begins),
+``["ok", rid, value]`` (+ fd for a checkpoint),
 ``["err", rid, [class, message, reason]]`` and, for sandboxes opened with ``resume``,
 ``["ckpt", sid, gen, meta]`` + fd after every turn that changed the guest state (the state
 the caller resumes from if this process dies). On a door socket the worker sends
@@ -194,6 +195,8 @@ class Worker:
                 raise SandboxClosed("closed")
             if kind == "run":
                 code, timeout, filename, gen = msg[3:7]
+                with contextlib.suppress(ChannelClosed):
+                    self.chan.send(["started", rid])  # past this, the turn may have effects
                 r = sb.run(code, timeout=timeout, filename=filename)
                 self._ok(rid, [result_to_wire(r), sb.turns])
                 if s.resume and (r.trap is None or not r.rolled_back) and not sb.closed:

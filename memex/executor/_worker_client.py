@@ -46,14 +46,18 @@ _BOOTSTRAP = (
     "main(sys.argv[2:])\n"
 )
 _EXECUTOR_DIR = str(Path(__file__).resolve().parent)
+_NO_DOOR = Door()
 
 
 class WorkerDied(Exception):
-    """The worker process is gone; ``reason`` says how (signal, exit status, output tail)."""
+    """The worker process is gone; ``reason`` says how (signal, exit status, output tail).
+    ``started`` tells whether a turn had begun (a worker dying between a turn's arrival and
+    its start, or before the request arrived, did nothing: the turn may run elsewhere)."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, *, started: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.started = started
 
 
 class ProcessCheckpoint:
@@ -101,9 +105,9 @@ class DoorServer:
     re-entrancy guard) until the socket closes. A handler still running at the turn's deadline
     answers ``killed``, which traps the turn in the worker, as in-process."""
 
-    def __init__(self, sock: socket.socket, door: Door) -> None:
+    def __init__(self, sock: socket.socket, door: Door | None) -> None:
         self._chan = Channel(sock)
-        self._door = door
+        self.door = door  # None answers unknown_op (a pooled sandbox not handed out yet)
         self._thread = threading.Thread(target=self._serve, name="memex-door-serve",
                                         daemon=True)
         self._thread.start()
@@ -120,7 +124,7 @@ class DoorServer:
                 break  # not our protocol: stop serving (the worker's call then fails)
             _, seq, deadline, frame = msg[:4]
             try:
-                reply = self._door.dispatch(
+                reply = (self.door or _NO_DOOR).dispatch(
                     frame, float("inf") if deadline is None else float(deadline))
                 out: list[Any] = ["door_reply", seq, "ok", reply]
             except GuestKilled as k:
@@ -181,12 +185,13 @@ class _Slot:
     """A one-shot hand-off from the reader thread to a waiting thread, through a lock (one
     wake-up, cheaper than an Event's condition variable)."""
 
-    __slots__ = ("_lock", "value")
+    __slots__ = ("_lock", "started", "value")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._lock.acquire()
         self.value: tuple[list[Any], list[int]] | None = None
+        self.started = False
 
     def set(self, value: tuple[list[Any], list[int]]) -> None:
         if self.value is None:
@@ -219,6 +224,7 @@ class WorkerClient:
         self._on_death = on_death
         self.root = Path(tempfile.mkdtemp(prefix=f"memex-worker-{os.getpid()}-"))
         self.closing = False
+        self.retiring = False  # the pool places nothing new here; closed once empty
         self.created = 0  # sandboxes made in this worker (the pool recycles on it)
         self.live: set[int] = set()  # sids of sandboxes placed here (kept by the backend)
         self._dead: str | None = None
@@ -294,7 +300,8 @@ class WorkerClient:
                 self.kill(f"no answer to {kind!r} within {timeout:.3g}s")
                 slot.wait(10)
                 if slot.value is None:
-                    raise WorkerDied(self._dead or "the worker stopped answering")
+                    raise WorkerDied(self._dead or "the worker stopped answering",
+                                     started=slot.started)
         finally:
             with self._lock:
                 self._pending.pop(rid, None)
@@ -306,7 +313,7 @@ class WorkerClient:
             os.close(fd)
         if msg[0] == "err":
             raise error_from_wire(msg[2])
-        raise WorkerDied(str(msg[2]))
+        raise WorkerDied(str(msg[2]), started=slot.started)
 
     def send(self, kind: str, *args: Any) -> None:
         """Fire and forget (no answer is awaited); a dead worker is ignored."""
@@ -330,6 +337,11 @@ class WorkerClient:
                 elif kind == "ckpt" and len(fds) == 1:
                     self._on_checkpoint(int(msg[1]), int(msg[2]),
                                         ProcessCheckpoint(fds[0], dict(msg[3])))
+                elif kind == "started":
+                    with self._lock:
+                        slot = self._pending.get(msg[1])
+                    if slot is not None:
+                        slot.started = True
                 elif kind == "hello":
                     self._hello.set()
                 else:

@@ -25,6 +25,7 @@ HAVE_RAY = importlib.util.find_spec("ray") is not None
 BACKEND_KINDS = [
     "inprocess",
     "subprocess",
+    "pool",
 ]
 
 # Small but real settings: one or two workers (the machine has two cores).

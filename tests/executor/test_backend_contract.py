@@ -255,22 +255,20 @@ def test_bad_open_arguments(backend: Backend) -> None:
 
 
 def test_close_interrupts_a_running_turn(open_sandbox: OpenSandbox) -> None:
-    sb = open_sandbox(limits=Limits(timeout=60))
+    door = Door()
     started = threading.Event()
+    door.register("started", started.set)
+    sb = open_sandbox(limits=Limits(timeout=60), door=door)
     out: list[TurnResult] = []
-
-    def run() -> None:
-        started.set()
-        out.append(sb.run("while True:\n    pass"))
-
-    t = threading.Thread(target=run)
+    t = threading.Thread(target=lambda: out.append(
+        sb.run("import memex_guest\nmemex_guest.call('started')\nwhile True:\n    pass")))
     t.start()
-    started.wait()
-    sb.run  # noqa: B018  (the turn is running or about to)
+    assert started.wait(30)
     sb.close()
     t.join(30)
     assert not t.is_alive()
     assert out and out[0].status is TurnStatus.KILLED
+    assert out[0].limit == "cancelled"
 
 
 # ---- host tools through the door ----------------------------------------------------------------
