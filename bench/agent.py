@@ -169,7 +169,8 @@ def local(args: argparse.Namespace) -> None:
     variants: list[tuple[str, str, Aids]] = [("code", "all aids", Aids()),
                                              ("tools", "all aids", Aids())]
     if args.aids:
-        for name in ("example", "nudge", "repeat_note", "preview_variables", "submit_reminder"):
+        for name in ("example", "nudge", "repeat_note", "preview_variables", "submit_reminder",
+                     "stop_sequences"):
             variants.append(("code", f"no {name}", Aids(**{name: False})))
     print(f"Part 2: local model {args.model}, seeds 0..{args.seeds - 1}, "
           f"max {args.max_turns} turns, temperature 0")

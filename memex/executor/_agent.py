@@ -54,13 +54,15 @@ class Aids:
     """Help for small models, each switchable so its effect can be measured
     (bench/agent.py): a worked example in the prompt, a nudge after a reply with no code, a
     note when a reply repeats an earlier one verbatim, a preview of the variables a block
-    created, and a reminder to submit when few turns remain."""
+    created, a reminder to submit when few turns remain, and stop sequences that cut a reply
+    where the model starts writing the output it imagines its code will print."""
 
     example: bool = True
     nudge: bool = True
     repeat_note: bool = True
     preview_variables: bool = True
     submit_reminder: bool = True
+    stop_sequences: bool = True  # end a reply where a model starts inventing the output
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,6 +90,7 @@ NUDGE = ("Your reply had no ```python code block, so nothing ran. Reply with one
          "block; call submit(...) in it when you know the answer.")
 TOOLS_NUDGE = ("Your reply had no function call, so nothing ran. Call one of the functions; "
                "call submit when you know the answer.")
+STOP = ["```output", "\nOutput:", "\nUser:"]
 REPEAT = ("Note: this reply repeats an earlier reply word for word; its output is above. "
           "Do something different, or submit the answer if you have it.")
 

@@ -36,12 +36,15 @@ def _native_blocks(c: Any) -> list[tuple[str, str]]:
 
 
 def code_turn(run: _Run, session: AgentSession) -> Step:
-    from ._agent import NUDGE, PYTHON_TOOL, REPEAT
+    from ._agent import NUDGE, PYTHON_TOOL, REPEAT, STOP
 
     a = run.a
     native = a.code_via == "tool_call"
     t0 = time.monotonic()
-    c = run._complete(**({"tools": [PYTHON_TOOL], "tool_choice": "auto"} if native else {}))
+    kwargs: dict[str, Any] = {"tools": [PYTHON_TOOL], "tool_choice": "auto"} if native else {}
+    if a.aids.stop_sequences and not native:
+        kwargs["stop"] = STOP
+    c = run._complete(**kwargs)
     llm_s = time.monotonic() - t0
     reply = c.content or ""
     index = len(run.steps)

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from ._trajectory import Step, Trajectory
 
 __all__ = ["render_step", "render_trajectory"]
+
+_FENCED = re.compile(r"^[ \t]*(`{3,}|~{3,})[^\n]*\n.*?(^[ \t]*\1[ \t]*$|\Z)",
+                     re.MULTILINE | re.DOTALL)
 
 
 def _console(console: Any) -> Any:
@@ -32,9 +36,7 @@ def render_step(step: Step, console: Any = None, *, indent: int = 0) -> None:
             f"{step.prompt_tokens}+{step.completion_tokens} tokens · "
             f"llm {step.llm_seconds:.2f}s · exec {step.exec_seconds:.2f}s")
     con.print(Padding(Text(head, style="bold cyan"), pad))
-    text = step.reply
-    for block in step.code:
-        text = text.replace(block.rstrip("\n"), "…")
+    text = _FENCED.sub("", step.reply) if step.code else step.reply
     if text.strip() and step.action != "tool_calls":
         con.print(Padding(Text(text.strip()[:2000], style="dim"), pad))
     elif step.reply.strip() and step.action == "tool_calls":
