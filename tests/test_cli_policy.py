@@ -184,3 +184,11 @@ def test_run_without_policy_has_no_network(server: ThreadingHTTPServer) -> None:
     assert p.returncode == 1
     assert "EgressDenied: network access is disabled in this sandbox: no egress policy" \
         in p.stderr
+
+
+def test_the_shipped_example_policy_passes_its_cases() -> None:
+    root = Path(__file__).resolve().parent.parent / "examples"
+    p = memex("policy", "test", "-q", str(root / "egress_policy.toml"),
+              str(root / "egress_cases.yaml"))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.splitlines()[-1].endswith("passed, 0 failed")

@@ -307,7 +307,7 @@ class Fetcher:
             resolve = self.resolver or system_resolver
             try:
                 found = list(resolve(t.host, t.port))
-            except (OSError, ValueError, UnicodeError) as exc:
+            except Exception as exc:  # the resolver's failure is the guest's DNS error
                 msg = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
                 raise FetchFailure("dns", f"cannot resolve {t.host}: {msg}", url=t.url) from None
             d = self._decide(st, found)

@@ -392,3 +392,14 @@ def test_https_certificate_must_match_the_name(
         out = guest(egress_sandbox,
                     fetch_cell(tls_server.url("/", host=host, scheme="https")))
         assert out[1:3] == ("EgressConnectionError", "tls"), out
+
+
+def test_a_failing_resolver_is_a_dns_error(attach: Callable[..., Egress],
+                                           egress_sandbox: Sandbox) -> None:
+    def broken(host: str, port: int) -> list[str]:
+        return {"other": ["127.0.0.1"]}[host]
+
+    eg = attach({"rules": [{"action": "allow", "host": "*"}]}, resolver=broken)
+    out = guest(egress_sandbox, fetch_cell("http://nowhere.test/"))
+    assert out[1:3] == ("EgressConnectionError", "dns") and "nowhere.test" in out[4], out
+    assert eg.records[-1].outcome == "dns"
