@@ -277,10 +277,12 @@ class _Node:
         door.register("agent.cancel", self._op_cancel, inline=True)
         door.register("agent.wait", self._op_wait, context=True)
         door.register("agent.trajectory", self._op_trajectory, context=True)
+        door.register("agent.api", self._op_api, inline=True)
 
     def guest_setup(self) -> tuple[str, str]:
-        """(cell, hooks expression): installs the guest API as module ``memex_agents``."""
-        src = resources.files("memex.executor").joinpath("guest/spawn_api.py").read_text()
+        """(cell, hooks expression): installs the guest API as module ``memex_agents`` (the
+        small part every session needs; the rest loads on first use, see ``_op_api``)."""
+        src = _guest_source("spawn_boot.py")
         config = {"depth": self.depth, "max_depth": self.tree.budget.max_depth}
         cell = ("def __memex_spawn_setup__(src, config):\n"
                 "    import sys, types\n"
@@ -473,6 +475,9 @@ class _Node:
             ids = [ids]
         return [(str(i), self.by_id.get(i) if isinstance(i, str) else None) for i in ids]
 
+    def _op_api(self) -> str:
+        return _guest_source("spawn_api.py")
+
     def _op_poll(self, ids: Any) -> dict[str, str]:
         with self.tree.cond:
             return {i: n.status if n is not None else "unknown" for i, n in self._lookup(ids)}
@@ -540,6 +545,15 @@ class _Node:
                 self.tree.cond.wait(left)
             traj = node.trajectory
         return {"trajectory": encode(traj)}
+
+
+_SOURCES: dict[str, str] = {}
+
+
+def _guest_source(name: str) -> str:
+    if name not in _SOURCES:
+        _SOURCES[name] = resources.files("memex.executor").joinpath(f"guest/{name}").read_text()
+    return _SOURCES[name]
 
 
 def _close_quietly(session: AgentSession) -> None:

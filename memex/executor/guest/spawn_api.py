@@ -1,5 +1,5 @@
-# Runs inside the guest (exec'd by memex.executor's session as the module ``memex_agents``).
-# Imports nothing from the host packages.
+# Runs inside the guest (exec'd into the module ``memex_agents`` on the first call of
+# spawn_agent, wait_all or as_completed). Imports nothing from the host packages.
 """Sub-agents from a code block.
 
 ``spawn_agent(task, ...)`` starts another agent at once and returns an ``AgentHandle``; the
@@ -11,182 +11,23 @@ timeout | trap | budget | cancelled, and a ``reason``) when there is none; ``h.d
 ``h.cancel()``; ``h.trajectory()`` is the sub-agent's whole record (a typed Trajectory).
 ``wait_all(handles)`` returns every result in order (an ``AgentFailed`` in place of a failed
 one); ``as_completed(handles)`` yields handles as they finish; handles are awaitable in the
-guest's event loop (``await h``, ``asyncio.gather(*handles)``).
-
-Inputs are copied with their types: plain values, tuples, sets, datetimes, numpy arrays,
-DataFrames and records travel through the typed codec; functions, classes and any other object
-are pickled here (cloudpickle: by value for what this session defined) and rebuilt in the
-sub-agent's sandbox. The host carries those bytes as an opaque ``GuestObject`` record and never
-unpickles them. A wait never outlives the block: near the block's time limit it raises
-TimeoutError and the sub-agents keep running, to be waited for in a later block.
+guest's event loop (``await h``, ``asyncio.gather(*handles)``). A wait never outlives the
+block: near the block's time limit it raises TimeoutError and the sub-agents keep running, to
+be waited for in a later block. Values are copied by ``spawn_boot`` (the part every session
+loads).
 """
 
 import time as _time
 
 import memex_guest.door as _door
 import memex_guest.tools as _tools
+from memex_agents import AgentFailed, SpawnError, _prep, _rebuild
 from memex_guest._codec import Raw as _Raw
-from memex_guest._codec import ext_bytes as _ext_bytes
 from memex_guest._codec import packb as _packb
 
 __all__ = ["AgentFailed", "AgentHandle", "SpawnError", "as_completed", "spawn_agent",
            "wait_all"]
 
-_EXT_RECORD = 5
-_OBJECT = "GuestObject"  # record type of a pickled value (the host never opens it)
-_PLAIN = (str, int, float, bool, bytes, type(None))
-_CODEC_MODULES = ("numpy", "pandas", "datetime", "decimal")  # the typed codec carries these
-_MAX_DEPTH = 200
-_config = {"depth": 0, "max_depth": 0}
-
-
-class AgentFailed(Exception):
-    """A sub-agent that ended without an answer. ``kind`` is error | timeout | trap | budget |
-    cancelled; ``reason`` says why; ``agent_id`` and ``task`` say which."""
-
-    def __init__(self, kind, reason, agent_id=None, task=None):
-        super().__init__(kind, reason)
-        self.kind = kind
-        self.reason = reason
-        self.agent_id = agent_id
-        self.task = task
-
-    def __str__(self):
-        who = "sub-agent %s" % self.agent_id if self.agent_id else "sub-agent"
-        return "%s failed (%s): %s" % (who, self.kind, self.reason)
-
-    def __reduce__(self):
-        return AgentFailed, (self.kind, self.reason, self.agent_id, self.task)
-
-
-class SpawnError(Exception):
-    """spawn_agent() refused to start a sub-agent: a bad argument (``kind`` task, inputs,
-    input, submit, tools, model, limits) or a budget of the agent tree (depth, max_live,
-    max_children, budget, cancelled). Nothing was started."""
-
-    def __init__(self, kind, message):
-        super().__init__(message)
-        self.kind = kind
-        self.message = message
-
-    def __reduce__(self):
-        return SpawnError, (self.kind, self.message)
-
-
-# ---- values -------------------------------------------------------------------------------
-def _what(v):
-    """A short description of a value that travels pickled (shown to the sub-agent's model)."""
-    t = type(v)
-    code = getattr(v, "__code__", None)
-    if code is not None and callable(v):
-        names = list(code.co_varnames[:code.co_argcount + code.co_kwonlyargcount])
-        if code.co_flags & 0x04:
-            names.insert(code.co_argcount, "*" + code.co_varnames[len(names)])
-        return "function %s(%s)" % (getattr(v, "__name__", "?"), ", ".join(names))
-    if isinstance(v, type):
-        return "class %s" % v.__name__
-    if t.__name__ == "module":
-        return "module %s" % v.__name__
-    mod = t.__module__
-    return "%s object" % (t.__name__ if mod in ("__main__", "builtins") else
-                          "%s.%s" % (mod, t.__qualname__))
-
-
-def _pickled(v, where):
-    try:
-        import cloudpickle
-
-        dumps = cloudpickle.dumps
-    except ImportError:  # a guest without cloudpickle: importable objects only
-        import pickle
-
-        dumps = pickle.dumps
-    try:
-        data = dumps(v)
-    except Exception as exc:
-        raise SpawnError("input", "%s (%s) cannot be copied to a sub-agent: %s: %s"
-                         % (where, _what(v), type(exc).__name__, exc)) from None
-    return _record(_OBJECT, {"what": _what(v), "data": data})
-
-
-def _record(type_name, fields):
-    return _Raw(_ext_bytes(_EXT_RECORD, _packb([type_name, fields], True)))
-
-
-def _prep(v, where, depth=0):
-    """``v`` ready for the typed codec: records keep their type names (the codec would send
-    their fields as a dict), and what the codec cannot carry is pickled."""
-    t = type(v)
-    if t in _PLAIN:
-        return v
-    if depth > _MAX_DEPTH:
-        raise SpawnError("input", "%s is nested more than %d levels deep" % (where, _MAX_DEPTH))
-    d = depth + 1
-    if t is list:
-        return [_prep(x, "%s[%d]" % (where, i), d) for i, x in enumerate(v)]
-    if t is tuple:
-        return tuple(_prep(x, "%s[%d]" % (where, i), d) for i, x in enumerate(v))
-    if t is dict:
-        return {k: _prep(x, "%s[%r]" % (where, k), d) for k, x in v.items()}
-    if isinstance(v, AgentHandle):
-        raise SpawnError("input", "%s is an AgentHandle, which means nothing to another agent: "
-                         "pass its result() or trajectory() instead" % where)
-    if isinstance(v, _tools.Record):
-        fields = {k: _prep(x, "%s.%s" % (where, k), d) for k, x in v.__dict__.items()
-                  if x is not _tools.MISSING}
-        return _record(v.__record_type__, fields)
-    if t in (set, frozenset) or t.__module__.partition(".")[0] in _CODEC_MODULES:
-        return v
-    return _pickled(v, where)
-
-
-def _unpickle(rec):
-    import pickle
-
-    data = rec.__dict__.get("data")
-    if type(data) is not bytes:
-        raise TypeError("a GuestObject record without its bytes")
-    return pickle.loads(data)
-
-
-def _rebuild(v, depth=0):
-    """``v`` with every GuestObject record (in lists, dicts, tuples and records) unpickled."""
-    t = type(v)
-    if t in _PLAIN or depth > _MAX_DEPTH:
-        return v
-    d = depth + 1
-    if t is list:
-        for i, x in enumerate(v):
-            y = _rebuild(x, d)
-            if y is not x:
-                v[i] = y
-        return v
-    if t is dict:
-        for k, x in list(v.items()):
-            y = _rebuild(x, d)
-            if y is not x:
-                v[k] = y
-        return v
-    if t is tuple:
-        items = [_rebuild(x, d) for x in v]
-        return v if all(a is b for a, b in zip(items, v, strict=True)) else tuple(items)
-    if isinstance(v, _tools.Record):
-        if v.__record_type__ == _OBJECT:
-            return _unpickle(v)
-        for k, x in list(v.__dict__.items()):
-            y = _rebuild(x, d)
-            if y is not x:
-                v.__dict__[k] = y
-    return v
-
-
-def _prep_answer(answer):
-    """A sub-agent's answer made ready for ``submit``: functions and objects pickled, so the
-    parent gets them back as objects."""
-    return _prep(answer, "the answer")
-
-
-# ---- spawning -----------------------------------------------------------------------------
 _BUILTINS = {int: "int", float: "float", str: "str", bool: "bool", bytes: "bytes",
              list: "list", dict: "dict", tuple: "tuple", set: "set", frozenset: "frozenset"}
 _JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean",
@@ -476,11 +317,3 @@ def as_completed(handles, timeout=None):
             yield h
 
 
-def _setup(config):
-    """Bind the API in ``__main__``; returns the hooks the agent prelude uses."""
-    import __main__
-
-    _config.update(config)
-    for name in __all__:
-        setattr(__main__, name, globals()[name])
-    return {"rebuild": _rebuild, "prepare": _prep_answer if config.get("depth") else None}
