@@ -288,7 +288,7 @@ class _Run:
             submitted = session is not None and session.submitted
             if self.node is not None:  # sub-agents: stopped, joined, attached to their steps
                 end = self.node.end_reason(end)
-                self.node.finish(end)
+                self.node.finish(end, submitted, answer)
                 self.steps = self.node.attach(self.steps)
             if session is not None:
                 session.close()
@@ -312,15 +312,14 @@ class _Run:
 
             backend = get_backend(a._backend)
             opener = backend.open
-        door = None
-        if self.node is not None:
-            fork_opener, door = self.node.session_options()
-            opener = fork_opener or opener
+        door, prepared = None, False
+        if self.node is not None:  # a sub-agent: a fork of its parent or of a template
+            opener, door, prepared = self.node.session_options(opener)
         return AgentSession(
             tools=a.tools, submit_schema=a.submit_schema, limits=a.limits, mounts=a.mounts,
             preload=a.preload, inputs=self.inputs, tool_budget=a.tool_budget, gate=a.gate,
             install_tools=a.action_space == "code", open_sandbox=opener, door=door,
-            spawn=self.node,
+            spawn=self.node, prepared=prepared,
             on_call=self.pending_calls.append)
 
     def _budget_reason(self) -> str | None:

@@ -74,7 +74,9 @@ class AgentSession:
     """The sandbox side of one rollout. ``open_sandbox`` lets a backend provide the sandbox
     (any object with Sandbox's ``run``/``door``/``close``); by default it is in-process.
     ``door`` is the door that sandbox was (or will be) opened with (default: a new one);
-    ``spawn`` (a sub-agent tree node) serves the sub-agent API to this session's guest."""
+    ``spawn`` (a sub-agent tree node) serves the sub-agent API to this session's guest;
+    ``prepared`` says the opened sandbox already holds this tool set's stubs and the prelude's
+    definitions (a fork of a template, see :func:`prelude_cells`)."""
 
     def __init__(
         self, *, tools: ToolSet, submit_schema: Any, limits: Limits | None = None,
@@ -83,7 +85,7 @@ class AgentSession:
         gate: Any = None, install_tools: bool = True,
         open_sandbox: Callable[..., Any] | None = None,
         on_call: Callable[[ToolCallRecord], None] | None = None,
-        door: Door | None = None, spawn: Any = None,
+        door: Door | None = None, spawn: Any = None, prepared: bool = False,
     ) -> None:
         self.inputs = dict(inputs or {})
         for name in self.inputs:
@@ -96,6 +98,7 @@ class AgentSession:
         self.toolset = ToolSet([*tools, submit])
         self.door = door if door is not None else Door()
         self.spawn = spawn
+        self.prepared = prepared
         self._encoded: dict[str, Any] = {}
         for name, value in self.inputs.items():
             try:
@@ -113,7 +116,7 @@ class AgentSession:
         try:
             self.sandbox = opener(limits=limits, mounts=tuple(mounts), preload=tuple(preload),
                                   door=self.door)
-            self.host.attach(self.sandbox, install=install_tools)
+            self.host.attach(self.sandbox, install=install_tools and not prepared)
             self._prelude()
         except BaseException:
             self.close()
@@ -125,16 +128,8 @@ class AgentSession:
         return self._encoded[name]
 
     def _prelude(self) -> None:
-        src = resources.files("memex.executor").joinpath("guest/agent_prelude.py").read_text()
-        from ._trajectory import Step, ToolCallInfo, Trajectory
-
-        records = {c.__name__: [f.name for f in dataclasses.fields(c)]
-                   for c in (Trajectory, Step, ToolCallInfo)}
-        setup, hooks = self.spawn.guest_setup() if self.spawn is not None else ("", "None")
-        cell = (f"{setup}{src}\n__memex_agent_prelude__({list(self.inputs)!r}, "
-                f"{SUBMIT_DOC!r}, {records!r}, {hooks})\n"
-                "del __memex_agent_prelude__\n"
-                + (f"del {hooks}\n" if self.spawn is not None else ""))
+        define, call = prelude_cells(list(self.inputs), self.spawn)
+        cell = call if self.prepared else define + call
         r = self.sandbox.run(cell, filename="<memex-agent-prelude>")
         if r.status is not TurnStatus.OK:
             what = (f"{r.exception.type}: {r.exception.message}" if r.exception
@@ -191,6 +186,22 @@ class AgentSession:
         if self.sandbox is not None:
             self.sandbox.close()
         self.host.close()
+
+
+def prelude_cells(input_names: list[str], spawn: Any = None) -> tuple[str, str]:
+    """The guest prelude as (definitions, call): the definitions are the same for every
+    session (so a template sandbox can run them once and be forked); the call binds this
+    session's inputs, submit() and, with ``spawn``, the sub-agent API."""
+    src = resources.files("memex.executor").joinpath("guest/agent_prelude.py").read_text()
+    from ._trajectory import Step, ToolCallInfo, Trajectory
+
+    records = {c.__name__: [f.name for f in dataclasses.fields(c)]
+               for c in (Trajectory, Step, ToolCallInfo)}
+    define = (spawn.guest_define() if spawn is not None else "") + src + "\n"
+    hooks = spawn.guest_hooks() if spawn is not None else "None"
+    call = (f"__memex_agent_prelude__({input_names!r}, {SUBMIT_DOC!r}, {records!r}, {hooks})\n"
+            "del __memex_agent_prelude__\n")
+    return define, call
 
 
 def to_text(value: Any, limit: int = 4000) -> str:

@@ -36,6 +36,7 @@ from ..errors import ConfigError, MemexError
 from ..host_tools._codec import EncodeError, encode
 from ..runtime_wasm import Door, DoorContext, Sandbox
 from ._spawn_spec import ChildSpec, SpawnRefused, clone_llm, parse_spec
+from ._spawn_template import Templates
 from ._trajectory import Step, Trajectory
 
 if TYPE_CHECKING:
@@ -113,6 +114,7 @@ class SpawnTree:
         self.live = 0
         self.exhausted: str | None = None
         self.nodes: list[_Node] = []
+        self.templates = Templates()
         self._llms: dict[tuple[int, str], LLMClient] = {}
         self._timer: threading.Timer | None = None
         self._closed = False
@@ -195,6 +197,7 @@ class SpawnTree:
         if self._timer is not None:
             self._timer.cancel()
             self._timer.join()
+        self.templates.close()
         for llm in self._llms.values():
             llm.close()
 
@@ -255,17 +258,24 @@ class _Node:
             return self.stopped[2]
         return end
 
-    def session_options(self) -> tuple[Callable[..., Any] | None, Door | None]:
-        """(opener, door) for the rollout's session: the fork made at spawn time, if any."""
+    def session_options(self, opener: Callable[..., Any] | None
+                        ) -> tuple[Callable[..., Any] | None, Door | None, bool]:
+        """(opener, door, prepared) for the rollout's session: the fork of its parent made at
+        spawn time, else a fork of the tree's template for its kind (in-process sandboxes
+        only: ``opener`` is the backend's, or None)."""
         sb = self.fork_sandbox
-        if sb is None:
-            return None, None
+        if sb is not None:
+            def take(**_kw: Any) -> Sandbox:
+                self.fork_sandbox = None  # the session owns it now
+                return sb
 
-        def opener(**_kw: Any) -> Sandbox:
-            self.fork_sandbox = None  # the session owns it now
-            return sb
+            return take, sb.door, False
+        if self.parent is None or opener is not None or self.agent is None:
+            return opener, None, False
+        from ._session import prelude_cells
 
-        return opener, sb.door
+        define, _ = prelude_cells([], self)
+        return self.tree.templates.opener(self.agent, define), None, True
 
     def bind(self, session: AgentSession) -> None:
         """Serve the sub-agent door ops of ``session``'s guest (called by the session)."""
@@ -279,21 +289,24 @@ class _Node:
         door.register("agent.trajectory", self._op_trajectory, context=True)
         door.register("agent.api", self._op_api, inline=True)
 
-    def guest_setup(self) -> tuple[str, str]:
-        """(cell, hooks expression): installs the guest API as module ``memex_agents`` (the
-        small part every session needs; the rest loads on first use, see ``_op_api``)."""
-        src = _guest_source("spawn_boot.py")
-        config = {"depth": self.depth, "max_depth": self.tree.budget.max_depth}
-        cell = ("def __memex_spawn_setup__(src, config):\n"
+    def guest_define(self) -> str:
+        """A cell defining the guest module ``memex_agents`` (the small part of the API every
+        session needs; the rest loads on first use, see ``_op_api``). The same for every
+        session, so a template sandbox runs it once for all the children it is forked for."""
+        return ("def __memex_spawn_define__(src):\n"
                 "    import sys, types\n"
                 "    m = types.ModuleType('memex_agents')\n"
                 "    m.__file__ = '<memex-agents>'\n"
                 "    sys.modules['memex_agents'] = m\n"
                 "    exec(compile(src, '<memex-agents>', 'exec'), m.__dict__)\n"
-                "    return m._setup(config)\n"
-                f"__memex_spawn_hooks__ = __memex_spawn_setup__({src!r}, {config!r})\n"
-                "del __memex_spawn_setup__\n")
-        return cell, "__memex_spawn_hooks__"
+                f"__memex_spawn_define__({_guest_source('spawn_boot.py')!r})\n"
+                "del __memex_spawn_define__\n")
+
+    def guest_hooks(self) -> str:
+        """An expression that binds the API in ``__main__`` for this node and gives the
+        prelude its hooks."""
+        config = {"depth": self.depth, "max_depth": self.tree.budget.max_depth}
+        return f"__import__('sys').modules['memex_agents']._setup({config!r})"
 
     def prompt_section(self) -> str:
         b = self.tree.budget
@@ -302,8 +315,9 @@ class _Node:
         left = max(0, b.max_children - self.tree.spawned)
         return PROMPT.format(max_live=b.max_live, left=left, levels=b.max_depth - self.depth)
 
-    def finish(self, end: str) -> None:
-        """The rollout ended: cancel its running children and join every child thread."""
+    def finish(self, end: str, submitted: bool, answer: Any) -> None:
+        """The rollout ended: cancel its running children and join every child thread. A
+        sub-agent's answer is given to its parent now, before its sandbox closes."""
         with self.tree.cond:
             children = list(self.children)
         for c in children:
@@ -313,6 +327,12 @@ class _Node:
                 c.thread.join()
         if self.parent is None:
             self.tree.close()
+        elif submitted:
+            with self.tree.cond:
+                if self.status == "running":
+                    self.status, self.answer = "done", answer
+                    self.tree.live -= 1
+                    self.tree.cond.notify_all()
 
     def attach(self, steps: list[Step]) -> list[Step]:
         """``steps`` with each child's trajectory attached to the step that spawned it."""

@@ -391,12 +391,14 @@ class Sandbox:
 
             self._runner.call(job)
 
-    def fork(self) -> Sandbox:
-        """An independent sandbox with identical guest state, limits, mounts and /tmp files."""
+    def fork(self, *, door: Door | None = None) -> Sandbox:
+        """An independent sandbox with identical guest state, limits, mounts and /tmp files.
+        ``door`` gives the fork a door of its own (default: this sandbox's)."""
         with self._lock:
             self._check_open()
             img = self._runner.call(self._shared_image)
-            return Sandbox(limits=self.limits, mounts=self.mounts, door=self.door,
+            return Sandbox(limits=self.limits, mounts=self.mounts,
+                           door=door if door is not None else self.door,
                            env=self._env, rollback=self.rollback, _image=img,
                            _scratch_from=self._scratch)
 
