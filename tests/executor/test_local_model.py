@@ -402,3 +402,23 @@ def test_real_local_model_answers_through_llm_client() -> None:
         assert final.usage.total_tokens > 0
         pid = lm.pid
     assert pid is not None and gone(pid)
+
+
+# -- the CLI ------------------------------------------------------------------------------------
+
+
+def test_cli_model_list_and_serve_without_weights(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from memex.cli import main
+
+    spec = MODELS["qwen-0.5b"]
+    (tmp_path / spec.filename).write_bytes(b"short")
+    assert main(["model", "list", "--dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "qwen-1.5b" in out and "missing" in out
+    assert "qwen-0.5b" in out and "BAD" in out and "5 bytes" in out
+    assert main(["model", "serve", "--no-fetch", "--dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "memex model fetch --model qwen-1.5b" in err
+    assert main(["model", "serve", "--model", "qwen-0.5b", "--dir", str(tmp_path)]) == 2
+    assert "5 bytes" in capsys.readouterr().err  # a bad file is refused, not re-downloaded
