@@ -12,7 +12,7 @@ from ._scripted import (
     ScriptedReply,
     ScriptedToolCall,
 )
-from ._spawn import FAILURE_KINDS, TreeBudget
+from ._spawn_budget import FAILURE_KINDS, TreeBudget
 from ._spawn_spec import GuestObject
 from ._trajectory import (
     Step,

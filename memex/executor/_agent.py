@@ -23,7 +23,8 @@ from ._session import AgentSession
 from ._trajectory import Step, ToolCallInfo, Trajectory, TrajectoryWriter
 
 if TYPE_CHECKING:
-    from ._spawn import TreeBudget, _Node
+    from ._spawn import _Node
+    from ._spawn_budget import TreeBudget
 
 __all__ = ["Aids", "Budget", "MemexAgent", "Rollout"]
 
@@ -146,7 +147,7 @@ class MemexAgent:
         self.on_step = on_step
         self.on_text = on_text
         self._backend = backend
-        from ._spawn import TreeBudget
+        from ._spawn_budget import TreeBudget
 
         if spawn is True:
             spawn = TreeBudget()

@@ -28,13 +28,14 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError, MemexError
+from ..errors import MemexError
 from ..host_tools._codec import EncodeError, encode
 from ..runtime_wasm import Door, DoorContext, Sandbox
+from ._spawn_budget import TreeBudget, failure
 from ._spawn_spec import ChildSpec, SpawnRefused, clone_llm, parse_spec
 from ._spawn_template import Templates
 from ._trajectory import Step, Trajectory
@@ -44,9 +45,8 @@ if TYPE_CHECKING:
     from ._llm import Completion, LLMClient
     from ._session import AgentSession
 
-__all__ = ["FAILURE_KINDS", "SpawnTree", "TreeBudget"]
+__all__ = ["SpawnTree"]
 
-FAILURE_KINDS = ("error", "timeout", "trap", "budget", "cancelled")
 WAIT_MARGIN = 0.25  # a wait returns this long before its block's deadline
 TREE_GRACE = 2 * WAIT_MARGIN  # a block may run this long past the tree's max_seconds
 _UNSET: Any = object()
@@ -64,40 +64,6 @@ failed one); as_completed(handles) yields handles as they finish; handles can be
 fork=True starts it from a copy of your variables as they were when your previous block \
 ended. At most {max_live} sub-agents run at once ({left} more may be started in all); they \
 can nest {levels} more level(s)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class TreeBudget:
-    """One budget for a root rollout and every sub-agent under it (None: no bound).
-
-    ``max_depth`` is how deep sub-agents may nest (the root is depth 0; 0 disables spawning);
-    ``max_live`` bounds sub-agents running at once and ``max_children`` those started in all;
-    ``max_turns`` (model calls), ``max_tokens``, ``max_cost`` (USD) and ``max_seconds`` (wall
-    time from the root's start) count the whole tree, root included. ``models`` lists the
-    models a sub-agent may ask for (None: any model at the same endpoint)."""
-
-    max_depth: int = 2
-    max_live: int = 8
-    max_children: int = 64
-    max_turns: int | None = None
-    max_tokens: int | None = None
-    max_cost: float | None = None
-    max_seconds: float | None = None
-    models: tuple[str, ...] | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("max_depth", "max_live", "max_children"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ConfigError(f"TreeBudget.{name} must be an int >= 0, got {v!r}")
-        for name in ("max_turns", "max_tokens", "max_cost", "max_seconds"):
-            v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)
-                                  or not 0 < v < float("inf")):
-                raise ConfigError(f"TreeBudget.{name} must be > 0 or None, got {v!r}")
-        if self.models is not None and (isinstance(self.models, str) or not all(
-                isinstance(m, str) for m in self.models)):
-            raise ConfigError("TreeBudget.models is a tuple of model names or None")
 
 
 class SpawnTree:
@@ -398,7 +364,7 @@ class _Node:
                 if rollout is not None and rollout.submitted:
                     self.status, self.answer = "done", rollout.answer
                 else:
-                    self.kind, self.reason = _failure(rollout, error)
+                    self.kind, self.reason = failure(rollout, error)
                     self.status = "cancelled" if self.kind == "cancelled" else "failed"
                 tree.live -= 1
             self.finished = True
@@ -579,25 +545,3 @@ def _guest_source(name: str) -> str:
 def _close_quietly(session: AgentSession) -> None:
     with contextlib.suppress(Exception):
         session.sandbox.close()
-
-
-def _failure(rollout: Rollout | None, error: str | None) -> tuple[str, str]:
-    """(kind, reason) of a child that ended without an answer."""
-    if rollout is None:
-        return "error", error or "the sub-agent could not start"
-    end, t = rollout.end_reason, rollout.trajectory
-    if end in ("max_turns", "max_tokens", "max_cost"):
-        return "budget", (f"it ended without an answer: its {end} budget ran out after "
-                          f"{len(t.steps)} turns, {t.total_tokens} tokens")
-    if end == "max_seconds":
-        return "timeout", f"it ended without an answer after {t.duration:.1f}s (max_seconds)"
-    if end.startswith("tree_"):
-        return "budget", f"the agent tree's {end[5:]} budget ran out"
-    if end == "llm_error":
-        return "error", f"its model call failed: {rollout.error}"
-    if end == "sandbox_error":
-        return "trap", f"its sandbox failed: {rollout.error}"
-    if end == "cancelled":
-        return "cancelled", "cancelled"
-    detail = f": {rollout.error}" if rollout.error else ""
-    return "error", f"it ended without an answer ({end}){detail}"
