@@ -177,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
             spawn=TreeBudget(max_depth=1, max_live=args.n + 1, max_children=args.n + 1,
                              max_tokens=args.max_tokens_tree),
             trajectory_path=args.trajectory)
-        console.print(f"[bold]root task:[/bold] {plan}\n", highlight=False)
+        console.print("[bold]root task:[/bold]")
+        console.print(plan + "\n", markup=False, highlight=False)
         rollout = agent.run(plan, inputs={"QUESTION": question, "AGGREGATE": AGGREGATE})
         ref = reference_answer(db)
     t = rollout.trajectory

@@ -317,10 +317,14 @@ def loop_forever(turn: int, _req: dict[str, Any]) -> ScriptedReply:
 
 
 FAILURES = """\
+class Unloadable:  # pickles here, cannot be rebuilt in the sub-agent
+    def __reduce__(self):
+        return int, ("not a number",)
 out = {}
 for task, kw in [("llm fails", {}), ("slow", {"limits": {"max_seconds": 1.0}}),
                  ("no answer", {"limits": {"max_turns": 2}}),
-                 ("no memory", {"limits": {"memory": 50 << 20}}), ("raises", {})]:
+                 ("no memory", {"limits": {"memory": 50 << 20}}), ("raises", {}),
+                 ("bad input", {"inputs": {"x": Unloadable()}})]:
     h = spawn_agent(task, **kw)
     try:
         h.result()
@@ -337,6 +341,7 @@ def test_child_failure_kinds() -> None:
         "no answer": loop_forever,
         "no memory": [py("print(1)")],
         "raises": [py("raise ValueError('x')"), py("1/0"), py("submit(1)")],
+        "bad input": [py("print(x)")],
     }, preload=["pandas"], submit=Answer)
     text = obs(r, 0)
     assert "'llm fails': ('error', 'failed', '1')" in text
@@ -344,10 +349,12 @@ def test_child_failure_kinds() -> None:
     assert "'no answer': ('budget', 'failed', '3')" in text
     assert "'no memory': ('trap', 'failed', '4')" in text
     assert "raises" not in text  # guest exceptions are observations, not failures
+    assert "'bad input': ('trap', 'failed', '6')" in text
     kids = {t.task: t for t in r.trajectory.steps[0].children}
     assert kids["slow"].end_reason == "max_seconds"
     assert kids["no memory"].end_reason == "sandbox_error"
     assert kids["raises"].submitted
+    assert "invalid literal for int()" in str(kids["bad input"].error)
     assert r.submitted
 
 
