@@ -36,7 +36,7 @@ from ..errors import MemexError
 from ..host_tools._codec import EncodeError, encode
 from ..runtime_wasm import Door, DoorContext, Sandbox
 from ._spawn_budget import TreeBudget, failure
-from ._spawn_spec import ChildSpec, SpawnRefused, clone_llm, parse_spec
+from ._spawn_spec import ChildSpec, SpawnRefused, clone_llm, holds_objects, parse_spec
 from ._spawn_template import Templates
 from ._trajectory import Step, Trajectory
 
@@ -173,7 +173,8 @@ class _Node:
 
     def __init__(self, tree: SpawnTree, parent: _Node | None, *, node_id: str, depth: int,
                  task: str, agent: MemexAgent | None = None,
-                 inputs: dict[str, Any] | None = None, step_index: int = 0) -> None:
+                 inputs: dict[str, Any] | None = None, pickled: tuple[str, ...] = (),
+                 step_index: int = 0) -> None:
         self.tree = tree
         self.parent = parent
         self.id = node_id
@@ -181,6 +182,7 @@ class _Node:
         self.task = task
         self.agent = agent
         self.inputs = inputs or {}
+        self.pickled = pickled
         self.step_index = step_index
         self.children: list[_Node] = []
         self.by_id: dict[str, _Node] = {}
@@ -271,7 +273,8 @@ class _Node:
     def guest_hooks(self) -> str:
         """An expression that binds the API in ``__main__`` for this node and gives the
         prelude its hooks."""
-        config = {"depth": self.depth, "max_depth": self.tree.budget.max_depth}
+        config = {"depth": self.depth, "max_depth": self.tree.budget.max_depth,
+                  "pickled": list(self.pickled)}
         return f"__import__('sys').modules['memex_agents']._setup({config!r})"
 
     def prompt_section(self) -> str:
@@ -413,7 +416,8 @@ class _Node:
             n = len(self.children) + 1
             node = _Node(tree, self, node_id=f"{self.id}.{n}" if self.id else str(n),
                          depth=self.depth + 1, task=spec.task, agent=agent,
-                         inputs=spec.inputs, step_index=len(run.steps))
+                         inputs=spec.inputs, pickled=spec.pickled,
+                         step_index=len(run.steps))
             tree.spawned += 1
             tree.live += 1
             self.children.append(node)
@@ -510,11 +514,13 @@ class _Node:
         if node.answer_enc is _UNSET:
             assert self.session is not None
             try:
-                node.answer_enc = encode(node.answer, names=self.session.toolset.record_names)
+                node.answer_enc = (encode(node.answer, names=self.session.toolset.record_names),
+                                   holds_objects(node.answer))
             except (EncodeError, ValueError, OverflowError) as exc:
                 return {"status": "failed", "kind": "error",
                         "reason": f"its answer cannot be sent back: {exc}"}
-        return {"status": "done", "answer": node.answer_enc}
+        answer, pickled = node.answer_enc
+        return {"status": "done", "answer": answer, "pickled": pickled}
 
     def _op_trajectory(self, ctx: DoorContext, agent_id: Any) -> dict[str, Any]:
         node = self.by_id.get(agent_id) if isinstance(agent_id, str) else None

@@ -34,6 +34,7 @@ _BUILTINS: dict[str, Any] = {"int": int, "float": float, "str": str, "bool": boo
 _BUDGET_KEYS = ("max_turns", "max_tokens", "max_seconds", "max_cost")
 _LIMIT_KEYS = ("timeout", "memory")
 _INT_KEYS = ("max_turns", "max_tokens", "memory")
+_PLAIN = frozenset([str, int, float, bool, bytes, type(None)])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,6 +65,7 @@ class ChildSpec:
 
     task: str
     inputs: dict[str, Any]
+    pickled: tuple[str, ...]  # the inputs holding GuestObjects (rebuilt in the child's guest)
     tools: ToolSet
     submit: Any
     model: str | None
@@ -91,7 +93,7 @@ def parse_spec(spec: Any, *, tools: ToolSet, records: Mapping[str, type],
         raise SpawnRefused("task", f"the task has {len(task)} characters (at most "
                            f"{MAX_TASK_CHARS}); pass large material in inputs")
     child_tools = _tools(spec.get("tools"), tools)
-    inputs = _inputs(spec.get("inputs"), child_tools)
+    inputs, pickled = _inputs(spec.get("inputs"), child_tools)
     submit = _submit(spec.get("submit"), records)
     model = spec.get("model")
     if model is not None:
@@ -104,7 +106,8 @@ def parse_spec(spec: Any, *, tools: ToolSet, records: Mapping[str, type],
     instructions = spec.get("instructions") or ""
     if not isinstance(instructions, str):
         raise SpawnRefused("instructions", "instructions is a str")
-    return ChildSpec(task=task, inputs=inputs, tools=child_tools, submit=submit, model=model,
+    return ChildSpec(task=task, inputs=inputs, pickled=pickled, tools=child_tools,
+                     submit=submit, model=model,
                      budget=b, limits=lim, fork=bool(spec.get("fork")),
                      instructions=instructions)
 
@@ -122,29 +125,34 @@ def _tools(raw: Any, tools: ToolSet) -> ToolSet:
     return tools.filter(list(raw))
 
 
-def _inputs(raw: Any, tools: ToolSet) -> dict[str, Any]:
+def _inputs(raw: Any, tools: ToolSet) -> tuple[dict[str, Any], tuple[str, ...]]:
     if raw is None:
-        return {}
+        return {}, ()
     if not isinstance(raw, dict):
         raise SpawnRefused("inputs", "inputs is a map of name -> value")
     out: dict[str, Any] = {}
+    pickled: list[str] = []
     for name, enc in raw.items():
         if not isinstance(name, str) or not name.isidentifier() or name.startswith("_"):
             raise SpawnRefused("inputs", f"input names are public identifiers, not {name!r}")
         if name in tools or name in ("submit", "tools"):
             raise SpawnRefused("inputs", f"input {name!r} would hide the tool of that name")
+        found: list[bool] = []
         try:
-            out[name] = from_guest(decode(enc, max_depth=256))
+            out[name] = from_guest(decode(enc, max_depth=256), found)
         except DecodeError as exc:
             where = "".join(f"[{p!r}]" for p in exc.path)
             raise SpawnRefused("input", f"inputs[{name!r}]{where} is malformed: "
                                f"{exc.message}") from None
-    return out
+        if found:
+            pickled.append(name)
+    return out, tuple(pickled)
 
 
-def from_guest(v: Any, depth: int = 0) -> Any:
+def from_guest(v: Any, found: list[bool], depth: int = 0) -> Any:
     """A decoded guest value with pickled values as :class:`GuestObject` and trajectory
-    records as :class:`~memex.executor.Trajectory` (other records stay ``RecordFields``)."""
+    records as :class:`~memex.executor.Trajectory` (other records stay ``RecordFields``);
+    ``found`` gets an entry for each GuestObject."""
     if depth > 256 or v is None or isinstance(v, str | int | float | bytes):
         return v
     if isinstance(v, RecordFields):
@@ -152,8 +160,9 @@ def from_guest(v: Any, depth: int = 0) -> Any:
             what, data = v.get("what"), v.get("data")
             if not isinstance(what, str) or not isinstance(data, bytes) or len(v) != 2:
                 raise DecodeError("a GuestObject record is {what: str, data: bytes}")
+            found.append(True)
             return GuestObject(what=what[:200], data=data)
-        fields = {k: from_guest(x, depth + 1) for k, x in v.items()}
+        fields = {k: from_guest(x, found, depth + 1) for k, x in v.items()}
         if v.type_name == "Trajectory":
             from ._trajectory import Trajectory
 
@@ -162,13 +171,28 @@ def from_guest(v: Any, depth: int = 0) -> Any:
             except ConfigError:
                 pass
         return RecordFields(v.type_name, fields)
-    if isinstance(v, list):
-        return [from_guest(x, depth + 1) for x in v]
-    if isinstance(v, tuple):
-        return tuple(from_guest(x, depth + 1) for x in v)
+    if isinstance(v, list | tuple):
+        if all(type(x) in _PLAIN for x in v):
+            return v
+        items = [from_guest(x, found, depth + 1) for x in v]
+        return items if isinstance(v, list) else tuple(items)
     if isinstance(v, dict):
-        return {k: from_guest(x, depth + 1) for k, x in v.items()}
+        return {k: from_guest(x, found, depth + 1) for k, x in v.items()}
     return v
+
+
+def holds_objects(v: Any, depth: int = 0) -> bool:
+    """Whether a value (a sub-agent's answer) holds a value a guest pickled."""
+    if depth > 256 or type(v) in _PLAIN:
+        return False
+    if isinstance(v, GuestObject) or (isinstance(v, RecordFields)
+                                      and v.type_name == "GuestObject"):
+        return True
+    if isinstance(v, list | tuple):
+        return any(holds_objects(x, depth + 1) for x in v if type(x) not in _PLAIN)
+    if isinstance(v, dict):
+        return any(holds_objects(x, depth + 1) for x in v.values())
+    return False
 
 
 def _submit(raw: Any, records: Mapping[str, type]) -> Any:

@@ -1,8 +1,9 @@
 # Runs inside the guest (exec'd by memex.executor's session). Imports nothing from the host.
 """The agent's guest prelude: typed inputs in globals, a lenient submit(), and a preview of
 the variables each block creates (for the model's observation). ``hooks`` (from the
-sub-agent API, when spawning is on): ``rebuild(value)`` turns values that travelled pickled
-back into objects; ``prepare(answer)`` readies a sub-agent's answer for its parent."""
+sub-agent API, when spawning is on): ``rebuild(name, value)`` turns the values of an input
+that travelled pickled back into objects; ``prepare(answer)`` readies a sub-agent's answer
+for its parent."""
 
 
 def __memex_agent_prelude__(input_names, submit_doc, record_types, hooks=None):
@@ -21,7 +22,7 @@ def __memex_agent_prelude__(input_names, submit_doc, record_types, hooks=None):
     for name in input_names:
         g[name] = door.request("agent.input", [name], {}, True)
         if rebuild is not None:
-            g[name] = rebuild(g[name])
+            g[name] = rebuild(name, g[name])
 
     missing = object()
 

@@ -175,7 +175,9 @@ class AgentHandle:
         status = res.get("status")
         if status == "done":
             try:
-                value = _rebuild(res.get("answer"))
+                value = res.get("answer")
+                if res.get("pickled"):
+                    value = _rebuild(value)
             except Exception as exc:
                 self._status = "failed"
                 self._outcome = (False, AgentFailed(

@@ -23,7 +23,7 @@ _OBJECT = "GuestObject"  # record type of a pickled value (the host never opens 
 _PLAIN = (str, int, float, bool, bytes, type(None))
 _CODEC_MODULES = ("numpy", "pandas", "datetime", "decimal")  # the typed codec carries these
 _MAX_DEPTH = 200
-_config = {"depth": 0, "max_depth": 0}
+_config = {"depth": 0, "max_depth": 0, "pickled": ()}
 _api = {}  # the loaded spawn_api names
 
 
@@ -109,10 +109,11 @@ def _prep(v, where, depth=0):
     if depth > _MAX_DEPTH:
         raise SpawnError("input", "%s is nested more than %d levels deep" % (where, _MAX_DEPTH))
     d = depth + 1
-    if t is list:
-        return [_prep(x, "%s[%d]" % (where, i), d) for i, x in enumerate(v)]
-    if t is tuple:
-        return tuple(_prep(x, "%s[%d]" % (where, i), d) for i, x in enumerate(v))
+    if t is list or t is tuple:
+        if all(type(x) in _PLAIN for x in v):
+            return v
+        items = [_prep(x, "%s[%d]" % (where, i), d) for i, x in enumerate(v)]
+        return items if t is list else tuple(items)
     if t is dict:
         return {k: _prep(x, "%s[%r]" % (where, k), d) for k, x in v.items()}
     if t.__name__ == "AgentHandle" and t.__module__ == "memex_agents":
@@ -229,4 +230,9 @@ def _setup(config):
     _config.update(config)
     for name, value in _PUBLIC.items():
         setattr(__main__, name, value)
-    return {"rebuild": _rebuild, "prepare": _prep_answer if config.get("depth") else None}
+    return {"rebuild": _rebuild_input, "prepare": _prep_answer if config.get("depth") else None}
+
+
+def _rebuild_input(name, value):
+    """An input with its pickled values rebuilt (the host says which inputs hold any)."""
+    return _rebuild(value) if name in _config["pickled"] else value
