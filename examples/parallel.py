@@ -34,6 +34,7 @@ from rich.console import Console
 
 from memex import Limits
 from memex.executor import Budget, LLMClient, MemexAgent, ScriptedLLM, Trajectory, TreeBudget
+from memex.executor._render import render_step
 
 AGGREGATE = (
     "`runs` holds the trajectories of agents that answered the same question: " + TASK +
@@ -176,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
             limits=Limits(timeout=900), budget=Budget(max_turns=args.max_turns),
             spawn=TreeBudget(max_depth=1, max_live=args.n + 1, max_children=args.n + 1,
                              max_tokens=args.max_tokens_tree),
-            trajectory_path=args.trajectory)
+            trajectory_path=args.trajectory, on_step=lambda s: render_step(s, console))
         console.print("[bold]root task:[/bold]")
         console.print(plan + "\n", markup=False, highlight=False)
         rollout = agent.run(plan, inputs={"QUESTION": question, "AGGREGATE": AGGREGATE})
