@@ -5,8 +5,9 @@ budget (depth, live and total sub-agents, turns, tokens, cost, wall time) for ev
 the tree, each of which is a :class:`_Node`. A node serves its guest's door ops:
 
 * ``agent.spawn(spec)`` (inline, returns at once): checks the request, starts the child on its
-  own thread with its own sandbox and door (fresh, preloaded, or ``fork_in_turn`` of the
-  parent's sandbox), and answers its id;
+  own thread with its own sandbox and door (a fork of the tree's template for its kind, see
+  ``_spawn_template``, or with ``fork=True`` a ``fork_in_turn`` of the parent's sandbox), and
+  answers its id;
 * ``agent.poll(ids)`` / ``agent.cancel(id)`` (inline);
 * ``agent.wait(ids, timeout, mode)`` and ``agent.trajectory(id)`` (blocking on a pool thread):
   they return before the calling block's deadline, so a wait never kills the block.
@@ -198,15 +199,11 @@ class _Node:
         self.answer_enc: Any = _UNSET
         self.trajectory: Trajectory | None = None
         self.finished = False
-        self.spawned_at = time.monotonic()
-        self.ready_at: float | None = None  # its session is open, its first model call next
         self._closer: threading.Thread | None = None
 
     # ---- hooks for the rollout (_Run) --------------------------------------------------
     def stop_reason(self) -> str | None:
         """Why this rollout may not make another model call (checked before each one)."""
-        if self.ready_at is None:
-            self.ready_at = time.monotonic()
         if self.stopped is not None:
             return self.stopped[2]
         return self.tree.reserve_turn()
