@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 __all__ = ["SpawnTree"]
 
-WAIT_MARGIN = 0.25  # a wait returns this long before its block's deadline
+WAIT_MARGIN = 0.5  # a wait returns this long before its block's deadline
 TREE_GRACE = 2 * WAIT_MARGIN  # a block may run this long past the tree's max_seconds
 _UNSET: Any = object()
 
