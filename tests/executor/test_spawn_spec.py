@@ -139,3 +139,53 @@ def test_trajectory_records_become_trajectories() -> None:
     rec = encode(t)
     back = from_guest(decode(rec), [])
     assert back == t
+
+
+def test_tree_close_is_idempotent_and_stops_its_timer() -> None:
+    import threading
+
+    from memex.executor import TreeBudget
+    from memex.executor._spawn import SpawnTree
+
+    def timers() -> int:
+        return sum(t.name == "memex-agent-tree-timer" for t in threading.enumerate())
+
+    before = timers()
+    tree = SpawnTree(TreeBudget(max_seconds=30))
+    assert timers() == before + 1
+    tree.close()
+    tree.close()
+    assert timers() == before
+
+
+def test_fork_in_turn_runs_only_inside_the_turn_and_has_its_own_door() -> None:
+    from memex.errors import SandboxError
+    from memex.runtime_wasm import Door, Sandbox
+
+    door = Door()
+    forks: list[Any] = []
+    with Sandbox(door=door) as sb:
+        door.register("fork", lambda: forks.append(sb.fork_in_turn(door=Door())) or 1,
+                      inline=True)
+        sb.run("x = 1")
+        assert sb.run("y = 2\nimport memex_guest\nmemex_guest.call('fork')").ok
+        with pytest.raises(SandboxError, match="inside this sandbox's turn"):
+            sb.fork_in_turn()
+        [child] = forks
+        with child:
+            assert child.door is not door
+            assert child.run("print(x, 'y' in dir())").stdout == "1 False\n"  # last good turn
+        child.close()  # closing twice is harmless
+    with Sandbox(door=Door(), rollback=False) as sb2:
+        errors: list[str] = []
+
+        def try_fork() -> int:
+            try:
+                sb2.fork_in_turn()
+            except SandboxError as exc:
+                errors.append(str(exc))
+            return 1
+
+        sb2.door.register("fork", try_fork, inline=True)
+        assert sb2.run("import memex_guest\nmemex_guest.call('fork')").ok
+        assert errors and "rollback=True" in errors[0]
