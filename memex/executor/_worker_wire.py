@@ -214,7 +214,10 @@ def limits_to_wire(limits: Limits) -> dict[str, Any]:
 def limits_from_wire(d: Any) -> Limits:
     if not isinstance(d, dict):
         raise ProtocolError("limits must be a map")
-    return Limits(**d)
+    try:
+        return Limits(**d)
+    except TypeError as exc:
+        raise ProtocolError(f"malformed limits: {exc}") from None
 
 
 def mounts_to_wire(mounts: Sequence[Mount]) -> list[list[Any]]:
@@ -224,7 +227,12 @@ def mounts_to_wire(mounts: Sequence[Mount]) -> list[list[Any]]:
 def mounts_from_wire(items: Any) -> list[Mount]:
     if not isinstance(items, list):
         raise ProtocolError("mounts must be an array")
-    return [Mount(host_path=h, guest_path=g, writable=bool(w)) for h, g, w in items]
+    try:
+        return [Mount(host_path=h, guest_path=g, writable=bool(w)) for h, g, w in items]
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, MemexError):
+            raise
+        raise ProtocolError(f"malformed mounts: {exc}") from None
 
 
 def error_to_wire(exc: BaseException) -> list[Any]:
