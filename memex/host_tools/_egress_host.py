@@ -38,6 +38,7 @@ __all__ = ["OP", "Egress", "EgressRecord"]
 
 OP = "net.fetch"
 _MARGIN = 0.05  # answer this long before the turn's deadline or the door's call bound
+_FRAME_ROOM = 1 << 20  # reply bytes besides the body: status, headers, URLs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,7 +130,6 @@ class Egress:
         self._turn_key: Any = None
         self._turn_count = 0
         self._total = 0
-        self._tokens = 0.0
         self._refill = time.monotonic()
         lim = self.policy.limits
         self._burst = float(lim.burst if lim.burst is not None
@@ -141,6 +141,14 @@ class Egress:
         """Serve ``net.fetch`` on ``door`` (without touching any guest)."""
         if self._door is not None and self._door is not door:
             raise ConfigError("this Egress already serves another door")
+        caps = [self.policy.limits.max_response_bytes] + [
+            r.max_response_bytes for r in self.policy.rules if r.max_response_bytes is not None]
+        room = door.max_reply_bytes - _FRAME_ROOM
+        if max(caps) > room:
+            raise ConfigError(
+                f"the policy allows responses of {max(caps)} bytes but this door's replies are "
+                f"capped at {door.max_reply_bytes} bytes (headers included): lower "
+                "max_response_bytes or make the Door with a larger max_reply_bytes")
         self._door = door
         door.register(OP, self._op_fetch, context=True)
         return self

@@ -214,3 +214,18 @@ def test_egress_takes_a_policy_file_or_mapping(tmp_path: Path, server: _Server) 
     assert not Egress().check(server.url()).allowed
     with pytest.raises(ValueError):
         Egress(42)  # type: ignore[arg-type]
+
+
+def test_response_caps_must_fit_the_door(server: _Server) -> None:
+    from memex import Door
+
+    small = Door(max_reply_bytes=4 << 20)
+    Egress(local_policy(max_response_bytes="2M")).register(small)
+    with pytest.raises(ValueError, match="capped at 4194304 bytes"):
+        Egress(local_policy(max_response_bytes="8M")).register(small)
+    with pytest.raises(ValueError, match="responses of 67108864 bytes"):
+        Egress({"rules": [{"action": "allow", "ip": "127.0.0.1",
+                           "max_response_bytes": "64M"}]}).register(Door())
+    eg = Egress(local_policy(max_response_bytes="1M")).register(small)
+    with pytest.raises(ValueError, match="another door"):
+        eg.register(Door())
