@@ -18,7 +18,9 @@ misuse or for a host that cannot do what was asked::
     │   ├── GuestStartError    the guest failed to start
     │   ├── GuestFileError     read_file/write_file outside the sandbox's files
     │   ├── ImageError         a saved image is corrupt, of another format or another binary
-    │   └── ToolInstallError   the guest stubs of a tool set could not be installed
+    │   ├── ToolInstallError   the guest stubs of a tool set could not be installed
+    │   ├── SandboxLost        the process holding a sandbox died; it could not be resumed
+    │   └── BackendBusy        a backend cannot admit a sandbox now (queue full, timed out)
     └── LLMError               a model endpoint failed (after the client's retries)
         ├── LLMConnectionError cannot connect, or the connection broke
         │   └── LLMTimeoutError the request timed out

@@ -71,5 +71,9 @@ def get_backend(backend: str | Backend = "inprocess", **options: Any) -> Backend
         from ._backend_pool import PoolBackend
 
         return PoolBackend(**options)
+    if backend == "ray":
+        from ._backend_ray import RayBackend
+
+        return RayBackend(**options)
     raise ConfigError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)} "
                       "or pass a Backend instance")

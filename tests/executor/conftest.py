@@ -26,6 +26,8 @@ BACKEND_KINDS = [
     "inprocess",
     "subprocess",
     "pool",
+    pytest.param("ray", marks=[pytest.mark.ray, pytest.mark.skipif(
+        not HAVE_RAY, reason="Ray is not installed (pip install 'memex[ray]')")]),
 ]
 
 # Small but real settings: one or two workers (the machine has two cores).
@@ -33,7 +35,7 @@ BACKEND_OPTIONS: dict[str, dict[str, Any]] = {
     "inprocess": {},
     "subprocess": {"workers": 1},
     "pool": {"workers": 2, "warm": 2, "limits": Limits(timeout=DEFAULT_TIMEOUT)},
-    "ray": {"actors": 2},
+    "ray": {"actors": 2, "init_options": {"num_cpus": 2}},
 }
 
 OpenSandbox = Callable[..., SandboxAPI[Any]]

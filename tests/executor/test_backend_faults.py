@@ -8,6 +8,7 @@ happens, never how fast."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -507,3 +508,31 @@ def test_closed_pool_refuses() -> None:
     with pytest.raises(Exception) as exc:
         pool.open()
     assert "closed" in str(exc.value)
+
+
+# ---- Ray ----------------------------------------------------------------------------------------
+@pytest.mark.ray
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="Ray is not installed")
+def test_ray_actor_death_is_sandbox_lost_and_checkpoints_move() -> None:
+    from memex.executor._backend_ray import RayBackend
+
+    b = RayBackend(actors=2, init_options={"num_cpus": 2})
+    try:
+        first = b.open(limits=Limits(timeout=60))
+        second = b.open(limits=Limits(timeout=60))
+        assert first._host is not second._host  # placed on the least loaded actor
+        first.run("state = {'moved': True}")
+        cp = first.checkpoint()
+        second.restore(cp)  # a checkpoint crosses actors (and nodes) through the store
+        assert second.run("state").value == "{'moved': True}"
+        t, out, _ = running_turn(first, "while True:\n    pass")  # type: ignore[arg-type]
+        os.kill(first._host.pid, signal.SIGKILL)
+        t.join(60)
+        assert not t.is_alive()
+        assert isinstance(out[0], SandboxLost), out
+        with pytest.raises(SandboxLost):
+            first.run("1")
+        first.close()
+        assert second.run("state['moved']").value == "True"  # the other actor lives on
+    finally:
+        b.close()
