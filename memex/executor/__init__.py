@@ -1,6 +1,11 @@
 """The agent loop, LLM client, backends, trajectories and sub-agents."""
 
 from ._agent import Aids, Budget, MemexAgent, Rollout
+from ._backend import Backend, get_backend
+from ._backend_inprocess import InProcessBackend
+from ._backend_pool import PoolBackend, PoolStats, TenantQuota
+from ._backend_ray import RayBackend, RayCheckpoint, RaySandbox
+from ._backend_subprocess import ProcessCheckpoint, ProcessSandbox, SubprocessBackend
 from ._llm import Completion, LLMClient, Price, ToolCall, Usage
 from ._local_model import LocalModel, ModelSpec, fetch_model
 from ._observe import bound_text, render_observation
@@ -26,14 +31,23 @@ from ._trajectory import (
 __all__ = [
     "FAILURE_KINDS",
     "Aids",
+    "Backend",
     "Budget",
     "Completion",
     "GuestObject",
+    "InProcessBackend",
     "LLMClient",
     "LocalModel",
     "MemexAgent",
     "ModelSpec",
+    "PoolBackend",
+    "PoolStats",
     "Price",
+    "ProcessCheckpoint",
+    "ProcessSandbox",
+    "RayBackend",
+    "RayCheckpoint",
+    "RaySandbox",
     "RecordedRequest",
     "Rollout",
     "ScriptedError",
@@ -41,6 +55,8 @@ __all__ = [
     "ScriptedReply",
     "ScriptedToolCall",
     "Step",
+    "SubprocessBackend",
+    "TenantQuota",
     "TextToolCall",
     "ToolCall",
     "ToolCallInfo",
@@ -52,6 +68,7 @@ __all__ = [
     "extract_code",
     "extract_tool_calls",
     "fetch_model",
+    "get_backend",
     "load_trajectories",
     "render_observation",
     "save_trajectories",
