@@ -43,7 +43,7 @@ case "${1:-setup}" in
         setup ""
         ;;
     demo)
-        setup ""
+        setup "[examples]"
         # With an endpoint configured (OPENAI_BASE_URL), the funnel agent talks to it;
         # otherwise it serves the local model, which needs llama.cpp and the weights.
         if [ -z "${OPENAI_BASE_URL:-}" ]; then setup_local_model; fi
@@ -54,7 +54,8 @@ case "${1:-setup}" in
         "$VENV/bin/python" examples/quickstart.py
         ;;
     test)
-        setup "[dev]"
+        # Ray is an optional extra; CI installs it so the Ray leg of the contract suite runs.
+        setup "[dev,ray]"
         # The end-to-end agent test runs against the real local model.
         setup_local_model
         "$VENV/bin/ruff" check memex tests bench examples
