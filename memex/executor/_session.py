@@ -177,10 +177,7 @@ class AgentSession:
         record = self.host.calls[-1] if len(self.host.calls) > before else None
         if not reply.get("ok"):
             return HostCall(ok=False, value=reply.get("error"), record=record)
-        value = reply.get("value")
-        if isinstance(value, dict) and set(value) == {"__tool_error__"}:
-            return HostCall(ok=False, value=value["__tool_error__"], record=record)
-        return HostCall(ok=True, value=decode(value), record=record)
+        return HostCall(ok=True, value=decode(reply.get("value")), record=record)
 
     def close(self) -> None:
         if self.sandbox is not None:

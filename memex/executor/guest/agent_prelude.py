@@ -38,11 +38,9 @@ def __memex_agent_prelude__(input_names, submit_doc, record_types, hooks=None):
         # A blocking call even inside the guest's event loop (tools.call would return an
         # awaitable there, and an un-awaited submit must not vanish).
         try:
-            value = door.request("tools.call", ["submit", {"answer": answer}], {}, True)
+            door.request("tools.call", ["submit", {"answer": answer}], {}, True)
         except door.DoorError as exc:
             raise tools.error_from_map(exc.error, "submit") from None
-        if type(value) is dict and "__tool_error__" in value and len(value) == 1:
-            raise tools.error_from_map(value["__tool_error__"], "submit")
         print("[answer accepted]")
 
     submit.__doc__ = submit_doc
