@@ -43,11 +43,12 @@ def test_funnel_rollout_with_the_local_model(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     with LocalModel(MODEL, fetch=False) as lm:
         # Bounded so a slow machine ends the rollout rather than the CI job: at most three
-        # model calls, none started after 10 minutes, each at most 5 minutes.
-        agent = MemexAgent(model=lm.client(max_tokens=320, timeout=300, max_retries=0),
+        # model calls, none started after 15 minutes, each at most 15 minutes (an idle
+        # 2-core machine answers in about a minute; one shared with heavy work, far slower).
+        agent = MemexAgent(model=lm.client(max_tokens=320, timeout=900, max_retries=0),
                            tools=[sql_tool(db)], submit=FunnelAnswer,
                            limits=Limits(timeout=60), preload=["pandas"],
-                           budget=Budget(max_turns=3, max_seconds=600),
+                           budget=Budget(max_turns=3, max_seconds=900),
                            trajectory_path=str(path))
         r = agent.run(TASK)
     t = r.trajectory
