@@ -146,7 +146,15 @@ class MemexAgent:
         self.trajectory_path = trajectory_path
         self.on_step = on_step
         self.on_text = on_text
-        self._backend = backend
+        # A backend named here is made once and owned by the agent (close() ends it); a
+        # Backend instance stays the caller's.
+        self._backend: Any = None
+        self._owns_backend = False
+        if backend is not None:
+            from ._backend import get_backend
+
+            self._backend = get_backend(backend)
+            self._owns_backend = isinstance(backend, str)
         from ._spawn_budget import TreeBudget
 
         if spawn is True:
@@ -171,6 +179,17 @@ class MemexAgent:
     async def arun(self, task: str, *, inputs: Mapping[str, Any] | None = None) -> Rollout:
         """:meth:`run` on a worker thread, so many rollouts can share an event loop."""
         return await asyncio.to_thread(self.run, task, inputs=inputs)
+
+    def close(self) -> None:
+        """Close the backend this agent made from a name (idempotent)."""
+        if self._owns_backend and self._backend is not None:
+            self._backend.close()
+
+    def __enter__(self) -> MemexAgent:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # ---- prompt -----------------------------------------------------------------------------
     def system_prompt(self, inputs: Mapping[str, Any]) -> str:
@@ -309,10 +328,7 @@ class _Run:
         a = self.a
         opener = None
         if a._backend is not None:
-            from ._backend import get_backend
-
-            backend = get_backend(a._backend)
-            opener = backend.open
+            opener = a._backend.open
         door, prepared = None, False
         if self.node is not None:  # a sub-agent: a fork of its parent or of a template
             opener, door, prepared = self.node.session_options(opener)

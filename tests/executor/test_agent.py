@@ -258,3 +258,13 @@ def test_bad_configuration_raises() -> None:
             agent.run("t", inputs={"_hidden": 1})
         with pytest.raises(ConfigError):
             agent.run("t", inputs={"numbers": 1})
+
+
+@pytest.mark.parametrize("backend", ["inprocess", "subprocess", "pool"])
+def test_the_same_rollout_on_every_local_backend(backend: str) -> None:
+    script = [py("xs = numbers(4)\nprint(sum(xs))"), py("submit(total=sum(xs), label='b')")]
+    with ScriptedLLM(script) as srv, make_agent(srv, backend=backend) as agent:
+        r = agent.run("t")
+    assert r.answer == Answer(total=14, label="b")
+    assert "14" in r.trajectory.steps[0].observation
+    assert r.trajectory.tool_calls[0].name == "numbers"
