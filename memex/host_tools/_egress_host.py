@@ -42,7 +42,7 @@ _FRAME_ROOM = 1 << 20  # reply bytes besides the body: status, headers, URLs
 
 
 @dataclass(frozen=True, kw_only=True)
-class EgressRecord:
+class EgressRecord(Hop):
     """One attempt as the host saw it. ``decision``: what the policy said (allow/deny);
     ``outcome``: ``ok`` or why it did not complete (``denied``, ``cap``, ``invalid_request``,
     ``timeout``, ``dns``, ``connect``, ``tls``, ``bad_response``). Bytes are body bytes each
@@ -52,24 +52,6 @@ class EgressRecord:
     seq: int
     sandbox: str
     turn: int | None
-    time: float  # wall clock, epoch seconds
-    via: str  # fetch | urllib/http.client (what the guest used)
-    method: str
-    url: str
-    decision: str
-    outcome: str
-    reason: str
-    rule: str | None = None
-    status: int | None = None
-    request_bytes: int = 0
-    response_bytes: int = 0
-    duration: float = 0.0
-    addresses: tuple[str, ...] = ()
-    address: str | None = None
-    hop: int = 0
-    redirect_from: str | None = None
-    secrets: tuple[str, ...] = ()
-    stripped_headers: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
