@@ -3,6 +3,7 @@
     python bench/agent.py                    # scripted strategies only (seconds)
     python bench/agent.py --local --seeds 3  # plus the local model, both action spaces
     python bench/agent.py --local --aids     # plus one run per aid switched off
+    python bench/agent.py --local --aids resample_repeats,example   # only these aids off
 
 Part 1 (scripted, deterministic): the same strategy played by a scripted model against both
 action spaces through the real agent loop, real sandbox and real chat-completions server; it
@@ -163,17 +164,19 @@ def scripted(db: Path, ref: FunnelAnswer) -> None:
           "carries; the agent's default bound is 4,000 characters per observation)\n")
 
 
+AIDS = ("example", "nudge", "repeat_note", "preview_variables", "submit_reminder",
+        "stop_sequences", "resample_repeats")
+
+
 def local(args: argparse.Namespace) -> None:
     from memex.executor import LocalModel
 
     variants: list[tuple[str, str, Aids]] = [("code", "all aids", Aids()),
                                              ("tools", "all aids", Aids())]
-    if args.aids:
-        for name in ("example", "nudge", "repeat_note", "preview_variables", "submit_reminder",
-                     "stop_sequences"):
-            variants.append(("code", f"no {name}", Aids(**{name: False})))
+    for name in args.aids:
+        variants.append(("code", f"no {name}", Aids(**{name: False})))
     print(f"Part 2: local model {args.model}, seeds 0..{args.seeds - 1}, "
-          f"max {args.max_turns} turns, temperature 0")
+          f"max {args.max_turns} turns, temperature 0 (re-asked repeats at 0.8, seeded)")
     with LocalModel(args.model) as lm, tempfile.TemporaryDirectory() as tmp:
         print(f"(server started in {lm.start_seconds:.1f}s)")
         rows: list[Row] = []
@@ -191,17 +194,19 @@ def local(args: argparse.Namespace) -> None:
                 ok = score(r.answer, reference_answer(db))
                 correct += ok
                 rollouts.append(r)
+                t = r.trajectory
                 print(f"  {space}/{label} seed {seed}: {r.end_reason}, "
-                      f"{'correct' if ok else 'wrong'}, {r.trajectory.total_tokens} tokens, "
-                      f"{len(r.trajectory.steps)} turns, {r.trajectory.duration:.0f}s",
-                      flush=True)
+                      f"{'correct' if ok else 'wrong'}, {t.total_tokens} tokens, "
+                      f"{len(t.steps)} turns, {t.llm_calls} LLM calls, "
+                      f"{sum(s.status == 'repeated' for s in t.steps)} repeats run, "
+                      f"{t.duration:.0f}s", flush=True)
             rows.append(Row(f"{space} / {label}", rollouts, correct, time.monotonic() - t0))
     print(f"\n{'variant':<30}{'accuracy':>9}{'submitted':>10}{'tokens/rollout':>15}"
           f"{'LLM calls':>10}{'tool calls':>11}{'wall/rollout':>13}")
     for row in rows:
         n = len(row.rollouts)
         tok = statistics.mean(r.trajectory.total_tokens for r in row.rollouts)
-        calls = statistics.mean(len(r.trajectory.steps) for r in row.rollouts)
+        calls = statistics.mean(r.trajectory.llm_calls for r in row.rollouts)
         tcalls = statistics.mean(len(r.trajectory.tool_calls) for r in row.rollouts)
         sub = sum(r.submitted for r in row.rollouts)
         print(f"{row.label:<30}{f'{row.correct}/{n}':>9}{f'{sub}/{n}':>10}{tok:>15,.0f}"
@@ -215,9 +220,15 @@ def main() -> None:
     p.add_argument("--model", default="qwen-1.5b")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--max-turns", type=int, default=8)
-    p.add_argument("--aids", action="store_true", help="one extra variant per aid switched off")
+    p.add_argument("--aids", nargs="?", const=",".join(AIDS), default="",
+                   type=lambda v: [a for a in v.split(",") if a],
+                   help="one extra code variant per aid switched off (all, or a comma list "
+                        f"of: {', '.join(AIDS)})")
     p.add_argument("--trajectories", default=None, help="append every rollout's trajectory")
     args = p.parse_args()
+    unknown = sorted(set(args.aids) - set(AIDS))
+    if unknown:
+        p.error(f"unknown aid(s): {', '.join(unknown)}")
     with tempfile.TemporaryDirectory() as tmp, contextlib.suppress(KeyboardInterrupt):
         db = build_warehouse(Path(tmp) / "w.db", seed=0)
         scripted(db, reference_answer(db))

@@ -55,8 +55,12 @@ class Aids:
     """Help for small models, each switchable so its effect can be measured
     (bench/agent.py): a worked example in the prompt, a nudge after a reply with no code, a
     note when a reply repeats an earlier one verbatim, a preview of the variables a block
-    created, a reminder to submit when few turns remain, and stop sequences that cut a reply
-    where the model starts writing the output it imagines its code will print."""
+    created, a reminder to submit when few turns remain, stop sequences that cut a reply
+    where the model starts writing the output it imagines its code will print, and
+    re-asking (seeded, at ``repeat_temperature``) when a reply repeats an earlier one: at
+    temperature 0 a small model copies its failing block turn after turn, and every copy
+    left in the context makes the next one likelier, so a repeat is asked again before it
+    runs and only a fresh reply (or the last try) enters the context."""
 
     example: bool = True
     nudge: bool = True
@@ -64,6 +68,15 @@ class Aids:
     preview_variables: bool = True
     submit_reminder: bool = True
     stop_sequences: bool = True  # end a reply where a model starts inventing the output
+    resample_repeats: bool = True
+    repeat_temperature: float = 0.8
+    resample_tries: int = 2
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.repeat_temperature <= 2.0:
+            raise ConfigError("Aids.repeat_temperature must be in (0, 2]")
+        if not 0 <= self.resample_tries <= 10:
+            raise ConfigError("Aids.resample_tries must be between 0 and 10")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -317,7 +330,8 @@ class _Run:
                 answer=_jsonable_answer(answer) if submitted else None, submitted=submitted,
                 end_reason=end, prompt_tokens=self.prompt_tokens,
                 completion_tokens=self.completion_tokens, cost=self.cost,
-                duration=time.monotonic() - self.t0, llm_calls=len(self.steps), error=error)
+                duration=time.monotonic() - self.t0,
+                llm_calls=sum(1 + s.resampled for s in self.steps), error=error)
             if self.writer:
                 self.writer.end(self.traj)
                 self.writer.close()
@@ -385,6 +399,33 @@ class _Run:
         if self.node is not None:
             self.node.charge(c)
         return c
+
+    def _complete_fresh(self, key_of: Callable[[Any], str | None],
+                        **kwargs: Any) -> tuple[Any, dict[str, Any], int]:
+        """The model's reply, asked again (seeded, hotter) while it repeats an earlier reply
+        word for word (see :class:`Aids`). Returns the completion kept, the usage of every
+        call made for it, and how many times it was asked again."""
+        aids = self.a.aids
+        t0 = time.monotonic()
+        c = self._complete(**kwargs)
+        prompt, completion, cost = c.usage.prompt_tokens, c.usage.completion_tokens, c.cost
+        tries = 0
+        while aids.resample_repeats and tries < aids.resample_tries:
+            key = key_of(c)
+            if key is None or key not in self.replies or self._budget_reason():
+                break
+            tries += 1
+            if self.a.on_text is not None:
+                self.a.on_text("\n[this repeats an earlier reply word for word; asking again]\n")
+            c = self._complete(**kwargs, temperature=aids.repeat_temperature,
+                               seed=1000 * len(self.steps) + tries)
+            prompt += c.usage.prompt_tokens
+            completion += c.usage.completion_tokens
+            if c.cost is not None:
+                cost = (cost or 0.0) + c.cost
+        usage = {"prompt_tokens": prompt, "completion_tokens": completion, "cost": cost,
+                 "llm_seconds": time.monotonic() - t0, "resampled": tries}
+        return c, usage, tries
 
     def _turn_timeout(self) -> float | None:
         b = self.a.budget

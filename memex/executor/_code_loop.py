@@ -35,24 +35,29 @@ def _native_blocks(c: Any) -> list[tuple[str, str]]:
     return out
 
 
+def _blocks(c: Any, native: bool) -> list[str]:
+    calls = _native_blocks(c) if native else []
+    return [code for _, code in calls] or extract_code(c.content or "")
+
+
+def _key(blocks: list[str]) -> str | None:
+    """What two replies share when they would run the same code."""
+    return "\n".join(b.strip() for b in blocks) if blocks else None
+
+
 def code_turn(run: _Run, session: AgentSession) -> Step:
     from ._agent import NUDGE, PYTHON_TOOL, REPEAT, STOP
 
     a = run.a
     native = a.code_via == "tool_call"
-    t0 = time.monotonic()
     kwargs: dict[str, Any] = {"tools": [PYTHON_TOOL], "tool_choice": "auto"} if native else {}
     if a.aids.stop_sequences and not native:
         kwargs["stop"] = STOP
-    c = run._complete(**kwargs)
-    llm_s = time.monotonic() - t0
+    c, usage, _ = run._complete_fresh(lambda c: _key(_blocks(c, native)), **kwargs)
     reply = c.content or ""
     index = len(run.steps)
-    usage = {"prompt_tokens": c.usage.prompt_tokens,
-             "completion_tokens": c.usage.completion_tokens, "cost": c.cost,
-             "llm_seconds": llm_s}
     calls = _native_blocks(c) if native else []
-    blocks = [code for _, code in calls] or extract_code(reply)
+    blocks = _blocks(c, native)
     action = "native_code" if calls else ("code" if blocks else "none")
     if calls:
         run.messages.append({"role": "assistant", "content": reply, "tool_calls": [
@@ -67,7 +72,7 @@ def code_turn(run: _Run, session: AgentSession) -> Step:
         return Step(index=index, reply=reply, action="none", observation=obs,
                     status="no_action", **usage)
 
-    key = "\n".join(b.strip() for b in blocks)
+    key = _key(blocks) or ""
     repeated = key in run.replies
     run.replies.add(key)
     outputs: list[str] = []

@@ -34,7 +34,8 @@ def render_step(step: Step, console: Any = None, *, indent: int = 0) -> None:
     pad = (0, 0, 0, indent)
     head = (f"step {step.index + 1} · {step.action} · {step.status} · "
             f"{step.prompt_tokens}+{step.completion_tokens} tokens · "
-            f"llm {step.llm_seconds:.2f}s · exec {step.exec_seconds:.2f}s")
+            f"llm {step.llm_seconds:.2f}s · exec {step.exec_seconds:.2f}s"
+            + (f" · asked again {step.resampled}x (repeats)" if step.resampled else ""))
     con.print(Padding(Text(head, style="bold cyan"), pad))
     text = _FENCED.sub("", step.reply) if step.code else step.reply
     if text.strip() and step.action != "tool_calls":

@@ -4,6 +4,7 @@ JSON, ``<tool_call>`` tags) count as well as native ones; each is recorded with 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from typing import TYPE_CHECKING, Any
@@ -47,18 +48,27 @@ def _run_call(run: _Run, session: AgentSession, name: str, arguments: str,
     return kind, f"Error ({kind}): {err.get('message', '')}"
 
 
+def _key(c: Any) -> str | None:
+    """What two replies share when they make the same calls (native or written as text)."""
+    calls = [(tc.name, tc.arguments) for tc in c.tool_calls or ()] or [
+        (t.name, t.arguments) for t in extract_tool_calls(c.content or "")]
+    if not calls:
+        return None
+    out = []
+    for name, arguments in calls:
+        with contextlib.suppress(ValueError):  # the same call however its JSON is spaced
+            arguments = json.dumps(json.loads(arguments or "{}"), sort_keys=True)
+        out.append(f"{name}:{arguments}")
+    return "\n".join(out)
+
+
 def tools_turn(run: _Run, session: AgentSession) -> Step:
     from ._agent import TOOLS_NUDGE
 
     a = run.a
-    t0 = time.monotonic()
-    c = run._complete(tools=a.tool_definitions(), tool_choice="auto")
-    llm_s = time.monotonic() - t0
+    c, usage, _ = run._complete_fresh(_key, tools=a.tool_definitions(), tool_choice="auto")
     reply = c.content or ""
     index = len(run.steps)
-    usage = {"prompt_tokens": c.usage.prompt_tokens,
-             "completion_tokens": c.usage.completion_tokens, "cost": c.cost,
-             "llm_seconds": llm_s}
     calls: list[tuple[str | None, str, str, str, str | None]] = [
         (tc.id, tc.name, tc.arguments, "native", None) for tc in c.tool_calls or ()]
     if calls:
@@ -74,6 +84,9 @@ def tools_turn(run: _Run, session: AgentSession) -> Step:
         run.messages.append({"role": "user", "content": obs})
         return Step(index=index, reply=reply, action="none", observation=obs,
                     status="no_action", **usage)
+    key = _key(c)
+    if key is not None:
+        run.replies.add(key)
     infos: list[ToolCallInfo] = []
     texts: list[tuple[str | None, str, str]] = []
     status, error = "ok", None

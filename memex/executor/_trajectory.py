@@ -58,6 +58,7 @@ class Step:
     error: str | None = None  # the guest exception type, limit, or loop error
     new_variables: tuple[str, ...] = ()
     children: tuple[Trajectory, ...] = ()  # sub-agent rollouts started in this step
+    resampled: int = 0  # extra model calls made because the reply repeated an earlier one
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -123,11 +123,69 @@ def test_reply_without_code_gets_a_nudge() -> None:
 def test_repeated_reply_is_noted() -> None:
     script = [py("print(1)"), py("print(1)"), py("submit(total=1, label='r')")]
     with ScriptedLLM(script) as srv:
-        r = make_agent(srv).run("t")
+        r = make_agent(srv, aids=Aids(resample_repeats=False)).run("t")
     assert "repeats an earlier reply" in r.trajectory.steps[1].observation
+    assert r.trajectory.steps[1].status == "repeated"
     with ScriptedLLM(script) as srv:
-        r = make_agent(srv, aids=Aids(repeat_note=False)).run("t")
+        r = make_agent(srv, aids=Aids(repeat_note=False, resample_repeats=False)).run("t")
     assert "repeats" not in r.trajectory.steps[1].observation
+
+
+def _stubborn(fresh: str) -> Any:
+    """A model that repeats its first reply at temperature 0 and writes ``fresh`` when
+    sampled hotter; it answers with the first reply again on every cold call."""
+    first = py("print(1)")
+
+    def reply(req: dict[str, Any]) -> str:
+        turn = sum(1 for m in req["messages"] if m["role"] == "assistant")
+        if turn == 0 or not req.get("temperature"):
+            return first
+        return fresh
+    return reply
+
+
+def test_a_repeat_is_asked_again_hotter_and_never_enters_the_context() -> None:
+    with ScriptedLLM(_stubborn(py("submit(total=2, label='fresh')"))) as srv:
+        r = make_agent(srv).run("t")
+    assert r.submitted and r.answer == Answer(total=2, label="fresh")
+    t = r.trajectory
+    assert len(t.steps) == 2 and t.steps[1].resampled == 1 and t.llm_calls == 3
+    hot = srv.requests[2].body
+    assert hot["temperature"] == 0.8 and hot["seed"] == 1001
+    # the repeated reply was dropped: the hot call saw the same conversation as the cold one
+    assert srv.requests[2].messages == srv.requests[1].messages
+    assert [m["content"] for m in t.messages if m["role"] == "assistant"].count(
+        py("print(1)")) == 1
+    # the discarded call's tokens are counted in the step that made it
+    assert t.steps[1].prompt_tokens >= 2 * t.steps[0].prompt_tokens > 0
+    assert t.prompt_tokens == sum(s.prompt_tokens for s in t.steps)
+
+
+def test_a_reply_that_stays_a_repeat_runs_with_the_note() -> None:
+    with ScriptedLLM(_stubborn(py("print(1)"))) as srv:
+        r = make_agent(srv, budget=Budget(max_turns=2),
+                       aids=Aids(resample_tries=3, repeat_temperature=1.1)).run("t")
+    s1 = r.trajectory.steps[1]
+    assert s1.resampled == 3 and s1.status == "repeated"
+    assert "repeats an earlier reply" in s1.observation
+    assert [q.body.get("seed") for q in srv.requests] == [None, None, 1001, 1002, 1003]
+    assert {q.body.get("temperature") for q in srv.requests[2:]} == {1.1}
+    assert r.trajectory.llm_calls == 5 and r.end_reason == "max_turns"
+
+
+def test_tool_calling_repeats_are_asked_again_too() -> None:
+    def reply(req: dict[str, Any]) -> ScriptedReply:
+        turn = sum(1 for m in req["messages"] if m["role"] == "assistant")
+        if turn == 0 or not req.get("temperature"):  # same call, spaced differently
+            args = '{"n": 3}' if turn == 0 else '{ "n" : 3 }'
+            return ScriptedReply(content="", tool_calls=(
+                ScriptedToolCall(name="numbers", arguments=args),))
+        return ScriptedReply(content="", tool_calls=(ScriptedToolCall(
+            name="submit", arguments={"answer": {"total": 3, "label": "t"}}),))
+
+    with ScriptedLLM(reply) as srv:
+        r = make_agent(srv, action_space="tools").run("t")
+    assert r.submitted and r.trajectory.steps[1].resampled == 1
 
 
 def test_several_blocks_run_in_order_and_stop_at_an_error() -> None:
@@ -258,6 +316,10 @@ def test_bad_configuration_raises() -> None:
             agent.run("t", inputs={"_hidden": 1})
         with pytest.raises(ConfigError):
             agent.run("t", inputs={"numbers": 1})
+    with pytest.raises(ConfigError, match="repeat_temperature"):
+        Aids(repeat_temperature=0.0)
+    with pytest.raises(ConfigError, match="resample_tries"):
+        Aids(resample_tries=-1)
 
 
 @pytest.mark.parametrize("backend", ["inprocess", "subprocess", "pool"])
