@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from memex.errors import MemexError
-from memex.executor import Budget, LocalModel, MemexAgent, load_trajectories
+from memex.executor import Aids, Budget, LocalModel, MemexAgent, load_trajectories
 from memex.executor._local_model import MODELS, model_dir, verify_model_file
 from memex.runtime_wasm import Limits
 
@@ -43,17 +43,20 @@ def test_funnel_rollout_with_the_local_model(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     with LocalModel(MODEL, fetch=False) as lm:
         # Bounded so a slow machine ends the rollout rather than the CI job: at most three
-        # model calls, none started after 15 minutes, each at most 15 minutes (an idle
-        # 2-core machine answers in about a minute; one shared with heavy work, far slower).
+        # turns (a reply repeating an earlier one is asked again once), no model call started
+        # after 15 minutes, each at most 15 minutes (an idle 2-core machine answers in 10-50
+        # s; one shared with heavy work, far slower).
         agent = MemexAgent(model=lm.client(max_tokens=320, timeout=900, max_retries=0),
                            tools=[sql_tool(db)], submit=FunnelAnswer,
                            limits=Limits(timeout=60), preload=["pandas"],
                            budget=Budget(max_turns=3, max_seconds=900),
+                           aids=Aids(resample_tries=1),
                            trajectory_path=str(path))
         r = agent.run(TASK)
     t = r.trajectory
     assert r.end_reason in ("submitted", "max_turns", "max_seconds"), (r.end_reason, r.error)
-    assert 1 <= len(t.steps) <= 3 and t.llm_calls == len(t.steps)
+    assert 1 <= len(t.steps) <= 3 and all(0 <= s.resampled <= 1 for s in t.steps)
+    assert t.llm_calls == len(t.steps) + sum(s.resampled for s in t.steps)
     assert t.prompt_tokens > 500 and t.completion_tokens > 0  # real usage from the server
     ran = [s for s in t.steps if s.code]
     assert ran, "the model wrote no code block in any turn"
