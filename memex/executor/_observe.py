@@ -35,10 +35,15 @@ _CHAIN = ("\nThe above exception was the direct cause of the following exception
           "\nDuring handling of the above exception, another exception occurred:\n")
 
 
+# MemEx's own guest plumbing (tool stubs, the door client, submit): a failed tool call's
+# message says what went wrong, the frames that carried it say nothing to the model.
+_PLUMBING = ("/memex_guest/", '"<memex-')
+
+
 def trim_traceback(tb: str) -> str:
     """The part of a guest traceback worth the model's context: the last exception of a
     chain, with the agent's own cell frames and the frame that raised (library frames in
-    between are dropped with a count)."""
+    between are dropped with a count; MemEx's own guest frames are dropped silently)."""
     for marker in _CHAIN:
         if marker in tb:
             tb = tb.rsplit(marker, 1)[1].lstrip("\n")
@@ -54,6 +59,7 @@ def trim_traceback(tb: str) -> str:
             frames[-1].append(line)
         else:
             tail.append(line)
+    frames = [f for f in frames if not any(p in f[0] for p in _PLUMBING)]
     keep = [f for i, f in enumerate(frames)
             if '"<cell-' in f[0] or i == len(frames) - 1]
     out = [lines[0]]

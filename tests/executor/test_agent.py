@@ -35,6 +35,8 @@ def numbers(n: int) -> list[int]:
     Args:
         n: how many.
     """
+    if n < 0:
+        raise ValueError("n must be >= 0")
     return [i * i for i in range(n)]
 
 
@@ -109,6 +111,17 @@ def test_submit_rejected_then_accepted() -> None:
     assert "total" in first.observation and "label" in first.observation
     assert "Field required" in first.observation
     assert r.submitted and r.answer == Answer(total=3, label="ok")
+
+
+def test_tool_and_submit_errors_show_the_cell_and_the_message_only() -> None:
+    script = [py("numbers(-1)"), py("submit({'total': 'many'})"), py("submit(total=1, label='e')")]
+    with ScriptedLLM(script) as srv:
+        r = make_agent(srv).run("t")
+    for s in r.trajectory.steps[:2]:
+        assert '"<cell-' in s.observation
+        assert "memex_guest/" not in s.observation and "<memex-" not in s.observation
+    assert "n must be" in r.trajectory.steps[0].observation
+    assert "Input should be a valid integer" in r.trajectory.steps[1].observation
 
 
 def test_reply_without_code_gets_a_nudge() -> None:

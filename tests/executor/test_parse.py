@@ -105,3 +105,21 @@ def test_traceback_trim_keeps_cells_and_the_raising_frame() -> None:
         '  File "/lib/pandas/base.py", line 3648, in get_loc\n'
         "KeyError: 'segment'")
     assert trim_traceback("ValueError: x") == "ValueError: x"
+
+
+def test_traceback_trim_drops_memex_plumbing_silently() -> None:
+    from memex.executor._observe import trim_traceback
+
+    tb = ("Traceback (most recent call last):\n"
+          '  File "<cell-5>", line 1, in <module>\n'
+          "    submit({'total': 'x'})\n"
+          '  File "<memex-agent-prelude>", line 43, in submit\n'
+          "    raise tools.error_from_map(exc.error, 'submit') from None\n"
+          '  File "/memex/site/memex_guest/tools.py", line 386, in call\n'
+          "    raise error_from_map(exc.error, name) from None\n"
+          "memex_guest.tools.ToolArgumentError: invalid arguments for submit\n")
+    assert trim_traceback(tb) == (
+        "Traceback (most recent call last):\n"
+        '  File "<cell-5>", line 1, in <module>\n'
+        "    submit({'total': 'x'})\n"
+        "memex_guest.tools.ToolArgumentError: invalid arguments for submit")
