@@ -171,8 +171,8 @@ AIDS = ("example", "nudge", "repeat_note", "preview_variables", "submit_reminder
 def local(args: argparse.Namespace) -> None:
     from memex.executor import LocalModel
 
-    variants: list[tuple[str, str, Aids]] = [("code", "all aids", Aids()),
-                                             ("tools", "all aids", Aids())]
+    variants: list[tuple[str, str, Aids]] = [] if args.no_baseline else [
+        ("code", "all aids", Aids()), ("tools", "all aids", Aids())]
     for name in args.aids:
         variants.append(("code", f"no {name}", Aids(**{name: False})))
     print(f"Part 2: local model {args.model}, seeds 0..{args.seeds - 1}, "
@@ -224,11 +224,15 @@ def main() -> None:
                    type=lambda v: [a for a in v.split(",") if a],
                    help="one extra code variant per aid switched off (all, or a comma list "
                         f"of: {', '.join(AIDS)})")
+    p.add_argument("--no-baseline", action="store_true",
+                   help="skip the code/tools variants with all aids (only the --aids ones)")
     p.add_argument("--trajectories", default=None, help="append every rollout's trajectory")
     args = p.parse_args()
     unknown = sorted(set(args.aids) - set(AIDS))
     if unknown:
         p.error(f"unknown aid(s): {', '.join(unknown)}")
+    if args.no_baseline and not args.aids:
+        p.error("--no-baseline needs --aids")
     with tempfile.TemporaryDirectory() as tmp, contextlib.suppress(KeyboardInterrupt):
         db = build_warehouse(Path(tmp) / "w.db", seed=0)
         scripted(db, reference_answer(db))
