@@ -41,7 +41,8 @@ class ToolCallInfo:
 
 @dataclass(frozen=True, kw_only=True)
 class Step:
-    """One model call and what was done with its reply."""
+    """One turn: the model's reply and what was done with it. Tokens and ``llm_seconds``
+    include the calls re-asked because a reply repeated an earlier one (``resampled``)."""
 
     index: int
     reply: str  # the model's text (a native call's code is in `code`)
