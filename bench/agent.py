@@ -164,6 +164,17 @@ def scripted(db: Path, ref: FunnelAnswer) -> None:
           "carries; the agent's default bound is 4,000 characters per observation)\n")
 
 
+def _repeats_run(t: Any) -> int:
+    """Steps whose code (or calls) were exactly an earlier step's."""
+    seen, n = set(), 0
+    for s in t.steps:
+        key = s.code or tuple((c.name, c.arguments) for c in s.tool_calls if c.kind != "code")
+        if key:
+            n += key in seen
+            seen.add(key)
+    return n
+
+
 AIDS = ("example", "nudge", "repeat_note", "preview_variables", "submit_reminder",
         "stop_sequences", "resample_repeats")
 
@@ -198,7 +209,7 @@ def local(args: argparse.Namespace) -> None:
                 print(f"  {space}/{label} seed {seed}: {r.end_reason}, "
                       f"{'correct' if ok else 'wrong'}, {t.total_tokens} tokens, "
                       f"{len(t.steps)} turns, {t.llm_calls} LLM calls, "
-                      f"{sum(s.status == 'repeated' for s in t.steps)} repeats run, "
+                      f"{_repeats_run(t)} repeats run, "
                       f"{t.duration:.0f}s", flush=True)
             rows.append(Row(f"{space} / {label}", rollouts, correct, time.monotonic() - t0))
     print(f"\n{'variant':<30}{'accuracy':>9}{'submitted':>10}{'tokens/rollout':>15}"

@@ -281,7 +281,8 @@ class _Run:
         self.completion_tokens = 0
         self.cost: float | None = None
         self.pending_calls: list[ToolCallRecord] = []
-        self.replies: set[str] = set()
+        # what each reply ran -> (turn, how it ended), to catch and explain verbatim repeats
+        self.replies: dict[str, tuple[int, str]] = {}
         self.writer = TrajectoryWriter(agent.trajectory_path) if agent.trajectory_path else None
 
     # ---- driving ----------------------------------------------------------------------------
@@ -375,15 +376,16 @@ class _Run:
         if self.a.on_step is not None:
             self.a.on_step(step)
 
-    def _complete(self, **kwargs: Any) -> Any:
+    def _complete(self, messages: list[dict[str, Any]] | None = None, **kwargs: Any) -> Any:
         from ..errors import LLMError
 
         c: Any = None
+        messages = self.messages if messages is None else messages
         try:
             if self.a.on_text is None:
-                c = self.a.llm.complete(self.messages, **kwargs)
+                c = self.a.llm.complete(messages, **kwargs)
             else:  # stream the text to the caller as it arrives
-                for part in self.a.llm.stream(self.messages, **kwargs):
+                for part in self.a.llm.stream(messages, **kwargs):
                     if isinstance(part, str):
                         self.a.on_text(part)
                     else:
@@ -402,9 +404,11 @@ class _Run:
 
     def _complete_fresh(self, key_of: Callable[[Any], str | None],
                         **kwargs: Any) -> tuple[Any, dict[str, Any], int]:
-        """The model's reply, asked again (seeded, hotter) while it repeats an earlier reply
-        word for word (see :class:`Aids`). Returns the completion kept, the usage of every
-        call made for it, and how many times it was asked again."""
+        """The model's reply, asked again while it repeats an earlier reply word for word (see
+        :class:`Aids`): hotter and seeded, with a note on the last observation (for that
+        request only) naming the turn it repeats and how that turn ended. Returns the
+        completion kept, the usage of every call made for it, and how many times it was
+        asked again."""
         aids = self.a.aids
         t0 = time.monotonic()
         c = self._complete(**kwargs)
@@ -417,7 +421,16 @@ class _Run:
             tries += 1
             if self.a.on_text is not None:
                 self.a.on_text("\n[this repeats an earlier reply word for word; asking again]\n")
-            c = self._complete(**kwargs, temperature=aids.repeat_temperature,
+            turn, outcome = self.replies[key]
+            what = "code" if self.a.action_space == "code" else "calls"
+            last = dict(self.messages[-1])
+            last["content"] = (f"{last.get('content') or ''}\n\n[Your reply repeated the {what} "
+                               f"of turn {turn + 1} word for word; {outcome}. Doing it again "
+                               "gives the same result: reply with something different (fix "
+                               "the cause, look at the data first, or submit the answer if "
+                               "you have it).]")
+            c = self._complete([*self.messages[:-1], last], **kwargs,
+                               temperature=aids.repeat_temperature,
                                seed=1000 * len(self.steps) + tries)
             prompt += c.usage.prompt_tokens
             completion += c.usage.completion_tokens

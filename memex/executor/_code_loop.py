@@ -45,6 +45,16 @@ def _key(blocks: list[str]) -> str | None:
     return "\n".join(b.strip() for b in blocks) if blocks else None
 
 
+def _outcome(status: str, error: str | None, outputs: list[str]) -> str:
+    """How a turn's code ended, in a few words, for the note on a repeat."""
+    if status in ("error", "killed", "rejected"):
+        lines = [ln for ln in "\n".join(outputs).splitlines() if ln.strip()]
+        last = next((ln for ln in reversed(lines) if error and error.split(".")[-1] in ln),
+                    error or status)
+        return f"it failed with {bound_text(last.strip(), 300)}"
+    return "its output is in the conversation above"
+
+
 def code_turn(run: _Run, session: AgentSession) -> Step:
     from ._agent import NUDGE, PYTHON_TOOL, REPEAT, STOP
 
@@ -74,7 +84,6 @@ def code_turn(run: _Run, session: AgentSession) -> Step:
 
     key = _key(blocks) or ""
     repeated = key in run.replies
-    run.replies.add(key)
     outputs: list[str] = []
     status, error = "ok", None
     t1 = time.monotonic()
@@ -104,6 +113,8 @@ def code_turn(run: _Run, session: AgentSession) -> Step:
         if new_vars:
             outputs.append("[new variables: " + "; ".join(f"{n}: {d}" for n, d in new_vars)
                            + "]")
+    if not repeated:
+        run.replies[key] = (index, _outcome(status, error, outputs))
     body = bound_text("\n".join(outputs), a.observation_chars)
     if repeated and a.aids.repeat_note:
         body = f"{REPEAT}\n{body}"

@@ -85,8 +85,6 @@ def tools_turn(run: _Run, session: AgentSession) -> Step:
         return Step(index=index, reply=reply, action="none", observation=obs,
                     status="no_action", **usage)
     key = _key(c)
-    if key is not None:
-        run.replies.add(key)
     infos: list[ToolCallInfo] = []
     texts: list[tuple[str | None, str, str]] = []
     status, error = "ok", None
@@ -105,6 +103,9 @@ def tools_turn(run: _Run, session: AgentSession) -> Step:
             status = "submitted"
             break
     exec_s = time.monotonic() - t1
+    if key is not None and key not in run.replies:
+        run.replies[key] = (index, f"it ended with {error}: {bound_text(texts[-1][2], 300)}"
+                            if error else "its results are in the conversation above")
     reminder = run._reminder()
     shown: list[Any] = []
     if calls[0][3] == "native":

@@ -165,13 +165,34 @@ def test_a_repeat_is_asked_again_hotter_and_never_enters_the_context() -> None:
     assert len(t.steps) == 2 and t.steps[1].resampled == 1 and t.llm_calls == 3
     hot = srv.requests[2].body
     assert hot["temperature"] == 0.8 and hot["seed"] == 1001
-    # the repeated reply was dropped: the hot call saw the same conversation as the cold one
-    assert srv.requests[2].messages == srv.requests[1].messages
+    # the repeated reply was dropped: the hot call saw the same conversation as the cold
+    # one, its last observation carrying (for that request only) a note on the repeat
+    cold, hot_msgs = srv.requests[1].messages, srv.requests[2].messages
+    assert hot_msgs[:-1] == cold[:-1]
+    assert hot_msgs[-1]["content"].startswith(cold[-1]["content"])
+    assert "repeated the code of turn 1 word for word" in hot_msgs[-1]["content"]
+    assert "its output is in the conversation above" in hot_msgs[-1]["content"]
+    assert "repeated the code" not in str(t.messages)
     assert [m["content"] for m in t.messages if m["role"] == "assistant"].count(
         py("print(1)")) == 1
     # the discarded call's tokens are counted in the step that made it
     assert t.steps[1].prompt_tokens >= 2 * t.steps[0].prompt_tokens > 0
     assert t.prompt_tokens == sum(s.prompt_tokens for s in t.steps)
+
+
+def test_the_note_on_a_repeat_says_how_the_earlier_turn_failed() -> None:
+    first = py("numbers(-1)")
+
+    def reply(req: dict[str, Any]) -> str:
+        turn = sum(1 for m in req["messages"] if m["role"] == "assistant")
+        return first if turn == 0 or not req.get("temperature") else py(
+            "submit(total=0, label='fixed')")
+
+    with ScriptedLLM(reply) as srv:
+        r = make_agent(srv).run("t")
+    assert r.submitted
+    note = srv.requests[2].messages[-1]["content"]
+    assert "turn 1 word for word; it failed with" in note and "n must be >= 0" in note
 
 
 def test_a_reply_that_stays_a_repeat_runs_with_the_note() -> None:
