@@ -9,6 +9,7 @@ the baseline, one setting away.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -282,7 +283,7 @@ class _Run:
         self.cost: float | None = None
         self.pending_calls: list[ToolCallRecord] = []
         # what each reply ran -> (turn, how it ended), to catch and explain verbatim repeats
-        self.replies: dict[str, tuple[int, str]] = {}
+        self.replies: dict[str, tuple[int, str, int]] = {}  # + the reply's message index
         self.writer = TrajectoryWriter(agent.trajectory_path) if agent.trajectory_path else None
 
     # ---- driving ----------------------------------------------------------------------------
@@ -406,9 +407,10 @@ class _Run:
                         **kwargs: Any) -> tuple[Any, dict[str, Any], int]:
         """The model's reply, asked again while it repeats an earlier reply word for word (see
         :class:`Aids`): hotter and seeded, with a note on the last observation (for that
-        request only) naming the turn it repeats and how that turn ended. Returns the
-        completion kept, the usage of every call made for it, and how many times it was
-        asked again."""
+        request only) naming the turn it repeats and how that turn ended; in the code space
+        the earlier turn's code is replaced in the context by a one-line stub, so there is
+        nothing left to copy. Returns the completion kept, the usage of every call made for
+        it, and how many times it was asked again."""
         aids = self.a.aids
         t0 = time.monotonic()
         c = self._complete(**kwargs)
@@ -421,8 +423,10 @@ class _Run:
             tries += 1
             if self.a.on_text is not None:
                 self.a.on_text("\n[this repeats an earlier reply word for word; asking again]\n")
-            turn, outcome = self.replies[key]
+            turn, outcome, at = self.replies[key]
             what = "code" if self.a.action_space == "code" else "calls"
+            if what == "code":
+                self.messages[at] = _elide_code(self.messages[at], turn, outcome)
             last = dict(self.messages[-1])
             last["content"] = (f"{last.get('content') or ''}\n\n[Your reply repeated the {what} "
                                f"of turn {turn + 1} word for word; {outcome}. Doing it again "
@@ -470,6 +474,17 @@ class _Run:
         out = tuple(replace(_info(r), kind=kind) for r in self.pending_calls)
         self.pending_calls.clear()
         return out
+
+
+def _elide_code(message: dict[str, Any], turn: int, outcome: str) -> dict[str, Any]:
+    """An assistant message with its code replaced by a stub saying how it ended."""
+    stub = f"[my reply of turn {turn + 1} is omitted here: {outcome}]"
+    m = dict(message)
+    m["content"] = stub
+    if m.get("tool_calls"):
+        m["tool_calls"] = [{**tc, "function": {**tc["function"], "arguments": json.dumps(
+            {"code": f"# {stub}"})}} for tc in m["tool_calls"]]
+    return m
 
 
 class _LLMFailed(Exception):

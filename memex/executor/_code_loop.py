@@ -69,6 +69,7 @@ def code_turn(run: _Run, session: AgentSession) -> Step:
     calls = _native_blocks(c) if native else []
     blocks = _blocks(c, native)
     action = "native_code" if calls else ("code" if blocks else "none")
+    at = len(run.messages)  # where this reply sits in the context
     if calls:
         run.messages.append({"role": "assistant", "content": reply, "tool_calls": [
             {"id": cid, "type": "function",
@@ -114,7 +115,7 @@ def code_turn(run: _Run, session: AgentSession) -> Step:
             outputs.append("[new variables: " + "; ".join(f"{n}: {d}" for n, d in new_vars)
                            + "]")
     if not repeated:
-        run.replies[key] = (index, _outcome(status, error, outputs))
+        run.replies[key] = (index, _outcome(status, error, outputs), at)
     body = bound_text("\n".join(outputs), a.observation_chars)
     if repeated and a.aids.repeat_note:
         body = f"{REPEAT}\n{body}"

@@ -168,13 +168,18 @@ def test_a_repeat_is_asked_again_hotter_and_never_enters_the_context() -> None:
     # the repeated reply was dropped: the hot call saw the same conversation as the cold
     # one, its last observation carrying (for that request only) a note on the repeat
     cold, hot_msgs = srv.requests[1].messages, srv.requests[2].messages
-    assert hot_msgs[:-1] == cold[:-1]
+    assert hot_msgs[:2] == cold[:2] and hot_msgs[3:-1] == cold[3:-1]
     assert hot_msgs[-1]["content"].startswith(cold[-1]["content"])
+    # the repeated turn's code is replaced by a stub: nothing left to copy
+    assert cold[2]["content"] == py("print(1)")
+    assert hot_msgs[2]["content"] == ("[my reply of turn 1 is omitted here: its output is in "
+                                      "the conversation above]")
+    assert "print(1)" not in str(hot_msgs)
     assert "repeated the code of turn 1 word for word" in hot_msgs[-1]["content"]
     assert "its output is in the conversation above" in hot_msgs[-1]["content"]
     assert "repeated the code" not in str(t.messages)
     assert [m["content"] for m in t.messages if m["role"] == "assistant"].count(
-        py("print(1)")) == 1
+        py("print(1)")) == 0
     # the discarded call's tokens are counted in the step that made it
     assert t.steps[1].prompt_tokens >= 2 * t.steps[0].prompt_tokens > 0
     assert t.prompt_tokens == sum(s.prompt_tokens for s in t.steps)
@@ -364,3 +369,16 @@ def test_the_same_rollout_on_every_local_backend(backend: str) -> None:
     assert r.answer == Answer(total=14, label="b")
     assert "14" in r.trajectory.steps[0].observation
     assert r.trajectory.tool_calls[0].name == "numbers"
+
+
+def test_elided_native_code_call_keeps_the_message_shape() -> None:
+    from memex.executor._agent import _elide_code
+
+    m = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c1", "type": "function",
+         "function": {"name": "python", "arguments": json.dumps({"code": "print(1)"})}}]}
+    e = _elide_code(m, 0, "it failed with KeyError: 'x'")
+    assert e["tool_calls"][0]["id"] == "c1" and e["tool_calls"][0]["function"]["name"] == "python"
+    code = json.loads(e["tool_calls"][0]["function"]["arguments"])["code"]
+    assert code.startswith("# [my reply of turn 1 is omitted here") and "KeyError" in code
+    assert m["tool_calls"][0]["function"]["arguments"] == json.dumps({"code": "print(1)"})
