@@ -106,6 +106,7 @@ NUDGE = ("Your reply had no ```python code block, so nothing ran. Reply with one
 TOOLS_NUDGE = ("Your reply had no function call, so nothing ran. Call one of the functions; "
                "call submit when you know the answer.")
 STOP = ["```output", "\nOutput:", "\nUser:"]
+ELIDED = "MemEx removed the repeated code of turn"  # the stub's fixed part
 REPEAT = ("Note: this reply repeats an earlier reply word for word; its output is above. "
           "Do something different, or submit the answer if you have it.")
 
@@ -425,14 +426,19 @@ class _Run:
                 self.a.on_text("\n[this repeats an earlier reply word for word; asking again]\n")
             turn, outcome, at = self.replies[key]
             what = "code" if self.a.action_space == "code" else "calls"
-            if what == "code":
-                self.messages[at] = _elide_code(self.messages[at], turn, outcome)
+            if at < 0:  # the reply copied the placeholder that stands for elided code
+                note = ("[Your reply only repeated the placeholder that stands for your "
+                        "earlier code; it is not a reply. Reply with a new ```python block.]")
+            else:
+                if what == "code":
+                    self.messages[at] = _elide_code(self.messages[at], turn, outcome)
+                    self.replies.setdefault(ELIDED, (turn, "", -1))
+                note = (f"[Your reply repeated the {what} of turn {turn + 1} word for word; "
+                        f"{outcome}. Doing it again gives the same result: reply with "
+                        "something different (fix the cause, look at the data first, or "
+                        "submit the answer if you have it).]")
             last = dict(self.messages[-1])
-            last["content"] = (f"{last.get('content') or ''}\n\n[Your reply repeated the {what} "
-                               f"of turn {turn + 1} word for word; {outcome}. Doing it again "
-                               "gives the same result: reply with something different (fix "
-                               "the cause, look at the data first, or submit the answer if "
-                               "you have it).]")
+            last["content"] = f"{last.get('content') or ''}\n\n{note}"
             c = self._complete([*self.messages[:-1], last], **kwargs,
                                temperature=aids.repeat_temperature,
                                seed=1000 * len(self.steps) + tries)
@@ -478,7 +484,7 @@ class _Run:
 
 def _elide_code(message: dict[str, Any], turn: int, outcome: str) -> dict[str, Any]:
     """An assistant message with its code replaced by a stub saying how it ended."""
-    stub = f"[my reply of turn {turn + 1} is omitted here: {outcome}]"
+    stub = f"[{ELIDED} {turn + 1}: {outcome}]"
     m = dict(message)
     m["content"] = stub
     if m.get("tool_calls"):

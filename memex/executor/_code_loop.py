@@ -40,9 +40,14 @@ def _blocks(c: Any, native: bool) -> list[str]:
     return [code for _, code in calls] or extract_code(c.content or "")
 
 
-def _key(blocks: list[str]) -> str | None:
-    """What two replies share when they would run the same code."""
-    return "\n".join(b.strip() for b in blocks) if blocks else None
+def _key(blocks: list[str], text: str | None = None) -> str | None:
+    """What two replies share when they would run the same code (a reply that only copies
+    the stub standing for removed code counts as a repeat of it)."""
+    from ._agent import ELIDED
+
+    if blocks:
+        return "\n".join(b.strip() for b in blocks)
+    return ELIDED if text and ELIDED in text else None
 
 
 def _outcome(status: str, error: str | None, outputs: list[str]) -> str:
@@ -63,7 +68,7 @@ def code_turn(run: _Run, session: AgentSession) -> Step:
     kwargs: dict[str, Any] = {"tools": [PYTHON_TOOL], "tool_choice": "auto"} if native else {}
     if a.aids.stop_sequences and not native:
         kwargs["stop"] = STOP
-    c, usage, _ = run._complete_fresh(lambda c: _key(_blocks(c, native)), **kwargs)
+    c, usage, _ = run._complete_fresh(lambda c: _key(_blocks(c, native), c.content), **kwargs)
     reply = c.content or ""
     index = len(run.steps)
     calls = _native_blocks(c) if native else []

@@ -172,8 +172,8 @@ def test_a_repeat_is_asked_again_hotter_and_never_enters_the_context() -> None:
     assert hot_msgs[-1]["content"].startswith(cold[-1]["content"])
     # the repeated turn's code is replaced by a stub: nothing left to copy
     assert cold[2]["content"] == py("print(1)")
-    assert hot_msgs[2]["content"] == ("[my reply of turn 1 is omitted here: its output is in "
-                                      "the conversation above]")
+    assert hot_msgs[2]["content"] == ("[MemEx removed the repeated code of turn 1: its output "
+                                      "is in the conversation above]")
     assert "print(1)" not in str(hot_msgs)
     assert "repeated the code of turn 1 word for word" in hot_msgs[-1]["content"]
     assert "its output is in the conversation above" in hot_msgs[-1]["content"]
@@ -183,6 +183,24 @@ def test_a_repeat_is_asked_again_hotter_and_never_enters_the_context() -> None:
     # the discarded call's tokens are counted in the step that made it
     assert t.steps[1].prompt_tokens >= 2 * t.steps[0].prompt_tokens > 0
     assert t.prompt_tokens == sum(s.prompt_tokens for s in t.steps)
+
+
+def test_a_reply_copying_the_stub_is_asked_again() -> None:
+    first = py("print(1)")
+
+    def reply(req: dict[str, Any]) -> str:
+        turn = sum(1 for m in req["messages"] if m["role"] == "assistant")
+        if turn == 0 or not req.get("temperature"):
+            return first
+        last = req["messages"][-1]["content"]
+        if "only repeated the placeholder" in last:
+            return py("submit(total=5, label='new')")
+        return "[MemEx removed the repeated code of turn 1: its output is above]"  # a copy
+
+    with ScriptedLLM(reply) as srv:
+        r = make_agent(srv).run("t")
+    assert r.submitted and r.answer == Answer(total=5, label="new")
+    assert r.trajectory.steps[1].resampled == 2
 
 
 def test_the_note_on_a_repeat_says_how_the_earlier_turn_failed() -> None:
@@ -380,5 +398,5 @@ def test_elided_native_code_call_keeps_the_message_shape() -> None:
     e = _elide_code(m, 0, "it failed with KeyError: 'x'")
     assert e["tool_calls"][0]["id"] == "c1" and e["tool_calls"][0]["function"]["name"] == "python"
     code = json.loads(e["tool_calls"][0]["function"]["arguments"])["code"]
-    assert code.startswith("# [my reply of turn 1 is omitted here") and "KeyError" in code
+    assert code.startswith("# [MemEx removed the repeated code of turn 1") and "KeyError" in code
     assert m["tool_calls"][0]["function"]["arguments"] == json.dumps({"code": "print(1)"})
