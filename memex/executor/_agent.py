@@ -9,7 +9,6 @@ the baseline, one setting away.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -106,7 +105,7 @@ NUDGE = ("Your reply had no ```python code block, so nothing ran. Reply with one
 TOOLS_NUDGE = ("Your reply had no function call, so nothing ran. Call one of the functions; "
                "call submit when you know the answer.")
 STOP = ["```output", "\nOutput:", "\nUser:"]
-ELIDED = "MemEx removed the repeated code of turn"  # the stub's fixed part
+REMOVED = "MemEx removed a turn here"
 REPEAT = ("Note: this reply repeats an earlier reply word for word; its output is above. "
           "Do something different, or submit the answer if you have it.")
 
@@ -284,7 +283,8 @@ class _Run:
         self.cost: float | None = None
         self.pending_calls: list[ToolCallRecord] = []
         # what each reply ran -> (turn, how it ended), to catch and explain verbatim repeats
-        self.replies: dict[str, tuple[int, str, int]] = {}  # + the reply's message index
+        # + the reply's message, until it is taken out of the context
+        self.replies: dict[str, tuple[int, str, dict[str, Any] | None]] = {}
         self.writer = TrajectoryWriter(agent.trajectory_path) if agent.trajectory_path else None
 
     # ---- driving ----------------------------------------------------------------------------
@@ -408,8 +408,9 @@ class _Run:
                         **kwargs: Any) -> tuple[Any, dict[str, Any], int]:
         """The model's reply, asked again while it repeats an earlier reply word for word (see
         :class:`Aids`): hotter and seeded, with a note on the last observation (for that
-        request only) naming the turn it repeats and how that turn ended; in the code space
-        the earlier turn's code is replaced in the context by a one-line stub, so there is
+        request only) saying how the repeated code ended. In the code space the earlier turn
+        is first removed from the context (its reply and observation; its results are still
+        in the sandbox), leaving a one-line remark in the message before it, so there is
         nothing left to copy. Returns the completion kept, the usage of every call made for
         it, and how many times it was asked again."""
         aids = self.a.aids
@@ -424,19 +425,15 @@ class _Run:
             tries += 1
             if self.a.on_text is not None:
                 self.a.on_text("\n[this repeats an earlier reply word for word; asking again]\n")
-            turn, outcome, at = self.replies[key]
-            what = "code" if self.a.action_space == "code" else "calls"
-            if at < 0:  # the reply copied the placeholder that stands for elided code
-                note = ("[Your reply only repeated the placeholder that stands for your "
-                        "earlier code; it is not a reply. Reply with a new ```python block.]")
-            else:
-                if what == "code":
-                    self.messages[at] = _elide_code(self.messages[at], turn, outcome)
-                    self.replies.setdefault(ELIDED, (turn, "", -1))
-                note = (f"[Your reply repeated the {what} of turn {turn + 1} word for word; "
-                        f"{outcome}. Doing it again gives the same result: reply with "
-                        "something different (fix the cause, look at the data first, or "
-                        "submit the answer if you have it).]")
+            turn, outcome, msg = self.replies[key]
+            code = self.a.action_space == "code"
+            if code and msg is not None:
+                self._remove_turn(msg, outcome)
+                self.replies[key] = (turn, outcome, None)
+            note = (f"[Your reply repeated {'code' if code else 'calls'} you already ran "
+                    f"(turn {turn + 1}) word for word; {outcome}. Doing it again gives the "
+                    "same result: reply with something different (fix the cause, look at the "
+                    "data first, or submit the answer if you have it).]")
             last = dict(self.messages[-1])
             last["content"] = f"{last.get('content') or ''}\n\n{note}"
             c = self._complete([*self.messages[:-1], last], **kwargs,
@@ -449,6 +446,20 @@ class _Run:
         usage = {"prompt_tokens": prompt, "completion_tokens": completion, "cost": cost,
                  "llm_seconds": time.monotonic() - t0, "resampled": tries}
         return c, usage, tries
+
+    def _remove_turn(self, msg: dict[str, Any], outcome: str) -> None:
+        """Take a turn (its assistant message and the observation after it) out of the
+        context; the message before it gets a one-line remark."""
+        at = next((i for i, m in enumerate(self.messages) if m is msg), None)
+        if at is None or at < 2:
+            return
+        end = next((j for j in range(at + 1, len(self.messages))
+                    if self.messages[j].get("role") == "assistant"), len(self.messages))
+        del self.messages[at:end]
+        before = dict(self.messages[at - 1])
+        before["content"] = (f"{before.get('content') or ''}\n\n[{REMOVED}: code that was then "
+                             f"written again word for word; {outcome}.]")
+        self.messages[at - 1] = before
 
     def _turn_timeout(self) -> float | None:
         b = self.a.budget
@@ -480,17 +491,6 @@ class _Run:
         out = tuple(replace(_info(r), kind=kind) for r in self.pending_calls)
         self.pending_calls.clear()
         return out
-
-
-def _elide_code(message: dict[str, Any], turn: int, outcome: str) -> dict[str, Any]:
-    """An assistant message with its code replaced by a stub saying how it ended."""
-    stub = f"[{ELIDED} {turn + 1}: {outcome}]"
-    m = dict(message)
-    m["content"] = stub
-    if m.get("tool_calls"):
-        m["tool_calls"] = [{**tc, "function": {**tc["function"], "arguments": json.dumps(
-            {"code": f"# {stub}"})}} for tc in m["tool_calls"]]
-    return m
 
 
 class _LLMFailed(Exception):

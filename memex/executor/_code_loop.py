@@ -40,14 +40,9 @@ def _blocks(c: Any, native: bool) -> list[str]:
     return [code for _, code in calls] or extract_code(c.content or "")
 
 
-def _key(blocks: list[str], text: str | None = None) -> str | None:
-    """What two replies share when they would run the same code (a reply that only copies
-    the stub standing for removed code counts as a repeat of it)."""
-    from ._agent import ELIDED
-
-    if blocks:
-        return "\n".join(b.strip() for b in blocks)
-    return ELIDED if text and ELIDED in text else None
+def _key(blocks: list[str]) -> str | None:
+    """What two replies share when they would run the same code."""
+    return "\n".join(b.strip() for b in blocks) if blocks else None
 
 
 def _outcome(status: str, error: str | None, outputs: list[str]) -> str:
@@ -68,20 +63,19 @@ def code_turn(run: _Run, session: AgentSession) -> Step:
     kwargs: dict[str, Any] = {"tools": [PYTHON_TOOL], "tool_choice": "auto"} if native else {}
     if a.aids.stop_sequences and not native:
         kwargs["stop"] = STOP
-    c, usage, _ = run._complete_fresh(lambda c: _key(_blocks(c, native), c.content), **kwargs)
+    c, usage, _ = run._complete_fresh(lambda c: _key(_blocks(c, native)), **kwargs)
     reply = c.content or ""
     index = len(run.steps)
     calls = _native_blocks(c) if native else []
     blocks = _blocks(c, native)
     action = "native_code" if calls else ("code" if blocks else "none")
-    at = len(run.messages)  # where this reply sits in the context
+    assistant: dict[str, Any] = {"role": "assistant", "content": reply}
     if calls:
-        run.messages.append({"role": "assistant", "content": reply, "tool_calls": [
+        assistant["tool_calls"] = [
             {"id": cid, "type": "function",
              "function": {"name": "python", "arguments": json.dumps({"code": code})}}
-            for cid, code in calls]})
-    else:
-        run.messages.append({"role": "assistant", "content": reply})
+            for cid, code in calls]
+    run.messages.append(assistant)
     if not blocks:
         obs = (NUDGE if a.aids.nudge else "No code ran.") + run._reminder()
         run.messages.append({"role": "user", "content": obs})
@@ -120,7 +114,7 @@ def code_turn(run: _Run, session: AgentSession) -> Step:
             outputs.append("[new variables: " + "; ".join(f"{n}: {d}" for n, d in new_vars)
                            + "]")
     if not repeated:
-        run.replies[key] = (index, _outcome(status, error, outputs), at)
+        run.replies[key] = (index, _outcome(status, error, outputs), assistant)
     body = bound_text("\n".join(outputs), a.observation_chars)
     if repeated and a.aids.repeat_note:
         body = f"{REPEAT}\n{body}"

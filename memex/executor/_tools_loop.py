@@ -71,7 +71,6 @@ def tools_turn(run: _Run, session: AgentSession) -> Step:
     index = len(run.steps)
     calls: list[tuple[str | None, str, str, str, str | None]] = [
         (tc.id, tc.name, tc.arguments, "native", None) for tc in c.tool_calls or ()]
-    at = len(run.messages)
     if calls:
         run.messages.append({"role": "assistant", "content": reply, "tool_calls": [
             {"id": cid, "type": "function", "function": {"name": n, "arguments": args}}
@@ -106,7 +105,7 @@ def tools_turn(run: _Run, session: AgentSession) -> Step:
     exec_s = time.monotonic() - t1
     if key is not None and key not in run.replies:
         run.replies[key] = (index, f"it ended with {error}: {bound_text(texts[-1][2], 300)}"
-                            if error else "its results are in the conversation above", at)
+                            if error else "its results are in the conversation above", None)
     reminder = run._reminder()
     shown: list[Any] = []
     if calls[0][3] == "native":

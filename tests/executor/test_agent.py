@@ -150,10 +150,7 @@ def _stubborn(fresh: str) -> Any:
     first = py("print(1)")
 
     def reply(req: dict[str, Any]) -> str:
-        turn = sum(1 for m in req["messages"] if m["role"] == "assistant")
-        if turn == 0 or not req.get("temperature"):
-            return first
-        return fresh
+        return fresh if req.get("temperature") else first
     return reply
 
 
@@ -165,57 +162,34 @@ def test_a_repeat_is_asked_again_hotter_and_never_enters_the_context() -> None:
     assert len(t.steps) == 2 and t.steps[1].resampled == 1 and t.llm_calls == 3
     hot = srv.requests[2].body
     assert hot["temperature"] == 0.8 and hot["seed"] == 1001
-    # the repeated reply was dropped: the hot call saw the same conversation as the cold
-    # one, its last observation carrying (for that request only) a note on the repeat
+    # the repeated turn left the context (reply and observation); the message before it
+    # carries a remark, the hot request a note on how the repeated code ended
     cold, hot_msgs = srv.requests[1].messages, srv.requests[2].messages
-    assert hot_msgs[:2] == cold[:2] and hot_msgs[3:-1] == cold[3:-1]
-    assert hot_msgs[-1]["content"].startswith(cold[-1]["content"])
-    # the repeated turn's code is replaced by a stub: nothing left to copy
-    assert cold[2]["content"] == py("print(1)")
-    assert hot_msgs[2]["content"] == ("[MemEx removed the repeated code of turn 1: its output "
-                                      "is in the conversation above]")
+    assert len(cold) == 4 and cold[2]["content"] == py("print(1)")
+    assert len(hot_msgs) == 2 and hot_msgs[0] == cold[0]
+    assert hot_msgs[1]["content"].startswith(cold[1]["content"])
+    assert "MemEx removed a turn here" in hot_msgs[1]["content"]
+    assert "(turn 1) word for word; its output is in the conversation above" in (
+        hot_msgs[1]["content"])
     assert "print(1)" not in str(hot_msgs)
-    assert "repeated the code of turn 1 word for word" in hot_msgs[-1]["content"]
-    assert "its output is in the conversation above" in hot_msgs[-1]["content"]
-    assert "repeated the code" not in str(t.messages)
-    assert [m["content"] for m in t.messages if m["role"] == "assistant"].count(
-        py("print(1)")) == 0
+    assert "(turn 1) word for word" not in str(t.messages)  # the note was for that request
+    assert "MemEx removed a turn here" in str(t.messages)  # the remark stays
     # the discarded call's tokens are counted in the step that made it
     assert t.steps[1].prompt_tokens >= 2 * t.steps[0].prompt_tokens > 0
     assert t.prompt_tokens == sum(s.prompt_tokens for s in t.steps)
-
-
-def test_a_reply_copying_the_stub_is_asked_again() -> None:
-    first = py("print(1)")
-
-    def reply(req: dict[str, Any]) -> str:
-        turn = sum(1 for m in req["messages"] if m["role"] == "assistant")
-        if turn == 0 or not req.get("temperature"):
-            return first
-        last = req["messages"][-1]["content"]
-        if "only repeated the placeholder" in last:
-            return py("submit(total=5, label='new')")
-        return "[MemEx removed the repeated code of turn 1: its output is above]"  # a copy
-
-    with ScriptedLLM(reply) as srv:
-        r = make_agent(srv).run("t")
-    assert r.submitted and r.answer == Answer(total=5, label="new")
-    assert r.trajectory.steps[1].resampled == 2
 
 
 def test_the_note_on_a_repeat_says_how_the_earlier_turn_failed() -> None:
     first = py("numbers(-1)")
 
     def reply(req: dict[str, Any]) -> str:
-        turn = sum(1 for m in req["messages"] if m["role"] == "assistant")
-        return first if turn == 0 or not req.get("temperature") else py(
-            "submit(total=0, label='fixed')")
+        return py("submit(total=0, label='fixed')") if req.get("temperature") else first
 
     with ScriptedLLM(reply) as srv:
         r = make_agent(srv).run("t")
     assert r.submitted
     note = srv.requests[2].messages[-1]["content"]
-    assert "turn 1 word for word; it failed with" in note and "n must be >= 0" in note
+    assert "(turn 1) word for word; it failed with" in note and "n must be >= 0" in note
 
 
 def test_a_reply_that_stays_a_repeat_runs_with_the_note() -> None:
@@ -389,14 +363,28 @@ def test_the_same_rollout_on_every_local_backend(backend: str) -> None:
     assert r.trajectory.tool_calls[0].name == "numbers"
 
 
-def test_elided_native_code_call_keeps_the_message_shape() -> None:
-    from memex.executor._agent import _elide_code
+@pytest.mark.parametrize("code_via", ["text", "tool_call"])
+def test_repeating_an_older_turn_removes_that_turn_only(code_via: str) -> None:
+    def as_reply(code: str) -> Any:
+        if code_via == "text":
+            return py(code)
+        return ScriptedReply(content="", tool_calls=(
+            ScriptedToolCall(name="python", arguments={"code": code}),))
 
-    m = {"role": "assistant", "content": "", "tool_calls": [
-        {"id": "c1", "type": "function",
-         "function": {"name": "python", "arguments": json.dumps({"code": "print(1)"})}}]}
-    e = _elide_code(m, 0, "it failed with KeyError: 'x'")
-    assert e["tool_calls"][0]["id"] == "c1" and e["tool_calls"][0]["function"]["name"] == "python"
-    code = json.loads(e["tool_calls"][0]["function"]["arguments"])["code"]
-    assert code.startswith("# [MemEx removed the repeated code of turn 1") and "KeyError" in code
-    assert m["tool_calls"][0]["function"]["arguments"] == json.dumps({"code": "print(1)"})
+    cold = iter(["a = 1\nprint(a)", "b = 2\nprint(b)", "a = 1\nprint(a)"])
+
+    def reply(req: dict[str, Any]) -> Any:
+        if req.get("temperature"):
+            return as_reply("submit(total=a + b, label='older')")
+        return as_reply(next(cold))
+
+    with ScriptedLLM(reply) as srv:
+        r = make_agent(srv, code_via=code_via).run("t")
+    assert r.submitted and r.answer == Answer(total=3, label="older")
+    hot = srv.requests[3].messages
+    roles = [m["role"] for m in hot]
+    obs = "tool" if code_via == "tool_call" else "user"
+    assert roles == ["system", "user", "assistant", obs]  # turn 1 left, turn 2 stayed
+    assert "MemEx removed a turn here" in hot[1]["content"]
+    assert "b = 2" in json.dumps(hot[2]) and "a = 1" not in json.dumps(hot)
+    assert "(turn 1) word for word" in hot[-1]["content"]
