@@ -285,6 +285,10 @@ class _Run:
         # what each reply ran -> (turn, how it ended), to catch and explain verbatim repeats
         # + the reply's message, until it is taken out of the context
         self.replies: dict[str, tuple[int, str, dict[str, Any] | None]] = {}
+        # replies whose run failed in a way running them again would repeat (an exception,
+        # not a time limit): only these are asked again; polling or retrying a timed-out
+        # wait with the same code is legitimate
+        self.failed: set[str] = set()
         self.writer = TrajectoryWriter(agent.trajectory_path) if agent.trajectory_path else None
 
     # ---- driving ----------------------------------------------------------------------------
@@ -420,7 +424,7 @@ class _Run:
         tries = 0
         while aids.resample_repeats and tries < aids.resample_tries:
             key = key_of(c)
-            if key is None or key not in self.replies or self._budget_reason():
+            if key is None or key not in self.failed or self._budget_reason():
                 break
             tries += 1
             if self.a.on_text is not None:

@@ -45,6 +45,9 @@ def _key(blocks: list[str]) -> str | None:
     return "\n".join(b.strip() for b in blocks) if blocks else None
 
 
+_TIMEOUTS = ("TimeoutError", "asyncio.TimeoutError", "concurrent.futures.TimeoutError")
+
+
 def _outcome(status: str, error: str | None, outputs: list[str]) -> str:
     """How a turn's code ended, in a few words, for the note on a repeat."""
     if status in ("error", "killed", "rejected"):
@@ -115,6 +118,8 @@ def code_turn(run: _Run, session: AgentSession) -> Step:
                            + "]")
     if not repeated:
         run.replies[key] = (index, _outcome(status, error, outputs), assistant)
+        if status in ("error", "rejected") and error not in _TIMEOUTS:
+            run.failed.add(key)
     body = bound_text("\n".join(outputs), a.observation_chars)
     if repeated and a.aids.repeat_note:
         body = f"{REPEAT}\n{body}"

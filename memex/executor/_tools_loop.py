@@ -106,6 +106,8 @@ def tools_turn(run: _Run, session: AgentSession) -> Step:
     if key is not None and key not in run.replies:
         run.replies[key] = (index, f"it ended with {error}: {bound_text(texts[-1][2], 300)}"
                             if error else "its results are in the conversation above", None)
+        if error is not None and "timeout" not in error.lower():
+            run.failed.add(key)
     reminder = run._reminder()
     shown: list[Any] = []
     if calls[0][3] == "native":
