@@ -57,7 +57,7 @@ class Aids:
     note when a reply repeats an earlier one verbatim, a preview of the variables a block
     created, a reminder to submit when few turns remain, stop sequences that cut a reply
     where the model starts writing the output it imagines its code will print, and
-    re-asking (seeded, at ``repeat_temperature``) when a reply repeats an earlier one: at
+    re-asking (seeded, at ``repeat_temperature``) when a reply repeats an earlier failed one: at
     temperature 0 a small model copies its failing block turn after turn, and every copy
     left in the context makes the next one likelier, so a repeat is asked again before it
     runs and only a fresh reply (or the last try) enters the context."""
@@ -409,14 +409,14 @@ class _Run:
         return c
 
     def _complete_fresh(self, key_of: Callable[[Any], str | None],
-                        **kwargs: Any) -> tuple[Any, dict[str, Any], int]:
+                        **kwargs: Any) -> tuple[Any, dict[str, Any]]:
         """The model's reply, asked again while it repeats an earlier reply word for word (see
         :class:`Aids`): hotter and seeded, with a note on the last observation (for that
         request only) saying how the repeated code ended. In the code space the earlier turn
         is first removed from the context (its reply and observation; its results are still
         in the sandbox), leaving a one-line remark in the message before it, so there is
-        nothing left to copy. Returns the completion kept, the usage of every call made for
-        it, and how many times it was asked again."""
+        nothing left to copy. Returns the completion kept and the usage of every call made
+        for it (``resampled``: how many times it was asked again)."""
         aids = self.a.aids
         t0 = time.monotonic()
         c = self._complete(**kwargs)
@@ -449,7 +449,7 @@ class _Run:
                 cost = (cost or 0.0) + c.cost
         usage = {"prompt_tokens": prompt, "completion_tokens": completion, "cost": cost,
                  "llm_seconds": time.monotonic() - t0, "resampled": tries}
-        return c, usage, tries
+        return c, usage
 
     def _remove_turn(self, msg: dict[str, Any], outcome: str) -> None:
         """Take a turn (its assistant message and the observation after it) out of the

@@ -66,7 +66,7 @@ def code_turn(run: _Run, session: AgentSession) -> Step:
     kwargs: dict[str, Any] = {"tools": [PYTHON_TOOL], "tool_choice": "auto"} if native else {}
     if a.aids.stop_sequences and not native:
         kwargs["stop"] = STOP
-    c, usage, _ = run._complete_fresh(lambda c: _key(_blocks(c, native)), **kwargs)
+    c, usage = run._complete_fresh(lambda c: _key(_blocks(c, native)), **kwargs)
     reply = c.content or ""
     index = len(run.steps)
     calls = _native_blocks(c) if native else []

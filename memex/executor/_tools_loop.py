@@ -66,7 +66,7 @@ def tools_turn(run: _Run, session: AgentSession) -> Step:
     from ._agent import TOOLS_NUDGE
 
     a = run.a
-    c, usage, _ = run._complete_fresh(_key, tools=a.tool_definitions(), tool_choice="auto")
+    c, usage = run._complete_fresh(_key, tools=a.tool_definitions(), tool_choice="auto")
     reply = c.content or ""
     index = len(run.steps)
     calls: list[tuple[str | None, str, str, str, str | None]] = [
