@@ -1,29 +1,59 @@
 """The sandbox: a live, capped CPython-on-WASI kernel per rollout.
 
-This layer imports neither ``memex.host_tools`` nor ``memex.executor``: its door to the host
-carries frames of bytes.
+This layer imports no other MemEx layer: its door to the host carries frames of bytes. Its
+public surface has three parts: the sandbox and its records (``Sandbox``, ``Limits``,
+``TurnResult``...); the door (``Door`` and what a handler may raise or ask: ``DoorError``,
+``GuestKilled``, ``DoorContext``, ``serving_door``) with the thread pool handlers run on
+(``Workers``); and the seams other layers build on: ``SandboxAPI`` (what every backend's
+sandbox offers), the checkpoint transfer functions backends use to move a guest between
+processes, and ``prepare`` (the one-time precompile).
 """
 
-from ._api import SandboxAPI
-from ._door import Door, DoorCall, DoorContext, DoorError
+from ._artifacts import Artifacts, find_artifacts
+from ._door import Door, DoorCall, DoorContext, DoorError, serving_door
 from ._engine import compile_module, load_module, module_path
+from ._instance import GuestKilled
+from ._prepare import prepare
+from ._protocol import SandboxAPI
 from ._records import GuestException, Limits, Mount, TurnResult, TurnStatus
 from ._sandbox import Checkpoint, Sandbox
+from ._transfer import (
+    checkpoint_from_bytes,
+    checkpoint_from_fd,
+    checkpoint_to_bytes,
+    checkpoint_to_fd,
+    open_from_checkpoint,
+    scratch_dir,
+)
+from ._workers import Job, Workers
 
 __all__ = [
+    "Artifacts",
     "Checkpoint",
     "Door",
     "DoorCall",
     "DoorContext",
     "DoorError",
     "GuestException",
+    "GuestKilled",
+    "Job",
     "Limits",
     "Mount",
     "Sandbox",
     "SandboxAPI",
     "TurnResult",
     "TurnStatus",
+    "Workers",
+    "checkpoint_from_bytes",
+    "checkpoint_from_fd",
+    "checkpoint_to_bytes",
+    "checkpoint_to_fd",
     "compile_module",
+    "find_artifacts",
     "load_module",
     "module_path",
+    "open_from_checkpoint",
+    "prepare",
+    "scratch_dir",
+    "serving_door",
 ]

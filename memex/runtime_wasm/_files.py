@@ -18,7 +18,15 @@ from pathlib import Path
 from ._artifacts import Artifacts
 from ._cache import cache_dir, file_lock
 
-__all__ = ["GUEST_BUNDLE", "GUEST_LIB", "bundle_dir", "driver_source", "mpl_data_dir", "stdlib_dir"]
+__all__ = [
+    "GUEST_BUNDLE",
+    "GUEST_LIB",
+    "bootstrap_source",
+    "bundle_dir",
+    "driver_source",
+    "mpl_data_dir",
+    "stdlib_dir",
+]
 
 GUEST_LIB = "/usr/local/lib"
 GUEST_BUNDLE = "/memex"
@@ -115,3 +123,15 @@ def bundle_dir() -> Path:
 @functools.lru_cache(maxsize=1)
 def driver_source() -> str:
     return (_GUEST_SRC / "_driver.py").read_text()
+
+
+def bootstrap_source() -> str:
+    """The first cell of a fresh guest: puts the bundle on ``sys.path`` and starts the driver."""
+    driver = driver_source()
+    return (
+        "import sys as _s\n"
+        f"_s.path.append({GUEST_BUNDLE + '/site'!r})\n"
+        "del _s\n"
+        f"exec(compile({driver!r}, '<memex-driver>', 'exec'), "
+        "{'__name__': 'memex_driver', '__file__': '<memex-driver>'})\n"
+    )

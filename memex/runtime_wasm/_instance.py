@@ -103,6 +103,7 @@ class Instance:
         self.deadline = float("inf")
         self._budget = 0.0  # the running turn's deadline, in seconds from its start
         self.cancel = threading.Event()
+        self.cancel_detail: str | None = None  # why ``cancel`` was set, when not a close
         self.alive = True
         self.pending: BaseException | None = None  # raised by a host import; traps the turn
         self._metered = loaded.flavour == "metered"
@@ -246,7 +247,7 @@ class Instance:
         passed (within half a tick), else return how many ticks it may run until the next
         check."""
         if self.cancel.is_set():
-            raise GuestKilled("cancelled", _CANCELLED_RUN)
+            raise GuestKilled("cancelled", self.cancel_detail or _CANCELLED_RUN)
         left = self.deadline - time.monotonic()
         if left >= _CHUNK_SPAN:
             return EPOCH_CHUNK
@@ -357,10 +358,10 @@ class Instance:
             wake = time.monotonic() + wait_ns / 1e9
             if wake > self.deadline:
                 if self.cancel.wait(max(0.0, self.deadline - time.monotonic())):
-                    raise GuestKilled("cancelled", _CANCELLED_SLEEP)
+                    raise GuestKilled("cancelled", self.cancel_detail or _CANCELLED_SLEEP)
                 raise GuestKilled("deadline", "wall-clock deadline reached while sleeping")
             if self.cancel.wait(wait_ns / 1e9):
-                raise GuestKilled("cancelled", _CANCELLED_SLEEP)
+                raise GuestKilled("cancelled", self.cancel_detail or _CANCELLED_SLEEP)
             ready = [_EVENT.pack(u, 0, 0, 0, 0) for u, t in clocks if t <= wait_ns]
         if not mem.write(out_ptr, b"".join(ready)) or not mem.write(
             nevents_ptr, _U32.pack(len(ready))

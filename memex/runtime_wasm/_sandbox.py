@@ -26,11 +26,19 @@ from ..errors import (
 )
 from ._door import Door, serving_door
 from ._engine import LoadedModule, load_module
-from ._files import GUEST_BUNDLE, GUEST_LIB, bundle_dir, driver_source, mpl_data_dir, stdlib_dir
+from ._files import (
+    GUEST_BUNDLE,
+    GUEST_LIB,
+    bootstrap_source,
+    bundle_dir,
+    mpl_data_dir,
+    stdlib_dir,
+)
 from ._image import MemoryImage, read_image_file, write_image_file
 from ._instance import Instance, InstanceSpec, TurnOutcome
 from ._records import GuestException, Limits, Mount, TurnResult, TurnStatus
 from ._runner import Runner
+from ._warm import warm_image
 
 __all__ = ["Checkpoint", "Sandbox"]
 
@@ -53,17 +61,6 @@ class Checkpoint:
     @property
     def size(self) -> int:
         return self._image.size
-
-
-def _bootstrap_source() -> str:
-    driver = driver_source()
-    return (
-        "import sys as _s\n"
-        f"_s.path.append({GUEST_BUNDLE + '/site'!r})\n"
-        "del _s\n"
-        f"exec(compile({driver!r}, '<memex-driver>', 'exec'), "
-        "{'__name__': 'memex_driver', '__file__': '<memex-driver>'})\n"
-    )
 
 
 class Sandbox:
@@ -90,22 +87,15 @@ class Sandbox:
         self.limits = limits or Limits()
         self.door = door if door is not None else Door()
         self.rollback = rollback
-        self.preload = tuple(preload)
-        for name in self.preload:
-            if not isinstance(name, str) or not all(p.isidentifier() for p in name.split(".")):
-                raise ConfigError(f"preload entries are module names, got {name!r}")
-        self.mounts = tuple(mounts)
-        seen = set()
-        for m in self.mounts:
-            if not isinstance(m, Mount):
-                raise ConfigError(f"mounts takes Mount objects, got {type(m).__name__}")
-            if m.guest_path in seen:
-                raise ConfigError(f"two mounts at {m.guest_path}")
-            seen.add(m.guest_path)
+        self.preload = _checked_preload(preload)
+        self.mounts = _checked_mounts(mounts)
         self._env = dict(env or {})
         self._closed_reason: str | None = None
         self._lock = threading.RLock()
         self._busy = False
+        # the instance running a turn now (set on the runner thread), for interrupt()
+        self._running: Instance | None = None
+        self._running_lock = threading.Lock()
         self.turns = 0
         self.fuel_used_total = 0
         self.created = time.monotonic()
@@ -128,13 +118,7 @@ class Sandbox:
         self._spec = self._make_spec()
         self._runner = Runner(f"memex-sandbox-{id(self):x}")
         try:
-            if _image is not None:
-                self._base = _image
-            elif self.preload or _seen_before(self._key()):
-                from ._warm import warm_image
-
-                self._base = warm_image(self._loaded, self._spec, self.preload)
-            self._runner.call(self._fresh_instance)
+            self._start(_image)
         except BaseException:
             self._teardown("failed to start")
             raise
@@ -144,6 +128,16 @@ class Sandbox:
             _start_reaper()
 
     # ---- construction -------------------------------------------------------------------
+    def _start(self, image: MemoryImage | None) -> None:
+        """The first instance: from ``image`` (a fork, restore or load), else from the warm
+        image of its preload (shared copy-on-write by every sandbox of its kind after the
+        first), else a fresh bootstrap."""
+        if image is not None:
+            self._base = image
+        elif self.preload or _seen_before(self._key()):
+            self._base = warm_image(self._loaded, self._spec, self.preload)
+        self._runner.call(self._fresh_instance)
+
     def _make_spec(self) -> InstanceSpec:
         arts = self._loaded.artifacts
         preopens: list[tuple[str, str, bool]] = [
@@ -197,7 +191,7 @@ class Sandbox:
         self._current = image is not None
 
     def _bootstrap(self, inst: Instance) -> None:
-        out = inst.run_raw(_bootstrap_source(), deadline=time.monotonic() + 60, fuel=None,
+        out = inst.run_raw(bootstrap_source(), deadline=time.monotonic() + 60, fuel=None,
                            cell={})
         if out.trap or out.raw_rc:
             raise GuestStartError(
@@ -271,7 +265,17 @@ class Sandbox:
         self.turns += 1
         self._current = False
         cell: dict[str, object] = {"code": code, "filename": filename or f"<cell-{self.turns}>"}
-        out = inst.run_raw(_TURN, deadline=start + budget, fuel=fuel, cell=cell)
+        with self._running_lock:
+            self._running = inst
+        try:
+            out = inst.run_raw(_TURN, deadline=start + budget, fuel=fuel, cell=cell)
+        finally:
+            with self._running_lock:
+                self._running = None
+                if inst.cancel_detail is not None:  # an interrupt that came too late
+                    inst.cancel_detail = None
+                    if self._closed_reason is None:
+                        inst.cancel.clear()
         duration = time.monotonic() - start
         if out.fuel_used is not None:
             self.fuel_used_total += out.fuel_used
@@ -298,6 +302,19 @@ class Sandbox:
             ref = weakref.WeakMethod(self._checkpoint_good)
             self._runner.post(lambda: (m := ref()) is not None and m())
         return result
+
+    def interrupt(self) -> bool:
+        """Stop the turn running now, from another thread or a signal handler (``memex repl``
+        maps Ctrl-C to it). The turn ends ``killed`` with ``limit="cancelled"`` within a few
+        tens of milliseconds and the guest is rolled back to the end of the last good turn, as
+        after any trap; the sandbox stays open. False when no turn was running."""
+        with self._running_lock:
+            inst = self._running
+            if inst is None or self._closed_reason is not None:
+                return False
+            inst.cancel_detail = "turn interrupted (Sandbox.interrupt)"
+            inst.cancel.set()
+            return True
 
     def _from_report(self, out: TurnOutcome, stdout: str, stderr: str, duration: float,
                      truncated: tuple[str, ...], inst: Instance) -> TurnResult:
@@ -520,10 +537,12 @@ class Sandbox:
     def _teardown(self, reason: str) -> None:
         if self._closed_reason is not None:
             return
-        self._closed_reason = reason
-        inst = self._inst
-        if inst is not None:
-            inst.cancel.set()
+        with self.__dict__.get("_running_lock") or contextlib.nullcontext():
+            self._closed_reason = reason
+            inst = self._inst
+            if inst is not None:
+                inst.cancel_detail = None
+                inst.cancel.set()
         runner = self.__dict__.get("_runner")
         if runner is not None:
             def job() -> None:
@@ -555,6 +574,26 @@ class Sandbox:
     def __repr__(self) -> str:
         state = self._closed_reason or "open"
         return f"<Sandbox turns={self.turns} {state}>"
+
+
+def _checked_preload(preload: Iterable[str]) -> tuple[str, ...]:
+    names = tuple(preload)
+    for name in names:
+        if not isinstance(name, str) or not all(p.isidentifier() for p in name.split(".")):
+            raise ConfigError(f"preload entries are module names, got {name!r}")
+    return names
+
+
+def _checked_mounts(mounts: Sequence[Mount]) -> tuple[Mount, ...]:
+    out = tuple(mounts)
+    seen = set()
+    for m in out:
+        if not isinstance(m, Mount):
+            raise ConfigError(f"mounts takes Mount objects, got {type(m).__name__}")
+        if m.guest_path in seen:
+            raise ConfigError(f"two mounts at {m.guest_path}")
+        seen.add(m.guest_path)
+    return out
 
 
 _SEEN: set[tuple[Any, ...]] = set()

@@ -13,7 +13,7 @@ from pathlib import Path
 from ..errors import GuestStartError, ImageError
 from ._cache import cache_dir, file_lock
 from ._engine import LoadedModule
-from ._files import bundle_dir, driver_source
+from ._files import GUEST_BUNDLE, GUEST_LIB, bootstrap_source, bundle_dir, driver_source
 from ._image import MemoryImage, read_image_file, write_image_file
 from ._instance import Instance, InstanceSpec
 
@@ -59,11 +59,9 @@ def warm_image(loaded: LoadedModule, spec: InstanceSpec, preload: tuple[str, ...
 
 
 def _build(loaded: LoadedModule, spec: InstanceSpec, preload: tuple[str, ...]) -> MemoryImage:
-    from ._sandbox import _bootstrap_source
-
     inst = Instance(loaded, spec, lambda frame, deadline: b"")
     try:
-        out = inst.run_raw(_bootstrap_source(), deadline=time.monotonic() + 60, fuel=None, cell={})
+        out = inst.run_raw(bootstrap_source(), deadline=time.monotonic() + 60, fuel=None, cell={})
         if out.trap or out.raw_rc:
             raise GuestStartError(f"guest bootstrap failed: {out.trap or inst.stderr.text()}")
         # The door's client is imported in every warm image: the first call then costs nothing.
@@ -85,8 +83,6 @@ def _build(loaded: LoadedModule, spec: InstanceSpec, preload: tuple[str, ...]) -
 def precompile_bundle(loaded: LoadedModule, bundle: Path, stdlib: Path) -> None:
     """Compile the guest bundle to the guest interpreter's bytecode (``__pycache__``), with the
     bundle mounted writable once; sandboxes later mount it read-only and import from .pyc."""
-    from ._files import GUEST_BUNDLE, GUEST_LIB
-
     spec = InstanceSpec(
         preopens=((str(stdlib), GUEST_LIB, False), (str(bundle), GUEST_BUNDLE, True)),
         env=(("HOME", "/memex"),),

