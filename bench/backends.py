@@ -35,7 +35,7 @@ for p in (ROOT, ROOT / "bench"):
 from _fmt import fmt  # noqa: E402  (bench/ is on sys.path when a script runs)
 
 from memex import Limits  # noqa: E402
-from memex.executor._backend import Backend, get_backend  # noqa: E402
+from memex.backends import Backend, get_backend  # noqa: E402
 from memex.host_tools import ToolHost  # noqa: E402
 
 PRELOAD = ["numpy", "pandas"]

@@ -1,4 +1,4 @@
-"""The subprocess backend: sandboxes live in worker processes (``_worker.py``); the caller
+"""The subprocess backend: sandboxes live in worker processes (``worker``); the caller
 keeps a :class:`ProcessSandbox` handle whose door is served in the caller's process, so a
 host tool called by a guest in a worker runs the caller's Python function.
 
@@ -37,24 +37,25 @@ from ..errors import (
     SandboxError,
     SandboxLost,
 )
-from ..runtime_wasm import Door, Limits, Mount, TurnResult, TurnStatus
-from ..runtime_wasm._api import serving_door
-from ._backend import Backend
-from ._worker_client import (
+from ..runtime_wasm import Door, Limits, Mount, TurnResult, TurnStatus, serving_door
+from ._contract import Backend
+from .worker import (
     DoorServer,
     ProcessCheckpoint,
     WorkerClient,
     WorkerDied,
     door_socketpair,
+    limits_to_wire,
+    mounts_to_wire,
+    result_from_wire,
 )
-from ._worker_wire import limits_to_wire, mounts_to_wire, result_from_wire
 
-__all__ = ["ProcessCheckpoint", "ProcessSandbox", "SubprocessBackend"]
+__all__ = ["ProcessCheckpoint", "ProcessSandbox", "SubprocessBackend", "check_run_args"]
 
 _BACKENDS: weakref.WeakSet[SubprocessBackend] = weakref.WeakSet()
 
 
-def _check_run_args(code: object, timeout: object) -> None:
+def check_run_args(code: object, timeout: object) -> None:
     """The argument checks of ``Sandbox.run``, with its messages, before anything is sent."""
     if not isinstance(code, str):
         raise ConfigError(f"code must be a str, got {type(code).__name__}")
@@ -234,7 +235,7 @@ class ProcessSandbox:
     def run(self, code: str, *, timeout: float | None = None, filename: str | None = None
             ) -> TurnResult:
         """Run one cell in the worker. Guest errors, exits and limits come back as data."""
-        _check_run_args(code, timeout)
+        check_run_args(code, timeout)
         if serving_door() is self.door:
             raise SandboxError(
                 "a door handler cannot run code in the sandbox whose turn is waiting for it")

@@ -15,8 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memex import ConfigError, GuestFileError, Limits, Mount, Sandbox, SandboxClosed
-from memex.errors import ImageError, SandboxError, SandboxLost
-from memex.executor._worker_wire import (
+from memex.backends.worker import (
     HEADER,
     MAX_FDS,
     MAX_FRAME,
@@ -34,7 +33,8 @@ from memex.executor._worker_wire import (
     result_from_wire,
     result_to_wire,
 )
-from memex.runtime_wasm._api import (
+from memex.errors import ImageError, SandboxError, SandboxLost
+from memex.runtime_wasm import (
     checkpoint_from_bytes,
     checkpoint_from_fd,
     checkpoint_to_bytes,

@@ -24,9 +24,8 @@ from typing import Any
 import pytest
 
 from memex import Limits, TurnResult, TurnStatus
+from memex.backends import PoolBackend, ProcessSandbox, SubprocessBackend, TenantQuota
 from memex.errors import BackendBusy, SandboxLost
-from memex.executor._backend_pool import PoolBackend, TenantQuota
-from memex.executor._backend_subprocess import ProcessSandbox, SubprocessBackend
 from memex.host_tools import ToolHost
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -225,8 +224,8 @@ def test_guest_exhausting_memory_leaves_the_worker_alone(sub: SubprocessBackend)
 CHILD = textwrap.dedent("""
     import os, sys, time
     from memex import Limits
-    from memex.executor._backend_subprocess import SubprocessBackend
-    from memex.executor._backend_pool import PoolBackend
+    from memex.backends import SubprocessBackend
+    from memex.backends import PoolBackend
     sub = SubprocessBackend(workers=2)
     pool = PoolBackend(workers=1, warm=1, limits=Limits(timeout=10))
     live = [sub.open(), sub.open(), pool.open()]
@@ -514,7 +513,7 @@ def test_closed_pool_refuses() -> None:
 @pytest.mark.ray
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="Ray is not installed")
 def test_ray_actor_death_is_sandbox_lost_and_checkpoints_move() -> None:
-    from memex.executor._backend_ray import RayBackend
+    from memex.backends import RayBackend
 
     b = RayBackend(actors=2, init_options={"num_cpus": 2})
     try:

@@ -31,8 +31,8 @@ from typing import Any
 
 from ..errors import BackendBusy, ConfigError, MemexError, SandboxClosed
 from ..runtime_wasm import Door, Limits, Mount
-from ._backend_subprocess import ProcessSandbox, SubprocessBackend
-from ._worker_client import WorkerClient, WorkerDied
+from ._subprocess import ProcessSandbox, SubprocessBackend
+from .worker import WorkerClient, WorkerDied
 
 __all__ = ["PoolBackend", "PoolStats", "TenantQuota"]
 

@@ -1,11 +1,11 @@
 """The worker process of the subprocess and pool backends: it holds sandboxes for one caller
-and serves them over a Unix socket (``_worker_wire``). Each sandbox also gets a socket of its
+and serves them over a Unix socket (``_wire``). Each sandbox also gets a socket of its
 own for its door: every door frame goes back to the caller, whose real
 :class:`~memex.runtime_wasm.Door` (and host tools) answers it.
 
-Started by ``_worker_client`` as ``python -c <bootstrap> FD PARENT_PID`` (the bootstrap
-imports this module without the executor package's ``__init__``: a worker needs only the
-runtime). Messages, caller to worker (``rid`` numbers a request, ``sid`` a sandbox)::
+Started by the worker client as ``python -P -m memex.backends.worker FD PARENT_PID`` (the
+backends layer imports only the runtime, so a worker loads nothing of the agent). Messages,
+caller to worker (``rid`` numbers a request, ``sid`` a sandbox)::
 
     ["open", rid, sid, spec] (+ door socket, + image fd when resuming)
     ["run", rid, sid, code, timeout, filename, gen]
@@ -47,16 +47,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from ..errors import MemexError, SandboxClosed
-from ..runtime_wasm import Door, Sandbox
-from ..runtime_wasm._api import (
+from ...errors import MemexError, SandboxClosed
+from ...runtime_wasm import (
+    Door,
     GuestKilled,
+    Sandbox,
     checkpoint_from_fd,
     checkpoint_to_fd,
     open_from_checkpoint,
     scratch_dir,
 )
-from ._worker_wire import (
+from ._wire import (
     Channel,
     ChannelClosed,
     ProtocolError,
@@ -77,7 +78,7 @@ _PR_SET_PDEATHSIG = 1
 
 class _ForwardDoor(Door):
     """The door of a worker's sandbox: every frame goes, over the sandbox's own socket, to
-    the caller, whose door answers it (``_worker_client.DoorServer``). One call at a time (a
+    the caller, whose door answers it (``_client.DoorServer``). One call at a time (a
     guest makes one at a time); replies are matched by sequence number, so the late answer
     to a call abandoned at its deadline is skipped."""
 

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 
 from ..errors import SandboxClosed
 from ..runtime_wasm import Door, Limits, Mount, Sandbox
-from ._backend import Backend
+from ._contract import Backend
 
 __all__ = ["InProcessBackend"]
 

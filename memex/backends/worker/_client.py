@@ -26,26 +26,17 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..errors import ConfigError, GuestStartError
-from ..runtime_wasm import Door
-from ..runtime_wasm._api import GuestKilled
-from ._worker_wire import Channel, ChannelClosed, ProtocolError, error_from_wire
+from ...errors import ConfigError, GuestStartError
+from ...runtime_wasm import Door, GuestKilled
+from ._wire import Channel, ChannelClosed, ProtocolError, error_from_wire
 
 __all__ = ["DoorServer", "ProcessCheckpoint", "WorkerClient", "WorkerDied", "door_socketpair"]
 
 T = TypeVar("T")
 
-# The worker needs only the runtime: import its module without the executor package's
-# __init__ (the agent loop, the LLM client), which would slow every worker start.
-_BOOTSTRAP = (
-    "import sys, types, memex\n"
-    "pkg = types.ModuleType('memex.executor')\n"
-    "pkg.__path__ = [sys.argv[1]]\n"
-    "sys.modules['memex.executor'] = pkg\n"
-    "from memex.executor._worker import main\n"
-    "main(sys.argv[2:])\n"
-)
-_EXECUTOR_DIR = str(Path(__file__).resolve().parent)
+# -P: the caller's working directory is not put on the worker's sys.path (nothing there can
+# shadow memex or what it imports).
+_COMMAND = (sys.executable, "-P", "-m", "memex.backends.worker")
 _NO_DOOR = Door()
 
 
@@ -241,8 +232,7 @@ class WorkerClient:
         try:
             with open(self.root / "worker.log", "wb") as log:
                 self.proc = _SPAWNER.call(lambda: subprocess.Popen(
-                    [sys.executable, "-c", _BOOTSTRAP, _EXECUTOR_DIR, str(theirs.fileno()),
-                     str(os.getpid())],
+                    [*_COMMAND, str(theirs.fileno()), str(os.getpid())],
                     pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=log,
                     stderr=log, env=penv, close_fds=True))
         except BaseException:

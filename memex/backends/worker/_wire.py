@@ -2,7 +2,7 @@
 stream socket, with file descriptors (checkpoint memfds) passed alongside as SCM_RIGHTS.
 
 A frame is ``!IH`` (body length, number of fds) then a msgpack body: an array whose first
-item is the message kind (see ``_worker.py`` for the vocabulary). Both ends use one
+item is the message kind (see ``_main`` for the vocabulary). Both ends use one
 :class:`Channel`; :class:`FrameDecoder` is the pure parser behind it (tested with arbitrary
 bytes). Records cross as plain maps: ``TurnResult.to_dict()``, ``Limits`` fields, ``Mount``
 fields, and a MemEx exception as ``[class name, message, reason]``, rebuilt as the same class.
@@ -24,15 +24,19 @@ from typing import Any
 
 import msgpack
 
-from .. import errors
-from ..errors import MemexError, SandboxClosed, SandboxError, SandboxLost
-from ..runtime_wasm import GuestException, Limits, Mount, TurnResult, TurnStatus
+from ... import errors
+from ...errors import MemexError, SandboxClosed, SandboxError, SandboxLost
+from ...runtime_wasm import GuestException, Limits, Mount, TurnResult, TurnStatus
 
 __all__ = [
+    "HEADER",
+    "MAX_FDS",
+    "MAX_FRAME",
     "Channel",
     "ChannelClosed",
     "FrameDecoder",
     "ProtocolError",
+    "encode_frame",
     "error_from_wire",
     "error_to_wire",
     "limits_from_wire",

@@ -27,18 +27,22 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..errors import ConfigError, MemexError, SandboxClosed, SandboxError, SandboxLost
-from ..runtime_wasm import Door, Limits, Mount, Sandbox, TurnResult
-from ..runtime_wasm._api import (
+from ..runtime_wasm import (
+    Door,
     GuestKilled,
+    Limits,
+    Mount,
+    Sandbox,
+    TurnResult,
     checkpoint_from_bytes,
     checkpoint_to_bytes,
     open_from_checkpoint,
     scratch_dir,
     serving_door,
 )
-from ._backend import Backend
-from ._backend_subprocess import SubprocessBackend, _check_run_args
-from ._worker_wire import (
+from ._contract import Backend
+from ._subprocess import SubprocessBackend, check_run_args
+from .worker import (
     error_from_wire,
     error_to_wire,
     limits_from_wire,
@@ -281,7 +285,7 @@ class RaySandbox:
 
     def run(self, code: str, *, timeout: float | None = None, filename: str | None = None
             ) -> TurnResult:
-        _check_run_args(code, timeout)
+        check_run_args(code, timeout)
         if serving_door() is self.door:
             raise SandboxError(
                 "a door handler cannot run code in the sandbox whose turn is waiting for it")

@@ -22,7 +22,7 @@ from memex import (
     TurnResult,
     TurnStatus,
 )
-from memex.executor._backend import Backend, get_backend
+from memex.backends import Backend, get_backend
 from memex.host_tools import ToolHost
 from memex.runtime_wasm import SandboxAPI
 

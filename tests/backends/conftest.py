@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from memex import Limits
-from memex.executor._backend import Backend, get_backend
+from memex.backends import Backend, get_backend
 from memex.runtime_wasm import SandboxAPI
 
 DEFAULT_TIMEOUT = 10.0
