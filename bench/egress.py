@@ -41,7 +41,7 @@ from _fmt import fmt  # noqa: E402  (bench/ is on sys.path when a script runs)
 
 from memex import Limits, Sandbox  # noqa: E402
 from memex.host_tools import Egress, EgressPolicy  # noqa: E402
-from memex.host_tools._egress_fetch import Fetcher, FetchRequest  # noqa: E402
+from memex.host_tools.egress import Fetcher, FetchRequest  # noqa: E402
 
 BIG = b"x" * (1 << 20)
 SMALL = json.dumps({"hello": "world", "n": list(range(8))}).encode()

@@ -1,16 +1,31 @@
 """Typed host tools over the msgpack door: tools defined from typed Python callables or OpenAI
 function definitions, grouped in tool sets, shown to the guest as real Python functions (module
 ``tools``) and served through the door with validation, budgets, a gate and call records.
-The wire format is docs/abi.md. ``Egress`` serves network requests of the guest under an
-egress policy (docs/egress.md)."""
+The wire format is docs/abi.md (``encode``/``decode`` are its host side). ``egress`` serves the
+guest's network requests under an egress policy (docs/egress.md).
 
-from ._egress_host import Egress, EgressRecord
-from ._egress_policy import EgressDecision, EgressLimits, EgressPolicy, EgressRule, EgressSecret
+This layer imports ``memex.runtime_wasm`` (the door) and nothing of ``memex.backends`` or
+``memex.executor``: a ``ToolHost`` attaches to any ``SandboxAPI``.
+"""
+
+from ._codec import DecodeError, EncodeError, RecordFields, decode, encode
 from ._host import GateDecision, ToolBudget, ToolCallRecord, ToolHost, ToolRequest
-from ._tool import Tool, ToolParam, tool
+from ._params import ArgumentsInvalid, ReturnInvalid, ToolParam
+from ._tool import Tool, tool
 from ._toolset import ToolSet
+from .egress import (
+    Egress,
+    EgressDecision,
+    EgressLimits,
+    EgressPolicy,
+    EgressRecord,
+    EgressRule,
+    EgressSecret,
+)
 
 __all__ = [
+    "ArgumentsInvalid",
+    "DecodeError",
     "Egress",
     "EgressDecision",
     "EgressLimits",
@@ -18,7 +33,10 @@ __all__ = [
     "EgressRecord",
     "EgressRule",
     "EgressSecret",
+    "EncodeError",
     "GateDecision",
+    "RecordFields",
+    "ReturnInvalid",
     "Tool",
     "ToolBudget",
     "ToolCallRecord",
@@ -26,5 +44,7 @@ __all__ = [
     "ToolParam",
     "ToolRequest",
     "ToolSet",
+    "decode",
+    "encode",
     "tool",
 ]

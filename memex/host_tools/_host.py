@@ -26,10 +26,11 @@ from typing import Any, Literal
 import msgpack
 
 from ..errors import ConfigError, ToolInstallError
-from ..runtime_wasm import Door, DoorContext, DoorError, SandboxAPI, TurnStatus
+from ..runtime_wasm import Door, DoorContext, DoorError, Job, SandboxAPI, TurnStatus, Workers
 from ._codec import DecodeError, EncodeError, TooDeep, decode, encode
-from ._pool import AsyncJob, Job, LoopThread, Workers
-from ._tool import ArgumentsInvalid, ReturnInvalid, Tool
+from ._loop import AsyncJob, LoopThread
+from ._params import ArgumentsInvalid, ReturnInvalid
+from ._tool import Tool
 from ._toolset import ToolSet
 
 __all__ = ["GateDecision", "ToolBudget", "ToolCallRecord", "ToolHost", "ToolRequest"]

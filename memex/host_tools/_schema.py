@@ -7,17 +7,22 @@ import inspect
 import types
 import typing
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import jsonschema
 import jsonschema.validators
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import ToolDefinitionError
-from ._tool import ArgumentsInvalid, ReturnInvalid, Tool, ToolParam, _is_async
+from ._params import ArgumentsInvalid, ReturnInvalid, ToolParam, is_async
 from ._types import render_default, safe_identifier
 
 __all__ = ["openai_tool", "schema_type"]
+
+if TYPE_CHECKING:
+    from ._tool import Tool
+
+T = TypeVar("T", bound="Tool")
 
 _JSON_TYPES: dict[str, Any] = {"string": str, "integer": int, "number": float,
                                "boolean": bool, "null": type(None)}
@@ -127,9 +132,9 @@ def _literal(values: list[Any]) -> Any:
     return Any
 
 
-def openai_tool(cls: type[Tool], definition: Mapping[str, Any], handler: Callable[..., Any], *,
+def openai_tool(cls: type[T], definition: Mapping[str, Any], handler: Callable[..., Any], *,
                 timeout: float | None, inline: bool,
-                returns_schema: Mapping[str, Any] | None) -> Tool:
+                returns_schema: Mapping[str, Any] | None) -> T:
     if not isinstance(definition, Mapping):
         raise ToolDefinitionError("an OpenAI tool definition is a mapping")
     inner: Any = definition
@@ -172,5 +177,5 @@ def openai_tool(cls: type[Tool], definition: Mapping[str, Any], handler: Callabl
     return cls(name=fn.name, handler=handler, summary=summary.strip(), description=text.strip(),
                params=tuple(params),
                returns=schema_type(returns_schema, returns_schema) if returns_schema else Any,
-               is_async=_is_async(handler), timeout=timeout,
+               is_async=is_async(handler), timeout=timeout,
                inline=inline, origin="openai", checker=checker, openai=openai)

@@ -15,18 +15,26 @@ import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, TypeVar, overload
+from typing import Any, Literal, TypeVar, overload
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from ..errors import ToolDefinitionError
 from ._docstrings import parse_docstring
+from ._params import (
+    ArgumentsInvalid,
+    Checker,
+    ParamKind,
+    ReturnInvalid,
+    ToolParam,
+    is_async,
+)
+from ._schema import openai_tool
 from ._types import numpy_pandas_name
 
-__all__ = ["ArgumentsInvalid", "ReturnInvalid", "Tool", "ToolParam", "tool"]
+__all__ = ["NO_RETURN", "Tool", "tool"]
 
-ParamKind = Literal["positional_only", "positional_or_keyword", "keyword_only"]
 _KINDS: dict[Any, ParamKind] = {
     inspect.Parameter.POSITIONAL_ONLY: "positional_only",
     inspect.Parameter.POSITIONAL_OR_KEYWORD: "positional_or_keyword",
@@ -34,44 +42,6 @@ _KINDS: dict[Any, ParamKind] = {
 }
 NO_RETURN = inspect.Parameter.empty  # a tool without a declared return type
 _ARBITRARY = ConfigDict(arbitrary_types_allowed=True)
-
-
-class ArgumentsInvalid(Exception):
-    """Validation of a call's arguments failed; ``errors`` are ``{"path", "message"}`` maps."""
-
-    def __init__(self, errors: list[dict[str, Any]]) -> None:
-        super().__init__("; ".join(_fmt(e) for e in errors))
-        self.errors = errors
-
-
-class ReturnInvalid(ArgumentsInvalid):
-    """The handler's value violates the declared return type."""
-
-
-def _fmt(err: Mapping[str, Any]) -> str:
-    path = ".".join(str(p) for p in err.get("path", ()))
-    return f"{path}: {err['message']}" if path else str(err["message"])
-
-
-class _Checker(Protocol):
-    def arguments(self, given: dict[str, Any]) -> dict[str, Any]: ...
-    def returns(self, value: Any) -> Any: ...
-    def json_schema(self) -> dict[str, Any]: ...
-
-
-@dataclass(frozen=True, kw_only=True)
-class ToolParam:
-    """One parameter as the guest sees it: ``name`` is the key in the arguments map,
-    ``py_name`` the parameter name of the guest function (differs only for names that are no
-    Python identifier, from JSON Schemas)."""
-
-    name: str
-    py_name: str
-    kind: ParamKind = "positional_or_keyword"
-    annotation: Any = Any
-    required: bool = True
-    default: Any = None
-    description: str = ""
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -93,7 +63,7 @@ class Tool:
     timeout: float | None = None
     inline: bool = False
     origin: Literal["function", "openai"] = "function"
-    checker: _Checker = field(repr=False)
+    checker: Checker = field(repr=False)
     openai: dict[str, Any] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -169,7 +139,7 @@ class Tool:
             text = text.strip()
         return cls(name=tname, handler=fn, summary=summary, description=text,
                    params=tuple(params), returns=ret, returns_doc=doc.returns,
-                   is_async=_is_async(fn), timeout=timeout, inline=inline,
+                   is_async=is_async(fn), timeout=timeout, inline=inline,
                    checker=_PydanticChecker(tname, params, ret))
 
     @classmethod
@@ -180,8 +150,6 @@ class Tool:
         (or the inner ``function`` map); the handler is called as ``handler(**arguments)``
         with arguments validated against ``parameters`` (JSON Schema). ``returns_schema``, if
         given, validates the handler's value the same way."""
-        from ._schema import openai_tool
-
         return openai_tool(cls, definition, handler, timeout=timeout, inline=inline,
                            returns_schema=returns_schema)
 
@@ -213,14 +181,6 @@ def _check_name(name: object) -> None:
                                   f"{name!r}")
     if not name.isprintable() or any(c.isspace() for c in name):
         raise ToolDefinitionError(f"tool name {name!r} has whitespace or control characters")
-
-
-def _is_async(fn: Any) -> bool:
-    if inspect.isasyncgenfunction(fn):
-        raise ToolDefinitionError(f"{fn!r}: async generators cannot be tools")
-    call = getattr(fn, "__call__", None)  # noqa: B004 - callable objects with async __call__
-    return inspect.iscoroutinefunction(fn) or (
-        not inspect.isfunction(fn) and inspect.iscoroutinefunction(call))
 
 
 def _hints(fn: Any, name: str) -> dict[str, Any]:

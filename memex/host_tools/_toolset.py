@@ -13,7 +13,8 @@ from types import MappingProxyType
 from typing import Any, overload
 
 from ..errors import ToolDefinitionError
-from ._tool import NO_RETURN, Tool, ToolParam
+from ._params import ToolParam
+from ._tool import NO_RETURN, Tool
 from ._types import (
     GUEST_MODULE,
     RESERVED,

@@ -17,8 +17,7 @@ from pydantic import BaseModel, Field
 from typing_extensions import TypedDict
 
 from memex.errors import ConfigError, ToolDefinitionError
-from memex.host_tools import Tool, ToolSet, tool
-from memex.host_tools._tool import ArgumentsInvalid, ReturnInvalid
+from memex.host_tools import ArgumentsInvalid, ReturnInvalid, Tool, ToolSet, tool
 from memex.host_tools._types import render_default
 
 

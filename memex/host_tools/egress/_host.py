@@ -23,16 +23,17 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import IO, Any, NoReturn
 
-from ..errors import ConfigError, SandboxError
-from ..runtime_wasm import Door, DoorContext, DoorError, Sandbox, TurnStatus
-from ._egress_fetch import (
+from ...errors import ConfigError, SandboxError
+from ...runtime_wasm import Door, DoorContext, DoorError, Sandbox, TurnStatus
+from ._fetch import (
     Fetcher,
     FetchFailure,
     Hop,
     Resolver,
     parse_guest_request,
 )
-from ._egress_policy import EgressDecision, EgressPolicy
+from ._policy import EgressPolicy
+from ._rules import EgressDecision
 
 __all__ = ["OP", "Egress", "EgressRecord"]
 

@@ -27,7 +27,8 @@ from typing import Any
 import pytest
 
 from memex import Limits, Sandbox, TurnStatus
-from memex.host_tools import Egress, EgressPolicy, _egress_fetch
+from memex.host_tools import Egress, EgressPolicy
+from memex.host_tools.egress import _fetch  # the guard below patches its connect and DNS
 
 GUEST_HELPERS = r'''
 import json, urllib.request, urllib.error, http.client
@@ -167,7 +168,7 @@ def client_tls(tls_files: tuple[Path, Path]) -> ssl.SSLContext:
 def loopback_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """Every address the egress client connects to (loopback only, enforced)."""
     contacted: list[str] = []
-    real = _egress_fetch.open_connection
+    real = _fetch.open_connection
 
     def guarded(address: str, port: int, timeout: float) -> Any:
         contacted.append(address)
@@ -178,8 +179,8 @@ def loopback_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     def no_system_dns(host: str, port: int) -> list[str]:
         raise OSError(f"tests resolve names with an injected resolver ({host})")
 
-    monkeypatch.setattr(_egress_fetch, "open_connection", guarded)
-    monkeypatch.setattr(_egress_fetch, "system_resolver", no_system_dns)
+    monkeypatch.setattr(_fetch, "open_connection", guarded)
+    monkeypatch.setattr(_fetch, "system_resolver", no_system_dns)
     yield contacted
     assert all(ipaddress.ip_address(a).is_loopback for a in contacted), contacted
 

@@ -14,16 +14,20 @@ import re
 import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..errors import PolicyError
-from ._egress_match import DEFAULT_STRIP_HEADERS, parse_seconds, parse_size
-from ._egress_policy import EgressLimits, EgressPolicy, EgressRule, EgressSecret
+from ...errors import PolicyError
+from ._match import DEFAULT_STRIP_HEADERS, parse_seconds, parse_size
+from ._rules import EgressLimits, EgressRule, EgressSecret
+
+if TYPE_CHECKING:
+    from ._policy import EgressPolicy
 
 __all__ = ["Locator", "load_document", "load_policy_file", "load_policy_text", "parse_text",
            "policy_from_data"]
 
 PathKey = tuple[str | int, ...]
+P = TypeVar("P", bound="EgressPolicy")
 Locator = Callable[[PathKey], int | None]
 
 _TOP = ("version", "rules", "limits", "headers", "secrets")
@@ -235,9 +239,10 @@ def _converted(table: Mapping[str, Any], iss: _Issues, path: PathKey) -> dict[st
     return out
 
 
-def policy_from_data(data: Any, *, source: str = "<dict>", locate: Locator | None = None
-                     ) -> EgressPolicy:
-    """Build and validate a policy from a mapping shaped like the file format."""
+def policy_from_data(cls: type[P], data: Any, *, source: str = "<dict>",
+                     locate: Locator | None = None) -> P:
+    """Build and validate a policy of class ``cls`` (``EgressPolicy``) from a mapping shaped
+    like the file format; every problem is collected before one PolicyError is raised."""
     iss = _Issues(source, locate)
     if not isinstance(data, Mapping):
         raise PolicyError("a policy must be a table/mapping at the top level"
@@ -247,30 +252,48 @@ def policy_from_data(data: Any, *, source: str = "<dict>", locate: Locator | Non
     version = data.get("version", 1)
     if version != 1 or isinstance(version, bool):
         iss.add(("version",), f"unsupported policy version {version!r} (this MemEx reads 1)")
+    limits = _limits(data.get("limits", {}), iss, source)
+    strip = _strip(data.get("headers", {}), iss)
+    rules = _rules(data.get("rules", []), iss, source)
+    secrets = _secrets(data.get("secrets", []), iss, source)
+    if iss.items:
+        if len(iss.items) == 1:
+            raise iss.items[0]
+        raise PolicyError(f"{len(iss.items)} problems in the egress policy {source}",
+                          issues=tuple(iss.items))
+    try:
+        return cls(rules=tuple(rules), limits=limits, strip_headers=tuple(strip),
+                   secrets=tuple(secrets), source=source)
+    except PolicyError as exc:
+        iss.from_error(("headers",), exc)
+        raise iss.items[0] from None
 
-    limits = EgressLimits()
-    raw_limits = data.get("limits", {})
-    if iss.keys(raw_limits, ("limits",), _LIMITS, "limits"):
+
+def _limits(raw: Any, iss: _Issues, source: str) -> EgressLimits:
+    if iss.keys(raw, ("limits",), _LIMITS, "limits"):
         try:
-            limits = EgressLimits(**{k: v for k, v in raw_limits.items() if k in _LIMITS},
-                                  source=source)
+            return EgressLimits(**{k: v for k, v in raw.items() if k in _LIMITS}, source=source)
         except PolicyError as exc:
             iss.from_error(("limits",), exc)
+    return EgressLimits()
 
-    strip: Any = DEFAULT_STRIP_HEADERS
-    raw_headers = data.get("headers", {})
-    if iss.keys(raw_headers, ("headers",), _HEADERS, "headers"):
-        strip = raw_headers.get("strip", DEFAULT_STRIP_HEADERS)
-        if not isinstance(strip, (list, tuple)) or not all(isinstance(h, str) for h in strip):
-            iss.add(("headers", "strip"), "must be a list of header names")
-            strip = DEFAULT_STRIP_HEADERS
 
+def _strip(raw: Any, iss: _Issues) -> Any:
+    if not iss.keys(raw, ("headers",), _HEADERS, "headers"):
+        return DEFAULT_STRIP_HEADERS
+    strip = raw.get("strip", DEFAULT_STRIP_HEADERS)
+    if not isinstance(strip, (list, tuple)) or not all(isinstance(h, str) for h in strip):
+        iss.add(("headers", "strip"), "must be a list of header names")
+        return DEFAULT_STRIP_HEADERS
+    return strip
+
+
+def _rules(raw_rules: Any, iss: _Issues, source: str) -> list[EgressRule]:
     rules: list[EgressRule] = []
     names: dict[str, int] = {}
-    raw_rules = data.get("rules", [])
     if not isinstance(raw_rules, list):
         iss.add(("rules",), "rules must be a list of tables ([[rules]] in TOML)")
-        raw_rules = []
+        return rules
     for i, raw in enumerate(raw_rules):
         path: PathKey = ("rules", i)
         if not iss.keys(raw, path, _RULE, "a rule"):
@@ -295,14 +318,16 @@ def policy_from_data(data: Any, *, source: str = "<dict>", locate: Locator | Non
                         f"rules[{names[rule.name]}])")
             names.setdefault(rule.name, i)
         rules.append(rule)
+    return rules
 
+
+def _secrets(raw_secrets: Any, iss: _Issues, source: str) -> list[EgressSecret]:
     secrets: list[EgressSecret] = []
-    raw_secrets = data.get("secrets", [])
     if not isinstance(raw_secrets, list):
         iss.add(("secrets",), "secrets must be a list of tables ([[secrets]] in TOML)")
-        raw_secrets = []
+        return secrets
     for i, raw in enumerate(raw_secrets):
-        path = ("secrets", i)
+        path: PathKey = ("secrets", i)
         if not iss.keys(raw, path, _SECRET, "a secret"):
             continue
         missing = [k for k in ("name", "host") if k not in raw]
@@ -316,25 +341,14 @@ def policy_from_data(data: Any, *, source: str = "<dict>", locate: Locator | Non
                                         source=f"{source}:{line}" if line else source))
         except PolicyError as exc:
             iss.from_error(path, exc)
-
-    if iss.items:
-        if len(iss.items) == 1:
-            raise iss.items[0]
-        raise PolicyError(f"{len(iss.items)} problems in the egress policy {source}",
-                          issues=tuple(iss.items))
-    try:
-        return EgressPolicy(rules=tuple(rules), limits=limits, strip_headers=tuple(strip),
-                            secrets=tuple(secrets), source=source)
-    except PolicyError as exc:
-        iss.from_error(("headers",), exc)
-        raise iss.items[0] from None
+    return secrets
 
 
-def load_policy_text(text: str, *, format: str, source: str = "<policy>") -> EgressPolicy:
+def load_policy_text(cls: type[P], text: str, *, format: str, source: str = "<policy>") -> P:
     data, locate = parse_text(text, format=format, source=source)
-    return policy_from_data(data, source=source, locate=locate)
+    return policy_from_data(cls, data, source=source, locate=locate)
 
 
-def load_policy_file(path: str | os.PathLike[str]) -> EgressPolicy:
+def load_policy_file(cls: type[P], path: str | os.PathLike[str]) -> P:
     data, locate, source = load_document(path)
-    return policy_from_data(data, source=source, locate=locate)
+    return policy_from_data(cls, data, source=source, locate=locate)

@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..errors import PolicyError
-from ._egress_addr import (
+from ...errors import PolicyError
+from ._addr import (
     BadURL,
     IPAddress,
     IPNetwork,

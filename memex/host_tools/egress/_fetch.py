@@ -26,8 +26,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._egress_addr import IPAddress, Target, parse_address
-from ._egress_policy import EgressDecision, EgressPolicy, EgressSecret, SecretUnavailable
+from ._addr import IPAddress, Target, parse_address
+from ._policy import EgressPolicy
+from ._rules import EgressDecision, EgressSecret, SecretUnavailable
 
 __all__ = ["FetchFailure", "FetchRequest", "FetchResponse", "Fetcher", "Hop", "Resolver",
            "open_connection", "parse_guest_request", "system_resolver"]
@@ -379,26 +380,9 @@ class Fetcher:
     def _exchange(self, st: _HopState, t: Target, addrs: list[IPAddress],
                   headers: list[tuple[str, str]], body: bytes | None, deadline: float,
                   cap: int) -> tuple[int, str, tuple[tuple[str, str], ...], bytes]:
-        connect = self._connect or open_connection
-        sock: socket.socket | None = None
-        errors = []
-        for a in addrs:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            try:
-                sock = connect(str(a), t.port, remaining)
-            except OSError as exc:
-                errors.append(f"{a}: {exc.strerror or exc}")
-                continue
-            st.address = str(a)
-            break
-        if sock is None:
-            if time.monotonic() >= deadline:
-                raise FetchFailure("timeout", f"connecting to {t.authority} timed out",
-                                   url=t.url)
-            raise FetchFailure("connect", f"cannot connect to {t.authority} "
-                               f"({'; '.join(errors)})", url=t.url)
+        """One request and its response over a connection to the first address that
+        answers, under one deadline (a watchdog closes the socket when it passes)."""
+        sock = self._connect_any(st, t, addrs, deadline)
         guard = _Guard()
         guard.sock = sock
         entry = _WATCHDOG.watch(deadline, guard)
@@ -419,25 +403,10 @@ class Fetcher:
             conn.endheaders(body)
             resp = conn.getresponse()
             st.status = resp.status
-            length = resp.getheader("content-length")
-            if length and length.strip().isdigit() and int(length) > cap:
-                raise FetchFailure("cap", f"the response of {int(length)} bytes exceeds the "
-                                   f"{cap}-byte cap", url=t.url)
-            chunks, total = [], 0
-            while True:
-                sock.settimeout(max(deadline - time.monotonic(), 0.001))
-                chunk = resp.read1(65536)
-                if not chunk:
-                    break
-                total += len(chunk)
-                st.response_bytes = total
-                if total > cap:
-                    raise FetchFailure("cap", f"the response exceeds the {cap}-byte cap",
-                                       url=t.url)
-                chunks.append(chunk)
+            data = _read_body(st, t, resp, sock, deadline, cap)
             rheaders = tuple((k, v.replace("\r", " ").replace("\n", " "))
                              for k, v in resp.getheaders() if k.lower() != "transfer-encoding")
-            return resp.status, resp.reason, rheaders, b"".join(chunks)
+            return resp.status, resp.reason, rheaders, data
         except FetchFailure:
             raise
         except ssl.SSLError as exc:
@@ -453,6 +422,48 @@ class Fetcher:
             _WATCHDOG.cancel(entry)
             conn.close()
             sock.close()
+
+    def _connect_any(self, st: _HopState, t: Target, addrs: list[IPAddress],
+                     deadline: float) -> socket.socket:
+        """A connection to the first of the checked addresses that accepts one."""
+        connect = self._connect or open_connection
+        errors = []
+        for a in addrs:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                sock = connect(str(a), t.port, remaining)
+            except OSError as exc:
+                errors.append(f"{a}: {exc.strerror or exc}")
+                continue
+            st.address = str(a)
+            return sock
+        if time.monotonic() >= deadline:
+            raise FetchFailure("timeout", f"connecting to {t.authority} timed out", url=t.url)
+        raise FetchFailure("connect", f"cannot connect to {t.authority} "
+                           f"({'; '.join(errors)})", url=t.url)
+
+
+def _read_body(st: _HopState, t: Target, resp: http.client.HTTPResponse, sock: socket.socket,
+               deadline: float, cap: int) -> bytes:
+    """The response body, refused as soon as it (or its declared length) passes ``cap``."""
+    length = resp.getheader("content-length")
+    if length and length.strip().isdigit() and int(length) > cap:
+        raise FetchFailure("cap", f"the response of {int(length)} bytes exceeds the "
+                           f"{cap}-byte cap", url=t.url)
+    chunks: list[bytes] = []
+    total = 0
+    while True:
+        sock.settimeout(max(deadline - time.monotonic(), 0.001))
+        chunk = resp.read1(65536)
+        if not chunk:
+            return b"".join(chunks)
+        total += len(chunk)
+        st.response_bytes = total
+        if total > cap:
+            raise FetchFailure("cap", f"the response exceeds the {cap}-byte cap", url=t.url)
+        chunks.append(chunk)
 
 
 def parse_guest_request(value: Any) -> FetchRequest:

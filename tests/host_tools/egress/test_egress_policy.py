@@ -15,8 +15,7 @@ from hypothesis import strategies as st
 
 from memex.errors import ConfigError, PolicyError
 from memex.host_tools import EgressLimits, EgressPolicy, EgressRule, EgressSecret
-from memex.host_tools._egress_addr import parse_address, parse_url
-from memex.host_tools._egress_policy import SecretUnavailable
+from memex.host_tools.egress import SecretUnavailable, parse_address, parse_url
 
 
 def policy(*rules: dict[str, Any], **extra: Any) -> EgressPolicy:
