@@ -46,12 +46,9 @@ from funnel_data import (  # noqa: E402
 )
 
 from memex import Limits  # noqa: E402
-from memex.executor import (  # noqa: E402
-    Aids,
-    Budget,
+from memex.executor import Aids, Budget, MemexAgent, Rollout  # noqa: E402
+from memex.executor.llm import (  # noqa: E402
     LLMClient,
-    MemexAgent,
-    Rollout,
     ScriptedLLM,
     ScriptedReply,
     ScriptedToolCall,
@@ -180,7 +177,7 @@ AIDS = ("example", "nudge", "repeat_note", "preview_variables", "submit_reminder
 
 
 def local(args: argparse.Namespace) -> None:
-    from memex.executor import LocalModel
+    from memex.executor.llm import LocalModel
 
     variants: list[tuple[str, str, Aids]] = [] if args.no_baseline else [
         ("code", "all aids", Aids()), ("tools", "all aids", Aids())]

@@ -39,15 +39,8 @@ for p in (ROOT, ROOT / "bench"):
 from _fmt import fmt  # noqa: E402
 
 from memex import Limits, Sandbox  # noqa: E402
-from memex.executor import (  # noqa: E402
-    Budget,
-    LLMClient,
-    MemexAgent,
-    Rollout,
-    ScriptedLLM,
-    ScriptedReply,
-    TreeBudget,
-)
+from memex.executor import Budget, MemexAgent, Rollout, TreeBudget  # noqa: E402
+from memex.executor.llm import LLMClient, ScriptedLLM, ScriptedReply  # noqa: E402
 from memex.host_tools import tool  # noqa: E402
 
 N = 8

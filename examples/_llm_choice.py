@@ -13,7 +13,7 @@ import contextlib
 import os
 from typing import Any
 
-from memex.executor import LLMClient, LocalModel
+from memex.executor.llm import LLMClient, LocalModel
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

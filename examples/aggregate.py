@@ -21,8 +21,7 @@ from _llm_choice import add_arguments, open_llm
 from funnel_data import FunnelAnswer, build_warehouse, reference_answer, score
 from rich.console import Console
 
-from memex.executor import Budget, MemexAgent, load_trajectories
-from memex.executor._render import render_step
+from memex.executor import Budget, MemexAgent, load_trajectories, render_step
 
 TASK = ("`runs` holds trajectories of several agents that answered the same funnel question "
         "(per-segment signup-to-activation conversion and the worst segment). Each has "

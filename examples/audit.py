@@ -22,8 +22,7 @@ from _llm_choice import add_arguments, open_llm
 from pydantic import BaseModel, Field
 from rich.console import Console
 
-from memex.executor import Budget, MemexAgent, load_trajectories
-from memex.executor._render import render_step
+from memex.executor import Budget, MemexAgent, load_trajectories, render_step
 
 Outcome = Literal["answered", "no_submit", "code_errors", "repetition", "llm_error"]
 

@@ -23,8 +23,7 @@ from funnel_data import TASK, FunnelAnswer, build_warehouse, reference_answer, s
 from rich.console import Console
 
 from memex import Limits
-from memex.executor import Budget, MemexAgent
-from memex.executor._render import render_step
+from memex.executor import Budget, MemexAgent, render_step
 
 
 def main(argv: list[str] | None = None) -> int:

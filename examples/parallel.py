@@ -33,8 +33,8 @@ from funnel_data import TASK, FunnelAnswer, build_warehouse, reference_answer, s
 from rich.console import Console
 
 from memex import Limits
-from memex.executor import Budget, LLMClient, MemexAgent, ScriptedLLM, Trajectory, TreeBudget
-from memex.executor._render import render_step
+from memex.executor import Budget, MemexAgent, Trajectory, TreeBudget, render_step
+from memex.executor.llm import LLMClient, ScriptedLLM
 
 AGGREGATE = (
     "`runs` holds the trajectories of agents that answered the same question: " + TASK +

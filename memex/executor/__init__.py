@@ -1,75 +1,29 @@
-"""The agent loop, LLM client, backends, trajectories and sub-agents."""
+"""The agent: ``MemexAgent`` runs rollouts (``_run``) whose turns are the loops' (``loops``:
+the code action space and the tool-calling baseline), talking to a model (``llm``), with
+sub-agents (``spawn``) under one tree budget, recorded as trajectories (``_trajectory``,
+rendered by ``_render``). The prompt texts are in ``_prompt``; a rollout's sandbox side
+(tools through the door, inputs, the host-validated ``submit``) is ``_session``, whose guest
+half is ``guest/agent_prelude.py``."""
 
-from ._agent import Aids, Budget, MemexAgent, Rollout
-from ._backend import Backend, get_backend
-from ._backend_inprocess import InProcessBackend
-from ._backend_pool import PoolBackend, PoolStats, TenantQuota
-from ._backend_ray import RayBackend, RayCheckpoint, RaySandbox
-from ._backend_subprocess import ProcessCheckpoint, ProcessSandbox, SubprocessBackend
-from ._llm import Completion, LLMClient, Price, ToolCall, Usage
-from ._local_model import LocalModel, ModelSpec, fetch_model
-from ._observe import bound_text, render_observation
-from ._parse import TextToolCall, extract_code, extract_tool_calls
-from ._scripted import (
-    RecordedRequest,
-    ScriptedError,
-    ScriptedLLM,
-    ScriptedReply,
-    ScriptedToolCall,
-)
-from ._spawn_budget import FAILURE_KINDS, TreeBudget
-from ._spawn_spec import GuestObject
-from ._trajectory import (
-    Step,
-    ToolCallInfo,
-    Trajectory,
-    TrajectoryWriter,
-    load_trajectories,
-    save_trajectories,
-)
+from ._agent import ActionSpace, MemexAgent
+from ._config import Aids, Budget
+from ._render import render_step, render_trajectory
+from ._run import Rollout
+from ._trajectory import Step, ToolCallInfo, Trajectory, load_trajectories, save_trajectories
+from .spawn import TreeBudget
 
 __all__ = [
-    "FAILURE_KINDS",
+    "ActionSpace",
     "Aids",
-    "Backend",
     "Budget",
-    "Completion",
-    "GuestObject",
-    "InProcessBackend",
-    "LLMClient",
-    "LocalModel",
     "MemexAgent",
-    "ModelSpec",
-    "PoolBackend",
-    "PoolStats",
-    "Price",
-    "ProcessCheckpoint",
-    "ProcessSandbox",
-    "RayBackend",
-    "RayCheckpoint",
-    "RaySandbox",
-    "RecordedRequest",
     "Rollout",
-    "ScriptedError",
-    "ScriptedLLM",
-    "ScriptedReply",
-    "ScriptedToolCall",
     "Step",
-    "SubprocessBackend",
-    "TenantQuota",
-    "TextToolCall",
-    "ToolCall",
     "ToolCallInfo",
     "Trajectory",
-    "TrajectoryWriter",
     "TreeBudget",
-    "Usage",
-    "bound_text",
-    "extract_code",
-    "extract_tool_calls",
-    "fetch_model",
-    "get_backend",
     "load_trajectories",
-    "render_observation",
+    "render_step",
+    "render_trajectory",
     "save_trajectories",
 ]

@@ -9,7 +9,23 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["describe_value", "render_schema"]
+__all__ = [
+    "CODE_EXAMPLE",
+    "CODE_RULES",
+    "CORE",
+    "NUDGE",
+    "PYTHON_TOOL",
+    "PYTHON_TOOL_RULE",
+    "REMOVED",
+    "REPEAT",
+    "STOP",
+    "TEXT_CALL_HINT",
+    "TOOLS_EXAMPLE",
+    "TOOLS_NUDGE",
+    "TOOLS_RULES",
+    "describe_value",
+    "render_schema",
+]
 
 CORE = """\
 You are a careful data analyst agent. Solve the task using the tools and the data you are given.
@@ -57,6 +73,24 @@ If you cannot make a native function call, write each call as a fenced JSON bloc
 ```json
 {"name": "FUNCTION_NAME", "arguments": {...}}
 ```"""
+
+
+# What the loops say to the model between turns.
+NUDGE = ("Your reply had no ```python code block, so nothing ran. Reply with one ```python "
+         "block; call submit(...) in it when you know the answer.")
+TOOLS_NUDGE = ("Your reply had no function call, so nothing ran. Call one of the functions; "
+               "call submit when you know the answer.")
+STOP = ["```output", "\nOutput:", "\nUser:"]
+REMOVED = "MemEx removed a turn here"
+REPEAT = ("Note: this reply repeats an earlier reply word for word; its output is above. "
+          "Do something different, or submit the answer if you have it.")
+
+PYTHON_TOOL = {"type": "function", "function": {
+    "name": "python", "description": "Run a Python code block in the persistent session.",
+    "parameters": {"type": "object", "properties": {"code": {"type": "string"}},
+                   "required": ["code"]}}}
+PYTHON_TOOL_RULE = ("Send each code block as a call of the `python` function (argument `code`) "
+                    "instead of a fenced block.")
 
 
 def render_schema(schema: Any) -> str:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -14,11 +13,20 @@ from typing import Any
 import msgpack
 
 from ..errors import ConfigError, MemexError
-from ..host_tools import Tool, ToolBudget, ToolCallRecord, ToolHost, ToolSet
-from ..host_tools._codec import EncodeError, decode, encode
+from ..host_tools import (
+    EncodeError,
+    Tool,
+    ToolBudget,
+    ToolCallRecord,
+    ToolHost,
+    ToolSet,
+    decode,
+    encode,
+)
 from ..runtime_wasm import Door, Limits, Mount, Sandbox, TurnResult, TurnStatus
+from ._trajectory import Step, ToolCallInfo, Trajectory
 
-__all__ = ["AgentSession", "make_submit_tool"]
+__all__ = ["AgentSession", "HostCall", "make_submit_tool", "prelude_cells"]
 
 SUBMIT_DOC = "Submit the final answer; it is checked against the task's answer schema."
 
@@ -190,8 +198,6 @@ def prelude_cells(input_names: list[str], spawn: Any = None) -> tuple[str, str]:
     session (so a template sandbox can run them once and be forked); the call binds this
     session's inputs, submit() and, with ``spawn``, the sub-agent API."""
     src = resources.files("memex.executor").joinpath("guest/agent_prelude.py").read_text()
-    from ._trajectory import Step, ToolCallInfo, Trajectory
-
     records = {c.__name__: [f.name for f in dataclasses.fields(c)]
                for c in (Trajectory, Step, ToolCallInfo)}
     define = (spawn.guest_define() if spawn is not None else "") + src + "\n"
@@ -199,27 +205,3 @@ def prelude_cells(input_names: list[str], spawn: Any = None) -> tuple[str, str]:
     call = (f"__memex_agent_prelude__({input_names!r}, {SUBMIT_DOC!r}, {records!r}, {hooks})\n"
             "del __memex_agent_prelude__\n")
     return define, call
-
-
-def to_text(value: Any, limit: int = 4000) -> str:
-    """A tool result as text, the way tool-calling agents serialize results (JSON, with
-    DataFrames as records)."""
-    t = type(value)
-    mod = t.__module__.partition(".")[0]
-    try:
-        if mod == "pandas" and t.__name__ == "DataFrame":
-            text = value.to_json(orient="records", date_format="iso")
-        elif mod == "pandas":
-            text = value.to_json(date_format="iso")
-        elif mod == "numpy":
-            text = json.dumps(value.tolist())
-        else:
-            from pydantic_core import to_jsonable_python
-
-            text = json.dumps(to_jsonable_python(value, serialize_unknown=True),
-                              ensure_ascii=False)
-    except (TypeError, ValueError):
-        text = repr(value)
-    from ._observe import bound_text
-
-    return bound_text(str(text), limit)

@@ -17,8 +17,13 @@ from memex.executor import (
     Trajectory,
     load_trajectories,
 )
-from memex.executor._llm import LLMClient
-from memex.executor._scripted import ScriptedError, ScriptedLLM, ScriptedReply, ScriptedToolCall
+from memex.executor.llm import (
+    LLMClient,
+    ScriptedError,
+    ScriptedLLM,
+    ScriptedReply,
+    ScriptedToolCall,
+)
 from memex.host_tools import tool
 from memex.runtime_wasm import Limits
 

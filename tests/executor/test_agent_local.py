@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from memex.errors import MemexError
-from memex.executor import Aids, Budget, LocalModel, MemexAgent, load_trajectories
-from memex.executor._local_model import MODELS, model_dir, verify_model_file
+from memex.executor import Aids, Budget, MemexAgent, load_trajectories
+from memex.executor.llm import MODELS, LocalModel, model_dir, verify_model_file
 from memex.runtime_wasm import Limits
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 if TYPE_CHECKING:
-    from ._agent import Rollout
+    from .._run import Rollout
 
 __all__ = ["FAILURE_KINDS", "TreeBudget", "failure"]
 

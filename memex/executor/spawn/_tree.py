@@ -2,11 +2,11 @@
 
 A root rollout of an agent built with ``spawn=TreeBudget(...)`` owns a :class:`SpawnTree`: one
 budget (depth, live and total sub-agents, turns, tokens, cost, wall time) for every rollout in
-the tree, each of which is a :class:`_Node`. A node serves its guest's door ops:
+the tree, each of which is a :class:`Node`. A node serves its guest's door ops:
 
 * ``agent.spawn(spec)`` (inline, returns at once): checks the request, starts the child on its
   own thread with its own sandbox and door (a fork of the tree's template for its kind, see
-  ``_spawn_template``, or with ``fork=True`` a ``fork_in_turn`` of the parent's sandbox), and
+  ``_template``, or with ``fork=True`` a ``fork_in_turn`` of the parent's sandbox), and
   answers its id;
 * ``agent.poll(ids)`` / ``agent.cancel(id)`` (inline);
 * ``agent.wait(ids, timeout, mode)`` and ``agent.trajectory(id)`` (blocking on a pool thread):
@@ -33,20 +33,25 @@ from dataclasses import replace
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from ..errors import MemexError
-from ..host_tools._codec import EncodeError, encode
-from ..runtime_wasm import Door, DoorContext, Sandbox
-from ._spawn_budget import TreeBudget, failure
-from ._spawn_spec import ChildSpec, SpawnRefused, clone_llm, holds_objects, parse_spec
-from ._spawn_template import Templates
-from ._trajectory import Step, Trajectory
+from ...errors import MemexError
+from ...host_tools import EncodeError, encode
+from ...runtime_wasm import Door, DoorContext, Sandbox
+from .._session import AgentSession, prelude_cells
+from .._trajectory import Step, Trajectory
+from ..llm import Completion, LLMClient
+from ._budget import TreeBudget, failure
+from ._spec import ChildSpec, SpawnRefused, holds_objects, parse_spec
+from ._template import Templates
 
 if TYPE_CHECKING:
-    from ._agent import MemexAgent, Rollout, _Run
-    from ._llm import Completion, LLMClient
-    from ._session import AgentSession
+    from .._agent import MemexAgent
+    from .._run import Rollout, Run
 
-__all__ = ["SpawnTree"]
+# How the tree starts a sub-agent's rollout: (agent, task, inputs, node) -> its Rollout. The
+# executor's run gives it to the tree, so the tree never imports the agent.
+StartRollout = Callable[["MemexAgent", str, dict[str, Any], "Node"], "Rollout"]
+
+__all__ = ["Node", "SpawnTree", "StartRollout"]
 
 WAIT_MARGIN = 0.5  # a wait returns this long before its block's deadline
 TREE_GRACE = 2 * WAIT_MARGIN  # a block may run this long past the tree's max_seconds
@@ -70,8 +75,9 @@ can nest {levels} more level(s)."""
 class SpawnTree:
     """The shared state of one root rollout and its sub-agents (thread-safe)."""
 
-    def __init__(self, budget: TreeBudget) -> None:
+    def __init__(self, budget: TreeBudget, *, start: StartRollout) -> None:
         self.budget = budget
+        self.start = start
         self.cond = threading.Condition()
         self.t0 = time.monotonic()
         self.turns = 0
@@ -80,12 +86,12 @@ class SpawnTree:
         self.spawned = 0
         self.live = 0
         self.exhausted: str | None = None
-        self.nodes: list[_Node] = []
+        self.nodes: list[Node] = []
         self.templates = Templates()
         self._llms: dict[tuple[int, str], LLMClient] = {}
         self._timer: threading.Timer | None = None
         self._closed = False
-        self.root = _Node(self, None, node_id="", depth=0, task="")
+        self.root = Node(self, None, node_id="", depth=0, task="")
         if budget.max_seconds is not None:
             self._timer = threading.Timer(budget.max_seconds, self.trip, ("max_seconds",))
             self._timer.name = "memex-agent-tree-timer"
@@ -153,7 +159,7 @@ class SpawnTree:
         key = (id(llm), model)
         with self.cond:
             if key not in self._llms:
-                self._llms[key] = clone_llm(llm, model)
+                self._llms[key] = llm.with_model(model)
             return self._llms[key]
 
     def close(self) -> None:
@@ -169,10 +175,10 @@ class SpawnTree:
             llm.close()
 
 
-class _Node:
+class Node:
     """One rollout of a tree: the root (``parent is None``) or a sub-agent."""
 
-    def __init__(self, tree: SpawnTree, parent: _Node | None, *, node_id: str, depth: int,
+    def __init__(self, tree: SpawnTree, parent: Node | None, *, node_id: str, depth: int,
                  task: str, agent: MemexAgent | None = None,
                  inputs: dict[str, Any] | None = None, pickled: tuple[str, ...] = (),
                  step_index: int = 0) -> None:
@@ -185,9 +191,9 @@ class _Node:
         self.inputs = inputs or {}
         self.pickled = pickled
         self.step_index = step_index
-        self.children: list[_Node] = []
-        self.by_id: dict[str, _Node] = {}
-        self.run: _Run | None = None
+        self.children: list[Node] = []
+        self.by_id: dict[str, Node] = {}
+        self.run: Run | None = None
         self.session: AgentSession | None = None
         self.thread: threading.Thread | None = None
         self.fork_sandbox: Sandbox | None = None
@@ -201,7 +207,7 @@ class _Node:
         self.finished = False
         self._closer: threading.Thread | None = None
 
-    # ---- hooks for the rollout (_Run) --------------------------------------------------
+    # ---- hooks for the rollout (Run) ---------------------------------------------------
     def stop_reason(self) -> str | None:
         """Why this rollout may not make another model call (checked before each one)."""
         if self.stopped is not None:
@@ -237,8 +243,6 @@ class _Node:
             return take, sb.door, False
         if self.parent is None or opener is not None or self.agent is None:
             return opener, None, False
-        from ._session import prelude_cells
-
         define, _ = prelude_cells([], self)
         return self.tree.templates.opener(self.agent, define), None, True
 
@@ -264,7 +268,7 @@ class _Node:
                 "    m.__file__ = '<memex-agents>'\n"
                 "    sys.modules['memex_agents'] = m\n"
                 "    exec(compile(src, '<memex-agents>', 'exec'), m.__dict__)\n"
-                f"__memex_spawn_define__({_guest_source('spawn_boot.py')!r})\n"
+                f"__memex_spawn_define__({_guest_source('boot.py')!r})\n"
                 "del __memex_spawn_define__\n")
 
     def guest_hooks(self) -> str:
@@ -334,13 +338,11 @@ class _Node:
 
     def _main(self) -> None:
         """The child's thread: one full rollout, then its outcome for the parent."""
-        from ._agent import _Run
-
         rollout: Rollout | None = None
         error: str | None = None
         try:
             assert self.agent is not None
-            rollout = _Run(self.agent, self.task, self.inputs, node=self).go()
+            rollout = self.tree.start(self.agent, self.task, self.inputs, self)
         except BaseException as exc:  # a child's failure is data for its parent
             error = f"{type(exc).__name__}: {exc}"
         finally:
@@ -384,7 +386,7 @@ class _Node:
         except SpawnRefused as exc:
             return {"error": exc.kind, "message": exc.message}
 
-    def _spawn(self, raw: Any) -> _Node:
+    def _spawn(self, raw: Any) -> Node:
         tree, b, run, session = self.tree, self.tree.budget, self.run, self.session
         if run is None or session is None:
             raise SpawnRefused("protocol", "this agent is not running")
@@ -394,8 +396,8 @@ class _Node:
             raise SpawnRefused("depth", f"sub-agents may nest {b.max_depth} level(s) deep and "
                                f"this agent is at depth {self.depth}: do this work here")
         records = {name: cls for cls, name in session.toolset.record_names.items()}
-        spec = parse_spec(raw, tools=run.a.tools, records=records, budget=run.a.budget,
-                          limits=run.a.limits, allowed_models=b.models)
+        spec = parse_spec(raw, tools=run.agent.tools, records=records, budget=run.agent.budget,
+                          limits=run.agent.limits, allowed_models=b.models)
         sandbox = session.sandbox
         if spec.fork and not isinstance(sandbox, Sandbox):
             raise SpawnRefused("fork", "fork=True needs an in-process sandbox")
@@ -411,7 +413,7 @@ class _Node:
                 raise SpawnRefused("max_children", f"this agent tree has started its "
                                    f"{b.max_children} sub-agents (max_children)")
             n = len(self.children) + 1
-            node = _Node(tree, self, node_id=f"{self.id}.{n}" if self.id else str(n),
+            node = Node(tree, self, node_id=f"{self.id}.{n}" if self.id else str(n),
                          depth=self.depth + 1, task=spec.task, agent=agent,
                          inputs=spec.inputs, pickled=spec.pickled,
                          step_index=len(run.steps))
@@ -443,7 +445,7 @@ class _Node:
 
     def _child_agent(self, spec: ChildSpec) -> MemexAgent:
         assert self.run is not None
-        parent = self.run.a
+        parent = self.run.agent
         a = copy.copy(parent)
         a.tools = spec.tools
         a.submit_schema = spec.submit
@@ -457,13 +459,13 @@ class _Node:
             a.llm = self.tree.llm_for(parent.llm, spec.model)
         return a
 
-    def _lookup(self, ids: Any) -> list[tuple[str, _Node | None]]:
+    def _lookup(self, ids: Any) -> list[tuple[str, Node | None]]:
         if not isinstance(ids, list):
             ids = [ids]
         return [(str(i), self.by_id.get(i) if isinstance(i, str) else None) for i in ids]
 
     def _op_api(self) -> str:
-        return _guest_source("spawn_api.py")
+        return _guest_source("api.py")
 
     def _op_poll(self, ids: Any) -> dict[str, str]:
         with self.tree.cond:
@@ -501,7 +503,7 @@ class _Node:
                 "deadline": bool(pending) and why == "deadline"
                 and time.monotonic() >= until}
 
-    def _result(self, agent_id: str, node: _Node | None) -> dict[str, Any]:
+    def _result(self, agent_id: str, node: Node | None) -> dict[str, Any]:
         if node is None:
             return {"status": "failed", "kind": "error",
                     "reason": f"no sub-agent {agent_id!r} here (a handle works only in the "
@@ -541,7 +543,8 @@ _SOURCES: dict[str, str] = {}
 
 def _guest_source(name: str) -> str:
     if name not in _SOURCES:
-        _SOURCES[name] = resources.files("memex.executor").joinpath(f"guest/{name}").read_text()
+        guest = resources.files("memex.executor.spawn").joinpath("guest")
+        _SOURCES[name] = guest.joinpath(name).read_text()
     return _SOURCES[name]
 
 

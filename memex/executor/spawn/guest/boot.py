@@ -3,7 +3,7 @@
 """The part of the sub-agent API every session needs, kept small because every session
 compiles it: the exceptions, the copying of values (inputs, a sub-agent's answer) and the
 names bound in ``__main__``. ``spawn_agent``, ``wait_all`` and ``as_completed`` there load the
-rest (``spawn_api``, fetched through the door) the first time one is called.
+rest (``api.py``, fetched through the door) the first time one is called.
 
 Values are copied with their types: plain values, tuples, sets, datetimes, numpy arrays,
 DataFrames and records travel through the typed codec; functions, classes and any other object
@@ -24,7 +24,7 @@ _PLAIN = (str, int, float, bool, bytes, type(None))
 _CODEC_MODULES = ("numpy", "pandas", "datetime", "decimal")  # the typed codec carries these
 _MAX_DEPTH = 200
 _config = {"depth": 0, "max_depth": 0, "pickled": ()}
-_api = {}  # the loaded spawn_api names
+_api = {}  # the loaded names of api.py
 
 
 class AgentFailed(Exception):

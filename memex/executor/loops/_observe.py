@@ -3,7 +3,7 @@ errors, bounded. Nothing else about guest state reaches the context."""
 
 from __future__ import annotations
 
-from ..runtime_wasm import TurnResult, TurnStatus
+from ...runtime_wasm import TurnResult, TurnStatus
 
 __all__ = ["bound_text", "render_observation", "trim_traceback"]
 

@@ -22,22 +22,20 @@ from memex.errors import (
     LLMTimeoutError,
     MemexError,
 )
-from memex.executor._llm import (
+from memex.executor.llm import (
     DEFAULT_PRICES,
     Completion,
     LLMClient,
     Price,
-    ToolCall,
-    Usage,
-    _retry_after,
-)
-from memex.executor._scripted import (
     ScriptedError,
     ScriptedLLM,
     ScriptedReply,
     ScriptedToolCall,
+    ToolCall,
+    Usage,
     count_prompt_tokens,
 )
+from memex.executor.llm._client import _retry_after  # the header parser, on purpose
 
 USER = [{"role": "user", "content": "What is 2 + 2?"}]
 TOOLS = [{"type": "function", "function": {

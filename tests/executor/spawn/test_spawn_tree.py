@@ -12,17 +12,9 @@ import pytest
 from test_spawn import Answer, Router, py, run_tree
 
 from memex.errors import ConfigError
-from memex.executor import (
-    Budget,
-    MemexAgent,
-    ScriptedLLM,
-    ScriptedReply,
-    ScriptedToolCall,
-    TreeBudget,
-    load_trajectories,
-)
-from memex.executor._llm import LLMClient
-from memex.runtime_wasm._sandbox import _LIVE
+from memex.executor import Budget, MemexAgent, TreeBudget, load_trajectories
+from memex.executor.llm import LLMClient, ScriptedLLM, ScriptedReply, ScriptedToolCall
+from memex.runtime_wasm._sandbox import _LIVE  # the live-sandbox registry: nothing may leak
 
 SHARED_THREADS = ("memex-door", "memex-epoch", "memex-reaper")  # process-wide pools
 

@@ -14,12 +14,13 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..errors import MemexError
-from ..host_tools import ToolSet
-from ..runtime_wasm import Door, Sandbox, TurnStatus
+from ...errors import MemexError
+from ...host_tools import ToolSet
+from ...runtime_wasm import Door, Sandbox, TurnStatus
+from .._session import make_submit_tool
 
 if TYPE_CHECKING:
-    from ._agent import MemexAgent
+    from .._agent import MemexAgent
 
 __all__ = ["Templates"]
 
@@ -80,8 +81,6 @@ class Templates:
 
 
 def _build(agent: MemexAgent, define: str) -> Sandbox:
-    from ._session import make_submit_tool
-
     sb = Sandbox(limits=agent.limits, mounts=agent.mounts, preload=agent.preload)
     try:
         cells = [define]

@@ -13,19 +13,18 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..errors import ConfigError, MemexError
-from ..host_tools import ToolSet
-from ..host_tools._codec import DecodeError, RecordFields, decode
-from ..runtime_wasm import Limits
-from . import _prompt
+from ...errors import ConfigError, MemexError
+from ...host_tools import DecodeError, RecordFields, ToolSet, decode
+from ...runtime_wasm import Limits
+from .. import _prompt
+from .._config import Budget
+from .._session import make_submit_tool
+from .._trajectory import Trajectory
 
-if TYPE_CHECKING:
-    from ._agent import Budget
-    from ._llm import LLMClient
-
-__all__ = ["ChildSpec", "GuestObject", "SpawnRefused", "describe_input", "parse_spec"]
+__all__ = ["ChildSpec", "GuestObject", "SpawnRefused", "describe_input", "from_guest",
+           "holds_objects", "parse_spec"]
 
 MAX_TASK_CHARS = 100_000
 _BUILTINS: dict[str, Any] = {"int": int, "float": float, "str": str, "bool": bool,
@@ -164,8 +163,6 @@ def from_guest(v: Any, found: list[bool], depth: int = 0) -> Any:
             return GuestObject(what=what[:200], data=data)
         fields = {k: from_guest(x, found, depth + 1) for k, x in v.items()}
         if v.type_name == "Trajectory":
-            from ._trajectory import Trajectory
-
             try:
                 return Trajectory.from_dict(fields)
             except ConfigError:
@@ -196,8 +193,6 @@ def holds_objects(v: Any, depth: int = 0) -> bool:
 
 
 def _submit(raw: Any, records: Mapping[str, type]) -> Any:
-    from ._session import make_submit_tool
-
     if raw is None:
         return None
     if not isinstance(raw, dict) or len(raw) != 1:
@@ -259,14 +254,3 @@ def describe_input(v: Any) -> str:
         names = ", ".join(list(v)[:12])
         return f"{v.type_name} record with fields: {names}"
     return _prompt.describe_value(v)
-
-
-def clone_llm(llm: LLMClient, model: str) -> LLMClient:
-    """The same endpoint and settings as ``llm``, another model."""
-    from ._llm import LLMClient
-
-    return LLMClient(model=model, base_url=llm.base_url, api_key=llm._api_key,
-                     timeout=llm.timeout, max_retries=llm.max_retries, backoff=llm.backoff,
-                     max_backoff=llm.max_backoff, prices=dict(llm.prices),
-                     temperature=llm.temperature, max_tokens=llm.max_tokens,
-                     on_retry=llm.on_retry)

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from memex.errors import ConfigError
-from memex.executor._scripted import (
+from memex.executor.llm import (
     ScriptedError,
     ScriptedLLM,
     ScriptedReply,

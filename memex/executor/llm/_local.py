@@ -37,12 +37,10 @@ import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
-from ..errors import ConfigError, LocalModelError, ModelFileError
-
-if TYPE_CHECKING:
-    from ._llm import LLMClient
+from ...errors import ConfigError, LocalModelError, ModelFileError
+from ._client import LLMClient
 
 __all__ = [
     "DEFAULT_LOCAL_MODEL",
@@ -359,8 +357,6 @@ class LocalModel:
 
     def client(self, **kwargs: Any) -> LLMClient:
         """An :class:`LLMClient` for this server (extra keyword arguments pass through)."""
-        from ._llm import LLMClient
-
         return LLMClient(model=self.alias, base_url=self.base_url, api_key="memex-local",
                          **kwargs)
 

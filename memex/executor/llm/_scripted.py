@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, TypeAlias
 
-from ..errors import ConfigError
-from ._llm import estimate_prompt_tokens, estimate_tokens
+from ...errors import ConfigError
+from ._client import estimate_prompt_tokens, estimate_tokens
 
 __all__ = [
     "RecordedRequest",

@@ -13,8 +13,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from memex.executor import MemexAgent, Rollout, Trajectory, TreeBudget, load_trajectories
-from memex.executor._llm import LLMClient
-from memex.executor._scripted import ScriptedError, ScriptedLLM, ScriptedReply
+from memex.executor.llm import LLMClient, ScriptedError, ScriptedLLM, ScriptedReply
 from memex.host_tools import tool
 from memex.runtime_wasm import Limits
 
@@ -267,7 +266,7 @@ def test_nested_spawning_to_depth_3_and_trajectories_nest(tmp_path: Path) -> Non
     assert Trajectory.from_dict(r.trajectory.to_dict()) == r.trajectory
     from rich.console import Console
 
-    from memex.executor._render import render_trajectory
+    from memex.executor import render_trajectory
 
     out = io.StringIO()
     render_trajectory(loaded, Console(file=out, width=200))

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import httpx2
 import openai
 
-from ..errors import ConfigError, LLMConnectionError, LLMError, LLMResponseError, LLMTimeoutError
+from ...errors import ConfigError, LLMConnectionError, LLMError, LLMResponseError, LLMTimeoutError
 
 __all__ = [
     "DEFAULT_PRICES",
@@ -239,6 +239,14 @@ class LLMClient:
 
     def __repr__(self) -> str:
         return f"LLMClient(model={self.model!r}, base_url={self.base_url!r})"
+
+    def with_model(self, model: str) -> LLMClient:
+        """A new client for ``model`` at the same endpoint, with the same settings."""
+        return LLMClient(model=model, base_url=self.base_url, api_key=self._api_key,
+                         timeout=self.timeout, max_retries=self.max_retries,
+                         backoff=self.backoff, max_backoff=self.max_backoff,
+                         prices=dict(self.prices), temperature=self.temperature,
+                         max_tokens=self.max_tokens, on_retry=self.on_retry)
 
     # -- resources -------------------------------------------------------------------------------
 

@@ -13,10 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from memex.executor import Budget, GuestObject, Trajectory
-from memex.executor._spawn_spec import SpawnRefused, describe_input, from_guest, parse_spec
-from memex.host_tools import ToolSet, tool
-from memex.host_tools._codec import EXT_RECORD, RecordFields, decode, encode
+from memex.executor import Budget, Trajectory
+from memex.executor.spawn import GuestObject, SpawnRefused, describe_input, from_guest, parse_spec
+from memex.host_tools import RecordFields, ToolSet, decode, encode, tool
+from memex.host_tools._codec import EXT_RECORD  # the ABI's record code, on purpose
 from memex.runtime_wasm import Limits
 
 
@@ -145,13 +145,16 @@ def test_tree_close_is_idempotent_and_stops_its_timer() -> None:
     import threading
 
     from memex.executor import TreeBudget
-    from memex.executor._spawn import SpawnTree
+    from memex.executor.spawn import SpawnTree
 
     def timers() -> int:
         return sum(t.name == "memex-agent-tree-timer" for t in threading.enumerate())
 
     before = timers()
-    tree = SpawnTree(TreeBudget(max_seconds=30))
+    def never(*_a: Any) -> Any:
+        raise AssertionError("no child is started here")
+
+    tree = SpawnTree(TreeBudget(max_seconds=30), start=never)
     assert timers() == before + 1
     tree.close()
     tree.close()

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from memex.errors import ConfigError, LocalModelError, ModelFileError, SetupError
-from memex.executor._llm import Completion
-from memex.executor._local_model import (
+from memex.executor.llm import (
     DEFAULT_LOCAL_MODEL,
     MODELS,
+    Completion,
     LocalModel,
     ModelSpec,
     fetch_model,
@@ -358,7 +358,7 @@ def test_server_dies_with_its_parent(fake_python: Path, tiny_model: tuple[ModelS
     spec, cache = tiny_model
     script = textwrap.dedent(f"""
         import os, signal, sys
-        from memex.executor._local_model import LocalModel, ModelSpec
+        from memex.executor.llm import LocalModel, ModelSpec
         spec = {spec!r}
         lm = LocalModel(spec, cache_dir={str(cache)!r}, python={str(fake_python)!r}).start()
         print(lm.pid, flush=True)

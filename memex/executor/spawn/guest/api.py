@@ -13,7 +13,7 @@ timeout | trap | budget | cancelled, and a ``reason``) when there is none; ``h.d
 one); ``as_completed(handles)`` yields handles as they finish; handles are awaitable in the
 guest's event loop (``await h``, ``asyncio.gather(*handles)``). A wait never outlives the
 block: near the block's time limit it raises TimeoutError and the sub-agents keep running, to
-be waited for in a later block. Values are copied by ``spawn_boot`` (the part every session
+be waited for in a later block. Values are copied by ``boot.py`` (the part every session
 loads).
 """
 

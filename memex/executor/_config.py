@@ -1,0 +1,58 @@
+"""What a rollout may spend (:class:`Budget`) and which help a small model gets
+(:class:`Aids`): plain records shared by the agent, its run, the loops and the spawn tree."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+
+__all__ = ["Aids", "Budget"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Budget:
+    """When a rollout stops without an answer (None: no bound). ``max_turns`` counts model
+    calls."""
+
+    max_turns: int = 12
+    max_tokens: int | None = None
+    max_seconds: float | None = None
+    max_cost: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_turns < 1:
+            raise ConfigError("Budget.max_turns must be >= 1")
+        for name in ("max_tokens", "max_seconds", "max_cost"):
+            v = getattr(self, name)
+            if v is not None and not v > 0:
+                raise ConfigError(f"Budget.{name} must be > 0 or None")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Aids:
+    """Help for small models, each switchable so its effect can be measured
+    (bench/agent.py): a worked example in the prompt, a nudge after a reply with no code, a
+    note when a reply repeats an earlier one verbatim, a preview of the variables a block
+    created, a reminder to submit when few turns remain, stop sequences that cut a reply
+    where the model starts writing the output it imagines its code will print, and
+    re-asking (seeded, at ``repeat_temperature``) when a reply repeats an earlier failed one: at
+    temperature 0 a small model copies its failing block turn after turn, and every copy
+    left in the context makes the next one likelier, so a repeat is asked again before it
+    runs and only a fresh reply (or the last try) enters the context."""
+
+    example: bool = True
+    nudge: bool = True
+    repeat_note: bool = True
+    preview_variables: bool = True
+    submit_reminder: bool = True
+    stop_sequences: bool = True  # end a reply where a model starts inventing the output
+    resample_repeats: bool = True
+    repeat_temperature: float = 0.8
+    resample_tries: int = 2
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.repeat_temperature <= 2.0:
+            raise ConfigError("Aids.repeat_temperature must be in (0, 2]")
+        if not 0 <= self.resample_tries <= 10:
+            raise ConfigError("Aids.resample_tries must be between 0 and 10")

@@ -1,0 +1,351 @@
+"""One rollout in progress: the conversation, the budget checks, the model calls (with the
+repeat handling of :class:`~memex.executor.Aids`) and the trajectory. A turn itself is the
+loop's (``loops.code_turn`` / ``loops.tools_turn``); :class:`Run` is the
+:class:`~memex.executor.loops.TurnContext` it works in, kept off the agent so one agent can
+run many rollouts at once.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from pydantic_core import to_jsonable_python
+
+from ..errors import ConfigError, LLMError, MemexError
+from ..host_tools import ToolCallRecord
+from ._config import Aids
+from ._prompt import REMOVED
+from ._session import AgentSession
+from ._trajectory import Step, ToolCallInfo, Trajectory, TrajectoryWriter
+from .llm import Completion
+from .loops import code_turn, tools_turn
+from .spawn import Node, SpawnTree, describe_input
+
+if TYPE_CHECKING:
+    from ._agent import MemexAgent
+
+__all__ = ["Rollout", "Run"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rollout:
+    """The outcome of one run. ``answer`` is the typed object the submit schema describes
+    (None when nothing valid was submitted); ``end_reason`` is ``submitted``, ``max_turns``,
+    ``max_tokens``, ``max_seconds``, ``max_cost``, ``llm_error`` or ``sandbox_error``."""
+
+    answer: Any
+    submitted: bool
+    end_reason: str
+    trajectory: Trajectory
+    error: str | None = None
+
+    @property
+    def turns(self) -> int:
+        return len(self.trajectory.steps)
+
+    @property
+    def total_tokens(self) -> int:
+        return self.trajectory.total_tokens
+
+
+class _LLMFailed(Exception):
+    """The model call failed after the client's retries: the rollout ends with llm_error."""
+
+
+class Run:
+    """State of one rollout. ``node`` is its place in a sub-agent tree (None: spawning off,
+    or a root whose tree this run makes)."""
+
+    def __init__(self, agent: MemexAgent, task: str, inputs: dict[str, Any],
+                 node: Node | None = None) -> None:
+        if not isinstance(task, str) or not task.strip():
+            raise ConfigError("the task must be a non-empty string")
+        if node is None and agent.spawn is not None:
+            node = SpawnTree(agent.spawn, start=_start_child).root
+        self.node = node
+        if node is not None:
+            node.run = self
+        self.agent = agent
+        self.task = task
+        self.inputs = inputs
+        self.t0 = time.monotonic()
+        self.traj = Trajectory(
+            id=uuid.uuid4().hex[:16], task=task, model=str(agent.llm.model),
+            action_space=agent.action_space if agent.code_via == "text" or
+            agent.action_space == "tools" else "code/tool_call",
+            started=time.time(), inputs={k: describe_input(v) for k, v in inputs.items()})
+        self.steps: list[Step] = []
+        self.messages: list[dict[str, Any]] = []
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.cost: float | None = None
+        self.pending_calls: list[ToolCallRecord] = []
+        # what each reply ran -> (turn, how it ended, the reply's message until it is taken
+        # out of the context), to catch and explain verbatim repeats
+        self.replies: dict[str, tuple[int, str, dict[str, Any] | None]] = {}
+        # replies whose run failed in a way running them again would repeat (an exception,
+        # not a time limit): only these are asked again; polling or retrying a timed-out
+        # wait with the same code is legitimate
+        self.failed: set[str] = set()
+        self.writer = TrajectoryWriter(agent.trajectory_path) if agent.trajectory_path else None
+
+    # ---- the TurnContext of the loops ------------------------------------------------------
+    @property
+    def aids(self) -> Aids:
+        return self.agent.aids
+
+    @property
+    def observation_chars(self) -> int:
+        return self.agent.observation_chars
+
+    @property
+    def native_code(self) -> bool:
+        return self.agent.code_via == "tool_call"
+
+    @property
+    def turn(self) -> int:
+        return len(self.steps)
+
+    def tool_definitions(self) -> list[dict[str, Any]]:
+        return self.agent.tool_definitions()
+
+    def seen(self, key: str) -> bool:
+        return key in self.replies
+
+    def remember(self, key: str, outcome: str, message: dict[str, Any] | None, *,
+                 failed: bool) -> None:
+        """Record how this turn's reply (by its repeat key) ended; ``failed``: running the
+        same reply again would fail the same way (it is then asked again, see Aids)."""
+        if key not in self.replies:
+            self.replies[key] = (self.turn, outcome, message)
+            if failed:
+                self.failed.add(key)
+
+    def take_calls(self, kind: str = "code") -> tuple[ToolCallInfo, ...]:
+        out = tuple(replace(_info(r), kind=kind) for r in self.pending_calls)
+        self.pending_calls.clear()
+        return out
+
+    def drop_calls(self) -> None:
+        self.pending_calls.clear()
+
+    def turn_timeout(self) -> float | None:
+        b = self.agent.budget
+        left = None if b.max_seconds is None else b.max_seconds - (time.monotonic() - self.t0)
+        tree_left = self.node.turn_seconds_left() if self.node is not None else None
+        if tree_left is not None:
+            left = tree_left if left is None else min(left, tree_left)
+        if left is None:
+            return None
+        return max(0.05, min(self.agent.limits.timeout, left))
+
+    def reminder(self) -> str:
+        left = self.agent.budget.max_turns - (len(self.steps) + 1)
+        if self.agent.aids.submit_reminder and 0 < left <= 2:
+            return (f"\n[{left} turn{'s' if left > 1 else ''} left: submit your best answer "
+                    "now if you have one.]")
+        return ""
+
+    def complete(self, key_of: Callable[[Completion], str | None], **kwargs: Any
+                 ) -> tuple[Completion, dict[str, Any]]:
+        """The model's reply, asked again while it repeats an earlier failed reply word for
+        word (see :class:`Aids`): hotter and seeded, with a note on the last observation (for
+        that request only) saying how the repeated code ended. In the code space the earlier
+        turn is first removed from the context (its reply and observation; its results are
+        still in the sandbox), leaving a one-line remark in the message before it, so there
+        is nothing left to copy. Returns the completion kept and the usage of every call made
+        for it (``resampled``: how many times it was asked again)."""
+        aids = self.agent.aids
+        t0 = time.monotonic()
+        c = self._complete(**kwargs)
+        prompt, completion, cost = c.usage.prompt_tokens, c.usage.completion_tokens, c.cost
+        tries = 0
+        while aids.resample_repeats and tries < aids.resample_tries:
+            key = key_of(c)
+            if key is None or key not in self.failed or self._budget_reason():
+                break
+            tries += 1
+            c = self._ask_again(key, tries, **kwargs)
+            prompt += c.usage.prompt_tokens
+            completion += c.usage.completion_tokens
+            if c.cost is not None:
+                cost = (cost or 0.0) + c.cost
+        usage = {"prompt_tokens": prompt, "completion_tokens": completion, "cost": cost,
+                 "llm_seconds": time.monotonic() - t0, "resampled": tries}
+        return c, usage
+
+    # ---- driving ---------------------------------------------------------------------------
+    def go(self) -> Rollout:
+        session = None
+        end, error = "max_turns", None
+        try:
+            if self.writer:
+                self.writer.start(self.traj)
+            session = self._open_session()
+            system = self.agent.system_prompt(self.inputs)
+            if self.node is not None and self.node.prompt_section():
+                system += "\n\n" + self.node.prompt_section()
+            self.messages = [
+                {"role": "system", "content": system},
+                {"role": "user", "content": f"Task: {self.task}"},
+            ]
+            turn = tools_turn if self.agent.action_space == "tools" else code_turn
+            while True:
+                stop = self._budget_reason()
+                if stop:
+                    end = stop
+                    break
+                self._add(turn(self, session))
+                if session.submitted:
+                    end = "submitted"
+                    break
+        except _LLMFailed as exc:
+            end, error = "llm_error", str(exc)
+        except MemexError as exc:
+            if session is None and isinstance(exc, ConfigError):
+                raise
+            end, error = "sandbox_error", f"{type(exc).__name__}: {exc}"
+        finally:
+            rollout = self._finish(session, end, error)
+        return rollout
+
+    def _finish(self, session: AgentSession | None, end: str, error: str | None) -> Rollout:
+        submitted = session is not None and session.submitted
+        answer = session.answer if session is not None and submitted else None
+        if self.node is not None:  # sub-agents: stopped, joined, attached to their steps
+            end = self.node.end_reason(end)
+            self.node.finish(end, submitted, answer)
+            self.steps = self.node.attach(self.steps)
+        if session is not None:
+            session.close()
+        self.traj = replace(
+            self.traj, steps=tuple(self.steps), messages=tuple(self.messages),
+            answer=_jsonable_answer(answer) if submitted else None, submitted=submitted,
+            end_reason=end, prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens, cost=self.cost,
+            duration=time.monotonic() - self.t0,
+            llm_calls=sum(1 + s.resampled for s in self.steps), error=error)
+        if self.writer:
+            self.writer.end(self.traj)
+            self.writer.close()
+        return Rollout(answer=answer, submitted=submitted, end_reason=end,
+                       trajectory=self.traj, error=error)
+
+    def _open_session(self) -> AgentSession:
+        a = self.agent
+        opener = a.backend.open if a.backend is not None else None
+        door, prepared = None, False
+        if self.node is not None:  # a sub-agent: a fork of its parent or of a template
+            opener, door, prepared = self.node.session_options(opener)
+        return AgentSession(
+            tools=a.tools, submit_schema=a.submit_schema, limits=a.limits, mounts=a.mounts,
+            preload=a.preload, inputs=self.inputs, tool_budget=a.tool_budget, gate=a.gate,
+            install_tools=a.action_space == "code", open_sandbox=opener, door=door,
+            spawn=self.node, prepared=prepared, on_call=self.pending_calls.append)
+
+    def _budget_reason(self) -> str | None:
+        b = self.agent.budget
+        if len(self.steps) >= b.max_turns:
+            return "max_turns"
+        if b.max_tokens is not None and self.prompt_tokens + self.completion_tokens \
+                >= b.max_tokens:
+            return "max_tokens"
+        if b.max_seconds is not None and time.monotonic() - self.t0 >= b.max_seconds:
+            return "max_seconds"
+        if b.max_cost is not None and self.cost is not None and self.cost >= b.max_cost:
+            return "max_cost"
+        if self.node is not None:  # the tree's budget, and a cancel from the parent
+            return self.node.stop_reason()
+        return None
+
+    def _add(self, step: Step) -> None:
+        self.steps.append(step)
+        if self.writer:
+            self.writer.step(self.traj, step)
+        if self.agent.on_step is not None:
+            self.agent.on_step(step)
+
+    # ---- model calls -----------------------------------------------------------------------
+    def _complete(self, messages: list[dict[str, Any]] | None = None, **kwargs: Any
+                  ) -> Completion:
+        a = self.agent
+        c: Completion | None = None
+        messages = self.messages if messages is None else messages
+        try:
+            if a.on_text is None:
+                c = a.llm.complete(messages, **kwargs)
+            else:  # stream the text to the caller as it arrives
+                for part in a.llm.stream(messages, **kwargs):
+                    if isinstance(part, str):
+                        a.on_text(part)
+                    else:
+                        c = part
+                if c is None:
+                    raise LLMError("the stream ended without a completion")
+        except LLMError as exc:
+            raise _LLMFailed(f"{type(exc).__name__}: {exc}") from exc
+        self.prompt_tokens += c.usage.prompt_tokens
+        self.completion_tokens += c.usage.completion_tokens
+        if c.cost is not None:
+            self.cost = (self.cost or 0.0) + c.cost
+        if self.node is not None:
+            self.node.charge(c)
+        return c
+
+    def _ask_again(self, key: str, tries: int, **kwargs: Any) -> Completion:
+        """Ask again for a reply that repeated the failed reply ``key``: see :meth:`complete`."""
+        a = self.agent
+        if a.on_text is not None:
+            a.on_text("\n[this repeats an earlier reply word for word; asking again]\n")
+        turn, outcome, msg = self.replies[key]
+        code = a.action_space == "code"
+        if code and msg is not None:
+            self._remove_turn(msg, outcome)
+            self.replies[key] = (turn, outcome, None)
+        note = (f"[Your reply repeated {'code' if code else 'calls'} you already ran "
+                f"(turn {turn + 1}) word for word; {outcome}. Doing it again gives the "
+                "same result: reply with something different (fix the cause, look at the "
+                "data first, or submit the answer if you have it).]")
+        last = dict(self.messages[-1])
+        last["content"] = f"{last.get('content') or ''}\n\n{note}"
+        return self._complete([*self.messages[:-1], last], **kwargs,
+                              temperature=a.aids.repeat_temperature,
+                              seed=1000 * len(self.steps) + tries)
+
+    def _remove_turn(self, msg: dict[str, Any], outcome: str) -> None:
+        """Take a turn (its assistant message and the observation after it) out of the
+        context; the message before it gets a one-line remark."""
+        at = next((i for i, m in enumerate(self.messages) if m is msg), None)
+        if at is None or at < 2:
+            return
+        end = next((j for j in range(at + 1, len(self.messages))
+                    if self.messages[j].get("role") == "assistant"), len(self.messages))
+        del self.messages[at:end]
+        before = dict(self.messages[at - 1])
+        before["content"] = (f"{before.get('content') or ''}\n\n[{REMOVED}: code that was then "
+                             f"written again word for word; {outcome}.]")
+        self.messages[at - 1] = before
+
+
+def _start_child(agent: Any, task: str, inputs: dict[str, Any], node: Node) -> Rollout:
+    """How a spawn tree starts a sub-agent's rollout (given to the tree, so that the tree
+    never imports the agent)."""
+    return Run(agent, task, inputs, node=node).go()
+
+
+def _info(r: ToolCallRecord) -> ToolCallInfo:
+    result = getattr(r, "result", "") or (r.message or "")
+    return ToolCallInfo(name=r.tool, arguments=r.arguments, outcome=r.outcome,
+                        result=result if r.outcome == "ok" else (r.message or r.outcome),
+                        duration=r.duration)
+
+
+def _jsonable_answer(answer: Any) -> Any:
+    try:
+        return to_jsonable_python(answer, serialize_unknown=True)
+    except Exception:
+        return repr(answer)
