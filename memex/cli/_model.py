@@ -1,6 +1,7 @@
 """``memex model``: fetch, list and serve the local models (the optional extra ``[local]``).
 
-Registered by :mod:`memex.cli`; imports stay deferred so other commands start fast.
+Registered by :mod:`memex.cli`; imports stay in the commands so that other commands start
+fast.
 """
 
 from __future__ import annotations
@@ -9,9 +10,9 @@ import argparse
 import sys
 import time
 
-__all__ = ["add_model_parser"]
+__all__ = ["add_parser"]
 
-_MODELS = ("qwen-1.5b", "qwen-0.5b")  # keys of memex.executor._local_model.MODELS (pinned)
+_MODELS = ("qwen-1.5b", "qwen-0.5b")  # keys of memex.executor.llm.MODELS (pinned)
 
 
 def _say(msg: str) -> None:
@@ -19,7 +20,7 @@ def _say(msg: str) -> None:
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
-    from .executor._local_model import fetch_model
+    from ..executor.llm import fetch_model
 
     start = time.monotonic()
     path = fetch_model(args.model, cache_dir=args.dir, force=args.force, log=_say)
@@ -29,8 +30,8 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from .errors import ModelFileError
-    from .executor._local_model import MODELS, model_dir, verify_model_file
+    from ..errors import ModelFileError
+    from ..executor.llm import MODELS, model_dir, verify_model_file
 
     root = model_dir(args.dir)
     for spec in MODELS.values():
@@ -46,7 +47,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .executor._local_model import LocalModel
+    from ..executor.llm import LocalModel
 
     lm = LocalModel(args.model, cache_dir=args.dir, fetch=not args.no_fetch, port=args.port,
                     n_ctx=args.n_ctx, n_threads=args.threads)
@@ -67,7 +68,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         lm.close()
 
 
-def add_model_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``memex model fetch|list|serve`` to the ``memex`` command's subparsers."""
     p = sub.add_parser("model", help="fetch and serve a local LLM (needs memex[local] to serve)")
     msub = p.add_subparsers(dest="model_command", required=True)

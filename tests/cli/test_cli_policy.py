@@ -187,7 +187,7 @@ def test_run_without_policy_has_no_network(server: ThreadingHTTPServer) -> None:
 
 
 def test_the_shipped_example_policy_passes_its_cases() -> None:
-    root = Path(__file__).resolve().parent.parent / "examples"
+    root = Path(__file__).resolve().parents[2] / "examples"
     p = memex("policy", "test", "-q", str(root / "egress_policy.toml"),
               str(root / "egress_cases.yaml"))
     assert p.returncode == 0, p.stdout + p.stderr

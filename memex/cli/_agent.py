@@ -1,4 +1,4 @@
-"""``memex agent`` (run one rollout, streaming each turn) and ``memex trajectory show``."""
+"""``memex agent``: run one rollout, streaming each turn."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
-__all__ = ["add_parsers"]
+__all__ = ["add_parser", "load_input"]
 
 
 def _load_attr(spec: str) -> Any:
@@ -33,6 +33,15 @@ def _load_attr(spec: str) -> Any:
     return obj
 
 
+def _optional(module: str, path: str) -> Any:
+    """An optional package a kind of input file needs (ConfigError naming it when absent)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ConfigError(f"reading {path!r} needs {module}, which is not installed "
+                          f"(pip install {module})") from exc
+
+
 def load_input(path: str) -> Any:
     """A file as a typed input: CSV/Parquet -> DataFrame, .npy -> ndarray, JSON -> data,
     trajectory JSONL -> list of Trajectory, other JSONL -> list, anything else -> str."""
@@ -41,25 +50,20 @@ def load_input(path: str) -> Any:
         raise ConfigError(f"input file {path!r} does not exist")
     suffix = p.suffix.lower()
     try:
-        if suffix in (".csv", ".tsv"):
-            import pandas as pd
-
+        if suffix in (".csv", ".tsv", ".parquet"):
+            pd = _optional("pandas", path)
+            if suffix == ".parquet":
+                return pd.read_parquet(p)
             return pd.read_csv(p, sep="\t" if suffix == ".tsv" else ",")
-        if suffix == ".parquet":
-            import pandas as pd
-
-            return pd.read_parquet(p)
         if suffix == ".npy":
-            import numpy as np
-
-            return np.load(p, allow_pickle=False)
+            return _optional("numpy", path).load(p, allow_pickle=False)
         if suffix == ".json":
             return json.loads(p.read_text(encoding="utf-8"))
         if suffix == ".jsonl":
             lines = [json.loads(x) for x in p.read_text(encoding="utf-8").splitlines()
                      if x.strip()]
             if lines and isinstance(lines[0], dict) and lines[0].get("event") == "start":
-                from .executor import load_trajectories
+                from ..executor import load_trajectories
 
                 return load_trajectories(p)
             return lines
@@ -71,9 +75,8 @@ def load_input(path: str) -> Any:
 def cmd_agent(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from .executor import Budget, MemexAgent
-    from .executor._render import render_step
-    from .runtime_wasm import Limits
+    from ..executor import Budget, MemexAgent, render_step
+    from ..runtime_wasm import Limits
 
     tools: Any = []
     for spec in args.tools:
@@ -117,25 +120,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     return 0 if rollout.submitted else 1
 
 
-def cmd_trajectory_show(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    from .executor import load_trajectories
-    from .executor._render import render_trajectory
-
-    found = load_trajectories(args.file)
-    if not found:
-        raise ConfigError(f"{args.file} holds no trajectory")
-    console = Console()
-    for t in found:
-        if args.id and not t.id.startswith(args.id):
-            continue
-        render_trajectory(t, console)
-        console.print()
-    return 0
-
-
-def add_parsers(sub: Any) -> None:
+def add_parser(sub: Any) -> None:
     p = sub.add_parser("agent", help="run an agent on a task, streaming each turn")
     p.add_argument("task")
     p.add_argument("--model", default=None, help="model name (or $MEMEX_MODEL)")
@@ -160,9 +145,3 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--no-stream", dest="stream", action="store_false",
                    help="do not stream the model's text")
     p.set_defaults(func=cmd_agent)
-    p = sub.add_parser("trajectory", help="inspect trajectory files")
-    tsub = p.add_subparsers(dest="trajectory_command", required=True)
-    q = tsub.add_parser("show", help="render a trajectory file readably")
-    q.add_argument("file")
-    q.add_argument("--id", default=None, help="only the trajectory whose id starts so")
-    q.set_defaults(func=cmd_trajectory_show)

@@ -4,7 +4,7 @@ Testing a policy is a feature: ``check`` prints the decision for one request (ex
 1 deny) and ``test`` runs a table of expected decisions (exit 1 on any mismatch, for a
 platform's CI). Neither makes a request; names are decided before DNS unless the case gives
 the addresses (or ``check --resolve`` asks the system resolver). Registered by
-:mod:`memex.cli`; imports stay deferred so other commands start fast.
+:mod:`memex.cli`; imports stay in the commands so that other commands start fast.
 """
 
 from __future__ import annotations
@@ -17,15 +17,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
-    from .host_tools import Egress, EgressDecision, EgressPolicy
+    from ..host_tools import Egress, EgressDecision, EgressPolicy
 
-__all__ = ["add_policy_parser", "audit_dicts", "print_audit", "run_egress"]
+__all__ = ["add_parser", "audit_dicts", "print_audit", "run_egress"]
 
 _CASE_KEYS = ("name", "url", "method", "addresses", "expect", "rule", "reason", "code")
 
 
 def _load(path: str) -> EgressPolicy:
-    from .host_tools import EgressPolicy
+    from ..host_tools import EgressPolicy
 
     return EgressPolicy.load(path)
 
@@ -43,13 +43,12 @@ def _describe(d: EgressDecision) -> list[str]:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from .errors import ConfigError
+    from ..errors import ConfigError
 
     policy = _load(args.policy)
     addresses: list[str] | None = list(args.address) or None
     if args.resolve and addresses is None:
-        from .host_tools._egress_addr import BadURL, parse_url
-        from .host_tools._egress_fetch import system_resolver
+        from ..host_tools.egress import BadURL, parse_url, system_resolver
 
         try:
             t = parse_url(args.url)
@@ -82,8 +81,8 @@ class _Case:
 
 
 def _load_cases(path: str) -> list[_Case]:
-    from .errors import PolicyError
-    from .host_tools._egress_load import fmt_path, load_document
+    from ..errors import PolicyError
+    from ..host_tools.egress import fmt_path, load_document
 
     data, locate, source = load_document(path)
     base: tuple[str | int, ...] = ()
@@ -180,7 +179,7 @@ def cmd_test(args: argparse.Namespace) -> int:
 # ---- memex run --policy -------------------------------------------------------------------------
 def run_egress(path: str) -> Egress:
     """The Egress that ``memex run --policy PATH`` attaches (PolicyError for a bad file)."""
-    from .host_tools import Egress
+    from ..host_tools import Egress
 
     return Egress(_load(path), label="memex-run")
 
@@ -212,7 +211,7 @@ def audit_dicts(egress: Egress) -> list[dict[str, Any]]:
     return [r.to_dict() for r in egress.records]
 
 
-def add_policy_parser(sub: Any) -> None:
+def add_parser(sub: Any) -> None:
     p = sub.add_parser("policy", help="check and test egress policies (no request is made)")
     psub = p.add_subparsers(dest="policy_command", required=True)
     c = psub.add_parser("check", help="print the decision, the rule and the reason for a URL "

@@ -1,0 +1,6 @@
+"""The ``memex`` command line (``memex prepare | run | repl | agent | trajectory | model |
+policy``); no layer imports it."""
+
+from ._main import build_parser, main
+
+__all__ = ["build_parser", "main"]

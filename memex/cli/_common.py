@@ -1,0 +1,89 @@
+"""What several subcommands share: the sandbox options (limits, mounts, preload), a size
+parser, printing a turn's result the way ``python`` would, and exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..runtime_wasm import Limits, Mount, TurnResult
+
+__all__ = ["add_sandbox_options", "exit_code", "limits", "mounts", "preload", "print_result"]
+
+
+def _size(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    try:
+        if t and t[-1] in units:
+            return int(float(t[:-1]) * units[t[-1]])
+        return int(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 512M, 2G)") from None
+
+
+def add_sandbox_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--timeout", type=float, default=30.0, help="wall seconds per turn")
+    p.add_argument("--memory", type=_size, default=None, help="guest memory cap (e.g. 512M)")
+    p.add_argument("--fuel", type=int, default=None, help="instruction budget per turn")
+    p.add_argument("--mount", action="append", default=[], metavar="HOST:GUEST[:rw]",
+                   help="grant a host folder (read-only unless :rw)")
+    p.add_argument("--preload", default=None, metavar="MOD,...",
+                   help="start from a warm image with these modules imported")
+
+
+def limits(args: argparse.Namespace) -> Limits:
+    from ..runtime_wasm import Limits
+
+    kw: dict[str, object] = {"timeout": args.timeout}
+    if args.memory is not None:
+        kw["memory"] = args.memory
+    if args.fuel is not None:
+        kw["fuel"] = args.fuel
+    return Limits(**kw)  # type: ignore[arg-type]
+
+
+def mounts(specs: Sequence[str]) -> list[Mount]:
+    from ..runtime_wasm import Mount
+
+    return [Mount.parse(s) for s in specs]
+
+
+def preload(args: argparse.Namespace) -> list[str]:
+    return [p for p in (args.preload or "").split(",") if p]
+
+
+def print_result(r: TurnResult, *, echo: bool) -> None:
+    """A turn's output as ``python`` shows it: stdout, stderr, the echoed value, the
+    traceback; then MemEx's own notes (the limit that stopped it, truncation) on stderr."""
+    if r.stdout:
+        sys.stdout.write(r.stdout)
+        sys.stdout.flush()
+    if r.stderr:
+        sys.stderr.write(r.stderr)
+    if echo and r.value is not None:
+        print(r.value, flush=True)
+    if r.exception is not None:
+        sys.stderr.write(r.exception.traceback or f"{r.exception.type}: {r.exception.message}\n")
+    if r.limit is not None and r.status.value == "killed":
+        note = " (state rolled back to the last good turn)" if r.rolled_back else ""
+        sys.stderr.write(f"memex: turn stopped by {r.limit}: {r.trap}{note}\n")
+    if r.truncated:
+        sys.stderr.write(f"memex: output truncated: {', '.join(r.truncated)}\n")
+    sys.stderr.flush()
+
+
+def exit_code(r: TurnResult) -> int:
+    """The guest's exit code for sys.exit(n), 1 for an uncaught exception, 124 when the wall
+    deadline stopped it, 125 for another limit."""
+    status = r.status.value
+    if status == "ok":
+        return 0
+    if status == "exit":
+        return r.exit_code if r.exit_code is not None else 0
+    if status == "killed":
+        return 124 if r.limit in ("deadline", "lifetime") else 125
+    return 1

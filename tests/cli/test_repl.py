@@ -1,0 +1,167 @@
+"""``memex repl`` driven through a real pseudo-terminal (pexpect), as a person at a terminal
+uses it: prompts, continuation lines, Ctrl-C while a cell runs and at a prompt, history and
+line editing, Ctrl-D and exit()."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pexpect
+import pytest
+
+from memex.cli._repl import needs_more
+
+MEMEX = shutil.which("memex", path=str(Path(sys.executable).parent)) or "memex"
+UP = "\x1b[A"
+
+
+@pytest.fixture
+def histfile(tmp_path: Path) -> Path:
+    return tmp_path / "history"
+
+
+def _spawn(histfile: Path, *args: str) -> pexpect.spawn:
+    env = dict(os.environ, MEMEX_HISTFILE=str(histfile), TERM="dumb")
+    child = pexpect.spawn(MEMEX, ["repl", "--timeout", "30", *args], encoding="utf-8",
+                          timeout=120, env=env, dimensions=(40, 200))
+    child.expect_exact(">>> ")
+    return child
+
+
+@pytest.fixture
+def repl(histfile: Path) -> Iterator[pexpect.spawn]:
+    child = _spawn(histfile)
+    yield child
+    if child.isalive():
+        child.terminate(force=True)
+
+
+def _cell(child: pexpect.spawn, *lines: str) -> str:
+    """Type ``lines`` (each answered by the prompt it should get) and return what the cell
+    printed before the next ``>>>``."""
+    for line in lines[:-1]:
+        child.sendline(line)
+        child.expect_exact("... ")
+    child.sendline(lines[-1])
+    child.expect_exact(">>> ")
+    out: str = child.before
+    return out.replace("\r\n", "\n")
+
+
+def test_continuation_prompts_wait_for_the_blank_line_like_python(repl: pexpect.spawn) -> None:
+    out = _cell(repl, "for i in range(2):", "    print(i)", "    print(i * 10)", "")
+    assert out.split("\n")[1:-1] == ["0", "0", "1", "10"]
+    # an unclosed bracket keeps asking, a blank line inside it included
+    assert _cell(repl, "total = (1 +", "", "2)").strip() == "2)"
+    assert _cell(repl, "total").split("\n")[1] == "3"
+
+
+def test_ctrl_c_interrupts_a_running_cell_and_keeps_the_session(repl: pexpect.spawn) -> None:
+    _cell(repl, "x = 41")
+    repl.sendline("while True: x += 1")
+    repl.expect_exact("... ")
+    repl.sendline("")
+    time.sleep(1.0)  # the loop is running
+    repl.sendintr()
+    repl.expect_exact(">>> ")
+    shown = repl.before.replace("\r\n", "\n")
+    assert "KeyboardInterrupt" in shown
+    assert "cell interrupted; the session is as it was before it" in shown
+    # rolled back to the end of the previous cell: x is 41, not whatever the loop reached
+    assert _cell(repl, "x + 1").split("\n")[1] == "42"
+    assert _cell(repl, "import sys; print(sys.version_info[:2] >= (3, 15))").split("\n")[1] == \
+        "True"
+
+
+def test_ctrl_c_at_a_prompt_discards_the_input_like_python(repl: pexpect.spawn) -> None:
+    repl.sendintr()
+    repl.expect_exact(">>> ")
+    assert "KeyboardInterrupt" in repl.before
+    repl.sendintr()  # a second one at the empty prompt: the same, and the REPL stays
+    repl.expect_exact(">>> ")
+    assert "KeyboardInterrupt" in repl.before
+    repl.sendline("if True:")
+    repl.expect_exact("... ")
+    repl.sendintr()  # at a continuation prompt: the unfinished statement is dropped
+    repl.expect_exact(">>> ")
+    assert _cell(repl, "print('still here')").split("\n")[1] == "still here"
+
+
+def test_history_and_line_editing(histfile: Path) -> None:
+    child = _spawn(histfile)
+    assert _cell(child, "y = 6 * 7").strip() == "y = 6 * 7"
+    recalled = _cell(child, UP)  # the up arrow brings the line back; Enter runs it again
+    assert recalled.strip() == "y = 6 * 7", recalled
+    child.send("y")
+    child.send("\x01")  # Ctrl-A: to the start of the line
+    child.sendline("print(")  # the line is now: print(y
+    child.expect_exact("... ")
+    assert _cell(child, ")").split("\n")[1] == "42"
+    assert _cell(child, "print('from history')").split("\n")[1] == "from history"
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    assert "y = 6 * 7" in histfile.read_text()
+    again = _spawn(histfile)  # the next session starts with this one's history...
+    assert _cell(again, UP).split("\n")[1] == "from history"
+    assert "NameError" in _cell(again, "y")  # ...but not its state
+    again.terminate(force=True)
+
+
+def test_ctrl_d_and_exit_end_the_repl_with_their_codes(histfile: Path) -> None:
+    child = _spawn(histfile)
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    child = _spawn(histfile)
+    child.sendline("import sys; sys.exit(3)")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 3
+
+
+def test_errors_and_limits_keep_the_session(repl: pexpect.spawn) -> None:
+    out = _cell(repl, "1 / 0")
+    assert "ZeroDivisionError" in out
+    out = _cell(repl, "def f(:")
+    assert "SyntaxError" in out
+    assert _cell(repl, "2 + 2").split("\n")[1] == "4"
+
+
+def test_piped_input_keeps_prompts_off_stdout() -> None:
+    out = subprocess.run([MEMEX, "repl"], input="x = 2\nfor i in range(2):\n    print(i * x)\n\n",
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "0\n2\n"
+    assert ">>> " in out.stderr and "... " in out.stderr
+
+
+@pytest.mark.parametrize("command", ["", "run", "repl", "agent", "policy", "model"])
+def test_help_is_plain_text(command: str) -> None:
+    args = [MEMEX, *([command] if command else []), "--help"]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "``" not in out.stdout and ":class:" not in out.stdout and ":mod:" not in out.stdout
+
+
+@pytest.mark.parametrize(("source", "more"), [
+    ("x = 1", False),
+    ("for i in range(3):", True),
+    ("for i in range(3):\n    print(i)", True),
+    ("for i in range(3):\n    print(i)\n", False),
+    ("while True: pass", True),
+    ("(1 +", True),
+    ("(1 +\n", True),
+    ("def f(:", False),  # a syntax error is complete: the guest reports it
+    ("'''open", True),
+])
+def test_needs_more_decides_like_the_python_repl(source: str, more: bool) -> None:
+    assert needs_more(source) is more
