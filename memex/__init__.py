@@ -1,183 +1,47 @@
 """MemEx: a programmable scratchpad for LLM agents, run in a WebAssembly sandbox.
 
-The runtime's names are imported with the package; heavier layers (``memex.host_tools``
-pulls in pydantic, ~300 ms) are imported on first use of one of their names: see
-``_LAZY`` (name -> submodule), the one table to extend when a layer adds public names.
+``_EXPORTS`` is the one place the package's top-level names are written: layer -> the names
+taken from it. The errors and the runtime are imported with the package; the heavier layers
+(``memex.host_tools`` pulls in pydantic, ``memex.executor`` the openai client) on first use of
+one of their names, so that ``memex run`` starts fast. Type checkers read ``__init__.pyi``,
+which tests/test_public_api.py generates from ``_EXPORTS`` and keeps in step with it.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .errors import (
-    ArtifactsError,
-    BackendBusy,
-    ConfigError,
-    GuestFileError,
-    GuestStartError,
-    ImageError,
-    LLMConnectionError,
-    LLMError,
-    LLMResponseError,
-    LLMTimeoutError,
-    LocalModelError,
-    MemexError,
-    ModelFileError,
-    ModuleCacheMissing,
-    PolicyError,
-    SandboxClosed,
-    SandboxError,
-    SandboxLost,
-    SetupError,
-    ToolDefinitionError,
-    ToolInstallError,
-)
-from .runtime_wasm import (
-    Checkpoint,
-    Door,
-    DoorCall,
-    DoorContext,
-    DoorError,
-    GuestException,
-    Limits,
-    Mount,
-    Sandbox,
-    TurnResult,
-    TurnStatus,
-)
-
-if TYPE_CHECKING:  # what _LAZY resolves to, for type checkers
-    from .executor import (
-        Aids,
-        Budget,
-        LLMClient,
-        LocalModel,
-        MemexAgent,
-        Rollout,
-        ScriptedLLM,
-        Step,
-        Trajectory,
-        TreeBudget,
-        get_backend,
-        load_trajectories,
-    )
-    from .host_tools import (
-        Egress,
-        EgressDecision,
-        EgressLimits,
-        EgressPolicy,
-        EgressRecord,
-        EgressRule,
-        EgressSecret,
-        GateDecision,
-        Tool,
-        ToolBudget,
-        ToolCallRecord,
-        ToolHost,
-        ToolParam,
-        ToolRequest,
-        ToolSet,
-        tool,
-    )
+from . import errors, runtime_wasm
 
 __version__ = "0.1.0"
 
-# Public names imported on first access: name -> the submodule that defines it.
-_LAZY: dict[str, str] = {
-    "GateDecision": "memex.host_tools",
-    "Tool": "memex.host_tools",
-    "ToolBudget": "memex.host_tools",
-    "ToolCallRecord": "memex.host_tools",
-    "ToolHost": "memex.host_tools",
-    "ToolParam": "memex.host_tools",
-    "ToolRequest": "memex.host_tools",
-    "ToolSet": "memex.host_tools",
-    "tool": "memex.host_tools",
-    "Egress": "memex.host_tools",
-    "EgressDecision": "memex.host_tools",
-    "EgressLimits": "memex.host_tools",
-    "EgressPolicy": "memex.host_tools",
-    "EgressRecord": "memex.host_tools",
-    "EgressRule": "memex.host_tools",
-    "EgressSecret": "memex.host_tools",
-    "Aids": "memex.executor",
-    "Budget": "memex.executor",
-    "LLMClient": "memex.executor",
-    "LocalModel": "memex.executor",
-    "MemexAgent": "memex.executor",
-    "Rollout": "memex.executor",
-    "ScriptedLLM": "memex.executor",
-    "Step": "memex.executor",
-    "Trajectory": "memex.executor",
-    "TreeBudget": "memex.executor",
-    "get_backend": "memex.executor",
-    "load_trajectories": "memex.executor",
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "memex.errors": tuple(errors.__all__),
+    "memex.runtime_wasm": (
+        "Checkpoint", "Door", "DoorCall", "DoorContext", "DoorError", "GuestException",
+        "Limits", "Mount", "Sandbox", "SandboxAPI", "TurnResult", "TurnStatus",
+    ),
+    "memex.backends": ("Backend", "get_backend"),
+    "memex.host_tools": (
+        "Egress", "EgressDecision", "EgressLimits", "EgressPolicy", "EgressRecord",
+        "EgressRule", "EgressSecret", "GateDecision", "Tool", "ToolBudget", "ToolCallRecord",
+        "ToolHost", "ToolParam", "ToolRequest", "ToolSet", "tool",
+    ),
+    "memex.executor": (
+        "Aids", "Budget", "MemexAgent", "Rollout", "Step", "Trajectory", "TreeBudget",
+        "load_trajectories",
+    ),
+    "memex.executor.llm": ("LLMClient", "LocalModel", "ScriptedLLM"),
 }
+_EAGER = {"memex.errors": errors, "memex.runtime_wasm": runtime_wasm}
+_LAZY = {name: module for module, names in _EXPORTS.items() if module not in _EAGER
+         for name in names}
 
-__all__ = [
-    "Aids",
-    "ArtifactsError",
-    "BackendBusy",
-    "Budget",
-    "Checkpoint",
-    "ConfigError",
-    "Door",
-    "DoorCall",
-    "DoorContext",
-    "DoorError",
-    "Egress",
-    "EgressDecision",
-    "EgressLimits",
-    "EgressPolicy",
-    "EgressRecord",
-    "EgressRule",
-    "EgressSecret",
-    "GateDecision",
-    "GuestException",
-    "GuestFileError",
-    "GuestStartError",
-    "ImageError",
-    "LLMClient",
-    "LLMConnectionError",
-    "LLMError",
-    "LLMResponseError",
-    "LLMTimeoutError",
-    "Limits",
-    "LocalModel",
-    "LocalModelError",
-    "MemexAgent",
-    "MemexError",
-    "ModelFileError",
-    "ModuleCacheMissing",
-    "Mount",
-    "PolicyError",
-    "Rollout",
-    "Sandbox",
-    "SandboxClosed",
-    "SandboxError",
-    "SandboxLost",
-    "ScriptedLLM",
-    "SetupError",
-    "Step",
-    "Tool",
-    "ToolBudget",
-    "ToolCallRecord",
-    "ToolDefinitionError",
-    "ToolHost",
-    "ToolInstallError",
-    "ToolParam",
-    "ToolRequest",
-    "ToolSet",
-    "Trajectory",
-    "TreeBudget",
-    "TurnResult",
-    "TurnStatus",
-    "__version__",
-    "get_backend",
-    "load_trajectories",
-    "tool",
-]
+globals().update({name: getattr(_EAGER[module], name)
+                  for module, names in _EXPORTS.items() if module in _EAGER for name in names})
+
+__all__ = sorted(["__version__", *(n for names in _EXPORTS.values() for n in names)])
 
 
 def __getattr__(name: str) -> Any:

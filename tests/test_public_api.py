@@ -1,155 +1,184 @@
-"""The public surface of the package, pinned: a rename or removal must be deliberate."""
+"""The public surface of every package, pinned: a rename, addition or removal must be
+deliberate. Also: the root's lazy names resolve to the layers' own objects, importing a layer
+loads no layer above it, and ``memex/__init__.pyi`` (what type checkers read) says exactly what
+``memex._EXPORTS`` says. After changing ``_EXPORTS``, regenerate the stub with
+``MEMEX_WRITE_STUB=1 python -m pytest tests/test_public_api.py -k stub``.
+"""
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 import memex
 import memex.errors
-import memex.host_tools
-import memex.runtime_wasm
 
-MEMEX_ALL = [
-    "Aids",
-    "ArtifactsError",
-    "BackendBusy",
-    "Budget",
-    "Checkpoint",
-    "ConfigError",
-    "Door",
-    "DoorCall",
-    "DoorContext",
-    "DoorError",
-    "Egress",
-    "EgressDecision",
-    "EgressLimits",
-    "EgressPolicy",
-    "EgressRecord",
-    "EgressRule",
-    "EgressSecret",
-    "GateDecision",
-    "GuestException",
-    "GuestFileError",
-    "GuestStartError",
-    "ImageError",
-    "LLMClient",
-    "LLMConnectionError",
-    "LLMError",
-    "LLMResponseError",
-    "LLMTimeoutError",
-    "Limits",
-    "LocalModel",
-    "LocalModelError",
-    "MemexAgent",
-    "MemexError",
-    "ModelFileError",
-    "ModuleCacheMissing",
-    "Mount",
-    "PolicyError",
-    "Rollout",
-    "Sandbox",
-    "SandboxClosed",
-    "SandboxError",
-    "SandboxLost",
-    "ScriptedLLM",
-    "SetupError",
-    "Step",
-    "Tool",
-    "ToolBudget",
-    "ToolCallRecord",
-    "ToolDefinitionError",
-    "ToolHost",
-    "ToolInstallError",
-    "ToolParam",
-    "ToolRequest",
-    "ToolSet",
-    "Trajectory",
-    "TreeBudget",
-    "TurnResult",
-    "TurnStatus",
-    "__version__",
-    "get_backend",
-    "load_trajectories",
-    "tool",
-]
-
-# Names memex re-exports lazily (imported on first access), by the submodule defining them.
-MEMEX_LAZY = {
+PINNED: dict[str, list[str]] = {
+    "memex": [
+        "Aids", "ArtifactsError", "Backend", "BackendBusy", "Budget", "Checkpoint", "ConfigError",
+        "Door", "DoorCall", "DoorContext", "DoorError", "Egress", "EgressDecision", "EgressLimits",
+        "EgressPolicy", "EgressRecord", "EgressRule", "EgressSecret", "GateDecision",
+        "GuestException", "GuestFileError", "GuestStartError", "ImageError", "LLMClient",
+        "LLMConnectionError", "LLMError", "LLMResponseError", "LLMTimeoutError", "Limits",
+        "LocalModel", "LocalModelError", "MemexAgent", "MemexError", "ModelFileError",
+        "ModuleCacheMissing", "Mount", "PolicyError", "Rollout", "Sandbox", "SandboxAPI",
+        "SandboxClosed", "SandboxError", "SandboxLost", "ScriptedLLM", "SetupError", "Step",
+        "Tool", "ToolBudget", "ToolCallRecord", "ToolDefinitionError", "ToolHost",
+        "ToolInstallError", "ToolParam", "ToolRequest", "ToolSet", "Trajectory", "TreeBudget",
+        "TurnResult", "TurnStatus", "__version__", "get_backend", "load_trajectories", "tool",
+    ],
+    "memex.errors": [
+        "ArtifactsError", "BackendBusy", "ConfigError", "GuestFileError", "GuestStartError",
+        "ImageError", "LLMConnectionError", "LLMError", "LLMResponseError", "LLMTimeoutError",
+        "LocalModelError", "MemexError", "ModelFileError", "ModuleCacheMissing", "PolicyError",
+        "SandboxClosed", "SandboxError", "SandboxLost", "SetupError", "ToolDefinitionError",
+        "ToolInstallError",
+    ],
+    "memex.runtime_wasm": [
+        "Artifacts", "Checkpoint", "Door", "DoorCall", "DoorContext", "DoorError",
+        "GuestException", "GuestKilled", "Job", "Limits", "Mount", "Sandbox", "SandboxAPI",
+        "TurnResult", "TurnStatus", "Workers", "checkpoint_from_bytes", "checkpoint_from_fd",
+        "checkpoint_to_bytes", "checkpoint_to_fd", "compile_module", "find_artifacts",
+        "load_module", "module_path", "open_from_checkpoint", "prepare", "scratch_dir",
+        "serving_door",
+    ],
+    "memex.backends": [
+        "BACKENDS", "Backend", "InProcessBackend", "PoolBackend", "PoolStats", "ProcessCheckpoint",
+        "ProcessSandbox", "RayBackend", "RayCheckpoint", "RaySandbox", "SubprocessBackend",
+        "TenantQuota", "get_backend",
+    ],
+    "memex.backends.worker": [
+        "HEADER", "MAX_FDS", "MAX_FRAME", "Channel", "ChannelClosed", "DoorServer", "FrameDecoder",
+        "ProcessCheckpoint", "ProtocolError", "WorkerClient", "WorkerDied", "door_socketpair",
+        "encode_frame", "error_from_wire", "error_to_wire", "limits_from_wire", "limits_to_wire",
+        "main", "mounts_from_wire", "mounts_to_wire", "result_from_wire", "result_to_wire",
+    ],
     "memex.host_tools": [
-        "GateDecision", "Tool", "ToolBudget", "ToolCallRecord", "ToolHost", "ToolParam",
-        "ToolRequest", "ToolSet", "tool", "Egress", "EgressDecision", "EgressLimits",
-        "EgressPolicy", "EgressRecord", "EgressRule", "EgressSecret",
+        "ArgumentsInvalid", "DecodeError", "Egress", "EgressDecision", "EgressLimits",
+        "EgressPolicy", "EgressRecord", "EgressRule", "EgressSecret", "EncodeError",
+        "GateDecision", "RecordFields", "ReturnInvalid", "Tool", "ToolBudget", "ToolCallRecord",
+        "ToolHost", "ToolParam", "ToolRequest", "ToolSet", "decode", "encode", "tool",
+    ],
+    "memex.host_tools.egress": [
+        "BadURL", "Egress", "EgressDecision", "EgressLimits", "EgressPolicy", "EgressRecord",
+        "EgressRule", "EgressSecret", "FetchRequest", "FetchResponse", "Fetcher",
+        "SecretUnavailable", "Target", "UnsupportedScheme", "classify", "fmt_path",
+        "load_document", "parse_address", "parse_url", "system_resolver",
     ],
     "memex.executor": [
-        "Aids", "Budget", "LLMClient", "LocalModel", "MemexAgent", "Rollout",
-        "ScriptedLLM", "Step", "Trajectory", "TreeBudget", "get_backend",
-        "load_trajectories",
+        "ActionSpace", "Aids", "Budget", "MemexAgent", "Rollout", "Step", "ToolCallInfo",
+        "Trajectory", "TreeBudget", "load_trajectories", "render_step", "render_trajectory",
+        "save_trajectories",
+    ],
+    "memex.executor.llm": [
+        "DEFAULT_LOCAL_MODEL", "DEFAULT_PRICES", "MODELS", "Completion", "LLMClient", "LocalModel",
+        "ModelSpec", "Price", "RecordedRequest", "ScriptedError", "ScriptedLLM", "ScriptedReply",
+        "ScriptedToolCall", "ToolCall", "Usage", "count_prompt_tokens", "fetch_model",
+        "join_parts", "model_dir", "verify_model_file",
+    ],
+    "memex.executor.loops": [
+        "TextToolCall", "TurnContext", "TurnSession", "bound_text", "code_turn", "extract_code",
+        "extract_tool_calls", "render_observation", "tools_turn", "trim_traceback",
+    ],
+    "memex.executor.spawn": [
+        "FAILURE_KINDS", "GuestObject", "Node", "SpawnRefused", "SpawnTree", "StartRollout",
+        "TreeBudget", "describe_input", "failure", "from_guest", "parse_spec",
+    ],
+    "memex.cli": [
+        "build_parser", "main",
     ],
 }
 
-RUNTIME_ALL = [
-    "Checkpoint",
-    "Door",
-    "DoorCall",
-    "DoorContext",
-    "DoorError",
-    "GuestException",
-    "Limits",
-    "Mount",
-    "Sandbox",
-    "SandboxAPI",
-    "TurnResult",
-    "TurnStatus",
-    "compile_module",
-    "load_module",
-    "module_path",
-]
+STUB = Path(memex.__file__).with_suffix(".pyi")
 
-ERRORS_ALL = [
-    "ArtifactsError",
-    "BackendBusy",
-    "ConfigError",
-    "GuestFileError",
-    "GuestStartError",
-    "ImageError",
-    "LLMConnectionError",
-    "LLMError",
-    "LLMResponseError",
-    "LLMTimeoutError",
-    "LocalModelError",
-    "MemexError",
-    "ModelFileError",
-    "ModuleCacheMissing",
-    "PolicyError",
-    "SandboxClosed",
-    "SandboxError",
-    "SandboxLost",
-    "SetupError",
-    "ToolDefinitionError",
-    "ToolInstallError",
-]
 
-HOST_TOOLS_ALL = [
-    "Egress",
-    "EgressDecision",
-    "EgressLimits",
-    "EgressPolicy",
-    "EgressRecord",
-    "EgressRule",
-    "EgressSecret",
-    "GateDecision",
-    "Tool",
-    "ToolBudget",
-    "ToolCallRecord",
-    "ToolHost",
-    "ToolParam",
-    "ToolRequest",
-    "ToolSet",
-    "tool",
-]
+@pytest.mark.parametrize("module", sorted(PINNED))
+def test_all_is_pinned(module: str) -> None:
+    assert importlib.import_module(module).__all__ == PINNED[module]
+
+
+@pytest.mark.parametrize("module", sorted(PINNED))
+def test_every_exported_name_exists(module: str) -> None:
+    mod = importlib.import_module(module)
+    for name in mod.__all__:
+        assert hasattr(mod, name), f"{module}.{name} is exported but missing"
+
+
+def test_every_package_is_pinned() -> None:
+    root = Path(memex.__file__).parent
+    packages = {".".join(("memex", *p.parent.relative_to(root).parts))
+                for p in root.rglob("__init__.py") if "guest" not in p.parts}
+    assert packages | {"memex.errors"} == set(PINNED)  # errors is the one plain module
+
+
+def test_root_names_are_the_layers_objects() -> None:
+    for module, names in memex._EXPORTS.items():
+        mod = importlib.import_module(module)
+        for name in names:
+            assert name in mod.__all__, f"{module}.{name} is not public there"
+            assert getattr(memex, name) is getattr(mod, name)
+    assert set(memex.__all__) <= set(dir(memex))
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchName'"):
+        memex.NoSuchName  # noqa: B018
+
+
+def render_stub() -> str:
+    """``memex/__init__.pyi`` as ``memex._EXPORTS`` defines it."""
+    out = ["# Generated from memex._EXPORTS by tests/test_public_api.py; do not edit by hand.",
+           "# Type checkers read this instead of memex/__init__.py, whose lazy names they",
+           "# cannot follow.", ""]
+    for module, names in memex._EXPORTS.items():
+        out.append(f"from {module.removeprefix('memex')} import (")
+        out += [f"    {n} as {n}," for n in names]
+        out.append(")")
+    out += ["", "__version__: str", "__all__: list[str]", ""]
+    return "\n".join(out)
+
+
+def test_stub_matches_exports() -> None:
+    want = render_stub()
+    if os.environ.get("MEMEX_WRITE_STUB"):
+        STUB.write_text(want)
+    assert STUB.read_text() == want, ("memex/__init__.pyi is out of date: run "
+                                      "MEMEX_WRITE_STUB=1 python -m pytest "
+                                      "tests/test_public_api.py -k stub")
+
+
+def _loaded_after(statement: str) -> list[str]:
+    code = (f"import sys\n{statement}\n"
+            "import json; print(json.dumps(sorted({'.'.join(m.split('.')[:2]) "
+            "for m in sys.modules if m.startswith('memex.')})))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True)
+    loaded: list[str] = json.loads(out.stdout)
+    return loaded
+
+
+def test_import_memex_loads_only_errors_and_the_runtime() -> None:
+    assert _loaded_after("import memex") == ["memex.errors", "memex.runtime_wasm"]
+
+
+def test_a_lazy_name_loads_its_layer() -> None:
+    assert "memex.host_tools" in _loaded_after("import memex; memex.Tool")
+    assert "memex.executor" not in _loaded_after("import memex; memex.Tool")
+
+
+@pytest.mark.parametrize(("layer", "above"), [
+    ("memex.runtime_wasm", ["memex.backends", "memex.host_tools", "memex.executor"]),
+    ("memex.backends", ["memex.host_tools", "memex.executor"]),
+    ("memex.host_tools", ["memex.backends", "memex.executor"]),
+])
+def test_a_layer_loads_no_layer_above_it(layer: str, above: list[str]) -> None:
+    loaded = _loaded_after(f"import {layer}")
+    assert not set(loaded) & set(above), loaded
+
 
 # The documented exception tree: name -> direct parent(s) within MemEx.
 ERROR_PARENTS = {
@@ -176,66 +205,6 @@ ERROR_PARENTS = {
 }
 
 
-def test_memex_all_is_pinned() -> None:
-    assert memex.__all__ == MEMEX_ALL
-
-
-def test_runtime_wasm_all_is_pinned() -> None:
-    assert memex.runtime_wasm.__all__ == RUNTIME_ALL
-
-
-def test_errors_all_is_pinned() -> None:
-    assert memex.errors.__all__ == ERRORS_ALL
-
-
-def test_host_tools_all_is_pinned() -> None:
-    assert memex.host_tools.__all__ == HOST_TOOLS_ALL
-
-
-@pytest.mark.parametrize("module", [memex, memex.runtime_wasm, memex.errors, memex.host_tools])
-def test_every_exported_name_exists(module: object) -> None:
-    for name in module.__all__:  # type: ignore[attr-defined]
-        assert hasattr(module, name), f"{module.__name__}.{name} is exported but missing"  # type: ignore[attr-defined]
-
-
-def test_top_level_names_are_the_runtime_objects() -> None:
-    for name in set(MEMEX_ALL) & set(RUNTIME_ALL):
-        assert getattr(memex, name) is getattr(memex.runtime_wasm, name)
-    for name in set(ERRORS_ALL) & set(MEMEX_ALL):
-        assert getattr(memex, name) is getattr(memex.errors, name)
-    for name in set(HOST_TOOLS_ALL) & set(MEMEX_ALL):
-        assert getattr(memex, name) is getattr(memex.host_tools, name)
-
-
-def test_lazy_names_are_pinned_and_listed() -> None:
-    lazy = dict(memex._LAZY)
-    assert lazy == {n: mod for mod, names in MEMEX_LAZY.items() for n in names}
-    assert set(lazy) <= set(memex.__all__)
-    assert set(memex.__all__) <= set(dir(memex))
-    for name, mod in lazy.items():
-        assert getattr(memex, name) is getattr(importlib.import_module(mod), name)
-    with pytest.raises(AttributeError, match="no attribute 'NoSuchName'"):
-        memex.NoSuchName  # noqa: B018
-
-
-def test_import_memex_does_not_import_lazy_layers() -> None:
-    import subprocess
-    import sys
-
-    code = (
-        "import sys, memex\n"
-        "lazy = sorted(set(memex._LAZY.values()))\n"
-        "before = [m for m in lazy if m in sys.modules]\n"
-        "names = [n for n in dir(memex) if n in memex._LAZY]\n"
-        "tool = memex.Tool\n"
-        "print(before, len(names) == len(memex._LAZY), 'memex.host_tools' in sys.modules,"
-        " tool is sys.modules['memex.host_tools'].Tool)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60, check=True)
-    assert out.stdout.strip() == "[] True True True", out.stdout + out.stderr
-
-
 def test_door_error_is_a_handler_signal_not_a_memex_error() -> None:
     assert issubclass(memex.DoorError, Exception)
     assert not issubclass(memex.DoorError, memex.MemexError)
@@ -248,7 +217,7 @@ def test_version() -> None:
     assert memex.__version__.count(".") >= 2
 
 
-@pytest.mark.parametrize("name", ERRORS_ALL)
+@pytest.mark.parametrize("name", PINNED["memex.errors"])
 def test_every_error_derives_from_memex_error(name: str) -> None:
     cls = getattr(memex.errors, name)
     assert inspect.isclass(cls)
@@ -260,7 +229,7 @@ def test_every_exception_class_in_errors_module_is_exported_and_rooted() -> None
     classes = {n for n, obj in vars(memex.errors).items()
                if inspect.isclass(obj) and issubclass(obj, BaseException)
                and obj.__module__ == memex.errors.__name__}
-    assert classes == set(ERRORS_ALL)
+    assert classes == set(PINNED["memex.errors"])
     for n in classes:
         assert issubclass(getattr(memex.errors, n), memex.errors.MemexError)
 
@@ -285,15 +254,3 @@ def test_turn_status_values() -> None:
         "OK": "ok", "ERROR": "error", "EXIT": "exit", "KILLED": "killed"}
 
 
-def test_runtime_layer_does_not_import_upper_layers() -> None:
-    import subprocess
-    import sys
-
-    code = (
-        "import sys, memex.runtime_wasm\n"
-        "bad = [m for m in sys.modules if m.startswith(('memex.host_tools', 'memex.executor'))]\n"
-        "print(bad)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60, check=True)
-    assert out.stdout.strip() == "[]", out.stdout + out.stderr
