@@ -14,6 +14,7 @@ from .errors import (
     LLMResponseError as LLMResponseError,
     LLMTimeoutError as LLMTimeoutError,
     LocalModelError as LocalModelError,
+    MCPServerError as MCPServerError,
     MemexError as MemexError,
     ModelFileError as ModelFileError,
     ModuleCacheMissing as ModuleCacheMissing,

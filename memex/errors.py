@@ -21,10 +21,12 @@ misuse or for a host that cannot do what was asked::
     │   ├── ToolInstallError   the guest stubs of a tool set could not be installed
     │   ├── SandboxLost        the process holding a sandbox died; it could not be resumed
     │   └── BackendBusy        a backend cannot admit a sandbox now (queue full, timed out)
-    └── LLMError               a model endpoint failed (after the client's retries)
-        ├── LLMConnectionError cannot connect, or the connection broke
-        │   └── LLMTimeoutError the request timed out
-        └── LLMResponseError   an HTTP error status or a malformed response
+    ├── LLMError               a model endpoint failed (after the client's retries)
+    │   ├── LLMConnectionError cannot connect, or the connection broke
+    │   │   └── LLMTimeoutError the request timed out
+    │   └── LLMResponseError   an HTTP error status or a malformed response
+    └── MCPServerError         an MCP server whose tools are bridged could not be reached,
+                               listed or called (ToolSet.from_mcp)
 
 wasmtime's and openai's own exceptions never escape: they are translated at the boundary with
 ``raise ... from exc``.
@@ -44,6 +46,7 @@ __all__ = [
     "LLMResponseError",
     "LLMTimeoutError",
     "LocalModelError",
+    "MCPServerError",
     "MemexError",
     "ModelFileError",
     "ModuleCacheMissing",
@@ -191,3 +194,9 @@ class BackendBusy(SandboxError):
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class MCPServerError(MemexError):
+    """An MCP server MemEx bridges tools from failed: it could not be started or reached, did
+    not list its tools, or lost the connection during a call (in the guest that call raises a
+    tool error with this message)."""

@@ -27,19 +27,19 @@ PINNED: dict[str, list[str]] = {
         "EgressPolicy", "EgressRecord", "EgressRule", "EgressSecret", "GateDecision",
         "GuestException", "GuestFileError", "GuestStartError", "ImageError", "LLMClient",
         "LLMConnectionError", "LLMError", "LLMResponseError", "LLMTimeoutError", "Limits",
-        "LocalModel", "LocalModelError", "MemexAgent", "MemexError", "ModelFileError",
-        "ModuleCacheMissing", "Mount", "PolicyError", "Rollout", "Sandbox", "SandboxAPI",
-        "SandboxClosed", "SandboxError", "SandboxLost", "ScriptedLLM", "SetupError", "Step",
-        "Tool", "ToolBudget", "ToolCallRecord", "ToolDefinitionError", "ToolHost",
+        "LocalModel", "LocalModelError", "MCPServerError", "MemexAgent", "MemexError",
+        "ModelFileError", "ModuleCacheMissing", "Mount", "PolicyError", "Rollout", "Sandbox",
+        "SandboxAPI", "SandboxClosed", "SandboxError", "SandboxLost", "ScriptedLLM", "SetupError",
+        "Step", "Tool", "ToolBudget", "ToolCallRecord", "ToolDefinitionError", "ToolHost",
         "ToolInstallError", "ToolParam", "ToolRequest", "ToolSet", "Trajectory", "TreeBudget",
         "TurnResult", "TurnStatus", "__version__", "get_backend", "load_trajectories", "tool",
     ],
     "memex.errors": [
         "ArtifactsError", "BackendBusy", "ConfigError", "GuestFileError", "GuestStartError",
         "ImageError", "LLMConnectionError", "LLMError", "LLMResponseError", "LLMTimeoutError",
-        "LocalModelError", "MemexError", "ModelFileError", "ModuleCacheMissing", "PolicyError",
-        "SandboxClosed", "SandboxError", "SandboxLost", "SetupError", "ToolDefinitionError",
-        "ToolInstallError",
+        "LocalModelError", "MCPServerError", "MemexError", "ModelFileError", "ModuleCacheMissing",
+        "PolicyError", "SandboxClosed", "SandboxError", "SandboxLost", "SetupError",
+        "ToolDefinitionError", "ToolInstallError",
     ],
     "memex.runtime_wasm": [
         "Artifacts", "Checkpoint", "Door", "DoorCall", "DoorContext", "DoorError",
@@ -63,8 +63,9 @@ PINNED: dict[str, list[str]] = {
     "memex.host_tools": [
         "ArgumentsInvalid", "DecodeError", "Egress", "EgressDecision", "EgressLimits",
         "EgressPolicy", "EgressRecord", "EgressRule", "EgressSecret", "EncodeError",
-        "GateDecision", "RecordFields", "ReturnInvalid", "Tool", "ToolBudget", "ToolCallRecord",
-        "ToolHost", "ToolParam", "ToolRequest", "ToolSet", "decode", "encode", "tool",
+        "GateDecision", "McpAudio", "McpImage", "McpResource", "McpResourceLink", "RecordFields",
+        "ReturnInvalid", "Tool", "ToolBudget", "ToolCallRecord", "ToolHost", "ToolParam",
+        "ToolRequest", "ToolSet", "decode", "encode", "tool",
     ],
     "memex.host_tools.egress": [
         "BadURL", "Egress", "EgressDecision", "EgressLimits", "EgressPolicy", "EgressRecord",
@@ -202,6 +203,7 @@ ERROR_PARENTS = {
     "LLMConnectionError": "LLMError",
     "LLMTimeoutError": "LLMConnectionError",
     "LLMResponseError": "LLMError",
+    "MCPServerError": "MemexError",
 }
 
 

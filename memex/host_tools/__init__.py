@@ -2,7 +2,8 @@
 function definitions, grouped in tool sets, shown to the guest as real Python functions (module
 ``tools``) and served through the door with validation, budgets, a gate and call records.
 The wire format is docs/abi.md (``encode``/``decode`` are its host side). ``egress`` serves the
-guest's network requests under an egress policy (docs/egress.md).
+guest's network requests under an egress policy (docs/egress.md); ``ToolSet.from_mcp`` makes an
+MCP server's tools typed guest functions (docs/mcp.md; the ``mcp`` extra).
 
 This layer imports ``memex.runtime_wasm`` (the door) and nothing of ``memex.backends`` or
 ``memex.executor``: a ``ToolHost`` attaches to any ``SandboxAPI``.
@@ -10,6 +11,7 @@ This layer imports ``memex.runtime_wasm`` (the door) and nothing of ``memex.back
 
 from ._codec import DecodeError, EncodeError, RecordFields, decode, encode
 from ._host import GateDecision, ToolBudget, ToolCallRecord, ToolHost, ToolRequest
+from ._mcp_content import McpAudio, McpImage, McpResource, McpResourceLink
 from ._params import ArgumentsInvalid, ReturnInvalid, ToolParam
 from ._tool import Tool, tool
 from ._toolset import ToolSet
@@ -35,6 +37,10 @@ __all__ = [
     "EgressSecret",
     "EncodeError",
     "GateDecision",
+    "McpAudio",
+    "McpImage",
+    "McpResource",
+    "McpResourceLink",
     "RecordFields",
     "ReturnInvalid",
     "Tool",

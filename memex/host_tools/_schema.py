@@ -17,7 +17,7 @@ from ..errors import ToolDefinitionError
 from ._params import ArgumentsInvalid, ReturnInvalid, ToolParam, is_async
 from ._types import render_default, safe_identifier
 
-__all__ = ["openai_tool", "schema_type"]
+__all__ = ["openai_tool", "schema_type", "validator_errors", "validator_for"]
 
 if TYPE_CHECKING:
     from ._tool import Tool
@@ -38,7 +38,7 @@ class _Function(BaseModel):
     strict: bool | None = None
 
 
-def _validator(schema: Mapping[str, Any], what: str) -> jsonschema.protocols.Validator:
+def validator_for(schema: Mapping[str, Any], what: str) -> jsonschema.protocols.Validator:
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     try:
         cls.check_schema(schema)
@@ -53,7 +53,8 @@ def _validator(schema: Mapping[str, Any], what: str) -> jsonschema.protocols.Val
     return typing.cast(jsonschema.protocols.Validator, extended(schema))
 
 
-def _errors(validator: jsonschema.protocols.Validator, instance: Any) -> list[dict[str, Any]]:
+def validator_errors(validator: jsonschema.protocols.Validator, instance: Any
+                     ) -> list[dict[str, Any]]:
     out = []
     for err in sorted(validator.iter_errors(instance), key=lambda e: list(map(str, e.path))):
         path: list[Any] = list(err.absolute_path)
@@ -69,18 +70,18 @@ class _SchemaChecker:
     def __init__(self, name: str, parameters: Mapping[str, Any],
                  returns: Mapping[str, Any] | None) -> None:
         self._schema = dict(parameters)
-        self._args = _validator(parameters, f"tool {name!r} parameters")
-        self._ret = _validator(returns, f"tool {name!r} returns_schema") if returns else None
+        self._args = validator_for(parameters, f"tool {name!r} parameters")
+        self._ret = validator_for(returns, f"tool {name!r} returns_schema") if returns else None
 
     def arguments(self, given: dict[str, Any]) -> dict[str, Any]:
-        errors = _errors(self._args, given)
+        errors = validator_errors(self._args, given)
         if errors:
             raise ArgumentsInvalid(errors)
         return dict(given)
 
     def returns(self, value: Any) -> Any:
         if self._ret is not None:
-            errors = _errors(self._ret, value)
+            errors = validator_errors(self._ret, value)
             if errors:
                 raise ReturnInvalid(errors)
         return value

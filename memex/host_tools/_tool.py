@@ -62,9 +62,16 @@ class Tool:
     is_async: bool = False
     timeout: float | None = None
     inline: bool = False
-    origin: Literal["function", "openai"] = "function"
+    origin: Literal["function", "openai", "mcp"] = "function"
     checker: Checker = field(repr=False)
     openai: dict[str, Any] | None = field(default=None, repr=False)
+    # Hints about what calling it does, in MCP's vocabulary (readOnlyHint, destructiveHint,
+    # idempotentHint, openWorldHint, title): what a gate may decide on. Untrusted when they
+    # come from a server MemEx does not control.
+    annotations: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    # Record classes its values may hold that its return annotation does not name (an MCP
+    # tool's images, for one): the guest stub defines them too, so they arrive typed.
+    records: tuple[type, ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         _check_name(self.name)

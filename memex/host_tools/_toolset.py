@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import inspect
 import keyword
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, overload
+from typing import Any, Protocol, overload
 
-from ..errors import ToolDefinitionError
+from ..errors import ConfigError, ToolDefinitionError
 from ._params import ToolParam
 from ._tool import NO_RETURN, Tool
 from ._types import (
@@ -74,16 +74,62 @@ def _indent(text: str, pad: str = "    ") -> str:
     return "\n".join(pad + line if line else line for line in text.splitlines())
 
 
-class ToolSet:
-    """Tools under unique names. ``prefix`` is put in front of every tool added."""
+class _Closeable(Protocol):
+    def close(self) -> None: ...
 
-    def __init__(self, tools: Iterable[Tool | Callable[..., Any]] = (), *, prefix: str = ""
-                 ) -> None:
+
+class ToolSet:
+    """Tools under unique names. ``prefix`` is put in front of every tool added.
+
+    ``resources`` are what the tools' handlers need alive (an MCP connection for
+    :meth:`from_mcp`): :meth:`close` (or leaving a ``with`` block) closes them. Sets made from
+    this one (``prefixed``, ``filter``, ``merge``) share them: closing either closes them."""
+
+    def __init__(self, tools: Iterable[Tool | Callable[..., Any]] = (), *, prefix: str = "",
+                 resources: Iterable[_Closeable] = ()) -> None:
         self.prefix = prefix
         self._tools: dict[str, Tool] = {}
         self._model: tuple[list[_Stub], list[RecordDef], dict[type, str]] | None = None
+        self._resources = list(resources)
         for t in tools:
             self.add(t)
+
+    @classmethod
+    def from_mcp(cls, command: str | None = None, *, args: Sequence[str] = (),
+                 env: Mapping[str, str] | None = None, cwd: str | None = None,
+                 url: str | None = None, headers: Mapping[str, str] | None = None,
+                 prefix: str = "", include: Sequence[str] | None = None,
+                 timeout: float | None = 30.0, connect_timeout: float = 30.0) -> ToolSet:
+        """The tools of an MCP server, started as ``command args`` (stdio; ``env`` merged
+        over a minimal environment) or reached at ``url`` (streamable HTTP, with
+        ``headers``), as typed guest functions (``include``: only these). ``timeout`` bounds
+        one call. The set holds the connection (reopened if the server restarts) until
+        :meth:`close`. Needs the ``mcp`` extra (``pip install 'memex[mcp]'``)."""
+        try:
+            from ._mcp import McpConnection, mcp_tools  # the optional mcp SDK, on first use
+        except ImportError as exc:
+            raise ConfigError("ToolSet.from_mcp needs the MCP SDK: pip install 'memex[mcp]' "
+                              f"({exc})") from exc
+        conn = McpConnection(command, args=args, env=env, cwd=cwd, url=url, headers=headers,
+                             connect_timeout=connect_timeout)
+        try:
+            return cls(mcp_tools(conn, timeout=timeout, include=include), prefix=prefix,
+                       resources=[conn])
+        except BaseException:
+            conn.close()
+            raise
+
+    def close(self) -> None:
+        """Close the resources the tools need (idempotent)."""
+        resources, self._resources = self._resources, []
+        for r in resources:
+            r.close()
+
+    def __enter__(self) -> ToolSet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # ---- collection -------------------------------------------------------------------------
     def add(self, tool: Tool | Callable[..., Any], *, name: str | None = None) -> Tool:
@@ -115,7 +161,7 @@ class ToolSet:
 
     def prefixed(self, prefix: str) -> ToolSet:
         """A new set with every name prefixed."""
-        return ToolSet([t.renamed(prefix + t.name) for t in self])
+        return ToolSet([t.renamed(prefix + t.name) for t in self], resources=self._resources)
 
     def filter(self, names: Iterable[str] | None = None,
                predicate: Callable[[Tool], bool] | None = None) -> ToolSet:
@@ -130,11 +176,14 @@ class ToolSet:
             keep = [t for t in keep if t.name in set(wanted)]
         if predicate is not None:
             keep = [t for t in keep if predicate(t)]
-        return ToolSet(keep)
+        return ToolSet(keep, resources=self._resources)
 
     def merge(self, *others: ToolSet | Iterable[Tool]) -> ToolSet:
         """A new set holding these tools and the others' (a name clash is an error)."""
-        out = ToolSet(self)
+        shared = [*self._resources]
+        for other in others:
+            shared += [r for r in getattr(other, "_resources", ()) if r not in shared]
+        out = ToolSet(self, resources=shared)
         for other in others:
             for t in other:
                 out.add(t)
@@ -255,6 +304,9 @@ class ToolSet:
                 taken.add(alias[t.name])
         renderer = TypeRenderer(taken)
         stubs = [self._stub(t, alias[t.name], renderer) for t in tools]
+        for t in tools:
+            for record in t.records:
+                renderer.render(record)
         self._model = (stubs, renderer.records, renderer.names)
         return self._model
 
