@@ -1,7 +1,8 @@
 """The package map stays true, checked on the source (not by convention):
 
 * the layers import only downwards: ``runtime_wasm`` no other layer; ``backends`` only
-  ``runtime_wasm``; ``host_tools`` neither ``backends`` nor ``executor``; nothing imports the CLI;
+  ``runtime_wasm``; ``host_tools`` neither ``backends`` nor ``executor``; ``integrations``
+  anything but the CLI; nothing imports the CLI;
   wasmtime only inside the runtime; guest code (every ``guest/`` folder) nothing of the host;
 * no import cycle between MemEx modules, counting imports inside functions (the way cycles
   hide) and leaving out ``if TYPE_CHECKING:`` blocks (they never run);
@@ -214,7 +215,8 @@ LAYER_RULES = {
     "backends": {"runtime_wasm"},
     "host_tools": {"runtime_wasm"},
     "executor": {"runtime_wasm", "backends", "host_tools"},
-    "cli": {"runtime_wasm", "backends", "host_tools", "executor"},
+    "integrations": {"runtime_wasm", "backends", "host_tools", "executor"},
+    "cli": {"runtime_wasm", "backends", "host_tools", "executor", "integrations"},
 }
 
 

@@ -43,11 +43,11 @@ PINNED: dict[str, list[str]] = {
     ],
     "memex.runtime_wasm": [
         "Artifacts", "Checkpoint", "Door", "DoorCall", "DoorContext", "DoorError",
-        "GuestException", "GuestKilled", "Job", "Limits", "Mount", "Sandbox", "SandboxAPI",
-        "TurnResult", "TurnStatus", "Workers", "checkpoint_from_bytes", "checkpoint_from_fd",
-        "checkpoint_to_bytes", "checkpoint_to_fd", "compile_module", "find_artifacts",
-        "load_module", "module_path", "open_from_checkpoint", "prepare", "scratch_dir",
-        "serving_door",
+        "GuestException", "GuestFile", "GuestKilled", "Job", "Limits", "Mount", "Sandbox",
+        "SandboxAPI", "TurnResult", "TurnStatus", "Workers", "checkpoint_from_bytes",
+        "checkpoint_from_fd", "checkpoint_to_bytes", "checkpoint_to_fd", "compile_module",
+        "find_artifacts", "load_module", "module_path", "open_from_checkpoint", "prepare",
+        "scratch_dir", "serving_door",
     ],
     "memex.backends": [
         "BACKENDS", "Backend", "InProcessBackend", "PoolBackend", "PoolStats", "ProcessCheckpoint",
@@ -94,6 +94,12 @@ PINNED: dict[str, list[str]] = {
     ],
     "memex.cli": [
         "build_parser", "main",
+    ],
+    "memex.integrations": [],
+    "memex.integrations.mcp": [
+        "BearerAuth", "BridgeConfig", "HttpConfig", "LimitsConfig", "McpConfig", "MountConfig",
+        "Session", "SessionError", "Sessions", "SessionsConfig", "build_server", "load_config",
+        "load_tools", "serve",
     ],
 }
 

@@ -1,5 +1,5 @@
 """The ``memex`` command line (``memex prepare | run | repl | agent | trajectory | model |
-policy``); no layer imports it."""
+policy | mcp``); no layer imports it."""
 
 from ._main import build_parser, main
 

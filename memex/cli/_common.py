@@ -11,10 +11,12 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ..runtime_wasm import Limits, Mount, TurnResult
 
-__all__ = ["add_sandbox_options", "exit_code", "limits", "mounts", "preload", "print_result"]
+__all__ = ["add_sandbox_options", "exit_code", "limits", "mounts", "preload", "print_result",
+           "size"]
 
 
-def _size(text: str) -> int:
+def size(text: str) -> int:
+    """A byte size from text: 512M, 2G, 65536."""
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     t = text.strip().upper().removesuffix("B").removesuffix("I")
     try:
@@ -27,7 +29,7 @@ def _size(text: str) -> int:
 
 def add_sandbox_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=30.0, help="wall seconds per turn")
-    p.add_argument("--memory", type=_size, default=None, help="guest memory cap (e.g. 512M)")
+    p.add_argument("--memory", type=size, default=None, help="guest memory cap (e.g. 512M)")
     p.add_argument("--fuel", type=int, default=None, help="instruction budget per turn")
     p.add_argument("--mount", action="append", default=[], metavar="HOST:GUEST[:rw]",
                    help="grant a host folder (read-only unless :rw)")

@@ -15,7 +15,7 @@ from ._engine import compile_module, load_module, module_path
 from ._instance import GuestKilled
 from ._prepare import prepare
 from ._protocol import SandboxAPI
-from ._records import GuestException, Limits, Mount, TurnResult, TurnStatus
+from ._records import GuestException, GuestFile, Limits, Mount, TurnResult, TurnStatus
 from ._sandbox import Checkpoint, Sandbox
 from ._transfer import (
     checkpoint_from_bytes,
@@ -35,6 +35,7 @@ __all__ = [
     "DoorContext",
     "DoorError",
     "GuestException",
+    "GuestFile",
     "GuestKilled",
     "Job",
     "Limits",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 
-__all__ = ["GuestException", "Limits", "Mount", "TurnResult", "TurnStatus"]
+__all__ = ["GuestException", "GuestFile", "Limits", "Mount", "TurnResult", "TurnStatus"]
 
 RESERVED_GUEST_PATHS = ("/usr/local/lib", "/memex", "/tmp")
 
@@ -119,6 +119,17 @@ class TurnStatus(StrEnum):
     ERROR = "error"  # the cell raised; `exception` says what
     EXIT = "exit"  # the cell called sys.exit()/exit() or os._exit(); `exit_code` says which
     KILLED = "killed"  # a limit or trap stopped the turn; `limit` says which
+
+
+@dataclass(frozen=True, kw_only=True)
+class GuestFile:
+    """One entry of ``Sandbox.list_files``: ``kind`` is ``file``, ``dir`` or ``link`` (a link is
+    reported, never followed); ``size`` in bytes (0 for folders and links)."""
+
+    name: str
+    path: str  # the guest path
+    kind: str
+    size: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -36,7 +36,7 @@ from ._files import (
 )
 from ._image import MemoryImage, read_image_file, write_image_file
 from ._instance import Instance, InstanceSpec, TurnOutcome
-from ._records import GuestException, Limits, Mount, TurnResult, TurnStatus
+from ._records import GuestException, GuestFile, Limits, Mount, TurnResult, TurnStatus
 from ._runner import Runner
 from ._warm import warm_image
 
@@ -518,6 +518,32 @@ class Sandbox:
             return target.read_bytes()
         except OSError as exc:
             raise GuestFileError(f"cannot read {guest_path}: {exc.strerror}") from exc
+
+    def list_files(self, guest_path: str = "/tmp", *, limit: int = 10_000) -> list[GuestFile]:
+        """The entries of a folder under /tmp or a mount, sorted by name, at most ``limit``
+        (links are listed as links, never followed)."""
+        self._check_open()
+        target = self._host_path(guest_path, write=False)
+        base = posixpath.normpath(guest_path)
+        out: list[GuestFile] = []
+        try:
+            with os.scandir(target) as it:
+                for entry in it:
+                    if entry.is_symlink():
+                        kind, size = "link", 0
+                    elif entry.is_dir(follow_symlinks=False):
+                        kind, size = "dir", 0
+                    else:
+                        kind, size = "file", entry.stat(follow_symlinks=False).st_size
+                    out.append(GuestFile(name=entry.name, path=posixpath.join(base, entry.name),
+                                         kind=kind, size=size))
+                    if len(out) >= limit:
+                        break
+        except NotADirectoryError as exc:
+            raise GuestFileError(f"{guest_path} is not a folder") from exc
+        except OSError as exc:
+            raise GuestFileError(f"cannot list {guest_path}: {exc.strerror}") from exc
+        return sorted(out, key=lambda f: f.name)
 
     def write_file(self, guest_path: str, data: bytes) -> None:
         """Place a file where the guest can read it (under /tmp or a writable mount)."""

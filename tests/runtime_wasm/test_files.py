@@ -331,3 +331,23 @@ def test_mount_parse(tmp_path: Path) -> None:
         Mount.parse(f"{tmp_path}:/data:rx")
     with pytest.raises(ConfigError):
         Mount.parse(str(tmp_path))
+
+
+def test_list_files_lists_tmp_and_mounts_without_following_links(
+        make_sandbox: Callable[..., Sandbox], tmp_path: Path) -> None:
+    (tmp_path / "inner").mkdir()
+    (tmp_path / "a.txt").write_text("abc")
+    (tmp_path / "link").symlink_to("/etc")  # planted on the host: listed, never followed
+    sb = make_sandbox(mounts=[Mount(host_path=str(tmp_path), guest_path="/data")])
+    sb.run("import os\nos.makedirs('/tmp/d')\nopen('/tmp/f.bin', 'wb').write(b'1234')")
+    assert [(f.name, f.kind, f.size, f.path) for f in sb.list_files("/tmp")] == [
+        ("d", "dir", 0, "/tmp/d"), ("f.bin", "file", 4, "/tmp/f.bin")]
+    assert [(f.name, f.kind) for f in sb.list_files("/data")] == [
+        ("a.txt", "file"), ("inner", "dir"), ("link", "link")]
+    with pytest.raises(GuestFileError, match="escapes its mount"):
+        sb.list_files("/data/link")
+    with pytest.raises(GuestFileError, match="not a folder"):
+        sb.list_files("/tmp/f.bin")
+    with pytest.raises(GuestFileError, match="not under /tmp or a mount"):
+        sb.list_files("/usr/local/lib")
+    assert len(sb.list_files("/tmp", limit=1)) == 1

@@ -42,7 +42,7 @@ class PagedServer(MCPServer):
 def build(many: bool) -> MCPServer:
     mcp = PagedServer("memex-test-server", instructions="tools for MemEx's bridge tests")
 
-    @mcp.tool(name="get-weather", annotations=ToolAnnotations(readOnlyHint=True))
+    @mcp.tool(name="get-weather", annotations=ToolAnnotations(read_only_hint=True))
     def get_weather(city: str, days: int = 1) -> Weather:
         """Weather for a city.
 
@@ -52,7 +52,7 @@ def build(many: bool) -> MCPServer:
         """
         return Weather(city=city, high=20.0 + days, conditions=["sunny"] * days)
 
-    @mcp.tool(annotations=ToolAnnotations(readOnlyHint=True, idempotentHint=True))
+    @mcp.tool(annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True))
     def add(a: int, b: int) -> int:
         """Add two integers."""
         return a + b
@@ -78,7 +78,7 @@ def build(many: bool) -> MCPServer:
         """Mean of values, as JSON text."""
         return f'{{"mean": {sum(values) / len(values)}, "n": {len(values)}}}'
 
-    @mcp.tool(annotations=ToolAnnotations(destructiveHint=True))
+    @mcp.tool(annotations=ToolAnnotations(destructive_hint=True))
     def fail(message: str) -> str:
         """Always fails, with the message given."""
         raise ToolError(message)
@@ -89,12 +89,12 @@ def build(many: bool) -> MCPServer:
         time.sleep(seconds)
         return "done"
 
-    @mcp.tool(annotations=ToolAnnotations(readOnlyHint=True))
+    @mcp.tool(annotations=ToolAnnotations(read_only_hint=True))
     def pid() -> int:
         """This server's process id."""
         return os.getpid()
 
-    @mcp.tool(annotations=ToolAnnotations(destructiveHint=True))
+    @mcp.tool(annotations=ToolAnnotations(destructive_hint=True))
     def record(note: str) -> int:
         """Not safe to repeat: appends a note, returns how many."""
         NOTES.append(note)

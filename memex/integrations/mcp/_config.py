@@ -1,0 +1,161 @@
+"""What ``memex mcp`` serves, from a TOML file and/or flags: the sandbox every session gets
+(limits, mounts, preload, egress policy), the host tools and bridged MCP servers its guest may
+call (and nothing else), the session bounds and the HTTP listener. Unknown keys and bad
+values are refused with the file and the key that is wrong."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from ...errors import ConfigError
+from ...runtime_wasm import Limits, Mount
+
+__all__ = ["BridgeConfig", "HttpConfig", "LimitsConfig", "McpConfig", "MountConfig",
+           "SessionsConfig", "load_config"]
+
+_STRICT = ConfigDict(extra="forbid", frozen=True)
+_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def _size(value: Any) -> int | None:
+    if value is None or isinstance(value, int):
+        return value
+    t = str(value).strip().upper().removesuffix("B").removesuffix("I")
+    if t and t[-1] in _UNITS:
+        return int(float(t[:-1]) * _UNITS[t[-1]])
+    return int(t)
+
+
+class LimitsConfig(BaseModel):
+    """Per-call caps of every session's sandbox (see ``memex.Limits``)."""
+
+    model_config = _STRICT
+    timeout: float = Field(default=30.0, gt=0, description="wall seconds per call")
+    memory: int | None = Field(default=1 << 30,
+                               description="guest memory cap, bytes ('1G' works)")
+    fuel: int | None = Field(default=None, gt=0, description="instruction budget per call")
+    stdout_bytes: int = Field(default=64 << 10, gt=0, description="stdout kept per call")
+    stderr_bytes: int = Field(default=64 << 10, gt=0, description="stderr kept per call")
+
+    @field_validator("memory", mode="before")
+    @classmethod
+    def _memory_size(cls, value: Any) -> Any:
+        return _size(value)
+
+    def limits(self) -> Limits:
+        kw: dict[str, Any] = {"timeout": self.timeout, "stdout_bytes": self.stdout_bytes,
+                              "stderr_bytes": self.stderr_bytes}
+        if self.memory is not None:
+            kw["memory"] = self.memory
+        if self.fuel is not None:
+            kw["fuel"] = self.fuel
+        return Limits(**kw)
+
+
+class MountConfig(BaseModel):
+    """A host folder granted to every session (read-only unless ``writable``)."""
+
+    model_config = _STRICT
+    host: str
+    guest: str
+    writable: bool = False
+
+    def mount(self, base: Path) -> Mount:
+        host = Path(self.host)
+        return Mount(host_path=str(host if host.is_absolute() else base / host),
+                     guest_path=self.guest, writable=self.writable)
+
+
+class BridgeConfig(BaseModel):
+    """An MCP server whose tools the guest may call (``ToolSet.from_mcp``): a ``command`` with
+    ``args``/``env``/``cwd`` (stdio) or a ``url`` with ``headers``."""
+
+    model_config = _STRICT
+    command: str | None = None
+    args: list[str] = []
+    env: dict[str, str] | None = None
+    cwd: str | None = None
+    url: str | None = None
+    headers: dict[str, str] = {}
+    prefix: str = ""
+    include: list[str] | None = None
+    timeout: float = Field(default=30.0, gt=0)
+
+
+class SessionsConfig(BaseModel):
+    model_config = _STRICT
+    idle_timeout: float = Field(default=900.0, gt=0,
+                                description="seconds before an idle session ends")
+    max_sessions: int = Field(default=16, gt=0)
+    max_checkpoints: int = Field(default=16, gt=0, description="named checkpoints per session")
+    max_output_chars: int = Field(default=20_000, gt=0, description="text returned per call")
+    rollback: bool = Field(default=True, description="copy the guest's state after every good "
+                           "cell so that a cell a limit stops is undone (off: a trap resets "
+                           "the session to a fresh interpreter, and each cell is cheaper)")
+
+
+class HttpConfig(BaseModel):
+    model_config = _STRICT
+    host: str = "127.0.0.1"
+    port: int = Field(default=8765, ge=0, le=65535)
+    token_env: str | None = Field(default=None, description="environment variable holding "
+                                  "the bearer token clients must send")
+    max_request_bytes: int = Field(default=16 << 20, gt=0)
+
+
+class McpConfig(BaseModel):
+    """The whole server configuration (``memex mcp --config FILE``; flags override keys)."""
+
+    model_config = _STRICT
+    name: str = "memex"
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    mounts: list[MountConfig] = []
+    preload: list[str] = []
+    policy: str | None = Field(default=None,
+                               description="egress policy file: the guest's network")
+    tools: list[str] = Field(default=[], description="host tools as module:attribute")
+    bridge: list[BridgeConfig] = []
+    sessions: SessionsConfig = Field(default_factory=SessionsConfig)
+    http: HttpConfig = Field(default_factory=HttpConfig)
+    transport: Literal["stdio", "http"] = "stdio"
+    base: str = Field(default=".", description="folder relative paths are resolved from")
+
+    def resolve(self, path: str) -> Path:
+        p = Path(path)
+        return p if p.is_absolute() else Path(self.base) / p
+
+
+def load_config(path: str | Path | None = None, **overrides: Any) -> McpConfig:
+    """The configuration in ``path`` (TOML; relative paths in it are resolved from its folder)
+    with ``overrides`` applied on top (top-level keys; ``limits``/``sessions``/``http`` merge
+    key by key). ConfigError names the file and the key when something is wrong."""
+    data: dict[str, Any] = {}
+    source = "the command line"
+    if path is not None:
+        source = str(path)
+        try:
+            data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(f"cannot read {path}: {exc.strerror}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: {exc}") from exc
+        data.setdefault("base", str(Path(path).resolve().parent))
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key in ("limits", "sessions", "http") and isinstance(value, dict):
+            merged = {**data.get(key, {}), **{k: v for k, v in value.items() if v is not None}}
+            data[key] = merged
+        elif key in ("mounts", "tools", "bridge", "preload") and isinstance(value, list):
+            data[key] = [*data.get(key, []), *value]
+        else:
+            data[key] = value
+    try:
+        return McpConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"{source}: {problems}") from None

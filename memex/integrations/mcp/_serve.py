@@ -1,0 +1,250 @@
+"""Running ``memex mcp``: the tools the guest may call are loaded (``module:attribute`` host
+tools, bridged MCP servers), then the server speaks stdio or streamable HTTP on the given
+address, optionally behind a bearer token (compared in constant time; any request without it
+gets 401 and never reaches a sandbox). Stopping the server (end of stdin, SIGTERM, Ctrl-C)
+ends every session and closes every bridge."""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import importlib
+import json
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from typing import Any
+
+import anyio
+import uvicorn
+from mcp.server.stdio import stdio_server
+from mcp.shared.message import SessionMessage
+from mcp_types import INVALID_REQUEST, PARSE_ERROR, ErrorData, JSONRPCError
+from pydantic import ValidationError
+
+from ...errors import ConfigError
+from ...host_tools import Tool, ToolSet
+from ._config import McpConfig
+from ._server import build_server
+from ._sessions import Sessions
+
+__all__ = ["BearerAuth", "load_tools", "serve"]
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class BearerAuth:
+    """ASGI middleware: HTTP requests must carry ``Authorization: Bearer <token>``."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        if not token:
+            raise ConfigError("the bearer token is empty")
+        self.app = app
+        self._want = f"Bearer {token}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            got = dict(scope.get("headers") or ()).get(b"authorization", b"")
+            if not hmac.compare_digest(got, self._want):
+                body = json.dumps({"jsonrpc": "2.0", "id": None, "error": {
+                    "code": -32001, "message": "unauthorized: a valid bearer token is "
+                    "required"}}).encode()
+                await send({"type": "http.response.start", "status": 401, "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"www-authenticate", b'Bearer realm="memex"'),
+                    (b"content-length", str(len(body)).encode())]})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
+
+
+def _attr(spec: str, base: str) -> Any:
+    mod, sep, attr = spec.partition(":")
+    if not sep or not mod or not attr:
+        raise ConfigError(f"a host tool is module:attribute, got {spec!r}")
+    sys.path.insert(0, base)
+    try:
+        obj: Any = importlib.import_module(mod)
+    except ImportError as exc:
+        raise ConfigError(f"cannot import {mod!r} for the host tool {spec!r}: {exc}") from exc
+    finally:
+        sys.path.remove(base)
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ConfigError(f"{mod!r} has no attribute {attr!r}") from None
+    return obj
+
+
+def load_tools(config: McpConfig) -> ToolSet:
+    """The host tools and bridged servers' tools the configuration names, as one set (it
+    holds the bridges' connections: close it)."""
+    base = str(config.resolve("."))
+    parts: list[ToolSet] = []
+    try:
+        own: list[Tool | Callable[..., Any]] = []
+        for spec in config.tools:
+            obj = _attr(spec, base)
+            if isinstance(obj, ToolSet):
+                parts.append(obj)
+            elif isinstance(obj, list | tuple):
+                own.extend(obj)
+            else:
+                own.append(obj)
+        parts.insert(0, ToolSet(own))
+        for b in config.bridge:
+            parts.append(ToolSet.from_mcp(b.command, args=b.args, env=b.env, cwd=b.cwd,
+                                          url=b.url, headers=b.headers, prefix=b.prefix,
+                                          include=b.include, timeout=b.timeout))
+        return parts[0].merge(*parts[1:])
+    except BaseException:
+        for p in parts:
+            p.close()
+        raise
+
+
+@contextlib.contextmanager
+def _running(config: McpConfig) -> Iterator[Sessions]:
+    tools = load_tools(config)
+    try:
+        sessions = Sessions(config, tools)
+        try:
+            yield sessions
+        finally:
+            sessions.close()
+    finally:
+        tools.close()
+
+
+class _Answering:
+    """The SDK's stdio read stream, answering the lines it could not read as JSON-RPC (it
+    would drop them): not JSON -> parse error (-32700, id null), JSON that is no JSON-RPC
+    message -> invalid request (-32600, with its id when it has one). The answers go out
+    through the SDK's own writer, so they never interleave with its messages."""
+
+    def __init__(self, inner: Any, write: Any) -> None:
+        self._inner, self._write = inner, write
+
+    @property
+    def last_context(self) -> Any:
+        return getattr(self._inner, "last_context", None)
+
+    async def receive(self) -> Any:
+        while True:
+            item = await self._inner.receive()
+            if not isinstance(item, Exception):
+                return item
+            await self._write.send(SessionMessage(_protocol_error(item)))
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    def __aiter__(self) -> _Answering:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return await self.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise StopAsyncIteration from None
+
+    async def __aenter__(self) -> _Answering:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+def _protocol_error(exc: Exception) -> JSONRPCError:
+    errors = exc.errors() if isinstance(exc, ValidationError) else []
+    if not errors or any(e.get("type") == "json_invalid" for e in errors):
+        return JSONRPCError(jsonrpc="2.0", id=None, error=ErrorData(
+            code=PARSE_ERROR, message="parse error: a line is one JSON-RPC message in JSON"))
+    given = errors[0].get("input")
+    rid = given.get("id") if isinstance(given, dict) else None
+    if isinstance(rid, bool) or not isinstance(rid, str | int):
+        rid = None
+    where = ".".join(str(x) for x in errors[0].get("loc", ()) if not isinstance(x, int))
+    return JSONRPCError(jsonrpc="2.0", id=rid, error=ErrorData(
+        code=INVALID_REQUEST, message="invalid request: not a JSON-RPC 2.0 message"
+        + (f" ({where}: {errors[0].get('msg')})" if where else "")))
+
+
+async def _run_stdio(server: Any) -> None:
+    """``server.run_stdio_async()`` with the read side answering malformed lines."""
+    low = server._lowlevel_server  # the SDK's own stdio path drives this same server
+    async with stdio_server() as (read, write):
+        await low.run(_Answering(read, write), write, low.create_initialization_options())
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn without its own signal handling, which re-raises SIGTERM after shutting down
+    and so would kill the process before the sessions are closed: ``serve`` handles it."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+async def _until_signalled(scope: anyio.CancelScope, on_signal: Callable[[], None]) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for _ in signals:
+            on_signal()
+            scope.cancel()
+            return
+
+
+def serve(config: McpConfig, *, ready: Callable[[str], None] | None = None) -> None:
+    """Serve until stopped (end of stdin, SIGTERM or SIGINT; every session is then ended and
+    every bridge closed): stdio, or HTTP on ``config.http`` (``ready(url)`` once listening).
+    The bearer token, when configured, is read from ``config.http.token_env``."""
+    token = None
+    if config.transport == "http" and config.http.token_env:
+        token = os.environ.get(config.http.token_env)
+        if not token:
+            raise ConfigError(f"the bearer token's variable ${config.http.token_env} is "
+                              "not set (or empty)")
+    with _running(config) as sessions:
+        server = build_server(config, sessions)
+        if config.transport == "stdio":
+            async def stdio() -> None:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(_until_signalled, tg.cancel_scope, lambda: None)
+                    await _run_stdio(server)
+                    tg.cancel_scope.cancel()
+
+            anyio.run(stdio)
+            return
+        app: Any = server.streamable_http_app(
+            max_request_body_size=config.http.max_request_bytes, host=config.http.host,
+            session_idle_timeout=config.sessions.idle_timeout)
+        if token is not None:
+            app = BearerAuth(app, token)
+        uv = _Uvicorn(uvicorn.Config(app, host=config.http.host, port=config.http.port,
+                                     log_level="warning", lifespan="on"))
+
+        async def http() -> None:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_until_signalled, anyio.CancelScope(),
+                              lambda: setattr(uv, "should_exit", True))
+                tg.start_soon(_announce, uv, config, ready)
+                await uv.serve()
+                tg.cancel_scope.cancel()
+
+        anyio.run(http)
+
+
+async def _announce(uv: uvicorn.Server, config: McpConfig,
+                    ready: Callable[[str], None] | None) -> None:
+    while not uv.started:
+        if uv.should_exit:
+            return
+        await anyio.sleep(0.02)
+    if ready is not None:
+        port = uv.servers[0].sockets[0].getsockname()[1] if uv.servers else config.http.port
+        ready(f"http://{config.http.host}:{port}/mcp")

@@ -1,0 +1,346 @@
+"""``memex mcp``: MemEx as an MCP server. Every MCP host gets a persistent, capped Python
+sandbox (state kept across calls like a notebook) whose guest can call the operator's host
+tools and bridged MCP servers' tools, and nothing else.
+
+Tools, each with an input schema, an output schema (structured content) and annotations:
+``run_python``, ``reset``, ``list_files``, ``read_file``, ``write_file``, ``checkpoint``,
+``restore``. A guest fault (an exception, a limit that stopped the cell) is a result with
+``isError`` and the reason; the server itself never falls over because of a guest. Blocking
+sandbox work runs on worker threads; a call whose client goes away interrupts its cell.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import mimetypes
+from collections.abc import Callable
+from typing import Annotated, Any, Literal, TypeVar
+
+import anyio
+import anyio.to_thread
+from mcp.server import MCPServer
+from mcp.server.mcpserver import Context
+from mcp_types import CallToolResult, ImageContent, TextContent, ToolAnnotations
+from pydantic import BaseModel, Field
+
+from ...errors import MemexError
+from ...executor.loops import bound_text, render_observation
+from ...host_tools import ToolSet
+from ...runtime_wasm import TurnResult
+from ._config import McpConfig
+from ._sessions import Session, SessionError, Sessions
+
+__all__ = ["build_server"]
+
+T = TypeVar("T")
+MAX_READ_BYTES = 8 << 20
+_IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
+
+SessionArg = Annotated[str | None, Field(
+    description="the session to use (from an earlier result); omit it to use this "
+                "connection's session, or to start one when the connection has none")]
+
+
+# ---- what the tools return ----------------------------------------------------------------
+class GuestError(BaseModel):
+    type: str
+    message: str
+    traceback: str
+
+
+class RunResult(BaseModel):
+    """What one cell did."""
+
+    session: str
+    status: Literal["ok", "error", "exit", "killed"]
+    stdout: str
+    stderr: str
+    value: str | None = Field(description="repr of the cell's final expression, if any")
+    exception: GuestError | None
+    limit: str | None = Field(description="the limit that stopped the cell: deadline, memory, "
+                              "fuel, stack, cancelled...")
+    rolled_back: bool = Field(description="the guest was put back to the end of the last "
+                              "good cell")
+    duration: float
+    truncated: list[str]
+    figures: int = Field(description="matplotlib figures returned as images")
+
+
+class FileEntry(BaseModel):
+    name: str
+    path: str
+    kind: Literal["file", "dir", "link"]
+    size: int
+
+
+class FileList(BaseModel):
+    session: str
+    path: str
+    entries: list[FileEntry]
+
+
+class FileContent(BaseModel):
+    session: str
+    path: str
+    size: int
+    encoding: Literal["utf-8", "base64"]
+    content: str
+
+
+class Written(BaseModel):
+    session: str
+    path: str
+    size: int
+
+
+class CheckpointInfo(BaseModel):
+    session: str
+    name: str
+    turns: int
+    size: int
+
+
+class SessionInfo(BaseModel):
+    session: str
+
+
+# ---- helpers ------------------------------------------------------------------------------
+def _key(ctx: Context) -> str | None:
+    """The connection's default-session key: the stdio process, or a handshake-era HTTP
+    client's Mcp-Session-Id; None for a stateless HTTP request."""
+    headers = ctx.headers
+    if headers is None:
+        return "stdio"
+    sid = headers.get("mcp-session-id")
+    return f"http:{sid}" if sid else None
+
+
+def _owner(ctx: Context) -> str:
+    headers = ctx.headers
+    if headers is None:
+        return "stdio"
+    auth = headers.get("authorization", "")
+    return "token:" + hashlib.sha256(auth.encode()).hexdigest()[:16] if auth else "anonymous"
+
+
+def _error(message: str, structured: dict[str, Any] | None = None) -> CallToolResult:
+    return CallToolResult(content=[TextContent(type="text", text=message)],
+                          structured_content=structured, is_error=True)
+
+
+def _ok(text: str, model: BaseModel, extra: list[Any] | None = None) -> CallToolResult:
+    return CallToolResult(content=[TextContent(type="text", text=text), *(extra or [])],
+                          structured_content=model.model_dump(mode="json"))
+
+
+async def _blocking(fn: Callable[[], T], on_cancel: Callable[[], None]) -> T:
+    """``fn()`` on a worker thread; if the call is cancelled (its client went away),
+    ``on_cancel()`` stops the guest's work and the call ends at once."""
+    try:
+        return await anyio.to_thread.run_sync(fn, abandon_on_cancel=True)
+    except anyio.get_cancelled_exc_class():
+        on_cancel()
+        raise
+
+
+def _run_result(s: Session, r: TurnResult, figures: int) -> RunResult:
+    exc = r.exception
+    return RunResult.model_validate({
+        "session": s.id, "status": r.status.value, "stdout": r.stdout, "stderr": r.stderr,
+        "value": r.value, "limit": r.limit, "rolled_back": r.rolled_back,
+        "duration": r.duration, "truncated": list(r.truncated), "figures": figures,
+        "exception": None if exc is None else {"type": exc.type, "message": exc.message,
+                                               "traceback": exc.traceback}})
+
+
+def _instructions(cfg: McpConfig, tools: ToolSet | None) -> str:
+    parts = [
+        "A persistent Python sandbox (CPython 3.15 in WebAssembly, with numpy, pandas and "
+        "matplotlib): variables, imports and files in /tmp stay between run_python calls, like "
+        "a notebook. Print what you need to see; the value of a cell's last line is shown. "
+        f"Each call may run {cfg.limits.timeout:g} s at most. There is no network"
+        + (" except what the operator's egress policy allows." if cfg.policy else "."),
+        "Results carry a `session`. Over stdio, and for HTTP clients with a session, calls "
+        "without one share the connection's session; otherwise pass the `session` of an "
+        "earlier result to keep its state. Sessions end after "
+        f"{cfg.sessions.idle_timeout:g} s without calls.",
+    ]
+    if tools is not None and len(tools):
+        parts.append("Python functions already defined in the session (call them from "
+                     "code):\n" + tools.catalogue())
+    return "\n\n".join(parts)
+
+
+# ---- the server ---------------------------------------------------------------------------
+def build_server(config: McpConfig, sessions: Sessions) -> MCPServer:
+    """The MCP server over ``sessions`` (the caller owns and closes them)."""
+    tools = sessions.tools
+    mcp = MCPServer(config.name, instructions=_instructions(config, tools), log_level="WARNING")
+    network = config.policy is not None
+
+    def session_of(ctx: Context, handle: str | None) -> Session:
+        return sessions.resolve(handle, key=_key(ctx), owner=_owner(ctx))
+
+    def note(ctx: Context, s: Session) -> str:
+        return "" if _key(ctx) is not None else \
+            f"\n[session {s.id}: pass it as `session` to keep this state]"
+
+    @mcp.tool(annotations=ToolAnnotations(title="Run Python", read_only_hint=False,
+                                          destructive_hint=True, idempotent_hint=False,
+                                          open_world_hint=network))
+    async def run_python(
+        code: Annotated[str, Field(description="Python source; runs in the session's "
+                                   "persistent namespace")],
+        ctx: Context,
+        timeout: Annotated[float | None, Field(gt=0, description="seconds for this call "
+                                               "(at most the server's limit)")] = None,
+        session: SessionArg = None,
+    ) -> Annotated[CallToolResult, RunResult]:
+        """Run Python code in the persistent sandbox and return what it printed, the value
+        of its last line and any error. Open matplotlib figures come back as images."""
+        try:
+            s = session_of(ctx, session)
+            r, figures = await _blocking(lambda: sessions.run(s, code, timeout),
+                                         lambda: sessions.interrupt(s))
+        except (SessionError, MemexError) as exc:
+            return _error(str(exc))
+        text = render_observation(r, limit=config.sessions.max_output_chars) or "(no output)"
+        images = [ImageContent(type="image", data=base64.b64encode(png).decode(),
+                               mime_type="image/png") for png in figures]
+        result = _run_result(s, r, len(figures))
+        out = _ok(text + note(ctx, s), result, images)
+        out.is_error = not r.ok
+        return out
+
+    @mcp.tool(annotations=ToolAnnotations(title="Reset the session", read_only_hint=False,
+                                          destructive_hint=True, idempotent_hint=True,
+                                          open_world_hint=False))
+    async def reset(ctx: Context, session: SessionArg = None
+                    ) -> Annotated[CallToolResult, SessionInfo]:
+        """Start the session over with a fresh interpreter and an empty /tmp (its named
+        checkpoints can still be restored)."""
+        try:
+            s = session_of(ctx, session)
+            await _blocking(lambda: sessions.reset(s), lambda: sessions.interrupt(s))
+        except (SessionError, MemexError) as exc:
+            return _error(str(exc))
+        return _ok(f"session {s.id} reset", SessionInfo(session=s.id))
+
+    @mcp.tool(annotations=ToolAnnotations(title="List files", read_only_hint=True,
+                                          idempotent_hint=True, open_world_hint=False))
+    async def list_files(
+        ctx: Context,
+        path: Annotated[str, Field(description="a folder under /tmp or a mount")] = "/tmp",
+        session: SessionArg = None,
+    ) -> Annotated[CallToolResult, FileList]:
+        """The files and folders in a folder of the sandbox (its /tmp and granted mounts)."""
+        try:
+            s = session_of(ctx, session)
+            files = await _blocking(lambda: sessions.files(s, path), lambda: None)
+        except (SessionError, MemexError) as exc:
+            return _error(str(exc))
+        entries = [FileEntry.model_validate(dataclasses.asdict(f)) for f in files]
+        text = "\n".join(f"{e.kind:4} {e.size:>10} {e.path}" for e in entries) or "(empty)"
+        return _ok(text, FileList(session=s.id, path=path, entries=entries))
+
+    @mcp.tool(annotations=ToolAnnotations(title="Read a file", read_only_hint=True,
+                                          idempotent_hint=True, open_world_hint=False))
+    async def read_file(
+        path: Annotated[str, Field(description="a file under /tmp or a mount")],
+        ctx: Context,
+        session: SessionArg = None,
+    ) -> Annotated[CallToolResult, FileContent]:
+        """A file of the sandbox: text as UTF-8, anything else as base64; images also come
+        back as image content."""
+        try:
+            s = session_of(ctx, session)
+            data = await _blocking(lambda: sessions.use(s, lambda sb: sb.read_file(path)),
+                                   lambda: None)
+        except (SessionError, MemexError) as exc:
+            return _error(str(exc))
+        if len(data) > MAX_READ_BYTES:
+            return _error(f"{path} has {len(data)} bytes, over the {MAX_READ_BYTES}-byte "
+                          "limit of read_file")
+        mime = mimetypes.guess_type(path)[0] or ""
+        try:
+            text, encoding = data.decode("utf-8"), "utf-8"
+        except UnicodeDecodeError:
+            text, encoding = base64.b64encode(data).decode(), "base64"
+        extra = [ImageContent(type="image", data=base64.b64encode(data).decode(), mime_type=mime)
+                 ] if mime in _IMAGE_TYPES else []
+        shown = bound_text(text, config.sessions.max_output_chars) if encoding == "utf-8" \
+            else f"({len(data)} bytes of {mime or 'binary data'}, base64 in the structured result)"
+        content = FileContent.model_validate({"session": s.id, "path": path, "size": len(data),
+                                              "encoding": encoding, "content": text})
+        return _ok(shown, content, extra)
+
+    @mcp.tool(annotations=ToolAnnotations(title="Write a file", read_only_hint=False,
+                                          destructive_hint=True, idempotent_hint=True,
+                                          open_world_hint=False))
+    async def write_file(
+        path: Annotated[str, Field(description="a file under /tmp or a writable mount")],
+        content: Annotated[str, Field(description="the file's content")],
+        ctx: Context,
+        encoding: Annotated[Literal["utf-8", "base64"], Field(
+            description="how `content` is written: text, or base64 for binary data")] = "utf-8",
+        session: SessionArg = None,
+    ) -> Annotated[CallToolResult, Written]:
+        """Write (or replace) a file the sandbox's code can then read."""
+        try:
+            data = base64.b64decode(content, validate=True) if encoding == "base64" \
+                else content.encode("utf-8")
+        except ValueError as exc:
+            return _error(f"content is not valid base64: {exc}")
+        try:
+            s = session_of(ctx, session)
+            await _blocking(lambda: sessions.use(s, lambda sb: sb.write_file(path, data)),
+                            lambda: None)
+        except (SessionError, MemexError) as exc:
+            return _error(str(exc))
+        return _ok(f"wrote {len(data)} bytes to {path}",
+                   Written(session=s.id, path=path, size=len(data)))
+
+    @mcp.tool(annotations=ToolAnnotations(title="Checkpoint the session", read_only_hint=False,
+                                          destructive_hint=False, idempotent_hint=False,
+                                          open_world_hint=False))
+    async def checkpoint(
+        name: Annotated[str, Field(min_length=1, max_length=64,
+                                   description="a name to restore it by")],
+        ctx: Context,
+        replace: Annotated[bool, Field(description="replace a checkpoint of the same "
+                                       "name")] = False,
+        session: SessionArg = None,
+    ) -> Annotated[CallToolResult, CheckpointInfo]:
+        """Save the session's interpreter state under a name (cheap: copy-on-write)."""
+        try:
+            s = session_of(ctx, session)
+            if name in s.checkpoints and not replace:
+                return _error(f"a checkpoint named {name!r} exists; pass replace=true to "
+                              "replace it")
+            cp = await _blocking(lambda: sessions.checkpoint(s, name), lambda: None)
+        except (SessionError, MemexError) as exc:
+            return _error(str(exc))
+        info = CheckpointInfo(session=s.id, name=name, turns=cp.turns, size=cp.size)
+        return _ok(f"checkpoint {name!r} saved", info)
+
+    @mcp.tool(annotations=ToolAnnotations(title="Restore a checkpoint", read_only_hint=False,
+                                          destructive_hint=True, idempotent_hint=True,
+                                          open_world_hint=False))
+    async def restore(
+        name: Annotated[str, Field(description="a checkpoint of this session")],
+        ctx: Context,
+        session: SessionArg = None,
+    ) -> Annotated[CallToolResult, CheckpointInfo]:
+        """Put the session's interpreter back to a named checkpoint (files in /tmp are not
+        rolled back)."""
+        try:
+            s = session_of(ctx, session)
+            cp = await _blocking(lambda: sessions.restore(s, name), lambda: None)
+        except (SessionError, MemexError) as exc:
+            return _error(str(exc))
+        info = CheckpointInfo(session=s.id, name=name, turns=cp.turns, size=cp.size)
+        return _ok(f"restored {name!r}", info)
+
+    return mcp
