@@ -101,6 +101,10 @@ PINNED: dict[str, list[str]] = {
         "Session", "SessionError", "Sessions", "SessionsConfig", "build_server", "load_config",
         "load_tools", "serve",
     ],
+    "memex.integrations.jupyter": [
+        "KernelSettings", "MemexKernel", "install_kernelspec", "kernelspec", "launch",
+        "settings_from_args",
+    ],
 }
 
 STUB = Path(memex.__file__).with_suffix(".pyi")

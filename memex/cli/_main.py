@@ -7,7 +7,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from . import _agent, _mcp, _model, _policy, _prepare, _repl, _run, _trajectory
+from . import _agent, _kernel, _mcp, _model, _policy, _prepare, _repl, _run, _trajectory
 
 __all__ = ["build_parser", "main"]
 
@@ -19,7 +19,8 @@ Run `memex prepare` once per machine (./build.sh does), then `memex run`, `memex
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="memex", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in (_prepare, _run, _repl, _agent, _trajectory, _model, _policy, _mcp):
+    for module in (_prepare, _run, _repl, _agent, _trajectory, _model, _policy, _mcp,
+                   _kernel):
         module.add_parser(sub)
     return parser
 

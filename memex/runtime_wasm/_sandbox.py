@@ -36,6 +36,7 @@ from ._files import (
 )
 from ._image import MemoryImage, read_image_file, write_image_file
 from ._instance import Instance, InstanceSpec, TurnOutcome
+from ._output import OutputListener
 from ._records import GuestException, GuestFile, Limits, Mount, TurnResult, TurnStatus
 from ._runner import Runner
 from ._warm import warm_image
@@ -223,9 +224,11 @@ class Sandbox:
                 self._spec.env)
 
     # ---- turns --------------------------------------------------------------------------
-    def run(self, code: str, *, timeout: float | None = None, filename: str | None = None
-            ) -> TurnResult:
-        """Run one cell. Guest errors, exits and limits come back as data in the result."""
+    def run(self, code: str, *, timeout: float | None = None, filename: str | None = None,
+            on_output: OutputListener | None = None) -> TurnResult:
+        """Run one cell. Guest errors, exits and limits come back as data in the result.
+        ``on_output(stream, text)`` hears stdout/stderr as the guest writes them (what the
+        result will hold, up to the caps), on the sandbox's own thread: keep it quick."""
         if not isinstance(code, str):
             raise ConfigError(f"code must be a str, got {type(code).__name__}")
         if timeout is not None and not (0 < timeout < float("inf")):
@@ -238,12 +241,13 @@ class Sandbox:
             self._check_open()
             self._busy = True
             try:
-                return self._runner.call(lambda: self._turn(code, timeout, filename))
+                return self._runner.call(lambda: self._turn(code, timeout, filename, on_output))
             finally:
                 self._busy = False
                 self.last_used = time.monotonic()
 
-    def _turn(self, code: str, timeout: float | None, filename: str | None) -> TurnResult:
+    def _turn(self, code: str, timeout: float | None, filename: str | None,
+              on_output: OutputListener | None = None) -> TurnResult:
         inst = self._require()
         lim = self.limits
         start = time.monotonic()
@@ -260,8 +264,8 @@ class Sandbox:
             left_fuel = max(lim.fuel_total - self.fuel_used_total, 1)
             if fuel is None or left_fuel < fuel:
                 fuel, fuel_total_cut = left_fuel, True
-        inst.stdout.reset(lim.stdout_bytes)
-        inst.stderr.reset(lim.stderr_bytes)
+        inst.stdout.reset(lim.stdout_bytes, on_output)
+        inst.stderr.reset(lim.stderr_bytes, on_output)
         self.turns += 1
         self._current = False
         cell: dict[str, object] = {"code": code, "filename": filename or f"<cell-{self.turns}>"}
@@ -270,6 +274,8 @@ class Sandbox:
         try:
             out = inst.run_raw(_TURN, deadline=start + budget, fuel=fuel, cell=cell)
         finally:
+            inst.stdout.finish()
+            inst.stderr.finish()
             with self._running_lock:
                 self._running = None
                 if inst.cancel_detail is not None:  # an interrupt that came too late

@@ -29,42 +29,12 @@ from ...runtime_wasm import (
     TurnResult,
     TurnStatus,
 )
+from .._display import FIGURES_CALL, MAX_FIGURES, PRELUDE
 from ._config import McpConfig
 
 __all__ = ["Session", "SessionError", "Sessions"]
 
-MAX_FIGURES = 8
 MAX_FIGURE_BYTES = 8 << 20
-
-# Runs once in every session's guest: notes when matplotlib.pyplot is imported (an audit
-# hook), and defines the hook that turns a cell's open figures into PNGs for the client.
-_PRELUDE = r'''
-def __memex_mcp_prelude__():
-    import builtins, sys
-    import memex_guest
-    seen = [False]
-    def audit(event, args):
-        if event == "import" and not seen[0] and args and args[0] == "matplotlib.pyplot":
-            seen[0] = True
-            try:
-                memex_guest.call("mcp.pyplot")
-            except Exception:
-                pass
-    sys.addaudithook(audit)
-    def figures():
-        plt = sys.modules.get("matplotlib.pyplot")
-        if plt is None:
-            return
-        import io
-        for num in plt.get_fignums()[:MAX_FIGURES]:
-            buf = io.BytesIO()
-            plt.figure(num).savefig(buf, format="png", dpi=100, bbox_inches="tight")
-            memex_guest.call("mcp.figure", buf.getvalue())
-        plt.close("all")
-    builtins.__memex_mcp_figures__ = figures
-__memex_mcp_prelude__()
-del __memex_mcp_prelude__
-'''.replace("MAX_FIGURES", str(MAX_FIGURES))
 
 
 class SessionError(Exception):
@@ -143,8 +113,8 @@ class Sessions:
         if s.sandbox is not None and not s.sandbox.closed:
             return s.sandbox
         door = Door()
-        door.register("mcp.figure", lambda png: self._figure(s, png), inline=True)
-        door.register("mcp.pyplot", lambda: setattr(s, "pyplot", True), inline=True)
+        door.register("display.figure", lambda png: self._figure(s, png), inline=True)
+        door.register("display.pyplot", lambda: setattr(s, "pyplot", True), inline=True)
         sb = Sandbox(limits=self._limits, mounts=self._mounts, preload=self._preload, door=door,
                      rollback=self.config.sessions.rollback)
         try:
@@ -152,7 +122,7 @@ class Sessions:
                 s.host = ToolHost(self.tools).attach(sb)
             if self._policy is not None:
                 s.egress = Egress(self._policy, label=f"mcp-{s.id[:8]}").attach(sb)
-            r = sb.run(_PRELUDE, filename="<memex-mcp-prelude>")
+            r = sb.run(PRELUDE, filename="<memex-display-prelude>")
             if r.status is not TurnStatus.OK:
                 raise SessionError(f"the session's guest could not be prepared: {r.exception}")
         except BaseException:
@@ -183,7 +153,7 @@ class Sessions:
             s.figures = []
             r = sb.run(code, timeout=timeout)
             if s.pyplot and r.status is not TurnStatus.KILLED:
-                sb.run("__memex_mcp_figures__()", filename="<memex-mcp-figures>")
+                sb.run(FIGURES_CALL, filename="<memex-figures>")
             return r, list(s.figures)
 
         result: tuple[TurnResult, list[bytes]] = self.use(s, go)

@@ -1,0 +1,169 @@
+"""The MemEx Jupyter kernel through the real ``jupyter_client`` (KernelManager + blocking
+client) and a notebook executed by ``nbclient``: state across cells, streamed output, rich
+reprs, figures, errors, an interrupted infinite loop followed by a working cell, a memory bomb,
+and the kernelspec's sandbox settings."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import AsyncKernelManager, KernelManager
+from nbclient import NotebookClient
+
+from memex.integrations.jupyter import install_kernelspec, kernelspec
+
+MEMEX = shutil.which("memex", path=str(Path(sys.executable).parent)) or "memex"
+
+
+@pytest.fixture(scope="module")
+def specs(tmp_path_factory: pytest.TempPathFactory) -> KernelSpecManager:
+    prefix = tmp_path_factory.mktemp("jupyter")
+    data = tmp_path_factory.mktemp("data")
+    (data / "table.csv").write_text("a,b\n1,2\n3,4\n")
+    install_kernelspec("memex-test", prefix=str(prefix), timeout=5, memory=256 << 20,
+                       mounts=[f"{data}:/data"])
+    ksm = KernelSpecManager()
+    ksm.kernel_dirs = [str(prefix / "share" / "jupyter" / "kernels")]
+    return ksm
+
+
+@pytest.fixture(scope="module")
+def kernel(specs: KernelSpecManager) -> Iterator[tuple[KernelManager, Any]]:
+    km = KernelManager(kernel_name="memex-test", kernel_spec_manager=specs)
+    km.start_kernel()
+    kc = km.client()
+    kc.start_channels()
+    kc.wait_for_ready(timeout=120)
+    yield km, kc
+    kc.stop_channels()
+    km.shutdown_kernel(now=False)
+
+
+def run(kc: Any, code: str, timeout: float = 60) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(reply content, iopub messages other than status and execute_input) of one cell."""
+    seen: list[dict[str, Any]] = []
+    reply = kc.execute_interactive(code, timeout=timeout, output_hook=seen.append)
+    return reply["content"], [m for m in seen if m["msg_type"] not in ("status",
+                                                                         "execute_input")]
+
+
+def test_state_streams_and_results(kernel: tuple[KernelManager, Any]) -> None:
+    _, kc = kernel
+    reply, msgs = run(kc, "x = 41\nprint('hi')\nimport sys\nsys.stderr.write('careful\\n')\n"
+                          "x + 1")
+    assert reply["status"] == "ok"
+    kinds = [(m["msg_type"], m["content"].get("name")) for m in msgs]
+    assert kinds == [("stream", "stdout"), ("stream", "stderr"), ("execute_result", None)]
+    assert msgs[0]["content"]["text"] == "hi\n"
+    result = msgs[-1]["content"]
+    assert result["data"]["text/plain"] == "42"
+    assert result["execution_count"] == reply["execution_count"]
+    _, msgs = run(kc, "x")
+    assert msgs[-1]["content"]["data"]["text/plain"] == "41"
+
+
+def test_output_is_streamed_while_the_cell_runs(kernel: tuple[KernelManager, Any]) -> None:
+    _, kc = kernel
+    stamps: list[float] = []
+    start = time.monotonic()
+
+    def hook(m: dict[str, Any]) -> None:
+        if m["msg_type"] == "stream":
+            stamps.append(time.monotonic() - start)
+
+    kc.execute_interactive("import time\nfor i in range(3):\n    print(i, flush=True)\n"
+                           "    time.sleep(0.4)", timeout=60, output_hook=hook)
+    assert len(stamps) == 3 and stamps[1] - stamps[0] > 0.25  # one message per line, in time
+
+
+def test_rich_reprs_and_figures(kernel: tuple[KernelManager, Any]) -> None:
+    _, kc = kernel
+    _, msgs = run(kc, "import pandas as pd\npd.read_csv('/data/table.csv')")
+    data = msgs[-1]["content"]["data"]
+    assert "<table" in data["text/html"] and "a  b" in data["text/plain"]
+    reply, msgs = run(kc, "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nNone")
+    shown = [m for m in msgs if m["msg_type"] == "display_data"]
+    assert reply["status"] == "ok" and len(shown) == 1
+    png = base64.b64decode(shown[0]["content"]["data"]["image/png"])
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    _, msgs = run(kc, "len(plt.get_fignums())")  # shown figures are closed
+    assert msgs[-1]["content"]["data"]["text/plain"] == "0"
+
+
+def test_errors_carry_the_trimmed_traceback(kernel: tuple[KernelManager, Any]) -> None:
+    _, kc = kernel
+    reply, msgs = run(kc, "def f():\n    return 1 / 0\nf()")
+    assert reply["status"] == "error" and reply["ename"] == "ZeroDivisionError"
+    err = next(m for m in msgs if m["msg_type"] == "error")["content"]
+    tb = "\n".join(err["traceback"])
+    assert "return 1 / 0" in tb and "memex" not in tb.lower().replace("memexlimit", "")
+    reply, _ = run(kc, "def broken(:")
+    assert reply["ename"] == "SyntaxError"
+
+
+def test_interrupt_cancels_the_cell_and_keeps_the_session(
+        kernel: tuple[KernelManager, Any]) -> None:
+    km, kc = kernel
+    run(kc, "counter = 7")
+    threading.Timer(1.0, km.interrupt_kernel).start()
+    start = time.monotonic()
+    reply, _ = run(kc, "while True:\n    counter += 1")
+    assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt"
+    assert time.monotonic() - start < 4.5  # the interrupt, not the 5 s time limit
+    _, msgs = run(kc, "counter")  # rolled back to the end of the previous cell
+    assert msgs[-1]["content"]["data"]["text/plain"] == "7"
+
+
+def test_limits_from_the_kernelspec(kernel: tuple[KernelManager, Any]) -> None:
+    _, kc = kernel
+    reply, _ = run(kc, "while True: pass")
+    assert reply["ename"] == "MemexLimit" and "time limit" in reply["evalue"]
+    reply, _ = run(kc, "hog = bytearray(1 << 30)")  # the kernelspec caps memory at 256 MiB
+    assert reply["ename"] == "MemoryError"
+    reply, _ = run(kc, "open('/data/new.txt', 'w')")  # the mount is read-only
+    assert reply["status"] == "error"
+    reply, msgs = run(kc, "2 + 2")
+    assert reply["status"] == "ok" and msgs[-1]["content"]["data"]["text/plain"] == "4"
+
+
+def test_a_notebook_runs_with_nbclient(specs: KernelSpecManager, tmp_path: Path) -> None:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in (
+        "import pandas as pd\ndf = pd.DataFrame({'n': [1, 2, 3]})",
+        "import matplotlib.pyplot as plt\nplt.bar(df.n, df.n)\nNone",
+        "while True:\n    df['n'] += 1",  # interrupted by nbclient's cell timeout
+        "int(df.n.sum())",
+    )]
+    km = AsyncKernelManager(kernel_name="memex-test", kernel_spec_manager=specs)
+    client = NotebookClient(nb, km=km, timeout=3, interrupt_on_timeout=True, allow_errors=True)
+    client.execute()
+    outs = [c.outputs for c in nb.cells]
+    assert outs[0] == []
+    assert outs[1][0]["output_type"] == "display_data" and "image/png" in outs[1][0]["data"]
+    assert outs[2][0]["output_type"] == "error" and outs[2][0]["ename"] == "KeyboardInterrupt"
+    assert outs[3][0]["data"]["text/plain"] == "6"  # the loop's changes were rolled back
+
+
+def test_kernel_install_command_writes_the_kernelspec(tmp_path: Path) -> None:
+    out = subprocess.run([MEMEX, "kernel", "install", "--name", "mx-cli", "--prefix",
+                          str(tmp_path), "--timeout", "9", "--memory", "1G", "--mount",
+                          f"{tmp_path}:/data"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    spec = json.loads((tmp_path / "share/jupyter/kernels/mx-cli/kernel.json").read_text())
+    assert spec["interrupt_mode"] == "message" and spec["language"] == "python"
+    assert spec["argv"][1:4] == ["-m", "memex.integrations.jupyter", "-f"]
+    assert spec["argv"][5:7] == ["--timeout", "9.0"]
+    assert str(1 << 30) in spec["argv"] and f"{tmp_path}:/data" in spec["argv"]
+    assert kernelspec(timeout=9)["metadata"]["memex"]["timeout"] == 9
