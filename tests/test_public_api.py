@@ -105,6 +105,9 @@ PINNED: dict[str, list[str]] = {
         "KernelSettings", "MemexKernel", "install_kernelspec", "kernelspec", "launch",
         "settings_from_args",
     ],
+    "memex.integrations.smolagents": [
+        "MemexExecutor", "tool_from_smolagents",
+    ],
 }
 
 STUB = Path(memex.__file__).with_suffix(".pyi")

@@ -24,7 +24,7 @@ from dataclasses import dataclass, fields
 from typing import IO, Any, NoReturn
 
 from ...errors import ConfigError, SandboxError
-from ...runtime_wasm import Door, DoorContext, DoorError, Sandbox, TurnStatus
+from ...runtime_wasm import Door, DoorContext, DoorError, SandboxAPI, TurnStatus
 from ._fetch import (
     Fetcher,
     FetchFailure,
@@ -109,7 +109,7 @@ class Egress:
         self._seq = 0
         self._lock = threading.Lock()
         self._door: Door | None = None
-        self._sandbox: Sandbox | None = None
+        self._sandbox: SandboxAPI[Any] | None = None
         self._turn_key: Any = None
         self._turn_count = 0
         self._total = 0
@@ -136,7 +136,7 @@ class Egress:
         door.register(OP, self._op_fetch, context=True)
         return self
 
-    def attach(self, sandbox: Sandbox, *, install: bool = True) -> Egress:
+    def attach(self, sandbox: SandboxAPI[Any], *, install: bool = True) -> Egress:
         """Serve ``sandbox`` and make sure its guest routes ``http.client``/``urllib`` here
         (fresh guests already do; ``install`` also covers images saved before egress)."""
         self.register(sandbox.door)
@@ -147,7 +147,7 @@ class Egress:
             self.install(sandbox)
         return self
 
-    def install(self, sandbox: Sandbox) -> None:
+    def install(self, sandbox: SandboxAPI[Any]) -> None:
         r = sandbox.run("import memex_guest.net as _mx_net\n_mx_net.install()\ndel _mx_net\n",
                         filename="<memex-egress-install>")
         if r.status is not TurnStatus.OK:

@@ -1,0 +1,236 @@
+"""smolagents' executor seam: ``CodeAgent(executor=MemexExecutor(...))`` runs the code a
+smolagents agent writes in a MemEx sandbox (hard caps, persistent state, no network unless a
+policy allows it) instead of the default local interpreter.
+
+The agent's tools (and managed agents) stay on the host and are called from guest code through
+MemEx's typed tools, so tools holding live clients (an MCP connection, a database handle, a
+managed agent) work, and their values arrive typed. ``final_answer(x)`` ends the code at once
+and hands smolagents ``x`` as the host object it became. A limit that stops the code
+(deadline, memory, fuel) is the error the agent loop shows the model, with the state rolled
+back; the next step runs in the same live session.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from smolagents.local_python_executor import CodeOutput, PythonExecutor
+from smolagents.tools import Tool as SmolTool
+
+from ...backends import Backend, get_backend
+from ...executor.loops import trim_traceback
+from ...host_tools import (
+    Egress,
+    EgressPolicy,
+    EncodeError,
+    Tool,
+    ToolBudget,
+    ToolCallRecord,
+    ToolHost,
+    ToolSet,
+    encode,
+)
+from ...runtime_wasm import Door, Limits, Mount, Sandbox, SandboxAPI, TurnResult, TurnStatus
+
+__all__ = ["MemexExecutor"]
+
+log = logging.getLogger(__name__)
+
+_SIGNAL = "MemexFinalAnswer"
+# Wraps the final_answer stub: the host records the answer, then the code stops here (a
+# BaseException, so that `except Exception` in the agent's code cannot swallow it).
+_FINAL_WRAPPER = f'''
+class {_SIGNAL}(BaseException):
+    """final_answer() was called: the step ends here."""
+def __memex_wrap_final__():
+    import tools as _tools
+    stub = getattr(_tools, "final_answer", None)
+    if stub is None:
+        return
+    def final_answer(*args, **kwargs):
+        stub(*args, **kwargs)
+        raise {_SIGNAL}()
+    final_answer.__doc__ = stub.__doc__
+    final_answer.__signature__ = __import__("inspect").signature(stub)
+    globals()["final_answer"] = final_answer
+__memex_wrap_final__()
+del __memex_wrap_final__
+'''
+
+_TYPES = {"string": "string", "integer": "integer", "number": "number", "boolean": "boolean",
+          "array": "array", "object": "object", "null": "null"}
+_LIMITS = {"deadline": "its time limit", "fuel": "its instruction budget",
+           "memory": "the memory limit", "stack": "the stack limit",
+           "cancelled": "a cancellation", "lifetime": "the session's lifetime"}
+
+
+def _schema(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """A smolagents input spec as JSON Schema ("any", "image", "audio": anything)."""
+    out: dict[str, Any] = {}
+    kind = spec.get("type")
+    kinds = kind if isinstance(kind, list) else [kind]
+    types = [_TYPES[k] for k in kinds if k in _TYPES]
+    if types and len(types) == len(kinds):
+        if spec.get("nullable") and "null" not in types:
+            types.append("null")
+        out["type"] = types[0] if len(types) == 1 else types
+    for key in ("description", "enum", "items", "properties"):
+        if key in spec:
+            out[key] = spec[key]
+    return out
+
+
+def tool_from_smolagents(tool: Any, handler: Any = None) -> Tool:
+    """A MemEx tool calling a smolagents tool (or managed agent) on the host."""
+    inputs: Mapping[str, Any] = getattr(tool, "inputs", {}) or {}
+    required = [n for n, spec in inputs.items() if not spec.get("nullable")]
+    definition = {"name": tool.name, "description": getattr(tool, "description", "") or "",
+                  "parameters": {"type": "object", "required": required,
+                                 "properties": {n: _schema(s) for n, s in inputs.items()}}}
+    return Tool.from_openai(definition, handler or (lambda **kw: tool(**kw)))
+
+
+class MemexExecutor(PythonExecutor):
+    """Runs smolagents' code actions in a MemEx sandbox.
+
+    ``limits``, ``mounts``, ``preload`` as for ``memex.Sandbox``; ``policy`` an egress policy
+    (an ``EgressPolicy`` or a file) for the guest's HTTP; ``backend`` where the sandbox lives
+    (a name or a ``Backend``: in-process by default); ``tool_budget`` and ``gate`` govern the
+    agent's tool calls as for ``ToolHost``. ``cleanup()`` (smolagents calls it) closes it all.
+    """
+
+    def __init__(self, *, limits: Limits | None = None, mounts: Sequence[Mount] = (),
+                 preload: Iterable[str] = (), policy: EgressPolicy | str | None = None,
+                 backend: str | Backend | None = None, tool_budget: ToolBudget | None = None,
+                 gate: Any = None, max_print_outputs_length: int = 50_000) -> None:
+        self.state: dict[str, Any] = {}  # smolagents reads "_print_outputs" after an error
+        self.max_print_outputs_length = max_print_outputs_length
+        self._tool_budget, self._gate = tool_budget, gate
+        self._door = Door()
+        self._door.register("smolagents.variables", self._variables, inline=True)
+        self._pending: dict[str, Any] = {}
+        self._final: list[Any] = []
+        self._lock = threading.Lock()
+        self._owns_backend = isinstance(backend, str)
+        self._backend: Backend | None = get_backend(backend) if backend is not None else None
+        limits = limits or Limits(timeout=60)
+        self.sandbox: SandboxAPI[Any] = (
+            self._backend.open(limits=limits, mounts=mounts, preload=preload, door=self._door)
+            if self._backend is not None else
+            Sandbox(limits=limits, mounts=mounts, preload=preload, door=self._door))
+        self.host: ToolHost | None = None
+        self.egress: Egress | None = None
+        if policy is not None:
+            pol = policy if isinstance(policy, EgressPolicy) else EgressPolicy.load(policy)
+            self.egress = Egress(pol, label="smolagents").attach(self.sandbox)
+        self._closed = False
+
+    # ---- the seam ---------------------------------------------------------------------------
+    def send_tools(self, tools: dict[str, Any]) -> None:
+        """Bind the agent's tools (and managed agents) in the guest as typed functions."""
+        made: list[Tool] = []
+        for name, tool in tools.items():
+            if name == "final_answer":
+                made.append(tool_from_smolagents(tool, self._final_answer(tool)))
+            else:
+                made.append(tool_from_smolagents(tool))
+        if self.host is not None:
+            self.host.close()
+        self.host = ToolHost(ToolSet(made), budget=self._tool_budget, gate=self._gate
+                             ).attach(self.sandbox)
+        r = self.sandbox.run(_FINAL_WRAPPER, filename="<memex-smolagents-final>")
+        if r.status is not TurnStatus.OK:
+            raise RuntimeError(f"binding final_answer in the sandbox failed: {r.exception}")
+
+    def send_variables(self, variables: dict[str, Any]) -> None:
+        """Put the agent's variables in the guest's globals, typed (DataFrames stay
+        DataFrames). A value that cannot cross (an open file, a model object) is skipped with
+        a warning naming it."""
+        names = self.host.tools.record_names if self.host is not None else None
+        encoded: dict[str, Any] = {}
+        for key, value in variables.items():
+            if not (isinstance(key, str) and key.isidentifier()):
+                continue
+            try:
+                encoded[key] = encode(value, names=names)
+            except (EncodeError, ValueError, OverflowError) as exc:
+                log.warning("variable %r is not sent to the MemEx sandbox: %s", key, exc)
+        if not encoded:
+            return
+        with self._lock:
+            self._pending = encoded
+        r = self.sandbox.run("import memex_guest.door as _d\nglobals().update(_d.request("
+                             "'smolagents.variables', [], {}, True))\ndel _d\n",
+                             filename="<memex-smolagents-variables>")
+        if r.status is not TurnStatus.OK:
+            raise RuntimeError(f"sending variables to the sandbox failed: {r.exception}")
+
+    def __call__(self, code_action: str) -> CodeOutput:
+        self._final.clear()
+        r = self.sandbox.run(code_action)
+        logs = self._logs(r)
+        self.state["_print_outputs"] = logs
+        if self._final and r.exception is not None and r.exception.type.endswith(_SIGNAL):
+            return CodeOutput(output=self._final[-1], logs=logs, is_final_answer=True)
+        if r.ok:
+            return CodeOutput(output=r.value, logs=logs, is_final_answer=False)
+        raise RuntimeError(_error_text(r))
+
+    def cleanup(self) -> None:
+        """Close the tools' host, the sandbox and a backend made from a name (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.host is not None:
+            self.host.close()
+        if self.egress is not None:
+            self.egress.detach()
+        self.sandbox.close()
+        if self._owns_backend and self._backend is not None:
+            self._backend.close()
+
+    def __enter__(self) -> MemexExecutor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.cleanup()
+
+    # ---- what the caller can read ---------------------------------------------------------
+    @property
+    def tool_calls(self) -> list[ToolCallRecord]:
+        """A record of every tool call the agent's code made (arguments, outcome, time)."""
+        return list(self.host.calls) if self.host is not None else []
+
+    # ---- helpers ----------------------------------------------------------------------------
+    def _final_answer(self, tool: SmolTool) -> Any:
+        def handler(**kwargs: Any) -> Any:
+            value = tool(**kwargs)  # the agent's own final_answer tool (it may check or change)
+            self._final.append(value)
+            return None
+
+        return handler
+
+    def _variables(self) -> dict[str, Any]:
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        return pending
+
+    def _logs(self, r: TurnResult) -> str:
+        text = r.stdout + (r.stderr if r.stderr else "")
+        limit = self.max_print_outputs_length
+        return text if len(text) <= limit else text[:limit] + "\n[... output truncated]"
+
+
+def _error_text(r: TurnResult) -> str:
+    exc = r.exception
+    if exc is not None:
+        tb = trim_traceback(exc.traceback) if exc.traceback else ""
+        return tb.strip() or f"{exc.type}: {exc.message}"
+    if r.status is TurnStatus.EXIT:
+        return f"the code called exit({r.exit_code}); the session goes on"
+    what = _LIMITS.get(r.limit or "", r.limit or "a limit")
+    undone = "; variables are as they were before this code" if r.rolled_back else ""
+    return f"the code was stopped by {what} ({r.limit}){undone}"
