@@ -108,6 +108,9 @@ PINNED: dict[str, list[str]] = {
     "memex.integrations.smolagents": [
         "MemexExecutor", "tool_from_smolagents",
     ],
+    "memex.integrations.pydantic_ai": [
+        "MemexCodeMode", "MemexToolset",
+    ],
 }
 
 STUB = Path(memex.__file__).with_suffix(".pyi")
