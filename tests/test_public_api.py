@@ -111,6 +111,9 @@ PINNED: dict[str, list[str]] = {
     "memex.integrations.pydantic_ai": [
         "MemexCodeMode", "MemexToolset",
     ],
+    "memex.integrations.openai_agents": [
+        "MemexCodeMode",
+    ],
 }
 
 STUB = Path(memex.__file__).with_suffix(".pyi")
