@@ -114,6 +114,9 @@ PINNED: dict[str, list[str]] = {
     "memex.integrations.openai_agents": [
         "MemexCodeMode",
     ],
+    "memex.integrations.fastmcp": [
+        "MemexSandboxProvider",
+    ],
 }
 
 STUB = Path(memex.__file__).with_suffix(".pyi")
