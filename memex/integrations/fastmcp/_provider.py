@@ -129,7 +129,10 @@ class MemexSandboxProvider:
         if timeout is not None and not 0 < timeout < float("inf"):
             raise ConfigError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
         self.limits, self.timeout, self.state = limits or Limits(timeout=30), timeout, state
-        self.mounts, self.preload = mounts, preload
+        # What every block needs is imported in the sandbox's starting image, so that a fresh
+        # sandbox per call maps it instead of importing asyncio each time.
+        self.mounts = mounts
+        self.preload = tuple(dict.fromkeys(("ast", "asyncio", *preload)))
         self.policy = (policy if policy is None or isinstance(policy, EgressPolicy)
                        else EgressPolicy.load(policy))
         self._backend_spec = backend
@@ -258,7 +261,8 @@ class MemexSandboxProvider:
             self._backend.open(limits=self.limits, mounts=self.mounts, preload=self.preload,
                                door=door)
             if self._backend is not None else
-            Sandbox(limits=self.limits, mounts=self.mounts, preload=self.preload, door=door))
+            Sandbox(limits=self.limits, mounts=self.mounts, preload=self.preload, door=door,
+                    rollback=self.state == "shared"))  # a one-call sandbox has no next cell
         try:
             egress = (Egress(self.policy, label="fastmcp").attach(sb)
                       if self.policy is not None else None)

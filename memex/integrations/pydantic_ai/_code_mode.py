@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -28,7 +28,7 @@ from pydantic_graph import End
 
 from ...backends import Backend, get_backend
 from ...executor.loops import render_observation
-from ...host_tools import Egress, EgressPolicy, Tool, ToolHost, ToolSet
+from ...host_tools import Egress, EgressPolicy, Tool, ToolCallRecord, ToolHost, ToolSet
 from ...runtime_wasm import Door, Limits, Mount, Sandbox, SandboxAPI, TurnStatus
 
 __all__ = ["MemexCodeMode", "MemexToolset"]
@@ -79,12 +79,24 @@ class MemexCodeMode(AbstractCapability[Any]):
     _sessions: dict[str, _Session] = field(default_factory=dict, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _backend: Backend | None = field(default=None, init=False, repr=False)
+    _calls: list[ToolCallRecord] = field(default_factory=list, init=False, repr=False)
+
+    @property
+    def tool_calls(self) -> list[ToolCallRecord]:
+        """Every call guest code made to the agent's tools (the last 1,000)."""
+        with self._lock:
+            return list(self._calls)
+
+    def _record(self, rec: ToolCallRecord) -> None:
+        with self._lock:
+            self._calls.append(rec)
+            del self._calls[:-1000]
 
     def for_agent(self, agent: Any) -> MemexCodeMode:
         out = replace(self)
         out._output = getattr(agent, "output_type", str)
         out._sessions, out._lock = self._sessions, self._lock
-        out._backend = self._backend
+        out._backend, out._calls = self._backend, self._calls
         return out
 
     def get_wrapper_toolset(self, toolset: AbstractToolset[Any]) -> AbstractToolset[Any]:
@@ -210,7 +222,7 @@ class MemexToolset(WrapperToolset[Any]):
         if self.mode.submit:
             tools.append(_submit_tool(self.mode._output, s))
         code = str(tool_args.get("code", ""))
-        return await asyncio.to_thread(_run, s, tools, code)
+        return await asyncio.to_thread(_run, s, tools, code, self.mode._record)
 
 
 def _stand_ins(inside: dict[str, ToolsetTool[Any]], mode: MemexCodeMode) -> list[Tool]:
@@ -273,14 +285,15 @@ def _submit_tool(output: Any, s: _Session | None) -> Tool:
                                             "required": ["answer"]}}, submit)
 
 
-def _run(s: _Session, tools: list[Tool], code: str) -> str:
+def _run(s: _Session, tools: list[Tool], code: str,
+         on_call: Callable[[ToolCallRecord], None]) -> str:
     """(worker thread) Bind this step's tools and run the code."""
     with s.lock:
         names = tuple(t.name for t in tools)
         if s.host is None or names != s.names:
             if s.host is not None:
                 s.host.close()
-            s.host = ToolHost(ToolSet(tools)).attach(s.sandbox)
+            s.host = ToolHost(ToolSet(tools), on_call=on_call).attach(s.sandbox)
             s.names = names
         else:
             s.host.tools = ToolSet(tools)  # the same names: the step's handlers, no reinstall

@@ -100,6 +100,7 @@ def test_tools_are_typed_functions_state_persists_and_submit_ends_the_run(
     assert "catalog(category: str)" in description and "submit(answer:" in description
     first = result.all_messages()[0]
     assert "run_python" in str(getattr(first, "instructions", ""))  # the capability's note
+    assert [c.tool for c in mode.tool_calls] == ["catalog", "rate", "submit"]
 
 
 def test_limits_and_errors_are_observations_and_the_run_goes_on(mode: MemexCodeMode) -> None:
