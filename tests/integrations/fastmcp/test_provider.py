@@ -149,10 +149,11 @@ def test_inputs_and_external_functions_directly() -> None:
         asyncio.run(p.run("return 1"))
 
 
-def test_on_another_backend_and_with_a_policy() -> None:
+@pytest.mark.parametrize("backend", ["subprocess", "pool"])
+def test_on_another_backend_and_with_a_policy(backend: str) -> None:
     probe = ("import urllib.request\ntry:\n    urllib.request.urlopen('http://127.0.0.1:9/')\n"
              "except Exception as e:\n    return type(e).__name__")
-    with MemexSandboxProvider(backend="subprocess", policy=EgressPolicy(),
+    with MemexSandboxProvider(backend=backend, policy=EgressPolicy(),
                               limits=Limits(timeout=2)) as p:
         out = asyncio.run(execute(server(p), "return await call_tool('price', {'item': 'pen'})",
                                   probe, "while True: pass"))

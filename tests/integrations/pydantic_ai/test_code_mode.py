@@ -168,8 +168,9 @@ def test_sessions_per_run_and_per_conversation() -> None:
         per_conv.close()
 
 
-def test_on_another_backend() -> None:
-    on_pool = MemexCodeMode(backend="subprocess", limits=Limits(timeout=2))
+@pytest.mark.parametrize("backend", ["subprocess", "pool"])
+def test_on_another_backend(backend: str) -> None:
+    on_pool = MemexCodeMode(backend=backend, limits=Limits(timeout=2))
     try:
         fn = scripted("items = catalog('cup')", "while True: pass",
                       "submit({'total': len(items), 'label': 'cups'})")
