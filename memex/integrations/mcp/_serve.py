@@ -62,6 +62,32 @@ class BearerAuth:
         await self.app(scope, receive, send)
 
 
+class EndsSessions:
+    """ASGI middleware: a handshake-era client's ``DELETE`` of its ``Mcp-Session-Id`` (the
+    end of its MCP session), once the SDK accepts it, ends the sandbox session it used."""
+
+    def __init__(self, app: ASGIApp, sessions: Sessions) -> None:
+        self.app, self.sessions = app, sessions
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        sid = dict(scope.get("headers") or ()).get(b"mcp-session-id") \
+            if scope["type"] == "http" and scope.get("method") == "DELETE" else None
+        if not sid:
+            await self.app(scope, receive, send)
+            return
+        status: list[int] = []
+
+        async def watch(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                status.append(int(message["status"]))
+            await send(message)
+
+        await self.app(scope, receive, watch)
+        if status and 200 <= status[0] < 300:
+            key = "http:" + sid.decode("latin-1")
+            await anyio.to_thread.run_sync(self.sessions.end_connection, key)
+
+
 def _attr(spec: str, base: str) -> Any:
     mod, sep, attr = spec.partition(":")
     if not sep or not mod or not attr:
@@ -223,6 +249,7 @@ def serve(config: McpConfig, *, ready: Callable[[str], None] | None = None) -> N
         app: Any = server.streamable_http_app(
             max_request_body_size=config.http.max_request_bytes, host=config.http.host,
             session_idle_timeout=config.sessions.idle_timeout)
+        app = EndsSessions(app, sessions)
         if token is not None:
             app = BearerAuth(app, token)
         uv = _Uvicorn(uvicorn.Config(app, host=config.http.host, port=config.http.port,

@@ -219,6 +219,18 @@ class Sessions:
             self._close_guest(s)
             s.checkpoints.clear()
 
+    def end_connection(self, key: str) -> bool:
+        """End the default session of a connection that has ended (an HTTP client's DELETE
+        of its Mcp-Session-Id); whether there was one."""
+        with self._lock:
+            sid = self._defaults.pop(key, None)
+            s = self._by_id.get(sid) if sid is not None else None
+        if s is None:
+            return False
+        self.interrupt(s)
+        self.end(s)
+        return True
+
     def _sweep(self) -> None:
         idle = self.config.sessions.idle_timeout
         while not self._stop.wait(min(5.0, idle / 4)):

@@ -325,14 +325,21 @@ def test_http_sessions_by_handle_and_by_mcp_session_id(http_server: tuple[str, A
             assert (await call(c, "run_python", code="y")).is_error  # a new session
             r = await call(c, "run_python", code="y * 7", session=sid)
             assert structured(r)["value"] == "42"
+        async with http(url) as other:
+            r = await call(other, "run_python", code="y", session=sid)
+            assert not r.is_error  # same token: the handle works (it is the capability)
         async with http(url, mode="legacy") as c:  # a handshake-era client: Mcp-Session-Id
             r1 = await call(c, "run_python", code="z = 3")
             r2 = await call(c, "run_python", code="z * 2")
             assert structured(r2)["value"] == "6"
             assert structured(r1)["session"] == structured(r2)["session"] != sid
-        async with http(url) as other:
-            r = await call(other, "run_python", code="z", session=structured(r1)["session"])
-            assert not r.is_error  # same token: the handle works (it is the capability)
+            async with http(url) as meanwhile:  # its handle works while it is connected
+                r = await call(meanwhile, "run_python", code="z",
+                               session=structured(r1)["session"])
+                assert structured(r)["value"] == "3"
+        async with http(url) as after:  # it ended its MCP session (DELETE): so did its sandbox
+            r = await call(after, "run_python", code="z", session=structured(r1)["session"])
+            assert r.is_error and "no session" in text(r)
     run(go)
 
 
