@@ -191,7 +191,9 @@ def _protocol_error(exc: Exception) -> JSONRPCError:
     if not errors or any(e.get("type") == "json_invalid" for e in errors):
         return JSONRPCError(jsonrpc="2.0", id=None, error=ErrorData(
             code=PARSE_ERROR, message="parse error: a line is one JSON-RPC message in JSON"))
-    given = errors[0].get("input")
+    # The id is in the message itself: some error (a "missing" field) carries it as input.
+    given = next((e["input"] for e in errors if isinstance(e.get("input"), dict)
+                  and "id" in e["input"]), None)
     rid = given.get("id") if isinstance(given, dict) else None
     if isinstance(rid, bool) or not isinstance(rid, str | int):
         rid = None

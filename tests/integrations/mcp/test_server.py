@@ -261,8 +261,10 @@ def test_malformed_lines_get_protocol_errors_and_the_server_goes_on() -> None:
             return answer
 
         assert send("this is not json")["error"]["code"] == -32700
-        assert send('{"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": 5}'
-                    )["error"]["code"] == -32600
+        bad = send('{"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": 5}')
+        assert bad["error"]["code"] == -32600 and bad["id"] == 7  # answered by its id
+        assert send('{"jsonrpc": "1.0", "id": "x", "method": "ping"}')["id"] == "x"
+        assert send('[1, 2]')["id"] is None
         init = send(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
             "protocolVersion": "2025-11-25", "capabilities": {},
             "clientInfo": {"name": "raw", "version": "0"}}}))
