@@ -441,3 +441,11 @@ def test_readme_layout_lists_every_file_of_the_package() -> None:
         assert (REPO / f).is_dir(), f"the README's Layout lists {f}, which does not exist"
     empty = [p for p, d in entries if not d]
     assert not empty, f"Layout lines without a description: {empty}"
+
+
+def test_test_files_have_unique_names() -> None:
+    """pytest imports test files by basename (no packages under tests/): two test files with
+    one name make the second fail to collect."""
+    names = [p.name for p in (ROOT.parent / "tests").rglob("test_*.py")]
+    assert len(names) > 30
+    assert sorted(n for n in set(names) if names.count(n) > 1) == []
