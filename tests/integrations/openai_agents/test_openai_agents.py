@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -29,7 +30,7 @@ from openai import AsyncOpenAI
 from openai.types.responses import ResponseCustomToolCall
 from pydantic import BaseModel
 
-from memex import ConfigError, EgressPolicy
+from memex import ConfigError, EgressPolicy, Mount
 from memex.executor.llm import ScriptedLLM, ScriptedReply, ScriptedToolCall
 from memex.integrations.openai_agents import MemexCodeMode
 
@@ -233,6 +234,18 @@ def test_egress_policy_passes_through() -> None:
     with MemexCodeMode(policy=EgressPolicy()) as guarded:
         agent = guarded.agent(Agent(name="a", model=code_calls(probe)))
         assert Runner.run_sync(agent, "Fetch it.").final_output == "EgressDenied"
+
+
+def test_mounts_pass_through_read_only(tmp_path: Path) -> None:
+    (tmp_path / "prices.csv").write_text("item,price\npen,1.5\ncup,4\n")
+    probe = ("import pandas as pd\ndf = pd.read_csv('/data/prices.csv')\n"
+             "try:\n    open('/data/new.txt', 'w')\n    wrote = 'yes'\n"
+             "except OSError:\n    wrote = 'refused'\n"
+             "submit(f'{df.price.sum()} {wrote}')")
+    with MemexCodeMode(mounts=[Mount(host_path=tmp_path, guest_path="/data")]) as mounted:
+        agent = mounted.agent(Agent(name="a", model=code_calls(probe)))
+        assert Runner.run_sync(agent, "Sum the prices.").final_output == "5.5 refused"
+    assert not (tmp_path / "new.txt").exists()
 
 
 def test_a_cancelled_run_stops_its_cell() -> None:
