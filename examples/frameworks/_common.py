@@ -26,7 +26,8 @@ EXPECTED = "west 410"
 
 
 def sales_rows(region: str) -> list[dict[str, Any]]:
-    """The sales rows of a region (east, west or north)."""
+    """The sales rows of a region (east, west or north): a list of dicts like
+    {"region": "east", "amount": 120}."""
     return [{"region": region, "amount": a} for a in SALES[region]]
 
 

@@ -37,7 +37,8 @@ def build(provider: MemexSandboxProvider) -> FastMCP:
 
     @mcp.tool
     def sales(region: str) -> list[dict[str, Any]]:
-        """The sales rows of a region (east, west or north)."""
+        """The sales rows of a region (east, west or north): a list of dicts like
+        {"region": "east", "amount": 120}."""
         return sales_rows(region)
 
     mcp.add_transform(CodeMode(sandbox_provider=provider, wall_clock_timeout_secs=30))

@@ -23,7 +23,8 @@ from memex.integrations.openai_agents import MemexCodeMode
 
 @function_tool
 def sales(region: str) -> list[dict[str, Any]]:
-    """The sales rows of a region (east, west or north)."""
+    """The sales rows of a region (east, west or north): a list of dicts like
+    {"region": "east", "amount": 120}."""
     return sales_rows(region)
 
 

@@ -42,7 +42,8 @@ def make_agent(base_url: str, model: str, capabilities: list[Any]) -> Agent[None
 
     @agent.tool_plain
     def sales(region: str) -> list[dict[str, Any]]:
-        """The sales rows of a region (east, west or north)."""
+        """The sales rows of a region (east, west or north): a list of dicts like
+        {"region": "east", "amount": 120}."""
         return sales_rows(region)
 
     return agent

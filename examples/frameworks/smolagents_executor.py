@@ -20,7 +20,7 @@ from memex.integrations.smolagents import MemexExecutor
 
 @tool
 def sales(region: str) -> list:
-    """The sales rows of a region.
+    """The sales rows of a region: a list of dicts like {"region": "east", "amount": 120}.
 
     Args:
         region: east, west or north.
@@ -43,7 +43,10 @@ def main() -> None:
     args = parser(__doc__ or "").parse_args()
     with contextlib.ExitStack() as stack:
         base_url, model_id = endpoint(args, stack, SCRIPT)
-        model = OpenAIServerModel(model_id=model_id, api_base=base_url, api_key="local")
+        # llama.cpp's server takes message content as plain text only
+        model = OpenAIServerModel(model_id=model_id, api_base=base_url, api_key="local",
+                                  flatten_messages_as_text=True, temperature=0,
+                                  max_tokens=args.max_tokens)
         executor = stack.enter_context(MemexExecutor(limits=Limits(timeout=10,
                                                                    memory=512 << 20)))
         agent = CodeAgent(tools=[sales], model=model, executor=executor, max_steps=6)
