@@ -3,7 +3,9 @@ to validate arguments (``jsonschema``), and turned into typed parameters for the
 
 from __future__ import annotations
 
+import functools
 import inspect
+import json
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -39,6 +41,28 @@ class _Function(BaseModel):
 
 
 def validator_for(schema: Mapping[str, Any], what: str) -> jsonschema.protocols.Validator:
+    """A checked validator of ``schema``. Adapters rebuild their tools every step from the
+    same schemas, so validators are kept by the schema's canonical JSON (checking a schema
+    costs milliseconds)."""
+    try:
+        key = json.dumps(schema, sort_keys=True)
+    except (TypeError, ValueError):
+        return _build_validator(schema, what)
+    try:
+        return _cached_validator(key)
+    except jsonschema.SchemaError:
+        return _build_validator(schema, what)  # raises with the tool's name in the message
+
+
+@functools.lru_cache(maxsize=1024)
+def _cached_validator(key: str) -> jsonschema.protocols.Validator:
+    schema = json.loads(key)
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    cls.check_schema(schema)
+    return typing.cast(jsonschema.protocols.Validator, _with_tuples(cls)(schema))
+
+
+def _build_validator(schema: Mapping[str, Any], what: str) -> jsonschema.protocols.Validator:
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     try:
         cls.check_schema(schema)
@@ -46,11 +70,15 @@ def validator_for(schema: Mapping[str, Any], what: str) -> jsonschema.protocols.
         raise ToolDefinitionError(f"{what}: invalid JSON Schema at "
                                   f"{'/'.join(map(str, exc.absolute_path)) or '(root)'}: "
                                   f"{exc.message}") from exc
-    # Tuples (msgpack ext 7) count as JSON arrays.
+    return typing.cast(jsonschema.protocols.Validator, _with_tuples(cls)(schema))
+
+
+@functools.cache
+def _with_tuples(cls: type[Any]) -> type[Any]:
+    """``cls`` with tuples (msgpack ext 7) counted as JSON arrays (one class per draft)."""
     checker = cls.TYPE_CHECKER.redefine(
         "array", lambda _c, inst: isinstance(inst, list | tuple))
-    extended = jsonschema.validators.extend(cls, type_checker=checker)
-    return typing.cast(jsonschema.protocols.Validator, extended(schema))
+    return typing.cast(type[Any], jsonschema.validators.extend(cls, type_checker=checker))
 
 
 def validator_errors(validator: jsonschema.protocols.Validator, instance: Any
