@@ -85,8 +85,8 @@ PINNED: dict[str, list[str]] = {
         "join_parts", "model_dir", "verify_model_file",
     ],
     "memex.executor.loops": [
-        "TextToolCall", "TurnContext", "TurnSession", "bound_text", "code_turn", "extract_code",
-        "extract_tool_calls", "render_observation", "tools_turn", "trim_traceback",
+        "NO_OUTPUT", "TextToolCall", "TurnContext", "TurnSession", "bound_text", "code_turn",
+        "extract_code", "extract_tool_calls", "render_observation", "tools_turn", "trim_traceback",
     ],
     "memex.executor.spawn": [
         "FAILURE_KINDS", "GuestObject", "Node", "SpawnRefused", "SpawnTree", "StartRollout",

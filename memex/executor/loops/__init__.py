@@ -7,11 +7,12 @@ protocols in ``_context`` (:class:`TurnContext`, :class:`TurnSession`); replies 
 
 from ._code import code_turn
 from ._context import TurnContext, TurnSession
-from ._observe import bound_text, render_observation, trim_traceback
+from ._observe import NO_OUTPUT, bound_text, render_observation, trim_traceback
 from ._parse import TextToolCall, extract_code, extract_tool_calls
 from ._tools import tools_turn
 
 __all__ = [
+    "NO_OUTPUT",
     "TextToolCall",
     "TurnContext",
     "TurnSession",

@@ -19,6 +19,8 @@ def bound_text(text: str, limit: int) -> str:
     return f"{text[:head]}\n[... {elided} characters elided ...]\n{text[len(text) - tail:]}"
 
 
+NO_OUTPUT = "[no output]"  # the observation of a block that showed nothing
+
 _LIMIT_WORDS = {
     "deadline": "the turn's time limit",
     "fuel": "the turn's instruction budget",
@@ -100,5 +102,5 @@ def render_observation(result: TurnResult, *, limit: int = 4000) -> str:
         undone = (" Variables are as they were before this block."
                   if result.rolled_back else "")
         parts.append(f"[stopped by {what}.{undone}]")
-    text = "\n".join(parts) if parts else "[no output]"
+    text = "\n".join(parts) if parts else NO_OUTPUT
     return bound_text(text, limit)

@@ -21,11 +21,9 @@ from typing import Any, Literal
 
 from fastmcp.exceptions import ToolError
 
-from ...backends import Backend, get_backend
+from ...backends import Backend
 from ...errors import ConfigError
-from ...executor.loops import trim_traceback
 from ...host_tools import (
-    Egress,
     EgressPolicy,
     EncodeError,
     Tool,
@@ -34,15 +32,12 @@ from ...host_tools import (
     ToolSet,
     encode,
 )
-from ...runtime_wasm import Door, Limits, Mount, Sandbox, SandboxAPI, TurnResult, TurnStatus
+from ...runtime_wasm import Limits, Mount, SandboxAPI, TurnResult, TurnStatus
+from .._sandbox import Guest, SandboxSettings, error_text, interrupt
 
 __all__ = ["MemexSandboxProvider"]
 
 _RESULT, _INPUTS = "memex_result", "fastmcp.inputs"
-_LIMITS = {"deadline": "its time limit", "fuel": "its instruction budget",
-           "memory": "the memory limit", "stack": "the stack limit",
-           "cancelled": "a cancellation", "lifetime": "the session's lifetime"}
-
 # Installed once per sandbox: runs a block as the body of an async function whose top-level
 # names are the session's globals (so "shared" state persists), with line numbers as sent.
 _HELPER = f'''
@@ -88,10 +83,7 @@ def __memex_fastmcp__(src, names):
 
 @dataclass(kw_only=True, eq=False)
 class _Session:
-    sandbox: SandboxAPI[Any]
-    door: Door
-    egress: Egress | None
-    host: ToolHost | None = None
+    guest: Guest
     names: tuple[str, ...] = ()
     ready: bool = False
     inputs: dict[str, Any] = field(default_factory=dict)
@@ -99,17 +91,13 @@ class _Session:
     functions: dict[str, Callable[..., Any]] = field(default_factory=dict)
     loop: asyncio.AbstractEventLoop | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
-    closed: bool = False
+
+    @property
+    def sandbox(self) -> SandboxAPI[Any]:
+        return self.guest.sandbox
 
     def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        if self.host is not None:
-            self.host.close()
-        if self.egress is not None:
-            self.egress.detach()
-        self.sandbox.close()
+        self.guest.close()
 
 
 class MemexSandboxProvider:
@@ -128,15 +116,13 @@ class MemexSandboxProvider:
             raise ConfigError(f"state must be 'call' or 'shared', got {state!r}")
         if timeout is not None and not 0 < timeout < float("inf"):
             raise ConfigError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
-        self.limits, self.timeout, self.state = limits or Limits(timeout=30), timeout, state
+        self.timeout, self.state = timeout, state
         # What every block needs is imported in the sandbox's starting image, so that a fresh
         # sandbox per call maps it instead of importing asyncio each time.
-        self.mounts = mounts
-        self.preload = tuple(dict.fromkeys(("ast", "asyncio", *preload)))
-        self.policy = (policy if policy is None or isinstance(policy, EgressPolicy)
-                       else EgressPolicy.load(policy))
-        self._backend_spec = backend
-        self._backend: Backend | None = backend if isinstance(backend, Backend) else None
+        self._settings = SandboxSettings(
+            limits=limits or Limits(timeout=30), mounts=mounts,
+            preload=tuple(dict.fromkeys(("ast", "asyncio", *preload))), policy=policy,
+            backend=backend, label="fastmcp")
         self._shared: _Session | None = None
         self._lock = threading.Lock()
         self._calls: list[ToolCallRecord] = []
@@ -161,8 +147,8 @@ class MemexSandboxProvider:
         try:
             return await asyncio.shield(work)
         except asyncio.CancelledError:
-            if holder and isinstance(holder[0].sandbox, Sandbox):
-                holder[0].sandbox.interrupt()  # fastmcp gave up (wall clock, client gone)
+            if holder:
+                interrupt(holder[0].sandbox)  # fastmcp gave up (wall clock, client gone)
             raise
 
     # ---- what the caller can read ---------------------------------------------------------
@@ -179,9 +165,7 @@ class MemexSandboxProvider:
         if shared is not None:
             with shared.lock:
                 shared.close()
-        if isinstance(self._backend_spec, str) and self._backend is not None:
-            self._backend.close()
-            self._backend = None
+        self._settings.close()
 
     def __enter__(self) -> MemexSandboxProvider:
         return self
@@ -197,7 +181,7 @@ class MemexSandboxProvider:
         holder.append(s)
         try:
             with s.lock:
-                if s.closed:
+                if s.guest.closed:
                     raise ToolError("the sandbox was closed")
                 try:
                     s.inputs = {k: encode(v) for k, v in inputs.items() if k.isidentifier()}
@@ -211,7 +195,7 @@ class MemexSandboxProvider:
                 s.loop = None
                 if r.status is TurnStatus.OK and s.results:
                     return s.results[-1]
-                raise ToolError(_error_text(r))
+                raise ToolError(_block_error(r))
         finally:
             if self.state == "call":
                 s.close()
@@ -220,18 +204,19 @@ class MemexSandboxProvider:
               loop: asyncio.AbstractEventLoop) -> None:
         s.functions, s.loop = dict(functions), loop
         names = tuple(sorted(functions))
-        if s.host is None or names != s.names:
-            if s.host is not None:
-                s.host.close()
+        g = s.guest
+        if g.host is None or names != s.names:
+            if g.host is not None:
+                g.host.close()
             tools = [_bridged(name, fn, s) for name, fn in sorted(functions.items())]
             tools.append(_result_tool(s))
-            s.host = ToolHost(ToolSet(tools), keep_calls=self._keep, on_call=self._record
-                              ).attach(s.sandbox)
+            g.host = ToolHost(ToolSet(tools), keep_calls=self._keep, on_call=self._record
+                              ).attach(g.sandbox)
             s.names = names
         if not s.ready:
             r = s.sandbox.run(_HELPER, filename="<memex-fastmcp-helper>")
             if r.status is not TurnStatus.OK:
-                raise ToolError(f"setting up the sandbox failed: {_error_text(r)}")
+                raise ToolError(f"setting up the sandbox failed: {error_text(r)}")
             s.ready = True
 
     def _session(self) -> _Session:
@@ -254,23 +239,9 @@ class MemexSandboxProvider:
         return s
 
     def _open(self) -> _Session:
-        door = Door()
-        if self._backend is None and isinstance(self._backend_spec, str):
-            self._backend = get_backend(self._backend_spec)
-        sb: SandboxAPI[Any] = (
-            self._backend.open(limits=self.limits, mounts=self.mounts, preload=self.preload,
-                               door=door)
-            if self._backend is not None else
-            Sandbox(limits=self.limits, mounts=self.mounts, preload=self.preload, door=door,
-                    rollback=self.state == "shared"))  # a one-call sandbox has no next cell
-        try:
-            egress = (Egress(self.policy, label="fastmcp").attach(sb)
-                      if self.policy is not None else None)
-        except BaseException:
-            sb.close()
-            raise
-        s = _Session(sandbox=sb, door=door, egress=egress)
-        door.register(_INPUTS, lambda: _take_inputs(s), inline=True)
+        # a one-call sandbox has no next cell to roll back to: no per-cell copy
+        s = _Session(guest=self._settings.open(rollback=self.state == "shared"))
+        s.guest.door.register(_INPUTS, lambda: _take_inputs(s), inline=True)
         return s
 
     def _record(self, rec: ToolCallRecord) -> None:
@@ -329,18 +300,9 @@ def _result_tool(s: _Session) -> Tool:
                                             "required": ["value"]}}, handler)
 
 
-def _error_text(r: TurnResult) -> str:
-    exc = r.exception
-    if exc is not None:
-        tb = trim_traceback(exc.traceback) if exc.traceback else ""
-        lines = tb.strip().split("\n")
-        if len(lines) > 1 and lines[1].startswith("  [... "):
-            del lines[1]  # the frames that run the block (this module's and asyncio's)
-        return "\n".join(lines).strip() or f"{exc.type}: {exc.message}"
-    if r.status is TurnStatus.EXIT:
-        return f"the code called exit({r.exit_code})"
-    if r.status is TurnStatus.OK:
-        return "the code ended without a value"
-    what = _LIMITS.get(r.limit or "", r.limit or "a limit")
-    undone = "; the session's variables are as they were before it" if r.rolled_back else ""
-    return f"the code was stopped by {what} ({r.limit}){undone}"
+def _block_error(r: TurnResult) -> str:
+    """The block's failure without the frames that ran it (this module's and asyncio's)."""
+    lines = error_text(r).split("\n")
+    if len(lines) > 1 and lines[0].startswith("Traceback") and lines[1].startswith("  [... "):
+        del lines[1]
+    return "\n".join(lines)

@@ -29,12 +29,11 @@ from ...executor.loops import trim_traceback
 from ...host_tools import Egress, EgressPolicy
 from ...runtime_wasm import Door, Limits, Mount, Sandbox, TurnResult, TurnStatus
 from .._display import BUNDLE_CALL, FIGURES_CALL, MAX_FIGURES, PRELUDE
+from .._sandbox import LIMIT_WORDS
 
 __all__ = ["KernelSettings", "MemexKernel"]
 
-_LIMIT_WORDS = {"deadline": "its time limit", "fuel": "its instruction budget",
-                "memory": "the memory limit", "stack": "the stack limit",
-                "cancelled": "an interrupt", "lifetime": "the session's lifetime"}
+_LIMIT_WORDS = {**LIMIT_WORDS, "cancelled": "an interrupt"}  # a kernel is interrupted
 
 
 @dataclass(frozen=True, kw_only=True)

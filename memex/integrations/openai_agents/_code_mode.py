@@ -25,18 +25,26 @@ from agents import Agent, AgentHooks, FunctionTool, RunContextWrapper
 from agents.agent import ToolsToFinalOutputResult
 from agents.tool import CustomTool, FunctionToolResult, set_function_tool_failure_error_function
 from agents.tool_context import ToolContext
-from pydantic import TypeAdapter, ValidationError
+from pydantic import TypeAdapter
 
-from ...backends import Backend, get_backend
+from ...backends import Backend
 from ...errors import ConfigError
 from ...executor.loops import render_observation
-from ...host_tools import Egress, EgressPolicy, Tool, ToolCallRecord, ToolHost, ToolSet
-from ...runtime_wasm import Door, Limits, Mount, Sandbox, SandboxAPI, TurnStatus
+from ...host_tools import EgressPolicy, Tool, ToolCallRecord, ToolHost, ToolSet
+from ...runtime_wasm import Limits, Mount, SandboxAPI, TurnStatus
+from .._sandbox import (
+    ACCEPTED,
+    NO_OUTPUT,
+    Guest,
+    SandboxSettings,
+    interrupt,
+    output_adapter,
+    submit_tool,
+)
 
 __all__ = ["MemexCodeMode"]
 
 RUN_PYTHON = "run_python"
-ACCEPTED = "[answer accepted]"
 _CODE_SCHEMA = {"type": "object", "properties": {"code": {
     "type": "string", "description": "Python source; runs in the persistent session"}},
     "required": ["code"], "additionalProperties": False}
@@ -56,26 +64,20 @@ class _Binding:
 
 @dataclass(kw_only=True, eq=False)
 class _Session:
-    sandbox: SandboxAPI[Any]
-    egress: Egress | None
-    host: ToolHost | None = None
+    guest: Guest
     bound: _Binding | None = None
     anchor: Any = None  # keeps a context that cannot be weakly referenced alive with its session
     ctx: ToolContext[Any] | None = None
     loop: asyncio.AbstractEventLoop | None = None
     answers: list[Any] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    closed: bool = False
+
+    @property
+    def closed(self) -> bool:
+        return self.guest.closed
 
     def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        if self.host is not None:
-            self.host.close()
-        if self.egress is not None:
-            self.egress.detach()
-        self.sandbox.close()
+        self.guest.close()
 
 
 class MemexCodeMode:
@@ -104,13 +106,12 @@ class MemexCodeMode:
                               "function-tool results only")
         if timeout is not None and not 0 < timeout < float("inf"):
             raise ConfigError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
-        self.selector, self.limits, self.timeout = tools, limits or Limits(timeout=60), timeout
-        self.mounts, self.preload, self.per, self.kind, self.name = mounts, preload, per, kind, name
+        self.selector, self.timeout = tools, timeout
+        self.per, self.kind, self.name = per, kind, name
         self.submit = kind == "function" if submit is None else submit
-        self.policy = (policy if policy is None or isinstance(policy, EgressPolicy)
-                       else EgressPolicy.load(policy))
-        self._backend_spec = backend
-        self._backend: Backend | None = backend if isinstance(backend, Backend) else None
+        self._settings = SandboxSettings(limits=limits or Limits(timeout=60), mounts=mounts,
+                                         preload=preload, policy=policy, backend=backend,
+                                         label="openai-agents")
         self._sessions: dict[int, _Session] = {}
         self._lock = threading.Lock()
         self._calls: list[ToolCallRecord] = []
@@ -148,7 +149,7 @@ class MemexCodeMode:
              ) -> FunctionTool | CustomTool:
         """The ``run_python`` tool with ``tools`` bound in the guest (``submit`` checked
         against ``output_type`` when submit is on)."""
-        adapter = _adapter(output_type) if self.submit else None
+        adapter = output_adapter(output_type) if self.submit else None
         by_name = {t.name: _raising(t) for t in tools}
         if len(by_name) != len(tools):
             raise ConfigError("two tools share a name")
@@ -189,7 +190,7 @@ class MemexCodeMode:
     def sandbox(self, ctx: RunContextWrapper[Any]) -> SandboxAPI[Any] | None:
         """The live sandbox of a run (its context wrapper) or context object, if any."""
         s = self._sessions.get(id(self._anchor(ctx)))
-        return s.sandbox if s is not None and not s.closed else None
+        return s.guest.sandbox if s is not None and not s.closed else None
 
     def close(self) -> None:
         """End every sandbox (idempotent); a backend made from a name is closed too."""
@@ -198,9 +199,7 @@ class MemexCodeMode:
             self._closed = True
         for s in sessions:
             s.close()
-        if isinstance(self._backend_spec, str) and self._backend is not None:
-            self._backend.close()
-            self._backend = None
+        self._settings.close()
 
     def __enter__(self) -> MemexCodeMode:
         return self
@@ -219,7 +218,7 @@ class MemexCodeMode:
         except asyncio.CancelledError:
             s = self._sessions.get(id(anchor))
             if s is not None:
-                _interrupt(s.sandbox)  # the run was cancelled: stop the cell, roll it back
+                interrupt(s.guest.sandbox)  # the run was cancelled: stop the cell, roll it back
             raise
 
     def _run(self, anchor: Any, binding: _Binding, ctx: ToolContext[Any],
@@ -232,12 +231,12 @@ class MemexCodeMode:
             self._bind(s, binding)
             s.ctx, s.loop, before = ctx, loop, len(s.answers)
             try:
-                r = s.sandbox.run(code, timeout=self.timeout)
+                r = s.guest.sandbox.run(code, timeout=self.timeout)
             finally:
                 s.ctx = s.loop = None
         text = render_observation(r, limit=20_000)
         if r.status is TurnStatus.OK and len(s.answers) > before:
-            return f"{text}\n{ACCEPTED}" if text != "[no output]" else ACCEPTED
+            return ACCEPTED if text == NO_OUTPUT else f"{text}\n{ACCEPTED}"
         del s.answers[before:]  # an answer from a cell that then failed does not stand
         return text
 
@@ -248,23 +247,24 @@ class MemexCodeMode:
             return
         made = [self._bridged(t, s) for t in binding.tools.values()]
         if binding.adapter is not None:
-            made.append(_submit_tool(binding.adapter, s))
+            made.append(submit_tool(binding.adapter, s.answers.append))
         names = sorted(t.name for t in made)
-        if s.host is not None and s.bound is not None and names == sorted(
+        g = s.guest
+        if g.host is not None and s.bound is not None and names == sorted(
                 [*s.bound.tools, *(["submit"] if s.bound.adapter is not None else [])]):
-            s.host.tools = ToolSet(made)  # the same functions: new handlers, no reinstall
+            g.host.tools = ToolSet(made)  # the same functions: new handlers, no reinstall
         else:
-            if s.host is not None:
-                s.host.close()
-            s.host = ToolHost(ToolSet(made), keep_calls=self._keep, on_call=self._record
-                              ).attach(s.sandbox)
+            if g.host is not None:
+                g.host.close()
+            g.host = ToolHost(ToolSet(made), keep_calls=self._keep, on_call=self._record
+                              ).attach(g.sandbox)
         s.bound = binding
 
     def _stand_ins(self, tools: list[FunctionTool], adapter: TypeAdapter[Any] | None
                    ) -> list[Tool]:
         out = [Tool.from_openai(_definition(t), lambda **_kw: None) for t in tools]
         if adapter is not None:
-            out.append(_submit_tool(adapter, None))
+            out.append(submit_tool(adapter, None))
         return out
 
     def _bridged(self, t: FunctionTool, s: _Session) -> Tool:
@@ -332,21 +332,7 @@ class MemexCodeMode:
         self._drop(id(self._anchor(ctx)))
 
     def _open(self) -> _Session:
-        door = Door()
-        if self._backend is None and isinstance(self._backend_spec, str):
-            self._backend = get_backend(self._backend_spec)
-        sb: SandboxAPI[Any] = (
-            self._backend.open(limits=self.limits, mounts=self.mounts, preload=self.preload,
-                               door=door)
-            if self._backend is not None else
-            Sandbox(limits=self.limits, mounts=self.mounts, preload=self.preload, door=door))
-        try:
-            egress = (Egress(self.policy, label="openai-agents").attach(sb)
-                      if self.policy is not None else None)
-        except BaseException:
-            sb.close()
-            raise
-        return _Session(sandbox=sb, egress=egress)
+        return _Session(guest=self._settings.open())
 
     def _record(self, rec: ToolCallRecord) -> None:
         with self._lock:
@@ -489,34 +475,3 @@ async def _call(t: FunctionTool, ctx: ToolContext[Any], args: str) -> Any:
 def _definition(t: FunctionTool) -> dict[str, Any]:
     return {"name": t.name, "description": t.description or "",
             "parameters": t.params_json_schema or {"type": "object", "properties": {}}}
-
-
-def _adapter(output: Any) -> TypeAdapter[Any]:
-    try:
-        return TypeAdapter(str if output is None else output)
-    except Exception:
-        return TypeAdapter(Any)
-
-
-def _submit_tool(adapter: TypeAdapter[Any], s: _Session | None) -> Tool:
-    def submit(answer: Any) -> None:
-        if s is None:
-            return None
-        try:
-            value = adapter.validate_python(answer)
-        except ValidationError as exc:
-            raise ValueError(f"the answer does not fit the output type: {exc}") from None
-        s.answers.append(value)
-        return None
-
-    return Tool.from_openai({"name": "submit", "description": "Submit the final answer; it "
-                             "ends the run once it fits the output type.",
-                             "parameters": {"type": "object", "properties": {
-                                 "answer": adapter.json_schema()}, "required": ["answer"]}},
-                            submit)
-
-
-def _interrupt(sb: SandboxAPI[Any]) -> None:
-    """Stop a running cell where the sandbox can be interrupted (an in-process one)."""
-    if isinstance(sb, Sandbox):
-        sb.interrupt()

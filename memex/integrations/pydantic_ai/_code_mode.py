@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
 from pydantic_ai import RunContext
 from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.result import FinalResult
@@ -26,10 +26,18 @@ from pydantic_ai.toolsets import AbstractToolset, ToolsetTool, WrapperToolset
 from pydantic_core import SchemaValidator, core_schema
 from pydantic_graph import End
 
-from ...backends import Backend, get_backend
+from ...backends import Backend
 from ...executor.loops import render_observation
-from ...host_tools import Egress, EgressPolicy, Tool, ToolCallRecord, ToolHost, ToolSet
-from ...runtime_wasm import Door, Limits, Mount, Sandbox, SandboxAPI, TurnStatus
+from ...host_tools import EgressPolicy, Tool, ToolCallRecord, ToolHost, ToolSet
+from ...runtime_wasm import Limits, Mount, TurnStatus
+from .._sandbox import (
+    ACCEPTED,
+    NO_OUTPUT,
+    Guest,
+    SandboxSettings,
+    output_adapter,
+    submit_tool,
+)
 
 __all__ = ["MemexCodeMode", "MemexToolset"]
 
@@ -43,20 +51,13 @@ _ARGS = SchemaValidator(core_schema.typed_dict_schema(
 
 @dataclass(kw_only=True, eq=False)
 class _Session:
-    sandbox: SandboxAPI[Any]
-    host: ToolHost | None
-    egress: Egress | None
-    door: Door
+    guest: Guest
     names: tuple[str, ...] = ()
     answer: list[Any] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def close(self) -> None:
-        if self.host is not None:
-            self.host.close()
-        if self.egress is not None:
-            self.egress.detach()
-        self.sandbox.close()
+        self.guest.close()
 
 
 @dataclass
@@ -78,7 +79,7 @@ class MemexCodeMode(AbstractCapability[Any]):
     _output: Any = field(default=str, init=False, repr=False)
     _sessions: dict[str, _Session] = field(default_factory=dict, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
-    _backend: Backend | None = field(default=None, init=False, repr=False)
+    _settings: SandboxSettings | None = field(default=None, init=False, repr=False)
     _calls: list[ToolCallRecord] = field(default_factory=list, init=False, repr=False)
 
     @property
@@ -96,7 +97,7 @@ class MemexCodeMode(AbstractCapability[Any]):
         out = replace(self)
         out._output = getattr(agent, "output_type", str)
         out._sessions, out._lock = self._sessions, self._lock
-        out._backend, out._calls = self._backend, self._calls
+        out._settings, out._calls = self._settings, self._calls
         return out
 
     def get_wrapper_toolset(self, toolset: AbstractToolset[Any]) -> AbstractToolset[Any]:
@@ -141,9 +142,8 @@ class MemexCodeMode(AbstractCapability[Any]):
             self._sessions.clear()
         for s in sessions:
             s.close()
-        if isinstance(self.backend, str) and self._backend is not None:
-            self._backend.close()
-            self._backend = None
+        if self._settings is not None:
+            self._settings.close()
 
     # ---- sessions ---------------------------------------------------------------------------
     def _key(self, ctx: RunContext[Any]) -> str | None:
@@ -162,21 +162,12 @@ class MemexCodeMode(AbstractCapability[Any]):
             return s
 
     def _open(self) -> _Session:
-        door = Door()
-        limits = self.limits or Limits(timeout=60)
-        if self.backend is not None and self._backend is None:
-            self._backend = get_backend(self.backend)
-        sb: SandboxAPI[Any] = (
-            self._backend.open(limits=limits, mounts=self.mounts, preload=self.preload,
-                               door=door)
-            if self._backend is not None else
-            Sandbox(limits=limits, mounts=self.mounts, preload=self.preload, door=door))
-        egress = None
-        if self.policy is not None:
-            pol = self.policy if isinstance(self.policy, EgressPolicy) else \
-                EgressPolicy.load(self.policy)
-            egress = Egress(pol, label="pydantic-ai").attach(sb)
-        return _Session(sandbox=sb, host=None, egress=egress, door=door)
+        if self._settings is None:
+            self._settings = SandboxSettings(
+                limits=self.limits or Limits(timeout=60), mounts=self.mounts,
+                preload=self.preload, policy=self.policy, backend=self.backend,
+                label="pydantic-ai")
+        return _Session(guest=self._settings.open())
 
 
 @dataclass
@@ -220,7 +211,7 @@ class MemexToolset(WrapperToolset[Any]):
         loop = asyncio.get_running_loop()
         tools = [_bridged(self.wrapped, t, ctx, loop) for t in inside.values()]
         if self.mode.submit:
-            tools.append(_submit_tool(self.mode._output, s))
+            tools.append(submit_tool(output_adapter(self.mode._output), s.answer.append))
         code = str(tool_args.get("code", ""))
         return await asyncio.to_thread(_run, s, tools, code, self.mode._record)
 
@@ -230,7 +221,7 @@ def _stand_ins(inside: dict[str, ToolsetTool[Any]], mode: MemexCodeMode) -> list
     out = [Tool.from_openai(_definition(t.tool_def), lambda **_kw: None)
            for t in inside.values()]
     if mode.submit:
-        out.append(_submit_tool(mode._output, None))
+        out.append(submit_tool(output_adapter(mode._output), None))
     return out
 
 
@@ -256,50 +247,22 @@ def _bridged(toolset: AbstractToolset[Any], t: ToolsetTool[Any], ctx: RunContext
     return Tool.from_openai(_definition(t.tool_def), handler)
 
 
-def _adapter(output: Any) -> TypeAdapter[Any]:
-    """A validator of the agent's output type (anything when it is a spec pydantic cannot
-    validate directly, such as a tool-output marker)."""
-    try:
-        return TypeAdapter(output)
-    except Exception:
-        return TypeAdapter(Any)
-
-
-def _submit_tool(output: Any, s: _Session | None) -> Tool:
-    adapter = _adapter(output)
-
-    def submit(answer: Any) -> str:
-        if s is None:
-            return "accepted"
-        try:
-            value = adapter.validate_python(answer)
-        except ValidationError as exc:
-            raise ValueError(f"the answer does not fit the output type: {exc}") from None
-        s.answer.append(value)
-        return "accepted"
-
-    schema = adapter.json_schema()
-    return Tool.from_openai({"name": "submit", "description": "Submit the final answer; it "
-                             "ends the run once it fits the output type.",
-                             "parameters": {"type": "object", "properties": {"answer": schema},
-                                            "required": ["answer"]}}, submit)
-
-
 def _run(s: _Session, tools: list[Tool], code: str,
          on_call: Callable[[ToolCallRecord], None]) -> str:
     """(worker thread) Bind this step's tools and run the code."""
     with s.lock:
         names = tuple(t.name for t in tools)
-        if s.host is None or names != s.names:
-            if s.host is not None:
-                s.host.close()
-            s.host = ToolHost(ToolSet(tools), on_call=on_call).attach(s.sandbox)
+        g = s.guest
+        if g.host is None or names != s.names:
+            if g.host is not None:
+                g.host.close()
+            g.host = ToolHost(ToolSet(tools), on_call=on_call).attach(g.sandbox)
             s.names = names
         else:
-            s.host.tools = ToolSet(tools)  # the same names: the step's handlers, no reinstall
-        r = s.sandbox.run(code)
-    text = render_observation(r, limit=20_000) or "(no output)"
+            g.host.tools = ToolSet(tools)  # the same names: the step's handlers, no reinstall
+        r = g.sandbox.run(code)
+    text = render_observation(r, limit=20_000)
     if r.status is TurnStatus.OK and s.answer:
-        return text + "\n[answer accepted]"
+        return ACCEPTED if text == NO_OUTPUT else f"{text}\n{ACCEPTED}"
     return text
 

@@ -20,8 +20,7 @@ from typing import Any
 from smolagents.local_python_executor import CodeOutput, PythonExecutor
 from smolagents.tools import Tool as SmolTool
 
-from ...backends import Backend, get_backend
-from ...executor.loops import trim_traceback
+from ...backends import Backend
 from ...host_tools import (
     Egress,
     EgressPolicy,
@@ -33,7 +32,8 @@ from ...host_tools import (
     ToolSet,
     encode,
 )
-from ...runtime_wasm import Door, Limits, Mount, Sandbox, SandboxAPI, TurnResult, TurnStatus
+from ...runtime_wasm import Door, Limits, Mount, SandboxAPI, TurnResult, TurnStatus
+from .._sandbox import SandboxSettings, error_text
 
 __all__ = ["MemexExecutor"]
 
@@ -62,10 +62,6 @@ del __memex_wrap_final__
 
 _TYPES = {"string": "string", "integer": "integer", "number": "number", "boolean": "boolean",
           "array": "array", "object": "object", "null": "null"}
-_LIMITS = {"deadline": "its time limit", "fuel": "its instruction budget",
-           "memory": "the memory limit", "stack": "the stack limit",
-           "cancelled": "a cancellation", "lifetime": "the session's lifetime"}
-
 
 def _schema(spec: Mapping[str, Any]) -> dict[str, Any]:
     """A smolagents input spec as JSON Schema ("any", "image", "audio": anything)."""
@@ -114,19 +110,22 @@ class MemexExecutor(PythonExecutor):
         self._pending: dict[str, Any] = {}
         self._final: list[Any] = []
         self._lock = threading.Lock()
-        self._owns_backend = isinstance(backend, str)
-        self._backend: Backend | None = get_backend(backend) if backend is not None else None
-        limits = limits or Limits(timeout=60)
-        self.sandbox: SandboxAPI[Any] = (
-            self._backend.open(limits=limits, mounts=mounts, preload=preload, door=self._door)
-            if self._backend is not None else
-            Sandbox(limits=limits, mounts=mounts, preload=preload, door=self._door))
-        self.host: ToolHost | None = None
-        self.egress: Egress | None = None
-        if policy is not None:
-            pol = policy if isinstance(policy, EgressPolicy) else EgressPolicy.load(policy)
-            self.egress = Egress(pol, label="smolagents").attach(self.sandbox)
-        self._closed = False
+        self._settings = SandboxSettings(limits=limits or Limits(timeout=60), mounts=mounts,
+                                         preload=tuple(preload), policy=policy,
+                                         backend=backend, label="smolagents")
+        self._guest = self._settings.open(self._door)
+
+    @property
+    def sandbox(self) -> SandboxAPI[Any]:
+        return self._guest.sandbox
+
+    @property
+    def egress(self) -> Egress | None:
+        return self._guest.egress
+
+    @property
+    def host(self) -> ToolHost | None:
+        return self._guest.host
 
     # ---- the seam ---------------------------------------------------------------------------
     def send_tools(self, tools: dict[str, Any]) -> None:
@@ -137,10 +136,10 @@ class MemexExecutor(PythonExecutor):
                 made.append(tool_from_smolagents(tool, self._final_answer(tool)))
             else:
                 made.append(tool_from_smolagents(tool))
-        if self.host is not None:
-            self.host.close()
-        self.host = ToolHost(ToolSet(made), budget=self._tool_budget, gate=self._gate
-                             ).attach(self.sandbox)
+        if self._guest.host is not None:
+            self._guest.host.close()
+        self._guest.host = ToolHost(ToolSet(made), budget=self._tool_budget, gate=self._gate
+                                    ).attach(self.sandbox)
         r = self.sandbox.run(_FINAL_WRAPPER, filename="<memex-smolagents-final>")
         if r.status is not TurnStatus.OK:
             raise RuntimeError(f"binding final_answer in the sandbox failed: {r.exception}")
@@ -177,20 +176,12 @@ class MemexExecutor(PythonExecutor):
             return CodeOutput(output=self._final[-1], logs=logs, is_final_answer=True)
         if r.ok:
             return CodeOutput(output=r.value, logs=logs, is_final_answer=False)
-        raise RuntimeError(_error_text(r))
+        raise RuntimeError(error_text(r))
 
     def cleanup(self) -> None:
         """Close the tools' host, the sandbox and a backend made from a name (idempotent)."""
-        if self._closed:
-            return
-        self._closed = True
-        if self.host is not None:
-            self.host.close()
-        if self.egress is not None:
-            self.egress.detach()
-        self.sandbox.close()
-        if self._owns_backend and self._backend is not None:
-            self._backend.close()
+        self._guest.close()
+        self._settings.close()
 
     def __enter__(self) -> MemexExecutor:
         return self
@@ -223,14 +214,3 @@ class MemexExecutor(PythonExecutor):
         limit = self.max_print_outputs_length
         return text if len(text) <= limit else text[:limit] + "\n[... output truncated]"
 
-
-def _error_text(r: TurnResult) -> str:
-    exc = r.exception
-    if exc is not None:
-        tb = trim_traceback(exc.traceback) if exc.traceback else ""
-        return tb.strip() or f"{exc.type}: {exc.message}"
-    if r.status is TurnStatus.EXIT:
-        return f"the code called exit({r.exit_code}); the session goes on"
-    what = _LIMITS.get(r.limit or "", r.limit or "a limit")
-    undone = "; variables are as they were before this code" if r.rolled_back else ""
-    return f"the code was stopped by {what} ({r.limit}){undone}"

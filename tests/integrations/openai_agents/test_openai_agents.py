@@ -264,7 +264,7 @@ def test_a_cancelled_run_stops_its_cell() -> None:
         s = next(iter(mode._sessions.values()))
         await asyncio.to_thread(s.lock.acquire)  # the cell ended: the lock is free again
         s.lock.release()
-        r = await asyncio.to_thread(s.sandbox.run, "1 + 1")
+        r = await asyncio.to_thread(s.guest.sandbox.run, "1 + 1")
         return str(r.value)
 
     with MemexCodeMode(timeout=30) as mode:
