@@ -37,7 +37,7 @@ for p in (ROOT, ROOT / "bench"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-from _fmt import fmt  # noqa: E402  (bench/ is on sys.path when a script runs)
+from _fmt import fmt, sample  # noqa: E402  (bench/ is on sys.path when a script runs)
 
 from memex import Limits, Sandbox  # noqa: E402
 from memex.host_tools import Egress, EgressPolicy  # noqa: E402
@@ -73,15 +73,6 @@ TIMER = (
     "        out.append(time.perf_counter() - t)\n"
     "    return out\n"
 )
-
-
-def _host_times(fn: Callable[[], Any], n: int) -> list[float]:
-    out = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t)
-    return out
 
 
 def _guest_times(sb: Sandbox, expr: str, n: int) -> list[float]:
@@ -162,10 +153,10 @@ def main() -> int:
         assert r.ok, r
         _guest_times(sb, f"urllib.request.urlopen({url!r}).read()", 3)  # warm: imports
         res = _rounds([
-            ("host urlopen", lambda k: _host_times(
+            ("host urlopen", lambda k: sample(
                 lambda: urllib.request.urlopen(url).read(), k)),
-            ("host http.client", lambda k: _host_times(lambda: raw_http("/small"), k)),
-            ("host egress client", lambda k: _host_times(lambda: host_egress(url), k)),
+            ("host http.client", lambda k: sample(lambda: raw_http("/small"), k)),
+            ("host egress client", lambda k: sample(lambda: host_egress(url), k)),
             ("guest urlopen", lambda k: _guest_times(
                 sb, f"urllib.request.urlopen({url!r}).read()", k)),
             ("guest fetch", lambda k: _guest_times(sb, f"net.fetch({url!r}).body", k)),
@@ -180,7 +171,7 @@ def main() -> int:
                 note += f"; +{fmt(med - base)} over host urlopen ({med / base:.1f}x)"
             rows.append(("request", f"{name}, {len(SMALL)} B response", fmt(med), note))
         big_res = _rounds([
-            ("host urlopen", lambda k: _host_times(
+            ("host urlopen", lambda k: sample(
                 lambda: urllib.request.urlopen(big).read(), k)),
             ("guest urlopen", lambda k: _guest_times(
                 sb, f"urllib.request.urlopen({big!r}).read()", k)),

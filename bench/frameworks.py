@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import sys
 import tempfile
 import time
@@ -36,27 +35,11 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 # bench/mcp.py would shadow the mcp package the frameworks import: bench/ goes last.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(HERE)]
-from _fmt import fmt  # noqa: E402
+from _fmt import fmt, median_p90, sample  # noqa: E402
 
 from memex import Limits, Sandbox  # noqa: E402
 
 Row = tuple[str, list[float]]
-
-
-def stats(samples: list[float]) -> tuple[float, float]:
-    s = sorted(samples)
-    return statistics.median(s), s[int(0.9 * (len(s) - 1))]
-
-
-def timed(fn: Callable[[], Any], n: int, warm: int = 3) -> list[float]:
-    for _ in range(warm):
-        fn()
-    out = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t)
-    return out
 
 
 def add(a: int, b: int) -> int:
@@ -70,7 +53,7 @@ def direct(n: int) -> list[Row]:
     for rollback in (True, False):
         with Sandbox(rollback=rollback) as sb:
             rows.append((f"Sandbox.run('x = 1'), rollback {'on' if rollback else 'off'}",
-                         timed(lambda sb=sb: sb.run("x = 1"), n)))
+                         sample(lambda sb=sb: sb.run("x = 1"), n, warm=3)))
     return rows
 
 
@@ -94,14 +77,14 @@ def smolagents_rows(n: int) -> list[Row]:
     tools = {"add_tool": add_tool}
     local = LocalPythonExecutor(additional_authorized_imports=[])
     local.send_tools(tools)
-    rows = [("LocalPythonExecutor: x = 1", timed(lambda: local("x = 1"), n)),
+    rows = [("LocalPythonExecutor: x = 1", sample(lambda: local("x = 1"), n, warm=3)),
             ("LocalPythonExecutor: y = add_tool(1, 2)",
-             timed(lambda: local("y = add_tool(a=1, b=2)"), n))]
+             sample(lambda: local("y = add_tool(a=1, b=2)"), n, warm=3))]
     with MemexExecutor(limits=Limits(timeout=10)) as ex:
         ex.send_tools(tools)
-        rows += [("MemexExecutor: x = 1", timed(lambda: ex("x = 1"), n)),
+        rows += [("MemexExecutor: x = 1", sample(lambda: ex("x = 1"), n, warm=3)),
                  ("MemexExecutor: y = add_tool(1, 2)",
-                  timed(lambda: ex("y = add_tool(a=1, b=2)"), n))]
+                  sample(lambda: ex("y = add_tool(a=1, b=2)"), n, warm=3))]
     return rows
 
 
@@ -143,7 +126,7 @@ def pydantic_ai_rows(n: int, k: int) -> list[Row]:
 
 
 def per_step(run: Callable[[], Any], n: int, k: int) -> list[float]:
-    return [t / k for t in timed(run, max(3, n // k), warm=1)]
+    return [t / k for t in sample(run, max(3, n // k), warm=1)]
 
 
 # ---- OpenAI Agents SDK --------------------------------------------------------------------------
@@ -198,7 +181,7 @@ def fastmcp_rows(n: int) -> list[Row]:
             mcp.add_transform(CodeMode(sandbox_provider=provider))
         return mcp
 
-    async def sample(mcp: FastMCP, name: str, args: dict[str, Any]) -> list[float]:
+    async def calls(mcp: FastMCP, name: str, args: dict[str, Any]) -> list[float]:
         out = []
         async with Client(mcp) as client:
             for i in range(n + 3):
@@ -208,18 +191,18 @@ def fastmcp_rows(n: int) -> list[Row]:
                     out.append(time.perf_counter() - t)
         return out
 
-    rows = [("plain tool call add(1, 2)", asyncio.run(sample(server(None), "add",
+    rows = [("plain tool call add(1, 2)", asyncio.run(calls(server(None), "add",
                                                               {"a": 1, "b": 2})))]
     with MemexSandboxProvider(state="shared") as shared:
         mcp = server(shared)
         rows += [("execute 'return 1', shared sandbox",
-                  asyncio.run(sample(mcp, "execute", {"code": "return 1"}))),
+                  asyncio.run(calls(mcp, "execute", {"code": "return 1"}))),
                  ("execute 'return await call_tool(add)', shared",
-                  asyncio.run(sample(mcp, "execute", {
+                  asyncio.run(calls(mcp, "execute", {
                       "code": "return await call_tool('add', {'a': 1, 'b': 2})"})))]
     with MemexSandboxProvider(state="call") as fresh:
         rows.append(("execute 'return 1', a sandbox per call",
-                     asyncio.run(sample(server(fresh), "execute", {"code": "return 1"}))))
+                     asyncio.run(calls(server(fresh), "execute", {"code": "return 1"}))))
     return rows
 
 
@@ -244,8 +227,8 @@ def jupyter_rows(n: int) -> list[Row]:
             try:
                 kc.wait_for_ready(timeout=60)
                 rows.append((f"{label}: execute 'x = 1'",
-                             timed(lambda kc=kc: kc.execute_interactive(
-                                 "x = 1", timeout=30, output_hook=lambda _m: None), n)))
+                             sample(lambda kc=kc: kc.execute_interactive(
+                                 "x = 1", timeout=30, output_hook=lambda _m: None), n, warm=3)))
             finally:
                 kc.stop_channels()
                 km.shutdown_kernel(now=True)
@@ -278,7 +261,7 @@ def main() -> None:
             continue
         print(f"-- {title}")
         for label, samples in make():
-            med, p90 = stats(samples)
+            med, p90 = median_p90(samples)
             print(f"   {label:<49} {fmt(med):>10} {fmt(p90):>10}")
 
 

@@ -21,7 +21,6 @@ import argparse
 import os
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -44,18 +43,13 @@ for p in (ROOT, HERE):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-from _fmt import fmt  # noqa: E402
+from _fmt import fmt, median_p90, sample  # noqa: E402
 
 from memex import Sandbox, ToolHost, ToolSet  # noqa: E402
 
 MEMEX = shutil.which("memex", path=str(Path(sys.executable).parent)) or "memex"
 SERVER = str(ROOT / "tests" / "host_tools" / "mcp" / "mcp_test_server.py")
 TOKEN = "bench-token"
-
-
-def stats(samples: list[float]) -> tuple[float, float]:
-    s = sorted(samples)
-    return statistics.median(s), s[int(0.9 * (len(s) - 1))]
 
 
 async def timed(n: int, fn: Callable[[], Awaitable[Any]], gap: float = 0.0) -> list[float]:
@@ -66,16 +60,6 @@ async def timed(n: int, fn: Callable[[], Awaitable[Any]], gap: float = 0.0) -> l
             await anyio.sleep(gap)
         t = time.perf_counter()
         await fn()
-        out.append(time.perf_counter() - t)
-    return out
-
-
-def timed_sync(n: int, fn: Callable[[], Any]) -> list[float]:
-    fn()
-    out = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
         out.append(time.perf_counter() - t)
     return out
 
@@ -143,7 +127,7 @@ def main() -> None:
     for rollback in (False, True):
         with Sandbox(rollback=rollback) as sb:
             rows.append((f"Sandbox.run('pass') direct, rollback={rollback}",
-                         timed_sync(n, lambda sb=sb: sb.run("pass")), "in-process floor"))
+                         sample(lambda sb=sb: sb.run("pass"), n, warm=1), "in-process floor"))
     rows.append(("memex mcp stdio: run_python('pass')", anyio.run(over_stdio, n),
                  "real mcp Client, protocol 2026-07-28"))
     rows.append(("memex mcp stdio: run_python('pass'), 25 ms apart",
@@ -169,14 +153,14 @@ def main() -> None:
           f"{os.cpu_count()} CPUs; {time.monotonic() - t0:.0f} s)\n")
     print(f"{'what':58} {'median':>10} {'p90':>10}  notes")
     for label, samples, note in rows:
-        med, p90 = stats(samples)
+        med, p90 = median_p90(samples)
         print(f"{label:58} {fmt(med):>10} {fmt(p90):>10}  {note}")
-    host = stats(rows[-2][1])[0]
-    guest_med = stats(rows[-1][1])[0]
+    host = median_p90(rows[-2][1])[0]
+    guest_med = median_p90(rows[-1][1])[0]
     print(f"\nbridged call overhead over the host client's own call: {fmt(guest_med - host)} "
           "(target <= 0.5 ms)")
-    print(f"stdio run_python('pass') median: {fmt(stats(rows[2][1])[0])} back to back, "
-          f"{fmt(stats(rows[3][1])[0])} 25 ms apart (target <= 2 ms)")
+    print(f"stdio run_python('pass') median: {fmt(median_p90(rows[2][1])[0])} back to back, "
+          f"{fmt(median_p90(rows[3][1])[0])} 25 ms apart (target <= 2 ms)")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from memex.executor.llm import ScriptedLLM, ScriptedReply
+from memex.executor.llm import ScriptedLLM, ScriptedReply, ScriptedToolCall
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import _llm_choice  # examples/_llm_choice.py, beside this folder
@@ -25,10 +25,26 @@ QUESTION = ("Which region (east, west or north) has the highest total sales, and
 EXPECTED = "west 410"
 
 
-def sales_rows(region: str) -> list[dict[str, Any]]:
+def sales(region: str) -> list[dict[str, Any]]:
     """The sales rows of a region (east, west or north): a list of dicts like
     {"region": "east", "amount": 120}."""
     return [{"region": region, "amount": a} for a in SALES[region]]
+
+
+def call(name: str, **arguments: Any) -> ScriptedReply:
+    """A scripted reply that calls one tool."""
+    return ScriptedReply(tool_calls=(ScriptedToolCall(name=name, arguments=arguments),))
+
+
+# What a model sends, as tool calls and as code through run_python (the code-mode adapters).
+BY_TOOLS = [call("sales", region="east"), call("sales", region="west"),
+            call("sales", region="north"), ScriptedReply(content="west 410")]
+BY_CODE = [
+    call("run_python", code="totals = {r: sum(row['amount'] for row in sales(r)) "
+                            "for r in ('east', 'west', 'north')}\nprint(totals)"),
+    call("run_python", code="best = max(totals, key=totals.get)\n"
+                            "submit(f'{best} {totals[best]}')"),
+]
 
 
 def parser(description: str) -> argparse.ArgumentParser:

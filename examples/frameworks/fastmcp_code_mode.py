@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from typing import Any
 
-from _common import EXPECTED, QUESTION, sales_rows
+from _common import EXPECTED, QUESTION, sales
 from fastmcp import Client, FastMCP
 from fastmcp.experimental.transforms.code_mode import CodeMode
 
@@ -35,11 +34,7 @@ return f"{totals.idxmax()} {int(totals.max())}"
 def build(provider: MemexSandboxProvider) -> FastMCP:
     mcp = FastMCP("sales")
 
-    @mcp.tool
-    def sales(region: str) -> list[dict[str, Any]]:
-        """The sales rows of a region (east, west or north): a list of dicts like
-        {"region": "east", "amount": 120}."""
-        return sales_rows(region)
+    mcp.tool(sales)
 
     mcp.add_transform(CodeMode(sandbox_provider=provider, wall_clock_timeout_secs=30))
     return mcp

@@ -12,41 +12,21 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from _common import EXPECTED, QUESTION, endpoint, parser, sales_rows
+from _common import BY_CODE, BY_TOOLS, EXPECTED, QUESTION, endpoint, parser, sales
 from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
 from openai import AsyncOpenAI
 
 from memex import Limits
-from memex.executor.llm import ScriptedReply, ScriptedToolCall
 from memex.integrations.openai_agents import MemexCodeMode
 
-
-@function_tool
-def sales(region: str) -> list[dict[str, Any]]:
-    """The sales rows of a region (east, west or north): a list of dicts like
-    {"region": "east", "amount": 120}."""
-    return sales_rows(region)
-
-
-def call(name: str, **arguments: Any) -> ScriptedReply:
-    return ScriptedReply(tool_calls=(ScriptedToolCall(name=name, arguments=arguments),))
-
-
-BY_TOOLS = [call("sales", region="east"), call("sales", region="west"),
-            call("sales", region="north"), ScriptedReply(content="west 410")]
-BY_CODE = [
-    call("run_python", code="totals = {r: sum(row['amount'] for row in sales(r)) "
-                            "for r in ('east', 'west', 'north')}\nprint(totals)"),
-    call("run_python", code="best = max(totals, key=totals.get)\n"
-                            "submit(f'{best} {totals[best]}')"),
-]
+sales_tool = function_tool(sales)
 
 
 def make_agent(base_url: str, model: str) -> Agent[Any]:
     client = AsyncOpenAI(base_url=base_url, api_key="local")
     return Agent(name="analyst", instructions="Answer with the region and its total.",
                  model=OpenAIChatCompletionsModel(model=model, openai_client=client),
-                 tools=[sales])
+                 tools=[sales_tool])
 
 
 def main() -> None:

@@ -11,28 +11,13 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from _common import EXPECTED, QUESTION, endpoint, parser, sales_rows
+from _common import BY_CODE, BY_TOOLS, EXPECTED, QUESTION, endpoint, parser, sales
 from pydantic_ai import Agent
 from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
 
 from memex import Limits
-from memex.executor.llm import ScriptedReply, ScriptedToolCall
 from memex.integrations.pydantic_ai import MemexCodeMode
-
-
-def call(name: str, **arguments: Any) -> ScriptedReply:
-    return ScriptedReply(tool_calls=(ScriptedToolCall(name=name, arguments=arguments),))
-
-
-BY_TOOLS = [call("sales", region="east"), call("sales", region="west"),
-            call("sales", region="north"), ScriptedReply(content="west 410")]
-BY_CODE = [
-    call("run_python", code="totals = {r: sum(row['amount'] for row in sales(r)) "
-                            "for r in ('east', 'west', 'north')}\nprint(totals)"),
-    call("run_python", code="best = max(totals, key=totals.get)\n"
-                            "submit(f'{best} {totals[best]}')"),
-]
 
 
 def make_agent(base_url: str, model: str, capabilities: list[Any]) -> Agent[None, str]:
@@ -40,11 +25,7 @@ def make_agent(base_url: str, model: str, capabilities: list[Any]) -> Agent[None
     agent: Agent[None, str] = Agent(llm, output_type=str, capabilities=capabilities,
                                     instructions="Answer with the region and its total.")
 
-    @agent.tool_plain
-    def sales(region: str) -> list[dict[str, Any]]:
-        """The sales rows of a region (east, west or north): a list of dicts like
-        {"region": "east", "amount": 120}."""
-        return sales_rows(region)
+    agent.tool_plain(sales)
 
     return agent
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import contextlib
 
-from _common import EXPECTED, QUESTION, endpoint, parser, sales_rows
+import _common
+from _common import EXPECTED, QUESTION, endpoint, parser
 from smolagents import CodeAgent, OpenAIServerModel, tool
 
 from memex import Limits
@@ -25,7 +26,7 @@ def sales(region: str) -> list:
     Args:
         region: east, west or north.
     """
-    return sales_rows(region)
+    return _common.sales(region)
 
 
 def code(text: str) -> ScriptedReply:
