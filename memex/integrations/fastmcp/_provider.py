@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -125,7 +126,7 @@ class MemexSandboxProvider:
             backend=backend, label="fastmcp")
         self._shared: _Session | None = None
         self._lock = threading.Lock()
-        self._calls: list[ToolCallRecord] = []
+        self._calls: deque[ToolCallRecord] = deque(maxlen=keep_calls)
         self._keep = keep_calls
         self._closed = False
 
@@ -247,9 +248,8 @@ class MemexSandboxProvider:
     def _record(self, rec: ToolCallRecord) -> None:
         if rec.tool == _RESULT:
             return
-        with self._lock:
-            self._calls.append(rec)
-            del self._calls[:-self._keep]
+        with self._lock:  # (tool_calls copies it under the lock)
+            self._calls.append(rec)  # a bounded deque: the oldest records drop out
 
 
 def _take_inputs(s: _Session) -> dict[str, Any]:

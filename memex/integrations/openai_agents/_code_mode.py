@@ -17,6 +17,7 @@ import copy
 import json
 import threading
 import weakref
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -114,7 +115,7 @@ class MemexCodeMode:
                                          label="openai-agents")
         self._sessions: dict[int, _Session] = {}
         self._lock = threading.Lock()
-        self._calls: list[ToolCallRecord] = []
+        self._calls: deque[ToolCallRecord] = deque(maxlen=keep_calls)
         self._keep = keep_calls
         self._closed = False
 
@@ -335,9 +336,8 @@ class MemexCodeMode:
         return _Session(guest=self._settings.open())
 
     def _record(self, rec: ToolCallRecord) -> None:
-        with self._lock:
-            self._calls.append(rec)
-            del self._calls[:-self._keep]
+        with self._lock:  # (tool_calls copies it under the lock)
+            self._calls.append(rec)  # a bounded deque: the oldest records drop out
 
     def _selected(self, t: FunctionTool) -> bool:
         sel = self.selector

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -80,7 +81,8 @@ class MemexCodeMode(AbstractCapability[Any]):
     _sessions: dict[str, _Session] = field(default_factory=dict, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _settings: SandboxSettings | None = field(default=None, init=False, repr=False)
-    _calls: list[ToolCallRecord] = field(default_factory=list, init=False, repr=False)
+    _calls: deque[ToolCallRecord] = field(default_factory=lambda: deque(maxlen=1000),
+                                          init=False, repr=False)
 
     @property
     def tool_calls(self) -> list[ToolCallRecord]:
@@ -89,9 +91,8 @@ class MemexCodeMode(AbstractCapability[Any]):
             return list(self._calls)
 
     def _record(self, rec: ToolCallRecord) -> None:
-        with self._lock:
-            self._calls.append(rec)
-            del self._calls[:-1000]
+        with self._lock:  # (tool_calls copies it under the lock)
+            self._calls.append(rec)  # a bounded deque: the oldest records drop out
 
     def for_agent(self, agent: Any) -> MemexCodeMode:
         out = replace(self)
