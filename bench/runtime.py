@@ -366,6 +366,33 @@ def bench_rss(q: bool) -> None:
         del sbs
 
 
+_BIG = ("import time\nchunk = b'x' * (1 << 20)\nt = time.perf_counter()\n"
+        "with open('/tmp/big', 'wb') as f:\n    for _ in range(200): f.write(chunk)\n"
+        "dt = time.perf_counter() - t\nimport os\nos.remove('/tmp/big')\ndt * 1000")
+_SMALL = ("import time, os\nos.makedirs('/tmp/many', exist_ok=True)\nt = time.perf_counter()\n"
+          "for i in range(10000):\n"
+          "    with open(f'/tmp/many/{i}', 'wb') as f: f.write(b'x' * 100)\n"
+          "dt = time.perf_counter() - t\nimport shutil\nshutil.rmtree('/tmp/many')\ndt * 1000")
+
+
+def bench_disk(q: bool) -> None:
+    """The cost of disk accounting (runtime_wasm/_disk.py) on write-heavy cells: the same cell
+    in a sandbox whose WASI file calls are shadowed (quotas on) and one where they are not."""
+    limits = Limits(timeout=120, disk_bytes=1 << 30, disk_files=20_000)
+    n = 3 if q else 7
+    for what, code in (("write 200 MiB in 1 MiB chunks", _BIG),
+                       ("create 10,000 files of 100 bytes", _SMALL)):
+        with Sandbox(limits=limits, rollback=False) as on, \
+                Sandbox(limits=limits, rollback=False, _guard_files=False) as off:
+            a, b = [], []
+            for _ in range(n):  # interleaved, so both see the same machine
+                a.append(guest_us(on, code) / 1000)
+                b.append(guest_us(off, code) / 1000)
+        ma, mb = statistics.median(a), statistics.median(b)
+        add("disk", f"{what}, quotas on", a, f"{(ma / mb - 1) * 100:+.1f}% vs off")
+        add("disk", f"{what}, quotas off (baseline)", b)
+
+
 # ---- main -----------------------------------------------------------------------------------
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -380,6 +407,7 @@ def main() -> None:
         ("memex", "preload", bench_preload),
         ("memex", "turns", bench_turns),
         ("memex", "door", bench_door),
+        ("disk", "disk", bench_disk),
         ("images", "images", bench_images),
         ("memex", "cli", bench_cli),
         ("rss", "rss", bench_rss),

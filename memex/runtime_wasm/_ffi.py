@@ -7,11 +7,12 @@ boundary several times, so the hot path goes through the C API directly:
 
 * exports are called with ``wasmtime_func_call_unchecked`` on a reused ``wasmtime_val_raw_t``
   buffer (only i32 arguments and results are needed);
-* the guest's imports (``host.call`` and the shadowed WASI ``poll_oneoff``/``clock_time_get``)
-  are defined once per engine with ``wasmtime_linker_define_func_unchecked`` on a shared linker,
-  pre-instantiated per module (``InstancePre``), and dispatched to the owning :class:`HostTarget`
-  by the calling store's context address; an exception raised by a target is parked on that
-  target (``pending``) and the call traps;
+* the guest's imports (``host.call``, the shadowed WASI ``poll_oneoff``/``clock_time_get`` and
+  the shadowed WASI file functions of ``_disk``, which call the engine's own through a relay
+  instance) are defined once per engine with ``wasmtime_linker_define_func_unchecked`` on a
+  shared linker, pre-instantiated per module (``InstancePre``), and dispatched to the owning
+  :class:`HostTarget` by the calling store's context address; an exception raised by a
+  target is parked on that target (``pending``) and the call traps;
 * linear memory is read and written through ``wasmtime_memory_data``/``_data_size`` and
   ``ctypes`` (``string_at``/``memmove``), re-reading the base and length at every access (a
   memory may grow between two host calls);
@@ -42,9 +43,11 @@ import wasmtime
 from wasmtime import _ffi as _w
 
 __all__ = [
+    "WASI_FILE_IMPORTS",
     "HostTarget",
     "MemoryRef",
     "RawFunc",
+    "WasiCall",
     "bind_target",
     "context_address",
     "enter",
@@ -58,6 +61,7 @@ __all__ = [
     "set_fuel",
     "set_outputs",
     "unbind_target",
+    "wasi_calls",
     "watch_epochs",
 ]
 
@@ -80,6 +84,12 @@ def _proto(lib: ctypes.CDLL, name: str, restype: Any, *argtypes: Any) -> Any:
 
 _func_call_unchecked = _proto(
     _CDLL, "wasmtime_func_call_unchecked", _c_void_p,
+    _c_void_p, _c_void_p, _c_void_p, _c_size_t, _c_void_p,
+)
+# The same entry point keeping the GIL: for the engine's quick WASI calls made from a host
+# import (fd_tell, fd_close...: releasing and retaking the GIL would cost more than the call).
+_func_call_unchecked_gil = _proto(
+    _PYDLL, "wasmtime_func_call_unchecked", _c_void_p,
     _c_void_p, _c_void_p, _c_void_p, _c_size_t, _c_void_p,
 )
 _memory_data = _proto(_PYDLL, "wasmtime_memory_data", _c_void_p, _c_void_p, _c_void_p)
@@ -353,11 +363,43 @@ def _trampoline(method: str, unpack: struct.Struct) -> Any:
     return _CALLBACK(tramp)
 
 
+def _args(params: tuple[str, ...]) -> struct.Struct:
+    """The layout of ``params`` in an array of ``wasmtime_val_raw_t`` (16 bytes each)."""
+    return struct.Struct("<" + "".join("I12x" if p == "i32" else "Q8x" for p in params))
+
+
+_WASI = "wasi_snapshot_preview1"
+_I = "i32"
+_L = "i64"
+# The WASI file functions shadowed so that the sandbox can account for and refuse what a guest
+# does to its writable places and descriptor table (see _disk.py); each shadow calls the
+# engine's own implementation, fetched per store with :class:`WasiCalls`.
+WASI_FILE_IMPORTS: dict[str, tuple[str, ...]] = {
+    "fd_write": (_I, _I, _I, _I),
+    "fd_pwrite": (_I, _I, _I, _L, _I),
+    "fd_allocate": (_I, _L, _L),
+    "fd_filestat_set_size": (_I, _L),
+    "fd_close": (_I,),
+    "fd_renumber": (_I, _I),
+    "fd_fdstat_set_flags": (_I, _I),
+    "path_open": (_I, _I, _I, _I, _I, _L, _L, _I, _I),
+    "path_create_directory": (_I, _I, _I),
+    "path_remove_directory": (_I, _I, _I),
+    "path_unlink_file": (_I, _I, _I),
+    "path_rename": (_I, _I, _I, _I, _I, _I),
+    "path_symlink": (_I, _I, _I, _I, _I),
+    "path_link": (_I, _I, _I, _I, _I, _I, _I),
+}
+_EXTRA_ORIGINALS: dict[str, tuple[str, ...]] = {"fd_tell": (_I, _I)}
+_SLOW_CALLS = frozenset({"fd_write", "fd_pwrite", "fd_allocate", "fd_filestat_set_size",
+                         "path_open", "path_rename", "path_unlink_file", "path_remove_directory",
+                         "fd_close"})
+
 _IMPORTS = (
     ("host", "call", "host_call", _P4, ("i32", "i32", "i32", "i32")),
-    ("wasi_snapshot_preview1", "poll_oneoff", "poll_oneoff", _P4, ("i32", "i32", "i32", "i32")),
-    ("wasi_snapshot_preview1", "clock_time_get", "clock_time_get", _CLOCK_ARGS,
-     ("i32", "i64", "i32")),
+    (_WASI, "poll_oneoff", "poll_oneoff", _P4, ("i32", "i32", "i32", "i32")),
+    (_WASI, "clock_time_get", "clock_time_get", _CLOCK_ARGS, ("i32", "i64", "i32")),
+    *((_WASI, name, name, _args(params), params) for name, params in WASI_FILE_IMPORTS.items()),
 )
 _CALLBACKS = [_trampoline(method, unpack) for _, _, method, unpack, _ in _IMPORTS]
 
@@ -416,15 +458,18 @@ def watch_epochs(store: wasmtime.Store, ctx: int) -> None:
     _store_epoch_callback(store_ptr, _EPOCH_CALLBACK_ADDR, ctx, None)
 
 
-_PRE: dict[int, tuple[wasmtime.Module, wasmtime.Linker, Any]] = {}
+_PRE: dict[tuple[int, bool], tuple[wasmtime.Module, wasmtime.Linker, Any]] = {}
 _PRE_LOCK = threading.Lock()
 
 
-def instance_pre(engine: wasmtime.Engine, module: wasmtime.Module) -> Any:
+def instance_pre(engine: wasmtime.Engine, module: wasmtime.Module, *,
+                 guard_files: bool = True) -> Any:
     """A ``wasmtime.InstancePre`` of ``module`` with WASI and MemEx's host imports, built once
-    per module (the imports are store-independent: they dispatch on the caller's store)."""
+    per module (the imports are store-independent: they dispatch on the caller's store).
+    ``guard_files=False`` leaves the WASI file functions unshadowed: no disk quota, link rule
+    or descriptor cap (only for measuring what they cost, in bench/runtime.py)."""
     with _PRE_LOCK:
-        hit = _PRE.get(id(module))
+        hit = _PRE.get((id(module), guard_files))
         if hit is not None and hit[0] is module:
             return hit[2]
         linker = wasmtime.Linker(engine)
@@ -432,6 +477,8 @@ def instance_pre(engine: wasmtime.Engine, module: wasmtime.Module) -> Any:
         linker.define_wasi()
         kinds = {"i32": wasmtime.ValType.i32(), "i64": wasmtime.ValType.i64()}
         for (mod, name, _m, _u, params), cb in zip(_IMPORTS, _CALLBACKS, strict=True):
+            if not guard_files and name in WASI_FILE_IMPORTS:
+                continue
             ty = wasmtime.FuncType([kinds[p] for p in params], [kinds["i32"]])
             mb, nb = mod.encode(), name.encode()
             err = _define_unchecked(
@@ -442,8 +489,93 @@ def instance_pre(engine: wasmtime.Engine, module: wasmtime.Module) -> Any:
             if err:
                 _raise_from(err, None)
         pre = linker.instantiate_pre(module)
-        _PRE[id(module)] = (module, linker, pre)
+        _PRE[(id(module), guard_files)] = (module, linker, pre)
         return pre
+
+
+_BASE_LINKERS: dict[int, tuple[wasmtime.Engine, wasmtime.Linker, wasmtime.Module]] = {}
+
+
+def _relay_wat() -> str:
+    """A module that re-exports the guest's memory and calls the engine's WASI functions from
+    wasm: those functions read and write the *calling instance's* exported memory, so the host
+    cannot call them directly (they fail with "missing required memory export")."""
+    imports, funcs = [], []
+    for name, params in (*WASI_FILE_IMPORTS.items(), *_EXTRA_ORIGINALS.items()):
+        sig = f"(param {' '.join(params)}) (result i32)"
+        imports.append(f'(import "{_WASI}" "{name}" (func ${name} {sig}))')
+        gets = " ".join(f"local.get {i}" for i in range(len(params)))
+        funcs.append(f'(func (export "{name}") {sig} {gets} call ${name})')
+    return "(module " + " ".join(imports) + ' (import "env" "memory" (memory 1))' \
+        + ' (export "memory" (memory 0)) ' + " ".join(funcs) + ")"
+
+
+def _relay_parts(engine: wasmtime.Engine) -> tuple[wasmtime.Linker, wasmtime.Module]:
+    with _PRE_LOCK:
+        hit = _BASE_LINKERS.get(id(engine))
+        if hit is not None and hit[0] is engine:
+            return hit[1], hit[2]
+        linker = wasmtime.Linker(engine)
+        linker.define_wasi()
+        module = wasmtime.Module(engine, _relay_wat())
+        _BASE_LINKERS[id(engine)] = (engine, linker, module)
+        return linker, module
+
+
+class WasiCall:
+    """One of the engine's WASI functions bound to a store, called through the unchecked
+    entry point with i32/i64 arguments and an i32 (errno) result. Reentrant only across
+    distinct objects, as :class:`RawFunc`."""
+
+    __slots__ = ("_buf", "_bufaddr", "_call", "_func", "_funcaddr", "_masks", "_nslots",
+                 "_trap", "_trapaddr")
+
+    def __init__(self, func: wasmtime.Func, params: tuple[str, ...], *, io: bool) -> None:
+        self._func = func
+        # I/O that may take a while releases the GIL (holding it through a 1 MiB write cost
+        # a third more in bench/runtime.py's disk rows); the rest keeps it.
+        self._call = _func_call_unchecked if io else _func_call_unchecked_gil
+        self._funcaddr = ctypes.addressof(func._func)
+        self._masks = tuple(0xFFFFFFFF if p == "i32" else 0xFFFFFFFFFFFFFFFF for p in params)
+        self._nslots = max(len(params), 1)
+        self._buf = (ctypes.c_uint64 * (2 * self._nslots))()
+        self._bufaddr = ctypes.addressof(self._buf)
+        self._trap = _c_void_p(None)
+        self._trapaddr = ctypes.addressof(self._trap)
+
+    def __call__(self, ctx: int, *args: int) -> int:
+        buf = self._buf
+        for i, (a, m) in enumerate(zip(args, self._masks, strict=True)):
+            buf[2 * i] = a & m
+        err = self._call(ctx, self._funcaddr, self._bufaddr, self._nslots, self._trapaddr)
+        if err or self._trap.value:
+            trap = self._trap.value
+            self._trap.value = None
+            _raise_from(err, trap)
+        return int(buf[0] & 0xFFFFFFFF)
+
+
+def wasi_calls(engine: wasmtime.Engine, store: wasmtime.Store,
+               memory: wasmtime.Memory) -> dict[str, WasiCall]:
+    """The engine's own implementations of the shadowed WASI file functions (and ``fd_tell``)
+    acting on ``memory`` in ``store`` (which must have its WASI configuration), called
+    through a relay instance (see :func:`_relay_wat`)."""
+    linker, module = _relay_parts(engine)
+    externs: list[Any] = []
+    for imp in module.imports:
+        if imp.module == _WASI:
+            assert imp.name is not None
+            externs.append(linker.get(store, _WASI, imp.name))
+        else:
+            externs.append(memory)
+    relay = wasmtime.Instance(store, module, externs)
+    exports = relay.exports(store)
+    out: dict[str, WasiCall] = {}
+    for name, params in (*WASI_FILE_IMPORTS.items(), *_EXTRA_ORIGINALS.items()):
+        func = exports[name]
+        assert isinstance(func, wasmtime.Func)
+        out[name] = WasiCall(func, params, io=name in _SLOW_CALLS)
+    return out
 
 
 # ---- stdout / stderr ------------------------------------------------------------------------

@@ -32,6 +32,7 @@ import wasmtime
 
 from ..errors import GuestStartError
 from . import _ffi
+from ._disk import DiskLedger, GuestFiles
 from ._engine import TICK_SECONDS, LoadedModule, engine, ticks_for
 from ._output import StreamCapture
 
@@ -78,6 +79,7 @@ class InstanceSpec:
     env: tuple[tuple[str, str], ...]
     memory_limit: int
     argv0: str = "/usr/local/bin/python.wasm"
+    guard_files: bool = True  # False only to measure the cost of the file shadows (_disk)
 
 
 @dataclass(kw_only=True)
@@ -93,8 +95,13 @@ class TurnOutcome:
     extra: dict[str, object] = field(default_factory=dict)
 
 
+def _unlimited() -> DiskLedger:
+    return DiskLedger((), max_bytes=1 << 62, max_entries=1 << 62, max_open=1 << 30)
+
+
 class Instance:
-    def __init__(self, loaded: LoadedModule, spec: InstanceSpec, door: DoorFn) -> None:
+    def __init__(self, loaded: LoadedModule, spec: InstanceSpec, door: DoorFn,
+                 disk: DiskLedger | None = None) -> None:
         self.loaded = loaded
         self.spec = spec
         self._door = door
@@ -118,7 +125,7 @@ class Instance:
         weakref.finalize(self, _ffi.release_output_keys, self._out_keys)
         eng = engine(loaded.flavour)
         try:
-            pre = _ffi.instance_pre(eng, loaded.module)
+            pre = _ffi.instance_pre(eng, loaded.module, guard_files=spec.guard_files)
             self.store = wasmtime.Store(eng)
             self.store.set_limits(memory_size=spec.memory_limit)
             self._ctx = ctx = _ffi.context_address(self.store)
@@ -132,6 +139,12 @@ class Instance:
                 wasi.preopen_dir(host, guest, writable)
             _ffi.set_outputs(wasi, *self._out_keys)
             self.store.set_wasi(wasi)
+            store = self.store
+            self.files = GuestFiles(disk if disk is not None else _unlimited(), spec.preopens,
+                                    lambda: self._mem,
+                                    lambda: _ffi.wasi_calls(eng, store, self.memory), ctx)
+            for name in _ffi.WASI_FILE_IMPORTS:  # the trampolines look them up by name
+                setattr(self, name, getattr(self.files, name))
             _ffi.bind_target(ctx, self)
             _ffi.watch_epochs(self.store, ctx)
             self.instance = pre.instantiate(self.store)
@@ -377,6 +390,9 @@ class Instance:
         self.alive = False
         if self._ctx:
             _ffi.unbind_target(self._ctx)
+        files = self.__dict__.pop("files", None)
+        if files is not None:
+            files.close_all()
         for name in ("instance", "_turn_fn", "_alloc", "_alloc_nested", "_mem", "memory"):
             self.__dict__.pop(name, None)
         store = self.__dict__.pop("store", None)

@@ -13,6 +13,8 @@ from ..errors import ConfigError
 __all__ = ["GuestException", "GuestFile", "Limits", "Mount", "TurnResult", "TurnStatus"]
 
 RESERVED_GUEST_PATHS = ("/usr/local/lib", "/memex", "/tmp")
+MIN_OPEN_FILES = 16
+MAX_OPEN_FILES = 4096
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,6 +33,12 @@ class Limits:
             replaced by a truncation marker.
         idle_timeout: seconds without a turn after which the sandbox closes itself.
         lifetime: seconds after creation after which the sandbox closes itself.
+        disk_bytes: bytes the sandbox's writable places (its /tmp and writable mounts,
+            counted together, apparent sizes) may hold; a write, truncate or allocation past it
+            fails in the guest with ``OSError(EDQUOT)`` and the turn records ``limit="disk"``.
+        disk_files: files, folders and links those places may hold together (same error).
+        open_files: descriptors the guest may hold open at once (``OSError(EMFILE)``,
+            ``limit="open_files"``); the interpreter itself needs a few.
     """
 
     timeout: float = 30.0
@@ -41,9 +49,13 @@ class Limits:
     stderr_bytes: int = 1 << 20
     idle_timeout: float | None = None
     lifetime: float | None = None
+    disk_bytes: int = 512 << 20
+    disk_files: int = 10_000
+    open_files: int = 128
 
     def __post_init__(self) -> None:
-        for name in ("memory", "fuel", "fuel_total", "stdout_bytes", "stderr_bytes"):
+        for name in ("memory", "fuel", "fuel_total", "stdout_bytes", "stderr_bytes",
+                     "disk_bytes", "disk_files", "open_files"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
                 raise ConfigError(f"Limits.{name} must be an int, got {v!r}")
@@ -73,6 +85,13 @@ class Limits:
             v = getattr(self, name)
             if v is not None and not v > 0:
                 raise ConfigError(f"Limits.{name} must be > 0 seconds or None, got {v!r}")
+        for name in ("disk_bytes", "disk_files"):
+            if not 0 <= getattr(self, name) < 1 << 62:
+                raise ConfigError(f"Limits.{name} must be >= 0")
+        if not MIN_OPEN_FILES <= self.open_files <= MAX_OPEN_FILES:
+            raise ConfigError(f"Limits.open_files must be between {MIN_OPEN_FILES} (the "
+                              f"interpreter needs a few) and {MAX_OPEN_FILES}, got "
+                              f"{self.open_files!r}")
 
     @property
     def metered(self) -> bool:
@@ -81,11 +100,16 @@ class Limits:
 
 @dataclass(frozen=True, kw_only=True)
 class Mount:
-    """A host directory the guest may see at ``guest_path`` (read-only unless ``writable``)."""
+    """A host directory the guest may see at ``guest_path`` (read-only unless ``writable``).
+
+    A writable mount counts towards the sandbox's disk caps (what it holds when the sandbox
+    starts included). The guest may create symbolic and hard links in it only when ``links``
+    is set, and then only to targets inside the mount."""
 
     host_path: str | os.PathLike[str]
     guest_path: str
     writable: bool = False
+    links: bool = False
 
     def __post_init__(self) -> None:
         host = Path(self.host_path)
@@ -149,13 +173,16 @@ class TurnResult:
     value: str | None = None  # repr of the cell's final expression, like a REPL echo
     exception: GuestException | None = None
     exit_code: int | None = None
-    limit: str | None = None  # deadline|fuel|fuel_total|memory|stack|lifetime|cancelled|trap
+    # deadline|fuel|fuel_total|memory|stack|lifetime|cancelled|trap|disk|open_files
+    limit: str | None = None
     trap: str | None = None  # the engine's message when a trap ended the turn
     rolled_back: bool = False  # guest state is back to the end of the last good turn
     duration: float = 0.0  # wall seconds
     fuel_used: int | None = None
     memory_bytes: int = 0  # guest linear memory after the turn
     truncated: tuple[str, ...] = field(default=())  # streams that hit their byte cap
+    disk_bytes: int = 0  # what the writable places hold after the turn (see Limits.disk_bytes)
+    disk_files: int = 0
 
     @property
     def ok(self) -> bool:
@@ -182,5 +209,7 @@ class TurnResult:
             "fuel_used": self.fuel_used,
             "memory_bytes": self.memory_bytes,
             "truncated": list(self.truncated),
+            "disk_bytes": self.disk_bytes,
+            "disk_files": self.disk_files,
         }
         return d

@@ -8,6 +8,7 @@ import contextlib
 import os
 import posixpath
 import shutil
+import stat
 import tempfile
 import threading
 import time
@@ -24,6 +25,7 @@ from ..errors import (
     SandboxClosed,
     SandboxError,
 )
+from ._disk import DiskLedger, DiskPlace
 from ._door import Door, serving_door
 from ._engine import LoadedModule, load_module
 from ._files import (
@@ -84,6 +86,7 @@ class Sandbox:
         rollback: bool = True,
         _image: MemoryImage | None = None,
         _scratch_from: Path | None = None,
+        _guard_files: bool = True,
     ) -> None:
         self.limits = limits or Limits()
         self.door = door if door is not None else Door()
@@ -116,7 +119,13 @@ class Sandbox:
         self._scratch = Path(tempfile.mkdtemp(prefix="memex-tmp-"))
         if _scratch_from is not None:
             shutil.copytree(_scratch_from, self._scratch, dirs_exist_ok=True, symlinks=True)
-        self._spec = self._make_spec()
+        self._disk = DiskLedger(
+            [DiskPlace(root=os.path.realpath(self._scratch))]
+            + [DiskPlace(root=os.path.realpath(m.host_path), links=m.links)
+               for m in self.mounts if m.writable],
+            max_bytes=self.limits.disk_bytes, max_entries=self.limits.disk_files,
+            max_open=self.limits.open_files)
+        self._spec = self._make_spec(_guard_files)
         self._runner = Runner(f"memex-sandbox-{id(self):x}")
         try:
             self._start(_image)
@@ -139,7 +148,7 @@ class Sandbox:
             self._base = warm_image(self._loaded, self._spec, self.preload)
         self._runner.call(self._fresh_instance)
 
-    def _make_spec(self) -> InstanceSpec:
+    def _make_spec(self, guard_files: bool) -> InstanceSpec:
         arts = self._loaded.artifacts
         preopens: list[tuple[str, str, bool]] = [
             (str(stdlib_dir(arts)), GUEST_LIB, False),
@@ -166,10 +175,11 @@ class Sandbox:
             preopens=tuple(preopens),
             env=tuple(sorted(env.items())),
             memory_limit=self.limits.memory,
+            guard_files=guard_files,
         )
 
     def _new_instance(self) -> Instance:
-        return Instance(self._loaded, self._spec, self.door.dispatch)
+        return Instance(self._loaded, self._spec, self.door.dispatch, self._disk)
 
     def _fresh_instance(self) -> None:
         """(runner) Replace the instance by one holding the last good state."""
@@ -268,6 +278,7 @@ class Sandbox:
         inst.stderr.reset(lim.stderr_bytes, on_output)
         self.turns += 1
         self._current = False
+        self._disk.take_hit()
         cell: dict[str, object] = {"code": code, "filename": filename or f"<cell-{self.turns}>"}
         with self._running_lock:
             self._running = inst
@@ -286,6 +297,7 @@ class Sandbox:
         if out.fuel_used is not None:
             self.fuel_used_total += out.fuel_used
         limit = out.limit
+        disk_hit = self._disk.take_hit()
         if limit == "deadline" and lifetime_cut:
             limit = "lifetime"
         if limit == "fuel" and fuel_total_cut:
@@ -301,8 +313,9 @@ class Sandbox:
                 exit_code=out.exit_code, rolled_back=rolled_back, duration=duration,
                 fuel_used=out.fuel_used, truncated=truncated,
                 memory_bytes=self._inst.memory_size() if self._inst else 0,
+                disk_bytes=self._disk.bytes, disk_files=self._disk.entries,
             )
-        result = self._from_report(out, stdout, stderr, duration, truncated, inst)
+        result = self._from_report(out, stdout, stderr, duration, truncated, inst, disk_hit)
         if self.rollback:
             # A weak reference: queued background work must not keep a dropped sandbox alive.
             ref = weakref.WeakMethod(self._checkpoint_good)
@@ -323,14 +336,16 @@ class Sandbox:
             return True
 
     def _from_report(self, out: TurnOutcome, stdout: str, stderr: str, duration: float,
-                     truncated: tuple[str, ...], inst: Instance) -> TurnResult:
+                     truncated: tuple[str, ...], inst: Instance, disk_hit: str | None
+                     ) -> TurnResult:
         rep = out.report
         common: dict[str, Any] = dict(stdout=stdout, stderr=stderr, duration=duration,
                                       fuel_used=out.fuel_used, truncated=truncated,
-                                      memory_bytes=inst.memory_size())
+                                      memory_bytes=inst.memory_size(),
+                                      disk_bytes=self._disk.bytes, disk_files=self._disk.entries)
         if not isinstance(rep, dict):
             return TurnResult(
-                status=TurnStatus.ERROR,
+                status=TurnStatus.ERROR, limit=disk_hit,
                 exception=GuestException(type="MemexDriverError",
                                          message=f"the guest's turn driver did not report "
                                          f"(rc={out.raw_rc})", traceback=stderr[-4000:]),
@@ -340,10 +355,10 @@ class Sandbox:
         if status == "ok":
             value = rep.get("value")
             return TurnResult(status=TurnStatus.OK, value=value if isinstance(value, str) else None,
-                              **common)
+                              limit=disk_hit, **common)
         if status == "exit":
             code = rep.get("exit_code")
-            return TurnResult(status=TurnStatus.EXIT,
+            return TurnResult(status=TurnStatus.EXIT, limit=disk_hit,
                               exit_code=code if isinstance(code, int) else 1, **common)
         exc = rep.get("exception") if isinstance(rep.get("exception"), dict) else {}
         assert isinstance(exc, dict)
@@ -352,7 +367,7 @@ class Sandbox:
             status=TurnStatus.ERROR,
             exception=GuestException(type=etype, message=str(exc.get("message", "")),
                                      traceback=str(exc.get("traceback", ""))),
-            limit="memory" if etype == "MemoryError" else None,
+            limit="memory" if etype == "MemoryError" else disk_hit,
             **common,
         )
 
@@ -555,11 +570,30 @@ class Sandbox:
         """Place a file where the guest can read it (under /tmp or a writable mount)."""
         self._check_open()
         target = self._host_path(guest_path, write=True)
+        disk = self._disk
+        try:
+            old = target.lstat()
+        except OSError:
+            old = None
+        missing = 0
+        parent = target.parent
+        while not parent.exists():
+            missing += 1
+            parent = parent.parent
+        growth = len(data) - (old.st_size if old is not None and stat.S_ISREG(old.st_mode) else 0)
+        with disk.lock:
+            fits = disk.bytes + max(growth, 0) <= disk.max_bytes and (
+                disk.entries + missing + (old is None) <= disk.max_entries)
+        if not fits:
+            raise GuestFileError(f"cannot write {guest_path}: the sandbox's disk quota "
+                                 f"(Limits.disk_bytes / disk_files) would be exceeded")
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
         except OSError as exc:
             raise GuestFileError(f"cannot write {guest_path}: {exc.strerror}") from exc
+        finally:
+            disk.rescan()
 
     # ---- lifecycle ----------------------------------------------------------------------
     def close(self) -> None:

@@ -149,6 +149,7 @@ def open_from_checkpoint(cp: Checkpoint | None, *, limits: Limits | None,
             except BaseException:
                 sb.close()
                 raise
+            sb._disk.rescan()  # the copied files count against the new sandbox's quota
         return sb
     sb = Sandbox(limits=limits, mounts=mounts, door=door, env=env, _image=cp._image,
                  _scratch_from=scratch_from)

@@ -206,6 +206,7 @@ def result_from_wire(d: Any) -> TurnResult:
             rolled_back=bool(d.get("rolled_back", False)), duration=float(d.get("duration", 0)),
             fuel_used=d.get("fuel_used"), memory_bytes=int(d.get("memory_bytes", 0)),
             truncated=tuple(d.get("truncated", ())),
+            disk_bytes=int(d.get("disk_bytes", 0)), disk_files=int(d.get("disk_files", 0)),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ProtocolError(f"malformed turn result: {exc}") from None
@@ -225,15 +226,16 @@ def limits_from_wire(d: Any) -> Limits:
 
 
 def mounts_to_wire(mounts: Sequence[Mount]) -> list[list[Any]]:
-    return [[os.fspath(m.host_path), m.guest_path, m.writable] for m in mounts]
+    return [[os.fspath(m.host_path), m.guest_path, m.writable, m.links] for m in mounts]
 
 
 def mounts_from_wire(items: Any) -> list[Mount]:
     if not isinstance(items, list):
         raise ProtocolError("mounts must be an array")
     try:
-        return [Mount(host_path=h, guest_path=g, writable=bool(w)) for h, g, w in items]
-    except (TypeError, ValueError) as exc:
+        return [Mount(host_path=m[0], guest_path=m[1], writable=bool(m[2]),
+                      links=bool(m[3]) if len(m) > 3 else False) for m in items]
+    except (TypeError, ValueError, IndexError, KeyError) as exc:
         if isinstance(exc, MemexError):
             raise
         raise ProtocolError(f"malformed mounts: {exc}") from None
