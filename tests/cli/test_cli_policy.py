@@ -182,8 +182,8 @@ def test_run_without_policy_has_no_network(server: ThreadingHTTPServer) -> None:
     p = memex("run", "-c", f"import urllib.request\nurllib.request.urlopen("
                            f"'http://127.0.0.1:{port}/')")
     assert p.returncode == 1
-    assert "EgressDenied: network access is disabled in this sandbox: no egress policy" \
-        in p.stderr
+    assert f"EgressDenied: egress denied: GET http://127.0.0.1:{port}/: network access is " \
+        "disabled in this sandbox: no egress policy" in p.stderr
 
 
 def test_the_shipped_example_policy_passes_its_cases() -> None:

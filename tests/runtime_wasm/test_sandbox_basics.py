@@ -262,12 +262,14 @@ NO_SOCKET_CELLS = {
 def test_socket_refusal_traceback_ends_in_user_code(sandbox: Sandbox, case: str) -> None:
     code, expected = NO_SOCKET_CELLS[case]
     r = sandbox.run(code)
-    assert r.exception is not None and r.exception.type == "PermissionError", r
+    # the one answer for "no network" (SECURITY.md): EgressDenied, a PermissionError
+    assert r.exception is not None and r.exception.type == "memex_guest.net.EgressDenied", r
+    assert r.exception.message.startswith("egress denied: socket.")
     assert "network access is disabled" in r.exception.message
     tb = r.exception.traceback
     assert "<memex-driver>" not in tb and "driver" not in tb, tb
     assert [n.rsplit("/", 1)[-1] for n in frames(tb)] == expected, tb
-    assert tb.rstrip().splitlines()[-1].startswith("PermissionError: "), tb
+    assert tb.rstrip().splitlines()[-1].startswith("memex_guest.net.EgressDenied: "), tb
 
 
 def test_chained_exceptions_lose_driver_frames_too(sandbox: Sandbox) -> None:
@@ -417,6 +419,6 @@ def test_exception_group_members_lose_driver_frames(sandbox: Sandbox) -> None:
     assert r.exception is not None and r.exception.type == "ExceptionGroup", r
     tb = r.exception.traceback
     assert "<memex-driver>" not in tb, tb
-    assert tb.count("PermissionError: ") == 2, tb
+    assert tb.count("EgressDenied: egress denied") == 2, tb
     # group tracebacks are drawn with "|" margins: look for frames anywhere on a line
     assert re.findall(r'File "([^"]+)", line \d+', tb) == ["<group>"] * 3, tb

@@ -269,30 +269,42 @@ def _install():
 
 
 def _no_network():
-    # No sockets in the sandbox: a clear PermissionError instead of WASI's "Not supported".
-    import errno
-
+    # No sockets in the sandbox. Every way out that is not the host's egress fails like a
+    # request the policy refused: memex_guest.net.EgressDenied (a PermissionError and a
+    # urllib URLError), "egress denied: <what>: <why>" (docs/egress.md, "One answer").
     try:
         import _socket
     except ImportError:
         return
-    message = ("network access is disabled in this sandbox: the guest has no sockets "
-               "(network egress goes through the host under a policy)")
+    why = ("network access is disabled in this sandbox: the guest has no sockets; HTTP(S) "
+           "goes through the host's egress policy (urllib.request, http.client, "
+           "memex_guest.net.fetch)")
 
-    def refuse(*args, **kwargs):
-        raise PermissionError(errno.EACCES, message)
+    def refusing(what):
+        def refuse(*args, **kwargs):
+            text = "egress denied: %s: %s" % (what, why)
+            try:
+                from memex_guest.net import EgressDenied
+            except ImportError:  # no bundle on sys.path: the family's base class
+                EgressDenied = None
+            if EgressDenied is None:
+                import errno
+
+                raise PermissionError(errno.EACCES, text)
+            raise EgressDenied(text, kind="no_socket", url=what)
+        return refuse
 
     class socket(_socket.socket):
         __slots__ = ()
 
         def __init__(self, *args, **kwargs):
-            refuse()
+            refusing("socket.socket()")()
 
     _socket.socket = socket
     _socket.SocketType = socket
     for name in ("getaddrinfo", "gethostbyname", "gethostbyname_ex", "gethostbyaddr",
                  "getnameinfo", "socketpair", "fromfd"):
-        setattr(_socket, name, refuse)
+        setattr(_socket, name, refusing("socket.%s()" % name))
 
 
 _install()

@@ -32,7 +32,7 @@ __all__ = ["EgressConnectionError", "EgressDenied", "EgressError", "EgressTimeou
            "Headers", "Response", "fetch", "install"]
 
 OP = "net.fetch"
-_DENIED = ("denied", "cap", "invalid_request", "no_policy")
+_DENIED = ("denied", "cap", "invalid_request", "no_policy", "no_socket")
 _CONNECTION = ("dns", "connect", "tls", "bad_response")
 _LAZY = ("EgressError", "EgressDenied", "EgressTimeout", "EgressConnectionError")
 
@@ -121,9 +121,10 @@ def _request(req):
             raise _error(err, method, url) from None
         if exc.kind == "unknown_op":
             raise _error({"kind": "no_policy", "reason": "no egress policy is attached",
-                          "message": "network access is disabled in this sandbox: no egress "
-                          "policy is attached (the host serves no %r); %s %s was not sent"
-                          % (OP, method, url)}, method, url) from None
+                          "message": "egress denied: %s %s: network access is disabled in "
+                          "this sandbox: no egress policy is attached (the host serves no "
+                          "%r); the request was not sent" % (method, url, OP)},
+                         method, url) from None
         if exc.kind == "timeout":
             raise _error({"kind": "timeout", "message": "egress failed: %s %s: the host did "
                           "not answer in time (%s)" % (method, url, exc.message)},
