@@ -50,7 +50,8 @@ def build(many: bool) -> MCPServer:
             city: The city's name.
             days: How many days ahead.
         """
-        return Weather(city=city, high=20.0 + days, conditions=["sunny"] * days)
+        # JSON Schema's "integer" admits 1e10 (an integral number): keep the list small.
+        return Weather(city=city, high=20.0 + days, conditions=["sunny"] * max(0, min(days, 7)))
 
     @mcp.tool(annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True))
     def add(a: int, b: int) -> int:
