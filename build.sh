@@ -86,8 +86,16 @@ case "${1:-setup}" in
         setup "[dev]"
         "$VENV/bin/python" bench/runtime.py "${@:2}"
         ;;
+    fuzz)
+        # The fuzz harnesses of tests/security/test_fuzz.py, long: MEMEX_FUZZ_EXAMPLES
+        # examples each (default 20,000; CI runs 150). Hypothesis keeps what it finds in
+        # .hypothesis/; add a crashing input to tests/security/seeds/ (make_seeds.py).
+        setup "[dev]"
+        MEMEX_FUZZ_EXAMPLES="${MEMEX_FUZZ_EXAMPLES:-20000}" \
+            "$VENV/bin/python" -m pytest -q tests/security/test_fuzz.py "${@:2}"
+        ;;
     *)
-        echo "usage: ./build.sh [setup|demo|tour|test|quick|bench]" >&2
+        echo "usage: ./build.sh [setup|demo|tour|test|quick|bench|fuzz]" >&2
         exit 2
         ;;
 esac
