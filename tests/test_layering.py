@@ -40,6 +40,11 @@ ALLOWED_PRIVATE: dict[str, dict[str, str]] = {
     "tests/cli/test_repl.py": {
         "memex.cli._repl.needs_more": "how the REPL decides a statement is complete",
     },
+    "tests/cli/test_selftest.py": {
+        "memex.cli._selftest.Check": "checks that fail, to test how failures are reported",
+        "memex.cli._selftest.run_checks": "checks that fail, to test how failures are reported",
+        "memex.cli._selftest._need": "checks that fail, to test how failures are reported",
+    },
     "tests/conftest.py": {
         "memex.runtime_wasm._engine": "the tripwire that stops any test from compiling",
     },

@@ -7,20 +7,31 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from . import _agent, _kernel, _mcp, _model, _policy, _prepare, _repl, _run, _trajectory
+from . import (
+    _agent,
+    _kernel,
+    _mcp,
+    _model,
+    _policy,
+    _prepare,
+    _repl,
+    _run,
+    _selftest,
+    _trajectory,
+)
 
 __all__ = ["build_parser", "main"]
 
 DESCRIPTION = """The memex command: persistent, capped CPython-on-WASI sandboxes.
 Run `memex prepare` once per machine (./build.sh does), then `memex run`, `memex repl` or
-`memex agent`."""
+`memex agent`; `memex selftest` checks the sandbox's containment on this machine."""
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="memex", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
     for module in (_prepare, _run, _repl, _agent, _trajectory, _model, _policy, _mcp,
-                   _kernel):
+                   _kernel, _selftest):
         module.add_parser(sub)
     return parser
 
