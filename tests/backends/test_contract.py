@@ -375,3 +375,18 @@ def test_raw_door_frames(open_sandbox: OpenSandbox) -> None:
     assert r.status is TurnStatus.OK
     assert b"protocol" in (r.value or "").encode()
     assert [c.op for c in door.calls] == ["echo", None]
+
+
+def test_disk_caps_and_counts_are_the_same_on_every_backend(open_sandbox: OpenSandbox) -> None:
+    sb = open_sandbox(limits=Limits(timeout=10, disk_bytes=1 << 20, disk_files=5,
+                                    open_files=24))
+    r = sb.run("n = 0\ntry:\n    with open('/tmp/a', 'wb') as f:\n        while True:\n"
+               "            f.write(b'x' * (1 << 19)); f.flush(); n += 1\n"
+               "except OSError as e:\n    print(n, e.strerror)\n")
+    assert r.ok and r.stdout == "2 Quota exceeded\n" and r.limit == "disk", r
+    assert (r.disk_bytes, r.disk_files) == (1 << 20, 1)
+    r = sb.run("fs = []\ntry:\n    while True:\n        fs.append(open('/tmp/a'))\n"
+               "except OSError as e:\n    print(e.strerror)\nfor f in fs:\n    f.close()\n")
+    assert r.ok and r.limit == "open_files" and r.stdout == "No file descriptors available\n"
+    r = sb.run("import os\nos.remove('/tmp/a')")
+    assert r.ok and r.limit is None and (r.disk_bytes, r.disk_files) == (0, 0), r

@@ -246,3 +246,23 @@ def test_limits_validate_the_new_caps() -> None:
     with pytest.raises(ConfigError, match="disk_files"):
         Limits(disk_files=True)  # type: ignore[arg-type]
     assert Limits().disk_bytes == 512 * MiB and Limits().open_files == 128
+
+
+def test_checkpoints_and_saves_hold_memory_only_and_the_count_stays_true(
+        make_sandbox: Make, tmp_path: Path) -> None:
+    """/tmp is not in a checkpoint or a saved image: a restore leaves the files (and their
+    count) as they are on disk; a loaded sandbox starts with an empty /tmp."""
+    sb = make_sandbox(limits=_quota())
+    assert sb.run("open('/tmp/a', 'wb').write(b'a' * 1000)").ok
+    cp = sb.checkpoint()
+    assert sb.run("open('/tmp/b', 'wb').write(b'b' * 2000)").disk_bytes == 3000
+    sb.restore(cp)
+    r = sb.run("import os\nsorted(os.listdir('/tmp'))")
+    assert r.value == "['a', 'b']" and (r.disk_bytes, r.disk_files) == (3000, 2), r
+    sb.save(tmp_path / "img.memex")
+    loaded = Sandbox.load(tmp_path / "img.memex", limits=_quota())
+    try:
+        r = loaded.run("import os\nos.listdir('/tmp')")
+        assert r.value == "[]" and (r.disk_bytes, r.disk_files) == (0, 0), r
+    finally:
+        loaded.close()
