@@ -63,6 +63,16 @@ def _turn(opener: Opener, code: str, **open_kw: Any) -> Any:
         raise
 
 
+def _outcomes(opener: Opener, attempts: str, **open_kw: Any) -> Any:
+    """Run each lambda of the guest expression ``attempts``; the turn's value lists what each
+    returned, or the name of the exception it raised."""
+    sb, r = _turn(opener, f"out = []\nfor f in ({attempts}):\n    try:\n"
+                  "        out.append(f())\n    except Exception as e:\n"
+                  "        out.append(type(e).__name__)\nout", **open_kw)
+    sb.close()
+    return r
+
+
 def _limits(**kw: Any) -> Any:
     from ..runtime_wasm import Limits
 
@@ -79,10 +89,8 @@ def _files_outside(opener: Opener, work: Path) -> str:
     secret.write_text("selftest-secret")
     rel = os.path.relpath(secret, "/tmp")
     paths = [str(secret), "/tmp/" + rel, "/proc/self/environ", "/etc/passwd"]
-    sb, r = _turn(opener, f"out = []\nfor p in {paths!r}:\n    try:\n"
-                  "        out.append(open(p).read())\n    except OSError as e:\n"
-                  "        out.append(type(e).__name__)\nout", limits=_limits())
-    sb.close()
+    r = _outcomes(opener, ", ".join(f"lambda: open({p!r}).read()" for p in paths),
+                  limits=_limits())
     _need(r.ok and "selftest-secret" not in (r.value or ""), f"guest read {r.value!r}")
     return "host paths, .. and /proc are out of reach"
 
@@ -158,13 +166,12 @@ def _memory_cpu_stack(opener: Opener, work: Path) -> str:
 
 
 def _processes(opener: Opener, work: Path) -> str:
-    sb, r = _turn(opener, "import os, threading, subprocess\nout = []\n"
-                  "for f in (lambda: os.fork(), lambda: threading.Thread(target=print).start(),\n"
-                  "          lambda: subprocess.run(['id'])):\n    try:\n        f()\n"
-                  "        out.append('ran')\n    except Exception as e:\n"
-                  "        out.append(type(e).__name__)\nout", limits=_limits())
-    sb.close()
-    _need(r.ok and "ran" not in (r.value or ""), f"{r.value}")
+    attempts = ("__import__('os').fork()",
+                "__import__('threading').Thread(target=print).start()",
+                "__import__('subprocess').run(['id'])")
+    r = _outcomes(opener, ", ".join(f"lambda: ({a}, 'ran')[1]" for a in attempts),
+                  limits=_limits())
+    _need(r.ok and "ran" not in (r.value or ""), f"{r.value or r.exception}")
     return "no fork, threads or subprocesses"
 
 

@@ -346,13 +346,8 @@ class GuestFiles:
             return EIO
         if not led.room(pos + total - cur):
             return EDQUOT
-        r = self._orig("fd_write", fd, iovs, n_iovs, nwritten)
-        got = self._mem().read(nwritten, 4) if r == 0 else None
-        if got is not None:
-            end = pos + _U32.unpack(got)[0]
-            if end > led.sizes.get(key, 0):
-                led.set_size(key, end)
-        return r
+        return self._wrote(key, pos, nwritten,
+                           self._orig("fd_write", fd, iovs, n_iovs, nwritten))
 
     def fd_pwrite(self, fd: int, iovs: int, n_iovs: int, offset: int, nwritten: int) -> int:
         entry = self.fds.get(fd)
@@ -365,12 +360,17 @@ class GuestFiles:
         total = sum(ln for _, ln in _IOVEC.iter_unpack(raw))
         if not led.room(max(0, offset + total - led.sizes.get(key, 0))):
             return EDQUOT
-        r = self._orig("fd_pwrite", fd, iovs, n_iovs, offset, nwritten)
+        return self._wrote(key, offset, nwritten,
+                           self._orig("fd_pwrite", fd, iovs, n_iovs, offset, nwritten))
+
+    def _wrote(self, key: tuple[int, int], pos: int, nwritten: int, r: int) -> int:
+        """After a write at ``pos`` returned ``r``: the file now reaches at least the end of
+        what the engine says it wrote."""
         got = self._mem().read(nwritten, 4) if r == 0 else None
         if got is not None:
-            end = offset + _U32.unpack(got)[0]
-            if end > led.sizes.get(key, 0):
-                led.set_size(key, end)
+            end = pos + _U32.unpack(got)[0]
+            if end > self.ledger.sizes.get(key, 0):
+                self.ledger.set_size(key, end)
         return r
 
     def _resize(self, name: str, fd: int, new_size: Callable[[int], int], *args: int) -> int:
