@@ -31,6 +31,12 @@ def add_sandbox_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=30.0, help="wall seconds per turn")
     p.add_argument("--memory", type=size, default=None, help="guest memory cap (e.g. 512M)")
     p.add_argument("--fuel", type=int, default=None, help="instruction budget per turn")
+    p.add_argument("--disk", type=size, default=None,
+                   help="bytes /tmp and writable mounts may hold (default 512M)")
+    p.add_argument("--files", type=int, default=None,
+                   help="files and folders they may hold (default 10000)")
+    p.add_argument("--open-files", type=int, default=None,
+                   help="descriptors open at once (default 128)")
     p.add_argument("--mount", action="append", default=[], metavar="HOST:GUEST[:rw]",
                    help="grant a host folder (read-only unless :rw)")
     p.add_argument("--preload", default=None, metavar="MOD,...",
@@ -43,8 +49,10 @@ def limits(args: argparse.Namespace) -> Limits:
     kw: dict[str, object] = {"timeout": args.timeout}
     if args.memory is not None:
         kw["memory"] = args.memory
-    if args.fuel is not None:
-        kw["fuel"] = args.fuel
+    for name, field in (("fuel", "fuel"), ("disk", "disk_bytes"), ("files", "disk_files"),
+                        ("open_files", "open_files")):
+        if getattr(args, name, None) is not None:
+            kw[field] = getattr(args, name)
     return Limits(**kw)  # type: ignore[arg-type]
 
 

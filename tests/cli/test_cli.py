@@ -73,6 +73,22 @@ def test_run_memory_and_fuel_flags() -> None:
     assert p.returncode == 125 and "fuel" in p.stderr
 
 
+def test_run_disk_and_descriptor_flags() -> None:
+    p = memex("run", "--json", "--disk", "1M", "--files", "3", "--open-files", "20", "-c",
+              "import os\nout = []\n"
+              "for f in (lambda: open('/tmp/a', 'wb').write(b'x' * (2 << 20)),\n"
+              "          lambda: [open(f'/tmp/f{i}', 'w').close() for i in range(5)],\n"
+              "          lambda: [open('/tmp/f0') for _ in range(30)]):\n"
+              "    try:\n        f()\n    except OSError as e:\n        out.append(e.strerror)\n"
+              "print(out)")
+    d = json.loads(p.stdout)
+    assert p.returncode == 0, p.stderr
+    assert d["stdout"] == str(["Quota exceeded"] * 2 + ["No file descriptors available"]) + "\n"
+    assert d["limit"] == "disk" and d["disk_files"] == 3
+    p = memex("run", "--open-files", "2", "-c", "pass")
+    assert p.returncode == 2 and "open_files" in p.stderr
+
+
 @pytest.mark.parametrize(
     "args",
     [
