@@ -422,6 +422,12 @@ class GuestFiles:
                     new_len: int) -> int:
         target = self._path(new_fd, new, new_len)
         replaced = _lstat(target[1]) if target is not None else None
+        if replaced is not None:
+            source = self._path(fd, old, old_len)
+            moved = _lstat(source[1]) if source is not None else None
+            if moved is not None and (moved.st_dev, moved.st_ino) == (
+                    replaced.st_dev, replaced.st_ino):
+                replaced = None  # onto itself (or a hard link of itself): POSIX does nothing
         r = self._orig("path_rename", fd, old, old_len, new_fd, new, new_len)
         if r == 0 and replaced is not None:
             self.ledger.removed(replaced)

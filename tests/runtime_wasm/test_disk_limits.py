@@ -104,6 +104,21 @@ def test_rename_over_a_file_frees_the_replaced_one(make_sandbox: Make) -> None:
     assert r.ok and (r.disk_bytes, r.disk_files) == (5000, 1), r
 
 
+def test_renaming_a_file_onto_itself_frees_nothing(make_sandbox: Make, tmp_path: Path) -> None:
+    """rename(a, a) and rename onto a hard link of the same file do nothing (POSIX): counting
+    them as a replacement would let a guest shrink its count and write past the quota."""
+    sb = make_sandbox(limits=_quota(disk_bytes=MiB), mounts=[
+        Mount(host_path=tmp_path, guest_path="/data", writable=True, links=True)])
+    r = sb.run("import os\nopen('/data/a', 'wb').write(b'a' * (1 << 20))\n"
+               "os.link('/data/a', '/data/b')\nfor _ in range(5):\n"
+               "    os.rename('/data/a', '/data/a')\n    os.rename('/data/a', '/data/b')\n"
+               "print(sorted(os.listdir('/data')))\ntry:\n"
+               "    with open('/tmp/more', 'wb') as f:\n        f.write(b'm' * 4096)\n"
+               "except OSError as e:\n    print(e.strerror)\n")
+    assert r.ok and r.stdout == "['a', 'b']\nQuota exceeded\n", r
+    assert (r.disk_bytes, r.disk_files) == (MiB, 3)  # a, b and the empty /tmp/more
+
+
 def test_writable_mounts_share_the_quota_and_their_contents_count(
         make_sandbox: Make, tmp_path: Path) -> None:
     (tmp_path / "old.bin").write_bytes(b"o" * MiB)
