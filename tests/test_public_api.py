@@ -93,7 +93,7 @@ PINNED: dict[str, list[str]] = {
         "TreeBudget", "describe_input", "failure", "from_guest", "parse_spec",
     ],
     "memex.cli": [
-        "build_parser", "main",
+        "build_parser", "main", "run",
     ],
     "memex.integrations": [],
     "memex.integrations.mcp": [

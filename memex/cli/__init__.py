@@ -1,6 +1,6 @@
 """The ``memex`` command line (``memex prepare | run | repl | agent | trajectory | model |
 policy | mcp | kernel | selftest``); no layer imports it."""
 
-from ._main import build_parser, main
+from ._main import build_parser, main, run
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "run"]

@@ -4,8 +4,14 @@ needs is imported when it runs, so that ``memex run -c pass`` stays fast."""
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
+import os
 import sys
+import threading
+import traceback
 from collections.abc import Sequence
+from typing import NoReturn
 
 from . import (
     _agent,
@@ -20,7 +26,7 @@ from . import (
     _trajectory,
 )
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "run"]
 
 DESCRIPTION = """The memex command: persistent, capped CPython-on-WASI sandboxes.
 Run `memex prepare` once per machine (./build.sh does), then `memex run`, `memex repl` or
@@ -47,3 +53,48 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def run() -> NoReturn:
+    """The ``memex`` command's entry point: :func:`main`, then an orderly exit that skips the
+    interpreter's finalization.
+
+    Finalization is where a short-lived process crashed: wasmtime delivers guest output
+    through a ctypes callback, which a tokio worker thread may still be entering while the
+    interpreter finalizes; CPython then ends that thread with a forced unwind through Rust
+    frames ("panic in a function that cannot unwind"; a few runs in a few hundred died of a
+    signal). So once the command
+    is done: wait for its non-daemon threads, run the atexit handlers (they close every
+    sandbox and remove its /tmp), flush, and leave with ``os._exit``.
+    """
+    try:
+        code = main()
+    except SystemExit as exc:  # argparse: --help, usage errors
+        code = _code(exc.code)
+    except BaseException:  # a bug: show it, as the interpreter would
+        traceback.print_exc()
+        code = 1
+    _leave(code)
+
+
+def _code(value: object) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return value
+    print(value, file=sys.stderr)
+    return 1
+
+
+def _leave(code: int) -> NoReturn:
+    me = threading.current_thread()
+    for t in threading.enumerate():
+        if t is not me and not t.daemon:
+            t.join()
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        os._exit(code & 0xFF if code >= 0 else 1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -87,6 +88,21 @@ def test_run_disk_and_descriptor_flags() -> None:
     assert d["limit"] == "disk" and d["disk_files"] == 3
     p = memex("run", "--open-files", "2", "-c", "pass")
     assert p.returncode == 2 and "open_files" in p.stderr
+
+
+def test_the_entry_point_exits_cleanly_and_still_cleans_up(tmp_path: Path) -> None:
+    """``memex`` leaves through os._exit after the atexit handlers (memex.cli.run): nothing
+    printed at exit, the exit code kept, and every sandbox's /tmp removed."""
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    for code, rc in (("open('/tmp/x', 'w').write('y')", 0), ("import sys; sys.exit(7)", 7)):
+        p = subprocess.run([sys.executable, "-m", "memex", "run", "-c", code],
+                           capture_output=True, text=True, timeout=120, env=env)
+        assert (p.returncode, p.stdout, p.stderr) == (rc, "", ""), p
+    assert list(tmp_path.iterdir()) == []
+    p = memex("--help")
+    assert p.returncode == 0 and p.stdout.startswith("usage: memex")
+    p = memex("no-such-command")
+    assert p.returncode == 2 and "invalid choice" in p.stderr
 
 
 @pytest.mark.parametrize(
