@@ -7,9 +7,8 @@ Families: escapes (filesystem, links, ``..``, absolute and /proc-style paths, de
 guessing), resource bombs (CPU, memory, stack, output, disk bytes, file count, descriptors,
 door and tool-call flooding), protocol abuse (forged and oversized door frames, malformed
 msgpack ext types, deep nesting, forged control frames, concurrent re-entry) and egress SSRF
-spellings. Spawn flooding is an agent-level attack: tests/executor/spawn/test_spawn_tree.py
-(``test_max_live_and_max_children_refuse_new_spawns``,
-``test_no_sandbox_or_thread_survives_100_spawns``).
+spellings. Spawn flooding is an agent-level attack: test_spawn_flood.py (every local backend)
+and tests/executor/spawn/test_spawn_tree.py.
 """
 
 from __future__ import annotations
