@@ -46,12 +46,18 @@ def _classify(p: subprocess.CompletedProcess[str]) -> str:
     return "clean"
 
 
-def stress(cmd: list[str], n: int) -> tuple[Counter[str], float]:
+def stress(cmd: list[str], n: int, label: str) -> tuple[Counter[str], float]:
     seen: Counter[str] = Counter()
     start = time.monotonic()
-    for _ in range(n):
-        p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
-        seen[_classify(p)] += 1
+    for i in range(1, n + 1):
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+            seen[_classify(p)] += 1
+        except subprocess.TimeoutExpired:  # subprocess.run has killed it
+            seen["hung (killed after 120 s)"] += 1
+        if i % 500 == 0 or i == n:
+            print(f"  {label}: {i}/{n}, not clean so far {i - seen['clean']}",
+                  file=sys.stderr, flush=True)
     return seen, time.monotonic() - start
 
 
@@ -68,8 +74,9 @@ def main() -> None:
     for b in busy:
         b.start()
     try:
-        rows = [("memex run -c pass (entry point)", args.n, *stress(CLI, args.n)),
-                ("main() + interpreter finalization", base_n, *stress(FINALIZING, base_n))]
+        rows = [("memex run -c pass (entry point)", args.n, *stress(CLI, args.n, "cli")),
+                ("main() + interpreter finalization", base_n,
+                 *stress(FINALIZING, base_n, "baseline"))]
     finally:
         for b in busy:
             b.terminate()
