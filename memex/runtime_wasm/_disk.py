@@ -122,14 +122,17 @@ class DiskLedger:
         hit, self.hit = self.hit, None
         return hit
 
+    def fits(self, growth: int, entries: int = 0) -> bool:
+        """Whether ``growth`` more bytes and ``entries`` more entries fit."""
+        return not ((growth > 0 and self.bytes + growth > self.max_bytes) or (
+            entries > 0 and self.entries + entries > self.max_entries))
+
     def room(self, growth: int, entries: int = 0) -> bool:
-        """Whether ``growth`` more bytes and ``entries`` more entries fit (records a refusal)."""
-        if (growth > 0 and self.bytes + growth > self.max_bytes) or (
-            entries > 0 and self.entries + entries > self.max_entries
-        ):
-            self.refuse("disk")
-            return False
-        return True
+        """:meth:`fits`, recording a refusal for the turn's result when it does not."""
+        if self.fits(growth, entries):
+            return True
+        self.refuse("disk")
+        return False
 
     def set_size(self, key: tuple[int, int], size: int) -> None:
         with self.lock:
@@ -202,7 +205,8 @@ class GuestFiles:
         self.fds: dict[int, _Fd] = {}
         self.open_count = 0
         for i, (host, _guest, writable) in enumerate(preopens):
-            root = os.path.realpath(host)
+            # only a writable folder is ever a base for host paths (the others: place None)
+            root = os.path.realpath(host) if writable else host
             self.fds[FIRST_PREOPEN_FD + i] = _Fd(
                 host=root, place=ledger.place_of(root) if writable else None, preopen=True)
 

@@ -572,28 +572,28 @@ class Sandbox:
         target = self._host_path(guest_path, write=True)
         disk = self._disk
         try:
-            old = target.lstat()
+            old: os.stat_result | None = target.lstat()
         except OSError:
             old = None
-        missing = 0
+        missing = 0  # folders write_file will create
         parent = target.parent
         while not parent.exists():
             missing += 1
             parent = parent.parent
-        growth = len(data) - (old.st_size if old is not None and stat.S_ISREG(old.st_mode) else 0)
-        with disk.lock:
-            fits = disk.bytes + max(growth, 0) <= disk.max_bytes and (
-                disk.entries + missing + (old is None) <= disk.max_entries)
-        if not fits:
+        was = old.st_size if old is not None and stat.S_ISREG(old.st_mode) else 0
+        new_entries = missing + (old is None)
+        if not disk.fits(len(data) - was, new_entries):
             raise GuestFileError(f"cannot write {guest_path}: the sandbox's disk quota "
                                  f"(Limits.disk_bytes / disk_files) would be exceeded")
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
+            st = target.stat()
         except OSError as exc:
+            disk.rescan()  # a partial write: count what is there
             raise GuestFileError(f"cannot write {guest_path}: {exc.strerror}") from exc
-        finally:
-            disk.rescan()
+        disk.set_size((st.st_dev, st.st_ino), st.st_size)
+        disk.add_entries(new_entries)
 
     # ---- lifecycle ----------------------------------------------------------------------
     def close(self) -> None:
