@@ -18,6 +18,7 @@ nothing is ever compiled.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import gc
 import os
@@ -27,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,8 @@ if str(ROOT) not in sys.path:
 
 from _fmt import fmt  # noqa: E402  (bench/ is on sys.path when a script runs)
 
-from memex.runtime_wasm import Door, Limits, Sandbox  # noqa: E402
+from memex.runtime_wasm import Door, Limits, Sandbox, dirty_tracking  # noqa: E402
+from memex.runtime_wasm._dirty import TRACKER  # noqa: E402  (switched off for the baseline)
 
 Row = tuple[str, str, str, str]  # section, what, value, note
 ROWS: list[Row] = []
@@ -269,8 +271,9 @@ def bench_door(q: bool) -> None:
             "guest-timed; the host answers a protocol error")
 
 
-def _grown(mib: int) -> Sandbox:
-    sb = Sandbox(rollback=False)  # no background checkpoint between the measured operations
+def _grown(mib: int, *, rollback: bool = False) -> Sandbox:
+    # rollback=False: no background checkpoint between the measured operations
+    sb = Sandbox(rollback=rollback)
     if mib > 48:
         r = sb.run(f"_ballast = bytearray({mib - 42} << 20)\n_ballast[::4096] = b'x' * "
                    f"len(_ballast[::4096])")
@@ -328,6 +331,82 @@ def _bench_image_size(mib: int, n: int) -> None:
             moved = sb._runner.call(lambda: sb._require().memory_address()) != base
             add("images", "sanity: guest memory base after growth",
                 "moved" if moved else "unchanged", "the runtime assumes it never moves")
+    finally:
+        held.clear()
+        sb.close()
+
+
+_TOUCH = ("_k = (_k + 256) % (len(_ballast) >> 12) if '_k' in globals() else 0\n"
+          "for _j in range(256): _ballast[((_k + _j) % (len(_ballast) >> 12)) << 12] = _j & 255")
+
+
+@contextlib.contextmanager
+def _tracking(on: bool) -> Iterator[None]:
+    """Dirty-page tracking as this host has it, or switched off (every image a whole copy):
+    the baseline for the incremental-image rows, in the same run."""
+    mode = TRACKER.mode
+    if not on:
+        TRACKER.mode = "off"
+    try:
+        yield
+    finally:
+        TRACKER.mode = mode
+
+
+def bench_incremental(q: bool) -> None:
+    """A 150 MiB session whose turns each write 256 pages (1 MiB) far apart: the per-turn
+    rollback checkpoint (CPU on the sandbox's thread), fork and checkpoint of that state,
+    with write tracking and with every image a whole copy."""
+    n = 15 if q else 60
+    modes = [(True, dirty_tracking()), (False, "whole copy (baseline)")]
+    for on, label in modes if TRACKER.mode != "off" else modes[1:]:
+        with _tracking(on):
+            _incremental_rollback(n, label)
+            _incremental_fork(n, label)
+        gc.collect()
+
+
+def _incremental_rollback(n: int, label: str) -> None:
+    sb = _grown(150, rollback=True)
+    cpu: list[float] = []
+    orig = Sandbox._checkpoint_good
+
+    def timed_cp(self: Sandbox) -> None:
+        t = time.thread_time()
+        orig(self)
+        cpu.append(time.thread_time() - t)
+
+    Sandbox._checkpoint_good = timed_cp  # type: ignore[method-assign]
+    try:
+        for _ in range(n + 3):
+            sb.run(_TOUCH)
+            sync(sb)
+        add("images", f"rollback checkpoint CPU, {sb.memory_bytes >> 20} MiB, turn wrote 1 MiB",
+            cpu[3:], label)
+    finally:
+        Sandbox._checkpoint_good = orig  # type: ignore[method-assign]
+        sb.close()
+
+
+def _incremental_fork(n: int, label: str) -> None:
+    sb = _grown(150)
+    held = [sb.checkpoint()]
+    size = f"{sb.memory_bytes >> 20} MiB"
+
+    def fork_first() -> Callable[[], None]:
+        sb.run(_TOUCH)
+        fk = sb.fork()
+        fk.run("1")
+        return fk.close
+
+    def checkpoint() -> None:
+        sb.run(_TOUCH)
+        held.append(sb.checkpoint())
+
+    try:
+        add("images", f"turn + fork() to first result, {size} non-current",
+            timed(fork_first, max(n // 3, 4)), label)
+        add("images", f"turn + checkpoint() kept, {size}", timed(checkpoint, n), label)
     finally:
         held.clear()
         sb.close()
@@ -399,7 +478,10 @@ def bench_disk(q: bool) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer repetitions")
-    q = ap.parse_args().quick
+    ap.add_argument("--only", metavar="STEP", action="append",
+                    help="run only these steps (e.g. images, incremental, cli); repeatable")
+    args = ap.parse_args()
+    q = args.quick
     t0 = time.perf_counter()
     steps: list[tuple[str, str, Callable[[bool], None]]] = [
         ("floor", "exec", bench_exec),
@@ -411,9 +493,12 @@ def main() -> None:
         ("memex", "door", bench_door),
         ("disk", "disk", bench_disk),
         ("images", "images", bench_images),
+        ("images", "incremental", bench_incremental),
         ("memex", "cli", bench_cli),
         ("rss", "rss", bench_rss),
     ]
+    if args.only:
+        steps = [st for st in steps if st[1] in args.only or st[2].__name__[6:] in args.only]
     for section, what, fn in steps:
         guarded(section, what)(functools.partial(fn, q))()
     w1 = max(len(r[1]) for r in ROWS)

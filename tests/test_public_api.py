@@ -46,8 +46,8 @@ PINNED: dict[str, list[str]] = {
         "GuestException", "GuestFile", "GuestKilled", "Job", "Limits", "Mount", "Sandbox",
         "SandboxAPI", "TurnResult", "TurnStatus", "Workers", "checkpoint_from_bytes",
         "checkpoint_from_fd", "checkpoint_to_bytes", "checkpoint_to_fd", "compile_module",
-        "find_artifacts", "load_module", "module_path", "open_from_checkpoint", "prepare",
-        "scratch_dir", "serving_door",
+        "dirty_tracking", "find_artifacts", "load_module", "module_path", "open_from_checkpoint",
+        "prepare", "scratch_dir", "serving_door",
     ],
     "memex.backends": [
         "BACKENDS", "Backend", "InProcessBackend", "PoolBackend", "PoolStats", "ProcessCheckpoint",

@@ -6,10 +6,12 @@ public surface has three parts: the sandbox and its records (``Sandbox``, ``Limi
 ``GuestKilled``, ``DoorContext``, ``serving_door``) with the thread pool handlers run on
 (``Workers``); and the seams other layers build on: ``SandboxAPI`` (what every backend's
 sandbox offers), the checkpoint transfer functions backends use to move a guest between
-processes, and ``prepare`` (the one-time precompile).
+processes, ``prepare`` (the one-time precompile) and ``dirty_tracking`` (whether this host's
+checkpoints cost what a turn wrote or the whole memory).
 """
 
 from ._artifacts import Artifacts, find_artifacts
+from ._dirty import dirty_tracking
 from ._door import Door, DoorCall, DoorContext, DoorError, serving_door
 from ._engine import compile_module, load_module, module_path
 from ._instance import GuestKilled
@@ -50,6 +52,7 @@ __all__ = [
     "checkpoint_to_bytes",
     "checkpoint_to_fd",
     "compile_module",
+    "dirty_tracking",
     "find_artifacts",
     "load_module",
     "module_path",

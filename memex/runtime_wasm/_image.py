@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING
 
 from ..errors import ImageError
 from ._cache import atomic_write
+from ._dirty import PAGE as _PAGE
+from ._dirty import Runs
 
 if TYPE_CHECKING:
     from ._instance import Instance
@@ -33,6 +35,7 @@ MAGIC = b"MEMEXIMG"
 FORMAT_VERSION = 2
 _HEADER = struct.Struct("<8sII")
 _CHUNK = 1 << 20
+_MAX_DEPTH = 8  # deltas above a flat root before they are merged into one
 _END = b"MEMEXEND"  # a file cut anywhere, even at a chunk boundary, is detected
 
 
@@ -47,20 +50,60 @@ _MAP_FAILED = ctypes.c_void_p(-1).value
 
 
 class MemoryImage:
-    """One immutable image of a guest's linear memory, held in a memfd.
+    """One image of a guest's linear memory: *flat* (the whole memory in a memfd) or a
+    *delta* (the pages that differ from a parent image, packed in a memfd of their own).
 
-    Restoring maps the image copy-on-write over the fresh instance's memory (``mmap`` with
-    ``MAP_PRIVATE | MAP_FIXED``), so a restore or fork costs page-table work, not a copy, and
-    every sandbox restored from one image shares its unmodified pages. Because private
-    mappings read through to the file, an image is never written after it is first used.
+    Restoring maps the chain's flat root copy-on-write over the fresh instance's memory
+    (``mmap`` with ``MAP_PRIVATE | MAP_FIXED``), so a restore or fork costs page-table work,
+    not a copy, and every sandbox restored from one image shares its unmodified pages; the
+    deltas above it are then copied in, so a restore pays for what changed since the root.
+    Because private mappings read through to the file, an image that someone else holds, maps
+    or builds on (``frozen``) is never written again; only the sandbox that owns an image may
+    update it in place (``write_runs``), and only with pages its live instance has written
+    (which that instance holds as private copies, so its own view never changes).
     """
 
-    __slots__ = ("__weakref__", "_fd", "_view_map", "size")
+    __slots__ = ("__weakref__", "_fd", "_flat", "_frozen", "_pages", "_parent", "_used",
+                 "_view_map", "depth", "size")
 
-    def __init__(self, fd: int, size: int) -> None:
+    def __init__(self, fd: int, size: int, *, parent: MemoryImage | None = None,
+                 pages: dict[int, int] | None = None) -> None:
         self._fd = fd
         self.size = size
         self._view_map: mmap.mmap | None = None
+        self._parent = parent
+        self._pages = pages  # delta only: page number -> offset in this image's file
+        self._used = len(pages) * _PAGE if pages is not None else 0
+        self._flat: MemoryImage | None = None  # a flat copy of a delta, made on demand
+        self._frozen = False
+        self.depth: int = 0 if parent is None else parent.depth + 1
+
+    @property
+    def frozen(self) -> bool:
+        """Held, mapped or built on by someone else: never written again."""
+        return self._frozen
+
+    def freeze(self) -> None:
+        self._frozen = True
+
+    @property
+    def is_delta(self) -> bool:
+        return self._parent is not None
+
+    @property
+    def layer_bytes(self) -> int:
+        """Bytes of memory this image holds itself (the whole memory for a flat one)."""
+        return self._used if self._pages is not None else self.size
+
+    @property
+    def delta_bytes(self) -> int:
+        """Bytes held by the deltas from the flat root to this image (0 for a flat one)."""
+        img: MemoryImage | None = self
+        total = 0
+        while img is not None and img._pages is not None:
+            total += img._used
+            img = img._parent
+        return total
 
     @classmethod
     def _new_fd(cls, size: int) -> int:
@@ -81,14 +124,13 @@ class MemoryImage:
         return img
 
     def overwrite_from(self, inst: Instance) -> None:
-        """Recapture into this image's own pages (no page allocation). Only for an image that
-        no instance maps and nobody else holds."""
+        """Recapture the whole memory into this flat image's own pages (no page allocation).
+        Only for an image that no instance maps and nobody else holds."""
+        assert self._pages is None and not self._frozen
         size = inst.memory_size()
         if size > self.size:
             os.ftruncate(self._fd, size)
-        if self._view_map is not None:
-            self._view_map.close()
-            self._view_map = None
+        self._drop_views()
         self._write_from(inst.memory_address(), size)
         self.size = size
 
@@ -112,25 +154,121 @@ class MemoryImage:
             raise
         return cls(fd, size)
 
+    # ---- deltas ---------------------------------------------------------------------------
+    def derive(self, inst: Instance, runs: Runs) -> MemoryImage:
+        """A new image of ``inst``'s memory, which equals this image except in ``runs`` (the
+        pages written since): a delta on this one; when the chain is deep, a delta that folds
+        the small recent layers together; a flat copy when that would be most of it."""
+        size = inst.memory_size()
+        parent: MemoryImage = self
+        pages = _pages_of(runs)
+        if self.depth >= _MAX_DEPTH:
+            # Merge the top of the chain down to the first layer bigger than everything above
+            # it (the root at the latest): small recent layers fold together, a big old one
+            # is not copied again each time.
+            assert self._pages is not None and self._parent is not None
+            pages.update(self._pages)
+            parent = self._parent
+            while parent._pages is not None and parent._parent is not None \
+                    and parent._used <= len(pages) * _PAGE:
+                pages.update(parent._pages)
+                parent = parent._parent
+        if len(pages) * _PAGE * 2 > size:
+            return MemoryImage.capture(inst)
+        order = sorted(pages)
+        fd = self._new_fd(len(order) * _PAGE)
+        delta = MemoryImage(fd, size, parent=parent,
+                            pages={p: i * _PAGE for i, p in enumerate(order)})
+        try:
+            _copy_pages(fd, inst.memory_address(), [(p, i * _PAGE) for i, p in enumerate(order)])
+        except BaseException:
+            delta.close()
+            raise
+        parent._frozen = True
+        return delta
+
+    def write_runs(self, inst: Instance, runs: Runs) -> None:
+        """Bring this image (owned by the caller, not frozen) up to ``inst``'s memory, which
+        differs from it only in ``runs``: a flat image is written in place, a delta gets the
+        pages overwritten or appended."""
+        assert not self._frozen
+        size = inst.memory_size()
+        self._drop_views()
+        self._flat = None
+        addr = inst.memory_address()
+        if self._pages is None:
+            if size > self.size:
+                os.ftruncate(self._fd, size)
+            _copy_pages(self._fd, addr, [(p, p * _PAGE) for p in _pages_of(runs)])
+        else:
+            todo: list[tuple[int, int]] = []
+            for page in _pages_of(runs):
+                at = self._pages.get(page)
+                if at is None:
+                    at = self._pages[page] = self._used
+                    self._used += _PAGE
+                todo.append((page, at))
+            todo.sort(key=lambda t: t[1])
+            os.ftruncate(self._fd, self._used)
+            _copy_pages(self._fd, addr, todo)
+        self.size = max(size, self.size)
+
+    def flat(self) -> MemoryImage:
+        """This image as one flat memfd (itself when it is flat; a delta builds a copy once)."""
+        if self._pages is None:
+            return self
+        if self._flat is None:
+            fd = self._new_fd(self.size)
+            flat = MemoryImage(fd, self.size)
+            try:
+                chain = self._chain()
+                root = chain[0]
+                off = 0
+                while off < root.size:
+                    n = os.copy_file_range(root._fd, fd, root.size - off, off, off)
+                    if n <= 0:
+                        raise ImageError("short copy flattening a memory image")
+                    off += n
+                for layer in chain[1:]:
+                    assert layer._pages is not None
+                    for page, at in layer._pages.items():
+                        os.pwrite(fd, os.pread(layer._fd, _PAGE, at), page * _PAGE)
+            except BaseException:
+                flat.close()
+                raise
+            self._flat = flat
+        return self._flat
+
+    def _chain(self) -> list[MemoryImage]:
+        """The flat root first, then every delta up to this image."""
+        chain: list[MemoryImage] = []
+        img: MemoryImage | None = self
+        while img is not None:
+            if img._fd < 0:
+                raise ImageError("memory image is closed")
+            chain.append(img)
+            img = img._parent
+        chain.reverse()
+        return chain
+
+    # ---- restore --------------------------------------------------------------------------
     def restore_into(self, inst: Instance) -> None:
         """Make ``inst`` (a fresh, idle instance of the same binary) hold this image."""
-        if self._fd < 0:
-            raise ImageError("memory image is closed")
+        chain = self._chain()
+        root = chain[0]
         inst.grow_to(self.size)
         if inst.memory_size() < self.size:
             raise ImageError(
                 f"memory size mismatch restoring an image ({inst.memory_size()} < {self.size})"
             )
         dst = inst.memory_address()
-        got = _libc.mmap(dst, self.size, _PROT_RW, _MAP_PRIVATE | _MAP_FIXED, self._fd, 0)
+        got = _libc.mmap(dst, root.size, _PROT_RW, _MAP_PRIVATE | _MAP_FIXED, root._fd, 0)
         if got != dst:  # mapping refused (e.g. a seccomp policy): let the kernel copy instead
-            target = memoryview((ctypes.c_char * self.size).from_address(dst)).cast("B")
-            off = 0
-            while off < self.size:
-                n = os.preadv(self._fd, [target[off:]], off)
-                if n <= 0:
-                    raise ImageError("short read restoring a memory image")
-                off += n
+            _read_into(root._fd, dst, 0, root.size)
+        for layer in chain[1:]:
+            assert layer._pages is not None
+            for page, at, n in _extents(layer._pages):
+                _read_into(layer._fd, dst + page * _PAGE, at, n)
 
     def _mapped(self) -> mmap.mmap:
         if self._view_map is None:
@@ -138,9 +276,19 @@ class MemoryImage:
         return self._view_map
 
     def view(self) -> memoryview:
-        return memoryview(self._mapped())[: self.size]
+        """The whole memory, read-only (a delta is flattened first)."""
+        flat = self.flat()
+        return memoryview(flat._mapped())[: flat.size]
+
+    def _drop_views(self) -> None:
+        if self._view_map is not None:
+            self._view_map.close()
+            self._view_map = None
 
     def close(self) -> None:
+        if self._flat is not None:
+            self._flat.close()
+            self._flat = None
         if self._view_map is not None:
             try:
                 self._view_map.close()
@@ -150,10 +298,65 @@ class MemoryImage:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+        self._parent = None
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self.close()
+
+
+def _pages_of(runs: Runs) -> dict[int, int]:
+    """The page numbers in ``runs`` (values unused: a dict keeps them in order)."""
+    pages: dict[int, int] = {}
+    for off, n in runs:
+        for page in range(off // _PAGE, (off + n + _PAGE - 1) // _PAGE):
+            pages[page] = 0
+    return pages
+
+
+def _extents(pages: dict[int, int]) -> list[tuple[int, int, int]]:
+    """(first page, file offset, bytes) for each stretch of pages that is contiguous both in
+    memory and in the file."""
+    out: list[tuple[int, int, int]] = []
+    for page, at in sorted(pages.items()):
+        if out:
+            p0, a0, n0 = out[-1]
+            if p0 + n0 // _PAGE == page and a0 + n0 == at:
+                out[-1] = (p0, a0, n0 + _PAGE)
+                continue
+        out.append((page, at, _PAGE))
+    return out
+
+
+def _copy_pages(fd: int, addr: int, todo: list[tuple[int, int]]) -> None:
+    """Write memory page ``page`` (at ``addr``) to file offset ``at`` for each pair, one call
+    per stretch that is contiguous on both sides."""
+    stretches: list[tuple[int, int, int]] = []
+    for page, at in todo:
+        if stretches:
+            p0, a0, n0 = stretches[-1]
+            if p0 + n0 // _PAGE == page and a0 + n0 == at:
+                stretches[-1] = (p0, a0, n0 + _PAGE)
+                continue
+        stretches.append((page, at, _PAGE))
+    for page, at, n in stretches:
+        view = memoryview((ctypes.c_char * n).from_address(addr + page * _PAGE)).cast("B")
+        done = 0
+        while done < n:
+            k = os.pwrite(fd, view[done:], at + done)
+            if k <= 0:
+                raise ImageError("short write updating a memory image")
+            done += k
+
+
+def _read_into(fd: int, addr: int, at: int, n: int) -> None:
+    target = memoryview((ctypes.c_char * n).from_address(addr)).cast("B")
+    done = 0
+    while done < n:
+        k = os.preadv(fd, [target[done:]], at + done)
+        if k <= 0:
+            raise ImageError("short read restoring a memory image")
+        done += k
 
 
 @dataclass(frozen=True, kw_only=True)

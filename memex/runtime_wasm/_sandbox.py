@@ -25,6 +25,7 @@ from ..errors import (
     SandboxClosed,
     SandboxError,
 )
+from ._dirty import TRACKER, MemoryWatch, Runs
 from ._disk import DiskLedger, DiskPlace
 from ._door import Door, serving_door
 from ._engine import LoadedModule, load_module
@@ -105,14 +106,17 @@ class Sandbox:
         self.created = time.monotonic()
         self.last_used = self.created
         # Images of guest state. _good: the end of the last good turn (None: use _base, or a
-        # fresh bootstrap when that is None too). _good_reusable: only this sandbox holds it
-        # and no instance maps it, so the next checkpoint may overwrite it in place.
-        # _backing: the image mapped copy-on-write under the live instance. _current: the live
-        # state equals _good (or _base), so fork/checkpoint/save need no new copy.
+        # fresh bootstrap when that is None too); while it is not frozen only this sandbox
+        # holds it, so the next checkpoint may update it in place. _backing: the image mapped
+        # copy-on-write under the live instance. _current: the live state equals _good (or
+        # _base), so fork/checkpoint/save need no new copy. _ref: the image the live memory
+        # equalled when _watch last looked, so the next image is _ref plus the pages written
+        # since (None: the next image is a whole copy).
         self._good: MemoryImage | None = None
-        self._good_reusable = False
         self._base: MemoryImage | None = None
         self._backing: MemoryImage | None = None
+        self._ref: MemoryImage | None = None
+        self._watch: MemoryWatch | None = None
         self._current = False
         self._inst: Instance | None = None
         self._loaded: LoadedModule = load_module("metered" if self.limits.metered else "plain")
@@ -146,6 +150,8 @@ class Sandbox:
             self._base = image
         elif self.preload or _seen_before(self._key()):
             self._base = warm_image(self._loaded, self._spec, self.preload)
+        if self._base is not None:
+            self._base.freeze()  # shared with whoever handed it over
         self._runner.call(self._fresh_instance)
 
     def _make_spec(self, guard_files: bool) -> InstanceSpec:
@@ -186,7 +192,7 @@ class Sandbox:
         old, self._inst = self._inst, None
         if old is not None:
             old.close()
-        self._backing = None
+        self._backing = self._ref = self._watch = None
         inst = self._new_instance()
         try:
             image = self._good if self._good is not None else self._base
@@ -200,6 +206,26 @@ class Sandbox:
             raise
         self._inst = inst
         self._current = image is not None
+        if image is not None:
+            self._watch_from(inst, image)
+
+    def _watch_from(self, inst: Instance, image: MemoryImage) -> None:
+        """(runner) From now on the next image of ``inst`` is ``image`` plus what it writes
+        (when this host can track written pages)."""
+        self._ref, self._watch = None, None
+        if TRACKER.mode != "off":
+            watch = MemoryWatch(TRACKER, inst.memory_address(), inst.memory_size())
+            if watch.active:
+                self._ref, self._watch = image, watch
+
+    def _written(self, inst: Instance) -> Runs | None:
+        """(runner) The pages written since ``_ref``, or None when they are not known."""
+        if self._watch is None or self._ref is None:
+            return None
+        runs = self._watch.take(inst.memory_address(), inst.memory_size())
+        if runs is None:
+            self._ref = self._watch = None
+        return runs
 
     def _bootstrap(self, inst: Instance) -> None:
         out = inst.run_raw(bootstrap_source(), deadline=time.monotonic() + 60, fuel=None,
@@ -377,11 +403,23 @@ class Sandbox:
         if inst is None or not inst.alive:
             return
         good = self._good
-        if good is not None and self._good_reusable and good is not self._backing:
+        runs = self._written(inst)
+        if runs is not None and self._ref is not None:
+            if good is self._ref and good is not None and not good.frozen:
+                good.write_runs(inst, runs)
+                if good.is_delta and good.delta_bytes * 2 > good.size:
+                    good = self._good = MemoryImage.capture(inst)  # most of it: go flat
+            else:
+                good = self._good = self._ref.derive(inst, runs)
+        elif good is not None and not good.frozen and not good.is_delta \
+                and good is not self._backing:
             good.overwrite_from(inst)
         else:
-            self._good = MemoryImage.capture(inst)
-            self._good_reusable = True
+            good = self._good = MemoryImage.capture(inst)
+        if runs is not None:
+            self._ref = good  # the watch looked just now: what is written next is on top
+        else:
+            self._watch_from(inst, good)
         self._current = True
 
     def _shared_image(self) -> MemoryImage:
@@ -390,9 +428,18 @@ class Sandbox:
         if self._current:
             image = self._good if self._good is not None else self._base
             if image is not None:
-                self._good_reusable = False  # someone else holds it from now on
+                image.freeze()  # someone else holds it from now on
                 return image
-        return MemoryImage.capture(self._require())
+        inst = self._require()
+        runs = self._written(inst)
+        if runs is not None and self._ref is not None:
+            image = self._ref.derive(inst, runs)
+            self._ref = image
+        else:
+            image = MemoryImage.capture(inst)
+            self._watch_from(inst, image)
+        image.freeze()
+        return image
 
     def _recover(self) -> bool:
         """(runner) After a trap: a new instance holding the last good state."""
@@ -423,8 +470,8 @@ class Sandbox:
                 raise ConfigError("checkpoint comes from a sandbox with other mounts or engine")
 
             def job() -> None:
+                checkpoint._image.freeze()
                 self._good = checkpoint._image
-                self._good_reusable = False
                 self._fresh_instance()
 
             self._runner.call(job)
@@ -464,8 +511,7 @@ class Sandbox:
             img = self._base  # no turn has ended yet: the starting state is the last good one
         if img is None:
             raise SandboxError("no image of a finished turn to fork from yet")
-        if img is self._good:
-            self._good_reusable = False  # the fork maps it from now on
+        img.freeze()  # the fork maps it from now on
         return Sandbox(limits=lim, mounts=self.mounts,
                        door=door if door is not None else self.door, env=self._env,
                        rollback=self.rollback, _image=img, _scratch_from=self._scratch)
@@ -620,7 +666,7 @@ class Sandbox:
             else:
                 runner.call(job)
             runner.stop(timeout=5)
-        self._good = self._backing = self._base = None
+        self._good = self._backing = self._base = self._ref = self._watch = None
         shutil.rmtree(self.__dict__.get("_scratch", ""), ignore_errors=True) if self.__dict__.get(
             "_scratch") else None
         with _LIVE_LOCK:

@@ -51,7 +51,7 @@ def _key_from_wire(wire: Any) -> tuple[Any, ...]:
 def checkpoint_to_fd(cp: Checkpoint) -> tuple[int, dict[str, Any]]:
     """A new file descriptor of the checkpoint's image (the caller closes it) and the
     msgpack-able description ``checkpoint_from_fd`` needs."""
-    fd = os.dup(cp._image._fd)
+    fd = os.dup(cp._image.flat()._fd)
     return fd, {"size": cp.size, "turns": cp.turns, "key": _key_to_wire(cp._owner_key)}
 
 
