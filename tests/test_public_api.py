@@ -188,6 +188,25 @@ def test_import_memex_loads_only_errors_and_the_runtime() -> None:
     assert _loaded_after("import memex") == ["memex.errors", "memex.runtime_wasm"]
 
 
+HEAVY = ["anyio", "httpx", "httpx2", "jsonschema", "numpy", "openai", "pandas", "pydantic",
+         "pydantic_core", "rich", "yaml"]
+
+
+@pytest.mark.parametrize("code", [
+    "import memex.runtime_wasm",
+    "from memex.cli import main; main(['run', '-c', 'pass'])",
+])
+def test_the_runtime_and_memex_run_load_no_heavy_module(code: str) -> None:
+    """Start-up is paid by every CLI use and MCP host process: the runtime and `memex run`
+    import none of the heavy optional libraries."""
+    probe = (f"import sys, json\n{code}\n"
+             f"top = {{m.split('.')[0] for m in sys.modules}}\n"
+             f"print(json.dumps(sorted(top & {set(HEAVY)!r})))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         timeout=120, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
 def test_a_lazy_name_loads_its_layer() -> None:
     assert "memex.host_tools" in _loaded_after("import memex; memex.Tool")
     assert "memex.executor" not in _loaded_after("import memex; memex.Tool")

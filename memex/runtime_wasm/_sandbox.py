@@ -42,7 +42,7 @@ from ._instance import Instance, InstanceSpec, TurnOutcome
 from ._output import OutputListener
 from ._records import GuestException, GuestFile, Limits, Mount, TurnResult, TurnStatus
 from ._runner import Runner
-from ._warm import warm_image
+from ._warm import warm_image, warm_image_ready
 
 __all__ = ["Checkpoint", "Sandbox"]
 
@@ -148,7 +148,8 @@ class Sandbox:
         first), else a fresh bootstrap."""
         if image is not None:
             self._base = image
-        elif self.preload or _seen_before(self._key()):
+        elif (self.preload or warm_image_ready(self._loaded, self._spec, ())
+              or _seen_before(self._key())):
             self._base = warm_image(self._loaded, self._spec, self.preload)
         if self._base is not None:
             self._base.freeze()  # shared with whoever handed it over
@@ -712,8 +713,9 @@ _SEEN: set[tuple[Any, ...]] = set()
 
 
 def _seen_before(key: tuple[Any, ...]) -> bool:
-    """The first plain sandbox of a kind in a process bootstraps directly (fastest for one
-    sandbox, e.g. `memex run`); later ones start from a shared warm image (copy-on-write)."""
+    """Without a warm image on disk, the first plain sandbox of a kind in a process
+    bootstraps directly (faster than building the image first); later ones build it (once per
+    machine) and start from it, copy-on-write."""
     with _LIVE_LOCK:
         if key in _SEEN:
             return True

@@ -1,6 +1,8 @@
-"""Warm images: a guest with some modules already imported, built once per process (and kept
-on disk in the cache) so that ``Sandbox(preload=[...])`` costs a memory copy instead of the
-imports (pandas alone takes ~1.3 s to import in the guest).
+"""Warm images: a guest bootstrapped and with some modules already imported, built once per
+machine (``memex prepare`` builds the plain one) and kept in the cache as a raw image file
+that every process maps copy-on-write: ``Sandbox(preload=[...])`` costs a mapping instead of
+the imports (pandas alone takes ~1.3 s to import in the guest), and the first sandbox of a
+process costs no bootstrap. Processes of one machine share the file's pages.
 """
 
 from __future__ import annotations
@@ -14,10 +16,10 @@ from ..errors import GuestStartError, ImageError
 from ._cache import cache_dir, file_lock
 from ._engine import LoadedModule
 from ._files import GUEST_BUNDLE, GUEST_LIB, bootstrap_source, bundle_dir, driver_source
-from ._image import MemoryImage, read_image_file, write_image_file
+from ._image import MemoryImage, open_raw_image, write_raw_image
 from ._instance import Instance, InstanceSpec
 
-__all__ = ["precompile_bundle", "warm_image"]
+__all__ = ["precompile_bundle", "warm_image", "warm_image_ready"]
 
 _IMAGES: dict[str, MemoryImage] = {}
 _LOCK = threading.Lock()
@@ -36,6 +38,16 @@ def _key(loaded: LoadedModule, spec: InstanceSpec, preload: tuple[str, ...]) -> 
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
 
 
+def _path(key: str) -> Path:
+    return cache_dir() / "warm" / f"{key}.raw"
+
+
+def warm_image_ready(loaded: LoadedModule, spec: InstanceSpec, preload: tuple[str, ...]) -> bool:
+    """Whether ``warm_image`` would cost no build (in this process, or on disk)."""
+    key = _key(loaded, spec, preload)
+    return key in _IMAGES or _path(key).is_file()
+
+
 def warm_image(loaded: LoadedModule, spec: InstanceSpec, preload: tuple[str, ...]) -> MemoryImage:
     """The shared (read-only) image of a bootstrapped guest that imported ``preload``."""
     key = _key(loaded, spec, preload)
@@ -43,19 +55,30 @@ def warm_image(loaded: LoadedModule, spec: InstanceSpec, preload: tuple[str, ...
         img = _IMAGES.get(key)
         if img is not None:
             return img
-        path = cache_dir() / "warm" / f"{key}.img"
+        path = _path(key)
         sha = loaded.artifacts.snapshot_sha256
-        if path.is_file():
-            try:
-                img, _ = read_image_file(path, sha)
-            except ImageError:
-                img = None
+        img = _open(path, sha)
         if img is None:
             with file_lock(path.with_suffix(".lock")):
-                img = _build(loaded, spec, preload)
-                write_image_file(path, img, sha, {"preload": list(preload)})
+                img = _open(path, sha)  # another process may have built it meanwhile
+                if img is None:
+                    built = _build(loaded, spec, preload)
+                    try:
+                        write_raw_image(path, built, sha, {"preload": list(preload)})
+                    finally:
+                        built.close()
+                    img = open_raw_image(path, sha)
         _IMAGES[key] = img
         return img
+
+
+def _open(path: Path, sha: str) -> MemoryImage | None:
+    if not path.is_file():
+        return None
+    try:
+        return open_raw_image(path, sha)
+    except ImageError:
+        return None  # damaged or from another MemEx: built again
 
 
 def _build(loaded: LoadedModule, spec: InstanceSpec, preload: tuple[str, ...]) -> MemoryImage:
