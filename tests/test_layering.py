@@ -77,6 +77,11 @@ ALLOWED_PRIVATE: dict[str, dict[str, str]] = {
     "tests/host_tools/test_tool_definitions.py": {
         "memex.host_tools._types.render_default": "how stub defaults are rendered",
     },
+    "tests/runtime_wasm/test_warm_images.py": {
+        "memex.runtime_wasm._warm": "an empty warm-image folder, to build and damage images in",
+        "memex.runtime_wasm._image.open_raw_image": "raw image files, damaged on purpose",
+        "memex.runtime_wasm._image.write_raw_image": "raw image files, damaged on purpose",
+    },
     "tests/runtime_wasm/test_incremental_images.py": {
         "memex.runtime_wasm._dirty": "the page tracker itself, and switching it off to test "
                                      "the whole-copy path",

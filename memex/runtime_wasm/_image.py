@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import json
 import mmap
 import os
@@ -225,13 +226,7 @@ class MemoryImage:
             try:
                 chain = self._chain()
                 root = chain[0]
-                off = 0
-                while off < root.size:
-                    n = os.copy_file_range(root._fd, fd, root.size - off,
-                                           root._offset + off, off)
-                    if n <= 0:
-                        raise ImageError("short copy flattening a memory image")
-                    off += n
+                _copy_file(root._fd, root._offset, fd, root.size)
                 for layer in chain[1:]:
                     assert layer._pages is not None
                     for page, at in layer._pages.items():
@@ -354,6 +349,27 @@ def _copy_pages(fd: int, addr: int, todo: list[tuple[int, int]]) -> None:
             if k <= 0:
                 raise ImageError("short write updating a memory image")
             done += k
+
+
+def _copy_file(src: int, at: int, dst: int, n: int) -> None:
+    """Bytes ``[at, at+n)`` of ``src`` to the start of ``dst``: in the kernel when both are on
+    one filesystem (memfd to memfd), else through a buffer (a raw image file to a memfd)."""
+    off = 0
+    try:
+        while off < n:
+            k = os.copy_file_range(src, dst, n - off, at + off, off)
+            if k <= 0:
+                break
+            off += k
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+            raise
+    while off < n:
+        data = os.pread(src, min(n - off, _CHUNK * 8), at + off)
+        if not data:
+            raise ImageError("short read copying a memory image")
+        os.pwrite(dst, data, off)
+        off += len(data)
 
 
 def _read_into(fd: int, addr: int, at: int, n: int) -> None:
