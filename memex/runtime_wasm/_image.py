@@ -13,32 +13,21 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import json
 import mmap
 import os
-import struct
-import zlib
-from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import ImageError
-from ._cache import atomic_write
 from ._dirty import PAGE as _PAGE
 from ._dirty import Runs
 
 if TYPE_CHECKING:
     from ._instance import Instance
 
-__all__ = ["ImageInfo", "MemoryImage", "open_raw_image", "read_image_file", "write_image_file",
-           "write_raw_image"]
+__all__ = ["MemoryImage"]
 
-MAGIC = b"MEMEXIMG"
-FORMAT_VERSION = 2
-_HEADER = struct.Struct("<8sII")
 _CHUNK = 1 << 20
 _MAX_DEPTH = 8  # deltas above a flat root before they are merged into one
-_END = b"MEMEXEND"  # a file cut anywhere, even at a chunk boundary, is detected
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -65,12 +54,14 @@ class MemoryImage:
     (which that instance holds as private copies, so its own view never changes).
     """
 
-    __slots__ = ("__weakref__", "_fd", "_flat", "_frozen", "_offset", "_pages", "_parent",
-                 "_used", "_view_map", "depth", "size")
+    __slots__ = ("__weakref__", "_fd", "_flat", "_frozen", "_offset", "_origin", "_pages",
+                 "_parent", "_used", "_view_map", "depth", "size")
 
     def __init__(self, fd: int, size: int, *, parent: MemoryImage | None = None,
-                 pages: dict[int, int] | None = None, offset: int = 0) -> None:
+                 pages: dict[int, int] | None = None, offset: int = 0,
+                 origin: str | None = None) -> None:
         self._fd = fd
+        self._origin = origin  # a warm image's name, which saves made on top of it record
         self._offset = offset  # where the memory starts in the file (a raw image file: 4096)
         self.size = size
         self._view_map: mmap.mmap | None = None
@@ -80,6 +71,25 @@ class MemoryImage:
         self._flat: MemoryImage | None = None  # a flat copy of a delta, made on demand
         self._frozen = False
         self.depth: int = 0 if parent is None else parent.depth + 1
+
+    @property
+    def origin(self) -> str | None:
+        """The name of a warm image (None for any other image)."""
+        return self._origin
+
+    @property
+    def fd(self) -> int:
+        return self._fd
+
+    @property
+    def pages(self) -> dict[int, int]:
+        """A delta's pages: page number -> offset in its file (empty for a flat image)."""
+        return dict(self._pages) if self._pages is not None else {}
+
+    @property
+    def root(self) -> MemoryImage:
+        """The flat image at the bottom of this one's chain (itself when it is flat)."""
+        return self.chain()[0]
 
     @property
     def frozen(self) -> bool:
@@ -157,6 +167,26 @@ class MemoryImage:
             raise
         return cls(fd, size)
 
+    @classmethod
+    def delta_from_runs(cls, root: MemoryImage, size: int,
+                        runs: list[tuple[int, bytes]]) -> MemoryImage:
+        """A delta on ``root`` holding ``runs`` (page-aligned offset, bytes): a saved session
+        loaded on top of the warm image it was saved on."""
+        pages: dict[int, int] = {}
+        used = sum(len(data) for _, data in runs)
+        fd = cls._new_fd(max(used, _PAGE))
+        at = 0
+        try:
+            for off, data in runs:
+                os.pwrite(fd, data, at)
+                for k in range(len(data) // _PAGE):
+                    pages[off // _PAGE + k] = at + k * _PAGE
+                at += len(data)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(fd, size, parent=root, pages=pages)
+
     # ---- deltas ---------------------------------------------------------------------------
     def derive(self, inst: Instance, runs: Runs) -> MemoryImage:
         """A new image of ``inst``'s memory, which equals this image except in ``runs`` (the
@@ -224,7 +254,7 @@ class MemoryImage:
             fd = self._new_fd(self.size)
             flat = MemoryImage(fd, self.size)
             try:
-                chain = self._chain()
+                chain = self.chain()
                 root = chain[0]
                 _copy_file(root._fd, root._offset, fd, root.size)
                 for layer in chain[1:]:
@@ -237,7 +267,7 @@ class MemoryImage:
             self._flat = flat
         return self._flat
 
-    def _chain(self) -> list[MemoryImage]:
+    def chain(self) -> list[MemoryImage]:
         """The flat root first, then every delta up to this image."""
         chain: list[MemoryImage] = []
         img: MemoryImage | None = self
@@ -252,7 +282,7 @@ class MemoryImage:
     # ---- restore --------------------------------------------------------------------------
     def restore_into(self, inst: Instance) -> None:
         """Make ``inst`` (a fresh, idle instance of the same binary) hold this image."""
-        chain = self._chain()
+        chain = self.chain()
         root = chain[0]
         inst.grow_to(self.size)
         if inst.memory_size() < self.size:
@@ -380,164 +410,3 @@ def _read_into(fd: int, addr: int, at: int, n: int) -> None:
         if k <= 0:
             raise ImageError("short read restoring a memory image")
         done += k
-
-
-@dataclass(frozen=True, kw_only=True)
-class ImageInfo:
-    binary_sha256: str
-    memory_size: int
-    meta: dict[str, object]
-
-
-def write_image_file(
-    path: Path, img: MemoryImage, binary_sha256: str, meta: dict[str, object]
-) -> int:
-    """Compressed image on disk: a header naming the format version and the binary, then
-    1 MiB chunks (all-zero chunks are skipped). Returns the file size."""
-    view = img.view()
-    zero = bytes(_CHUNK)
-    body: list[bytes] = []
-    count = 0
-    for off in range(0, img.size, _CHUNK):
-        chunk = view[off : off + _CHUNK]
-        if chunk == zero[: len(chunk)]:
-            continue
-        data = zlib.compress(chunk, 1)
-        body.append(struct.pack("<QI", off, len(data)))
-        body.append(data)
-        count += 1
-    del view
-    header = json.dumps(
-        {"binary_sha256": binary_sha256, "memory_size": img.size, "chunk": _CHUNK,
-         "chunks": count, "meta": meta}
-    ).encode()
-    blob = b"".join([_HEADER.pack(MAGIC, FORMAT_VERSION, len(header)), header, *body, _END])
-    atomic_write(path, blob)
-    return len(blob)
-
-
-_RAW_MAGIC = b"MEMEXRAW"
-_RAW_VERSION = 1
-_RAW_HEAD = 4096  # the memory starts one page in, so the file maps without a copy
-
-
-def write_raw_image(path: Path, img: MemoryImage, binary_sha256: str,
-                    meta: dict[str, object]) -> None:
-    """An image file that is mapped, not read: a one-page header, then the memory as it is
-    (all-zero megabytes left as holes, so the file is sparse). For images every process of a
-    machine starts from (warm images): opening one costs a system call, not a decompression.
-    Written to a temporary name and renamed, so a process that has one open keeps its own."""
-    header = json.dumps({"binary_sha256": binary_sha256, "memory_size": img.size,
-                         "meta": meta}).encode()
-    head = _HEADER.pack(_RAW_MAGIC, _RAW_VERSION, len(header)) + header
-    if len(head) > _RAW_HEAD:
-        raise ImageError("an image's description does not fit its header page")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    view = img.view()
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        try:
-            os.pwrite(fd, head, 0)
-            zero = bytes(_CHUNK)
-            for off in range(0, img.size, _CHUNK):
-                chunk = view[off : off + _CHUNK]
-                if chunk != zero[: len(chunk)]:
-                    done = 0
-                    while done < len(chunk):
-                        done += os.pwrite(fd, chunk[done:], _RAW_HEAD + off + done)
-            os.ftruncate(fd, _RAW_HEAD + img.size)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    finally:
-        del view
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-
-
-def open_raw_image(path: Path, binary_sha256: str) -> MemoryImage:
-    """The image in a file from ``write_raw_image``, mapped from the file itself (frozen)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise ImageError(f"cannot open image {path}: {exc}") from exc
-    try:
-        head = os.pread(fd, _RAW_HEAD, 0)
-        if len(head) < _HEADER.size:
-            raise ImageError(f"{path} is not a MemEx raw image (too short)")
-        magic, version, hlen = _HEADER.unpack_from(head)
-        if magic != _RAW_MAGIC or version != _RAW_VERSION or _HEADER.size + hlen > _RAW_HEAD:
-            raise ImageError(f"{path} is not a MemEx raw image of version {_RAW_VERSION}")
-        try:
-            header = json.loads(head[_HEADER.size : _HEADER.size + hlen])
-            size, sha = int(header["memory_size"]), str(header["binary_sha256"])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ImageError(f"{path} has a corrupt header") from exc
-        if sha != binary_sha256:
-            raise ImageError(f"{path} was made from another guest binary")
-        if size <= 0 or size % 65536 or size > (4 << 30):
-            raise ImageError(f"{path} has an invalid memory size {size}")
-        if os.fstat(fd).st_size != _RAW_HEAD + size:
-            raise ImageError(f"{path} is truncated or padded (size does not match its header)")
-    except BaseException:
-        os.close(fd)
-        raise
-    img = MemoryImage(fd, size, offset=_RAW_HEAD)
-    img.freeze()
-    return img
-
-
-def read_image_file(path: Path, binary_sha256: str) -> tuple[MemoryImage, ImageInfo]:
-    try:
-        blob = Path(path).read_bytes()
-    except OSError as exc:
-        raise ImageError(f"cannot read image {path}: {exc}") from exc
-    if len(blob) < _HEADER.size:
-        raise ImageError(f"{path} is not a MemEx image (too short)")
-    magic, version, hlen = _HEADER.unpack_from(blob)
-    if magic != MAGIC:
-        raise ImageError(f"{path} is not a MemEx image (bad magic)")
-    if version != FORMAT_VERSION:
-        raise ImageError(f"{path} has image format {version}; this MemEx reads {FORMAT_VERSION}")
-    try:
-        header = json.loads(blob[_HEADER.size : _HEADER.size + hlen])
-        size = int(header["memory_size"])
-        chunk = int(header["chunk"])
-        sha = str(header["binary_sha256"])
-        count = int(header["chunks"])
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ImageError(f"{path} has a corrupt header") from exc
-    if sha != binary_sha256:
-        raise ImageError(
-            f"{path} was saved from another guest binary ({sha[:12]}...; this one is "
-            f"{binary_sha256[:12]}...)"
-        )
-    if size <= 0 or size % 65536 or size > (4 << 30):
-        raise ImageError(f"{path} has an invalid memory size {size}")
-    pos = _HEADER.size + hlen
-    chunks: list[tuple[int, bytes]] = []
-    if not blob.endswith(_END):
-        raise ImageError(f"{path} is truncated (no end marker)")
-    end = len(blob) - len(_END)
-    try:
-        while pos < end:
-            off, n = struct.unpack_from("<QI", blob, pos)
-            if pos + 12 + n > end:
-                raise ImageError(f"{path} is truncated or corrupt (chunk past the end)")
-            pos += 12
-            data = zlib.decompress(blob[pos : pos + n])
-            pos += n
-            if off % chunk or off + len(data) > size or len(data) > chunk:
-                raise ImageError(f"{path} has a chunk outside the memory")
-            chunks.append((off, data))
-    except (struct.error, zlib.error) as exc:
-        raise ImageError(f"{path} is truncated or corrupt: {exc}") from exc
-    if len(chunks) != count:
-        raise ImageError(f"{path} is truncated or corrupt ({len(chunks)} of {count} chunks)")
-    img = MemoryImage.from_chunks(size, chunks)
-    meta = header.get("meta") if isinstance(header.get("meta"), dict) else {}
-    return img, ImageInfo(binary_sha256=sha, memory_size=size, meta=meta)
-
-

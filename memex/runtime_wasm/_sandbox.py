@@ -37,12 +37,13 @@ from ._files import (
     mpl_data_dir,
     stdlib_dir,
 )
-from ._image import MemoryImage, read_image_file, write_image_file
+from ._image import MemoryImage
+from ._imagefile import read_image_file, write_image_file
 from ._instance import Instance, InstanceSpec, TurnOutcome
 from ._output import OutputListener
 from ._records import GuestException, GuestFile, Limits, Mount, TurnResult, TurnStatus
 from ._runner import Runner
-from ._warm import warm_image, warm_image_ready
+from ._warm import warm_image, warm_image_named, warm_image_ready
 
 __all__ = ["Checkpoint", "Sandbox"]
 
@@ -517,8 +518,11 @@ class Sandbox:
                        door=door if door is not None else self.door, env=self._env,
                        rollback=self.rollback, _image=img, _scratch_from=self._scratch)
 
-    def save(self, path: str | os.PathLike[str]) -> int:
-        """Write the guest state to a compressed image file; returns its size in bytes."""
+    def save(self, path: str | os.PathLike[str], *, portable: bool = False) -> int:
+        """Write the guest state to a compressed image file; returns its size in bytes. The
+        file holds the pages this session changed on top of this machine's warm image it
+        started from (``load`` here maps that image again); ``portable=True`` stores the
+        whole memory instead, for a machine that does not have that image."""
         with self._lock:
             self._check_open()
             img = self._runner.call(self._shared_image)
@@ -526,7 +530,7 @@ class Sandbox:
                     "guest_paths": [g for _, g, _ in self._spec.preopens],
                     "flavour": self._loaded.flavour}
             return write_image_file(Path(path), img, self._loaded.artifacts.snapshot_sha256,
-                                    meta)
+                                    meta, portable=portable)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], *, limits: Limits | None = None,
@@ -536,7 +540,9 @@ class Sandbox:
         paths as when it was saved (the guest's libc remembers them)."""
         limits = limits or Limits()
         loaded = load_module("metered" if limits.metered else "plain")
-        img, info = read_image_file(Path(path), loaded.artifacts.snapshot_sha256)
+        sha = loaded.artifacts.snapshot_sha256
+        img, info = read_image_file(Path(path), sha,
+                                    base=lambda name: warm_image_named(name, sha))
         want = info.meta.get("guest_paths")
         sb_env = env if env is not None else info.meta.get("env")
         have = ["/usr/local/lib", "/memex"]

@@ -8,6 +8,7 @@ process costs no bootstrap. Processes of one machine share the file's pages.
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 import time
 from pathlib import Path
@@ -16,10 +17,11 @@ from ..errors import GuestStartError, ImageError
 from ._cache import cache_dir, file_lock
 from ._engine import LoadedModule
 from ._files import GUEST_BUNDLE, GUEST_LIB, bootstrap_source, bundle_dir, driver_source
-from ._image import MemoryImage, open_raw_image, write_raw_image
+from ._image import MemoryImage
+from ._imagefile import open_raw_image, write_raw_image
 from ._instance import Instance, InstanceSpec
 
-__all__ = ["precompile_bundle", "warm_image", "warm_image_ready"]
+__all__ = ["precompile_bundle", "warm_image", "warm_image_named", "warm_image_ready"]
 
 _IMAGES: dict[str, MemoryImage] = {}
 _LOCK = threading.Lock()
@@ -64,12 +66,28 @@ def warm_image(loaded: LoadedModule, spec: InstanceSpec, preload: tuple[str, ...
                 if img is None:
                     built = _build(loaded, spec, preload)
                     try:
-                        write_raw_image(path, built, sha, {"preload": list(preload)})
+                        write_raw_image(path, built, sha, {"preload": list(preload)},
+                                        name=key)
                     finally:
                         built.close()
                     img = open_raw_image(path, sha)
         _IMAGES[key] = img
         return img
+
+
+def warm_image_named(name: str, sha: str) -> MemoryImage | None:
+    """This machine's warm image called ``name`` (what a save on top of it recorded), or None
+    when there is none or the one here has other contents."""
+    key = name.split(":", 1)[0]
+    if not re.fullmatch(r"[0-9a-f]{32}", key):
+        return None
+    with _LOCK:
+        img = _IMAGES.get(key)
+        if img is None:
+            img = _open(_path(key), sha)
+            if img is not None:
+                _IMAGES[key] = img
+    return img if img is not None and img.origin == name else None
 
 
 def _open(path: Path, sha: str) -> MemoryImage | None:

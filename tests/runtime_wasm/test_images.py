@@ -13,7 +13,7 @@ from memex import Checkpoint, ConfigError, ImageError, Limits, Mount, Sandbox, T
 
 MakeSandbox = Callable[..., Sandbox]
 HEADER = struct.Struct("<8sII")  # magic, format version, header length
-CHUNK_HEAD = struct.Struct("<QI")  # offset, compressed length
+CHUNK_HEAD = struct.Struct("<QIII")  # offset, bytes, stored bytes, CRC-32 of the stored ones
 
 
 # ---- checkpoint / restore -----------------------------------------------------------------
@@ -177,18 +177,18 @@ def test_load_with_other_mounts_raises(saved_image: Path, tmp_path: Path) -> Non
 def _parse(blob: bytes) -> tuple[int, dict[str, object], list[int]]:
     """(end of header, header, end offset of each chunk record)."""
     magic, version, hlen = HEADER.unpack_from(blob)
-    assert (magic, version) == (b"MEMEXIMG", 2)
+    assert (magic, version) == (b"MEMEXIMG", 3)
     assert blob.endswith(b"MEMEXEND")
     header = json.loads(blob[HEADER.size : HEADER.size + hlen])
     pos = HEADER.size + hlen
     ends = []
     body_end = len(blob) - len(b"MEMEXEND")
     while pos < body_end:
-        _off, n = CHUNK_HEAD.unpack_from(blob, pos)
+        _off, _raw, n, _crc = CHUNK_HEAD.unpack_from(blob, pos)
         pos += CHUNK_HEAD.size + n
         ends.append(pos)
     assert pos == body_end
-    assert header["chunks"] == len(ends)
+    assert header["runs"] == len(ends)
     return HEADER.size + hlen, header, ends
 
 
@@ -196,7 +196,7 @@ def _with_header(blob: bytes, **changes: object) -> bytes:
     start, header, _ = _parse(blob)
     header.update(changes)
     raw = json.dumps(header).encode()
-    return HEADER.pack(b"MEMEXIMG", 2, len(raw)) + raw + blob[start:]
+    return HEADER.pack(b"MEMEXIMG", 3, len(raw)) + raw + blob[start:]
 
 
 def _corruptions(blob: bytes) -> dict[str, bytes]:

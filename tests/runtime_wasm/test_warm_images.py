@@ -3,14 +3,17 @@ error and built again, never mapped (a short file would fault the host when touc
 
 from __future__ import annotations
 
+import json
 import os
+import struct
+import zlib
 from pathlib import Path
 
 import pytest
 
 from memex import ImageError, Sandbox
 from memex.runtime_wasm import _warm, load_module
-from memex.runtime_wasm._image import open_raw_image, write_raw_image
+from memex.runtime_wasm._imagefile import open_raw_image, write_raw_image
 
 
 @pytest.fixture
@@ -83,3 +86,94 @@ def test_a_raw_image_round_trips(tmp_path: Path) -> None:
         assert bytes(img.view()) == bytes(cp._image.view())
         img.close()
         img.close()  # twice: no error
+
+
+# ---- saves on top of a warm image -------------------------------------------------------------
+def _session(tmp_path: Path) -> tuple[Path, Path]:
+    """One session saved both ways: on its warm image and portable."""
+    with Sandbox(preload=["json"]) as sb:
+        sb.run("state = {'k': list(range(1000))}\nblob = bytes(range(256)) * 4000")
+        delta, whole = tmp_path / "delta.memex", tmp_path / "whole.memex"
+        sb.save(delta)
+        sb.save(whole, portable=True)
+    return delta, whole
+
+
+def _check(sb: Sandbox) -> None:
+    r = sb.run("len(state['k']), sum(blob) % 1000, json.dumps(1)")
+    assert r.value == "(1000, 0, '1')", r
+
+
+def test_a_save_holds_what_the_session_changed(fresh_cache: Path, tmp_path: Path) -> None:
+    delta, whole = _session(tmp_path)
+    assert delta.stat().st_size * 3 < whole.stat().st_size
+    for path in (delta, whole):
+        with Sandbox.load(path) as sb:
+            _check(sb)
+
+
+def test_a_save_on_a_warm_image_this_machine_lacks_is_refused(
+        fresh_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    delta, whole = _session(tmp_path)
+    other = tmp_path / "other-machine"
+    monkeypatch.setattr(_warm, "_IMAGES", {})
+    monkeypatch.setattr(_warm, "cache_dir", lambda: other)
+    with pytest.raises(ImageError, match="portable=True"):
+        Sandbox.load(delta)
+    with Sandbox.load(whole) as sb:  # the portable one needs nothing
+        _check(sb)
+    # Built again here: the base only when its contents are the same (named by their hash).
+    with Sandbox(preload=["json"]):
+        pass
+    sha = load_module("plain").artifacts.snapshot_sha256
+    rebuilt = open_raw_image(_raw(other / "warm"), sha)
+    recorded = json.loads(_header(delta))["base"]
+    if rebuilt.origin == recorded:
+        with Sandbox.load(delta) as sb:
+            _check(sb)
+    else:
+        with pytest.raises(ImageError, match="does not have"):
+            Sandbox.load(delta)
+    rebuilt.close()
+
+
+def _header(path: Path) -> bytes:
+    blob = path.read_bytes()
+    (hlen,) = struct.unpack_from("<I", blob, 12)
+    return blob[16 : 16 + hlen]
+
+
+def test_a_flipped_byte_in_a_saved_run_is_refused(fresh_cache: Path, tmp_path: Path) -> None:
+    delta, _ = _session(tmp_path)
+    blob = bytearray(delta.read_bytes())
+    blob[len(blob) // 2] ^= 0x5A
+    bad = tmp_path / "bad.memex"
+    bad.write_bytes(bytes(blob))
+    with pytest.raises(ImageError, match=r"checksum|corrupt|truncated"):
+        Sandbox.load(bad)
+
+
+def test_a_file_of_format_2_still_loads(tmp_path: Path) -> None:
+    """Saves of earlier MemEx versions: zlib chunks of 1 MiB, all-zero ones skipped."""
+    with Sandbox(rollback=False) as sb:
+        sb.run("marker = 'format two' * 3")
+        img = sb.checkpoint()._image
+        sha = load_module("plain").artifacts.snapshot_sha256
+        view = img.view()
+        body = []
+        count = 0
+        for off in range(0, img.size, 1 << 20):
+            chunk = bytes(view[off : off + (1 << 20)])
+            if chunk.count(0) == len(chunk):
+                continue
+            data = zlib.compress(chunk, 1)
+            body += [struct.pack("<QI", off, len(data)), data]
+            count += 1
+        del view
+        header = json.dumps({"binary_sha256": sha, "memory_size": img.size, "chunk": 1 << 20,
+                             "chunks": count, "meta": {}}).encode()
+        path = tmp_path / "v2.memex"
+        path.write_bytes(struct.pack("<8sII", b"MEMEXIMG", 2, len(header)) + header
+                         + b"".join(body) + b"MEMEXEND")
+    with Sandbox.load(path) as loaded:
+        assert loaded.run("marker").value == repr("format two" * 3)

@@ -1,0 +1,298 @@
+"""Image files: ``Sandbox.save``/``load`` files and the raw warm-image files of the cache.
+
+A saved image stores only the pages that matter, compressed with LZ4, each run with a CRC-32:
+when the session started from a warm image of this machine (most do), the pages its turns
+changed, with the warm image named by its content hash; otherwise (or ``portable=True``) the
+non-zero pages of the whole memory. Loading a file of the first kind maps that warm image and
+copies the saved pages in. Any damage (a cut, a flipped byte, a header that lies) is an
+``ImageError`` naming what is wrong; nothing half-loaded is ever used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import struct
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import lz4.block
+
+from ..errors import ImageError
+from ._cache import atomic_write
+from ._dirty import PAGE
+from ._image import MemoryImage
+
+__all__ = ["ImageInfo", "open_raw_image", "read_image_file", "write_image_file",
+           "write_raw_image"]
+
+MAGIC = b"MEMEXIMG"
+FORMAT_VERSION = 3
+_HEADER = struct.Struct("<8sII")  # magic, version, header length
+_RUN = struct.Struct("<QIII")  # memory offset, bytes, stored bytes, CRC-32 of the stored bytes
+_V2_CHUNK = struct.Struct("<QI")
+_RUN_MAX = 1 << 20
+_END = b"MEMEXEND"  # a file cut anywhere, even at a run boundary, is detected
+_MAX_MEMORY = 4 << 30
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImageInfo:
+    binary_sha256: str
+    memory_size: int
+    meta: dict[str, object]
+
+
+# ---- saves ------------------------------------------------------------------------------------
+def write_image_file(path: Path, img: MemoryImage, binary_sha256: str,
+                     meta: dict[str, object], *, portable: bool = False) -> int:
+    """Write ``img`` to ``path`` (atomically); returns the file size."""
+    base = None if portable else img.root.origin
+    if base is not None:
+        body, count = _pack(_changed_runs(img))
+    else:
+        body, count = _whole(img)
+    header = json.dumps({"binary_sha256": binary_sha256, "memory_size": img.size,
+                         "base": base, "codec": "lz4", "runs": count,
+                         "meta": meta}).encode()
+    blob = b"".join([_HEADER.pack(MAGIC, FORMAT_VERSION, len(header)), header, *body, _END])
+    atomic_write(path, blob)
+    return len(blob)
+
+
+def _pack(runs: list[tuple[int, bytes]]) -> tuple[list[bytes], int]:
+    body: list[bytes] = []
+    for off, data in runs:
+        packed = lz4.block.compress(data, store_size=False)
+        body += [_RUN.pack(off, len(data), len(packed), zlib.crc32(packed)), packed]
+    return body, len(runs)
+
+
+def _changed_runs(img: MemoryImage) -> list[tuple[int, bytes]]:
+    """The pages the deltas above the root hold (the newest copy of each), as runs of at
+    most 1 MiB, read a stretch at a time."""
+    newest: dict[int, tuple[int, int]] = {}  # page -> (layer fd, offset in its file)
+    for layer in img.chain()[1:]:
+        for page, at in layer.pages.items():
+            newest[page] = (layer.fd, at)
+    stretches: list[tuple[int, int, int, int]] = []  # first page, fd, file offset, pages
+    for page in sorted(newest):
+        fd, at = newest[page]
+        if stretches:
+            p0, f0, a0, n0 = stretches[-1]
+            if p0 + n0 == page and f0 == fd and a0 + n0 * PAGE == at \
+                    and (n0 + 1) * PAGE <= _RUN_MAX:
+                stretches[-1] = (p0, f0, a0, n0 + 1)
+                continue
+        stretches.append((page, fd, at, 1))
+    return [(p0 * PAGE, os.pread(fd, n * PAGE, at)) for p0, fd, at, n in stretches]
+
+
+def _whole(img: MemoryImage) -> tuple[list[bytes], int]:
+    """Every non-zero megabyte of the memory. Compressing a megabyte costs less than testing
+    it for zeros in Python, and an all-zero one compresses to one known block: skipped."""
+    view = img.view()
+    zeros: dict[int, bytes] = {}
+    body: list[bytes] = []
+    count = 0
+    try:
+        for off in range(0, img.size, _RUN_MAX):
+            chunk = view[off : off + _RUN_MAX]
+            packed = lz4.block.compress(chunk, store_size=False)
+            n = len(chunk)
+            if n not in zeros:
+                zeros[n] = lz4.block.compress(bytes(n), store_size=False)
+            if packed == zeros[n]:
+                continue
+            body += [_RUN.pack(off, n, len(packed), zlib.crc32(packed)), packed]
+            count += 1
+    finally:
+        del view
+    return body, count
+
+
+def read_image_file(path: Path, binary_sha256: str,
+                    base: object = None) -> tuple[MemoryImage, ImageInfo]:
+    """The image saved in ``path``. ``base(name)`` finds a warm image by the name a save
+    recorded (None when this machine has none); a save on a base it cannot find is refused."""
+    try:
+        blob = Path(path).read_bytes()
+    except OSError as exc:
+        raise ImageError(f"cannot read image {path}: {exc}") from exc
+    if len(blob) < _HEADER.size:
+        raise ImageError(f"{path} is not a MemEx image (too short)")
+    magic, version, hlen = _HEADER.unpack_from(blob)
+    if magic != MAGIC:
+        raise ImageError(f"{path} is not a MemEx image (bad magic)")
+    if version not in (2, FORMAT_VERSION):
+        raise ImageError(f"{path} has image format {version}; this MemEx reads 2 and "
+                         f"{FORMAT_VERSION}")
+    try:
+        header = json.loads(blob[_HEADER.size : _HEADER.size + hlen])
+        size = int(header["memory_size"])
+        sha = str(header["binary_sha256"])
+        count = int(header["runs"] if version == 3 else header["chunks"])
+        base_name = header.get("base") if version == 3 else None
+        if version == 3 and header.get("codec") != "lz4":
+            raise ValueError(f"unknown codec {header.get('codec')!r}")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ImageError(f"{path} has a corrupt header: {exc}") from exc
+    if sha != binary_sha256:
+        raise ImageError(
+            f"{path} was saved from another guest binary ({sha[:12]}...; this one is "
+            f"{binary_sha256[:12]}...)"
+        )
+    if size <= 0 or size % 65536 or size > _MAX_MEMORY:
+        raise ImageError(f"{path} has an invalid memory size {size}")
+    if not blob.endswith(_END):
+        raise ImageError(f"{path} is truncated (no end marker)")
+    body = memoryview(blob)[_HEADER.size + hlen : len(blob) - len(_END)]
+    runs = _v3_runs(path, body, size) if version == 3 else _v2_runs(path, body, size)
+    if len(runs) != count:
+        raise ImageError(f"{path} is truncated or corrupt ({len(runs)} of {count} runs)")
+    meta = header.get("meta") if isinstance(header.get("meta"), dict) else {}
+    info = ImageInfo(binary_sha256=sha, memory_size=size, meta=meta)
+    if base_name is None:
+        return MemoryImage.from_chunks(size, runs), info
+    if not isinstance(base_name, str) or not callable(base):
+        raise ImageError(f"{path} has a corrupt header (base {base_name!r})")
+    root = base(base_name)
+    if not isinstance(root, MemoryImage):
+        raise ImageError(
+            f"{path} was saved on top of warm image {base_name}, which this machine does not "
+            f"have (it was built elsewhere or by another MemEx version); load it where it was "
+            f"saved, or save it with portable=True")
+    if root.size > size:
+        raise ImageError(f"{path} is smaller than the warm image it was saved on")
+    return MemoryImage.delta_from_runs(root, size, runs), info
+
+
+def _v3_runs(path: Path, body: memoryview, size: int) -> list[tuple[int, bytes]]:
+    runs: list[tuple[int, bytes]] = []
+    pos = 0
+    while pos < len(body):
+        if pos + _RUN.size > len(body):
+            raise ImageError(f"{path} is truncated or corrupt (cut in a run's head)")
+        off, n, stored, crc = _RUN.unpack_from(body, pos)
+        pos += _RUN.size
+        if pos + stored > len(body):
+            raise ImageError(f"{path} is truncated or corrupt (run past the end)")
+        if off % PAGE or n % PAGE or not 0 < n <= _RUN_MAX or off + n > size:
+            raise ImageError(f"{path} has a run outside the memory (offset {off}, {n} bytes)")
+        packed = body[pos : pos + stored]
+        pos += stored
+        if zlib.crc32(packed) != crc:
+            raise ImageError(f"{path} is corrupt: the run at offset {off} fails its checksum")
+        try:
+            data = lz4.block.decompress(packed, uncompressed_size=n)
+        except lz4.block.LZ4BlockError as exc:
+            raise ImageError(f"{path} is corrupt: the run at offset {off}: {exc}") from exc
+        if len(data) != n:
+            raise ImageError(f"{path} is corrupt: the run at offset {off} has the wrong size")
+        runs.append((off, data))
+    return runs
+
+
+def _v2_runs(path: Path, body: memoryview, size: int) -> list[tuple[int, bytes]]:
+    """Format 2 (zlib, 1 MiB chunks): files saved by earlier MemEx versions still load."""
+    runs: list[tuple[int, bytes]] = []
+    pos = 0
+    try:
+        while pos < len(body):
+            off, n = _V2_CHUNK.unpack_from(body, pos)
+            if pos + _V2_CHUNK.size + n > len(body):
+                raise ImageError(f"{path} is truncated or corrupt (chunk past the end)")
+            pos += _V2_CHUNK.size
+            data = zlib.decompress(body[pos : pos + n])
+            pos += n
+            if off % _RUN_MAX or off + len(data) > size or len(data) > _RUN_MAX:
+                raise ImageError(f"{path} has a chunk outside the memory")
+            runs.append((off, data))
+    except (struct.error, zlib.error) as exc:
+        raise ImageError(f"{path} is truncated or corrupt: {exc}") from exc
+    return runs
+
+
+# ---- raw files (warm images) ----------------------------------------------------------------
+_RAW_MAGIC = b"MEMEXRAW"
+_RAW_VERSION = 1
+_RAW_HEAD = 4096  # the memory starts one page in, so the file maps without a copy
+
+
+def write_raw_image(path: Path, img: MemoryImage, binary_sha256: str,
+                    meta: dict[str, object], *, name: str | None = None) -> None:
+    """An image file that is mapped, not read: a one-page header, then the memory as it is
+    (all-zero megabytes left as holes, so the file is sparse). For images every process of a
+    machine starts from (warm images): opening one costs a system call, not a decompression.
+    ``name`` (with the content's hash) is what saves made on top of it record.
+    Written to a temporary name and renamed, so a process that has one open keeps its own."""
+    view = img.view()
+    try:
+        content = hashlib.sha256(view).hexdigest()[:32] if name else ""
+        header = json.dumps({"binary_sha256": binary_sha256, "memory_size": img.size,
+                             "name": f"{name}:{content}" if name else None,
+                             "meta": meta}).encode()
+        head = _HEADER.pack(_RAW_MAGIC, _RAW_VERSION, len(header)) + header
+        if len(head) > _RAW_HEAD:
+            raise ImageError("an image's description does not fit its header page")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            try:
+                os.pwrite(fd, head, 0)
+                zero = bytes(_RUN_MAX)
+                for off in range(0, img.size, _RUN_MAX):
+                    chunk = view[off : off + _RUN_MAX]
+                    if chunk != zero[: len(chunk)]:
+                        done = 0
+                        while done < len(chunk):
+                            done += os.pwrite(fd, chunk[done:], _RAW_HEAD + off + done)
+                os.ftruncate(fd, _RAW_HEAD + img.size)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+    finally:
+        del view
+
+
+def open_raw_image(path: Path, binary_sha256: str) -> MemoryImage:
+    """The image in a file from ``write_raw_image``, mapped from the file itself (frozen)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ImageError(f"cannot open image {path}: {exc}") from exc
+    try:
+        head = os.pread(fd, _RAW_HEAD, 0)
+        if len(head) < _HEADER.size:
+            raise ImageError(f"{path} is not a MemEx raw image (too short)")
+        magic, version, hlen = _HEADER.unpack_from(head)
+        if magic != _RAW_MAGIC or version != _RAW_VERSION or _HEADER.size + hlen > _RAW_HEAD:
+            raise ImageError(f"{path} is not a MemEx raw image of version {_RAW_VERSION}")
+        try:
+            header = json.loads(head[_HEADER.size : _HEADER.size + hlen])
+            size, sha = int(header["memory_size"]), str(header["binary_sha256"])
+            name = header.get("name")
+            if name is not None and not isinstance(name, str):
+                raise TypeError("name")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ImageError(f"{path} has a corrupt header") from exc
+        if sha != binary_sha256:
+            raise ImageError(f"{path} was made from another guest binary")
+        if size <= 0 or size % 65536 or size > _MAX_MEMORY:
+            raise ImageError(f"{path} has an invalid memory size {size}")
+        if os.fstat(fd).st_size != _RAW_HEAD + size:
+            raise ImageError(f"{path} is truncated or padded (size does not match its header)")
+    except BaseException:
+        os.close(fd)
+        raise
+    img = MemoryImage(fd, size, offset=_RAW_HEAD, origin=name)
+    img.freeze()
+    return img
