@@ -459,6 +459,44 @@ def bench_rss(q: bool) -> None:
         del sbs
 
 
+def bench_scale(q: bool) -> None:
+    """Sandboxes in bulk: create, run one cell in and close, in a loop (wall and CPU, which
+    includes the sandboxes' own threads); then 1,000 idle live ones held at once."""
+    Sandbox().close()  # the warm image opened once, as in any long-lived process
+    n = 200 if q else 1000
+    wall, cpu = time.perf_counter(), time.process_time()
+    for _ in range(n):
+        sb = Sandbox()
+        sb.run("1")
+        sb.close()
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    add("scale", f"create + run('1') + close, {n} in a row", f"{n / wall:.0f}/s",
+        f"CPU {fmt(cpu / n)} each, all threads ({1 / (cpu / n):.0f}/s per core)")
+    gc.collect()
+    time.sleep(0.2)
+    pss0, machine0 = memory_now()
+    live: list[Sandbox] = []
+    t = time.perf_counter()
+    try:
+        for _ in range(1000):
+            sb = Sandbox(limits=Limits(timeout=30))
+            sb.run("x = 1")
+            live.append(sb)
+        for sb in live:
+            sync(sb)
+        built = time.perf_counter() - t
+        time.sleep(0.2)
+        pss1, machine1 = memory_now()
+        add("scale", "1,000 idle live sandboxes: machine memory",
+            f"{(machine1 - machine0) / 2**30:.2f} GiB",
+            f"PSS {(pss1 - pss0) / 2**30:.2f} GiB; built in {built:.1f} s")
+    finally:
+        t = time.perf_counter()
+        for sb in live:
+            sb.close()
+        add("scale", "  closing them", time.perf_counter() - t)
+
+
 _BIG = ("import time\nchunk = b'x' * (1 << 20)\nt = time.perf_counter()\n"
         "with open('/tmp/big', 'wb') as f:\n    for _ in range(200): f.write(chunk)\n"
         "dt = time.perf_counter() - t\nimport os\nos.remove('/tmp/big')\ndt * 1000")
@@ -508,6 +546,7 @@ def main() -> None:
         ("images", "incremental", bench_incremental),
         ("memex", "cli", bench_cli),
         ("rss", "rss", bench_rss),
+        ("scale", "scale", bench_scale),
     ]
     if args.only:
         steps = [st for st in steps if st[1] in args.only or st[2].__name__[6:] in args.only]
