@@ -349,8 +349,13 @@ def _pages_of(runs: Runs) -> dict[int, int]:
 def _extents(pages: dict[int, int]) -> list[tuple[int, int, int]]:
     """(first page, file offset, bytes) for each stretch of pages that is contiguous both in
     memory and in the file."""
+    return _stretches(sorted(pages.items()))
+
+
+def _stretches(pairs: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """(page, file offset) pairs, in order, joined where both sides are contiguous."""
     out: list[tuple[int, int, int]] = []
-    for page, at in sorted(pages.items()):
+    for page, at in pairs:
         if out:
             p0, a0, n0 = out[-1]
             if p0 + n0 // _PAGE == page and a0 + n0 == at:
@@ -363,14 +368,7 @@ def _extents(pages: dict[int, int]) -> list[tuple[int, int, int]]:
 def _copy_pages(fd: int, addr: int, todo: list[tuple[int, int]]) -> None:
     """Write memory page ``page`` (at ``addr``) to file offset ``at`` for each pair, one call
     per stretch that is contiguous on both sides."""
-    stretches: list[tuple[int, int, int]] = []
-    for page, at in todo:
-        if stretches:
-            p0, a0, n0 = stretches[-1]
-            if p0 + n0 // _PAGE == page and a0 + n0 == at:
-                stretches[-1] = (p0, a0, n0 + _PAGE)
-                continue
-        stretches.append((page, at, _PAGE))
+    stretches = _stretches(todo)
     for page, at, n in stretches:
         view = memoryview((ctypes.c_char * n).from_address(addr + page * _PAGE)).cast("B")
         done = 0

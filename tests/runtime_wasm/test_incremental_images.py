@@ -52,14 +52,22 @@ def tracking(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) ->
     yield request.param
 
 
-def test_tracker_reports_exactly_the_written_pages() -> None:
+@contextlib.contextmanager
+def _area(pages: int) -> Iterator[tuple[ctypes.Array[ctypes.c_char], int]]:
+    """Fresh anonymous memory to watch (skips the test where nothing can be watched)."""
     if TRACKER.mode == "off":
         pytest.skip(dirty_tracking())
+    area = mmap.mmap(-1, pages * PAGE)
+    buf = (ctypes.c_char * (pages * PAGE)).from_buffer(area)
+    yield buf, ctypes.addressof(buf)
+    del buf
+    with contextlib.suppress(BufferError):  # the test still holds the buffer: freed with it
+        area.close()
+
+
+def test_tracker_reports_exactly_the_written_pages() -> None:
     size = 64 * PAGE
-    area = mmap.mmap(-1, size)
-    buf = (ctypes.c_char * size).from_buffer(area)
-    addr = ctypes.addressof(buf)
-    try:
+    with _area(64) as (buf, addr):
         assert TRACKER.start(addr, size)
         assert TRACKER.take(addr, size) == []
         buf[0] = b"a"
@@ -73,9 +81,6 @@ def test_tracker_reports_exactly_the_written_pages() -> None:
         assert TRACKER.take(addr, size) == [(10 * PAGE, PAGE)]
         TRACKER.stop(addr, size)
         assert TRACKER.take(addr, size) is None  # not watched: unknown, never "nothing"
-    finally:
-        del buf
-        area.close()
 
 
 def test_tracking_can_be_switched_off_by_the_environment(monkeypatch: pytest.MonkeyPatch
@@ -211,13 +216,8 @@ def test_save_and_load_of_a_delta(make_sandbox: MakeSandbox, tracking: str,
 
 def test_a_watch_that_lost_its_memory_says_so() -> None:
     """A memory that moved or was remapped is never reported as unwritten."""
-    if TRACKER.mode == "off":
-        pytest.skip(dirty_tracking())
     size = 16 * PAGE
-    area = mmap.mmap(-1, size)
-    buf = (ctypes.c_char * size).from_buffer(area)
-    addr = ctypes.addressof(buf)
-    try:
+    with _area(16) as (buf, addr):
         watch = MemoryWatch(TRACKER, addr, size)
         assert watch.active
         assert watch.take(addr, size) == []
@@ -231,9 +231,6 @@ def test_a_watch_that_lost_its_memory_says_so() -> None:
         buf[13 * PAGE] = b"c"  # the grown part is watched from then on
         assert watch.take(addr, size) == [(13 * PAGE, PAGE)]
         TRACKER.stop(addr, size)
-    finally:
-        del buf
-        area.close()
 
 
 def test_a_forked_child_tracks_its_own_memory() -> None:
