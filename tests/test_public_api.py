@@ -45,7 +45,7 @@ PINNED: dict[str, list[str]] = {
         "Artifacts", "Checkpoint", "Door", "DoorCall", "DoorContext", "DoorError",
         "GuestException", "GuestFile", "GuestKilled", "Job", "Limits", "Mount", "Sandbox",
         "SandboxAPI", "TurnResult", "TurnStatus", "Workers", "checkpoint_from_bytes",
-        "checkpoint_from_fd", "checkpoint_to_bytes", "checkpoint_to_fd", "compile_module",
+        "checkpoint_from_fds", "checkpoint_to_bytes", "checkpoint_to_fds", "compile_module",
         "dirty_tracking", "find_artifacts", "load_module", "module_path", "open_from_checkpoint",
         "prepare", "scratch_dir", "serving_door",
     ],

@@ -165,7 +165,7 @@ class ProcessSandbox:
             worker = b._pick_worker()
             spec = dict(self._spec, image=cp._meta, resume=True,
                         scratch_from=str(self._stash) if self._stash else None)
-            value = self._open_on(worker, spec, [cp.fileno()])
+            value = self._open_on(worker, spec, cp.fds())
         except (WorkerDied, MemexError) as exc:
             self._give_up(f"{reason}; resuming it failed: {exc}")
         with b._lock:
@@ -282,7 +282,7 @@ class ProcessSandbox:
         with self._lock:
             self._check_open()
             meta, fds = self._call("checkpoint")
-            cp = ProcessCheckpoint(fds[0], dict(meta))
+            cp = ProcessCheckpoint(fds, dict(meta))
             if self._backend.resume:
                 self._offer_resume(self._gen, cp.dup())
             return cp
@@ -294,7 +294,7 @@ class ProcessSandbox:
                               "sandbox")
         with self._lock:
             self._check_open()
-            self._call("restore", checkpoint._meta, fds=[checkpoint.fileno()])
+            self._call("restore", checkpoint._meta, fds=checkpoint.fds())
             self._gen += 1
             if self._backend.resume:
                 self._offer_resume(self._gen, checkpoint.dup())

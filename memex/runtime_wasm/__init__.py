@@ -21,9 +21,9 @@ from ._records import GuestException, GuestFile, Limits, Mount, TurnResult, Turn
 from ._sandbox import Checkpoint, Sandbox
 from ._transfer import (
     checkpoint_from_bytes,
-    checkpoint_from_fd,
+    checkpoint_from_fds,
     checkpoint_to_bytes,
-    checkpoint_to_fd,
+    checkpoint_to_fds,
     open_from_checkpoint,
     scratch_dir,
 )
@@ -48,9 +48,9 @@ __all__ = [
     "TurnStatus",
     "Workers",
     "checkpoint_from_bytes",
-    "checkpoint_from_fd",
+    "checkpoint_from_fds",
     "checkpoint_to_bytes",
-    "checkpoint_to_fd",
+    "checkpoint_to_fds",
     "compile_module",
     "dirty_tracking",
     "find_artifacts",

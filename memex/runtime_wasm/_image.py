@@ -82,6 +82,11 @@ class MemoryImage:
         return self._fd
 
     @property
+    def file_offset(self) -> int:
+        """Where the memory starts in this image's file (a raw image file: one page in)."""
+        return self._offset
+
+    @property
     def pages(self) -> dict[int, int]:
         """A delta's pages: page number -> offset in its file (empty for a flat image)."""
         return dict(self._pages) if self._pages is not None else {}

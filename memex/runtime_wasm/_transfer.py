@@ -8,6 +8,8 @@ that no other package reaches into the sandbox's private state.
 
 from __future__ import annotations
 
+import array
+import contextlib
 import os
 import shutil
 import struct
@@ -19,6 +21,7 @@ from typing import Any
 import msgpack
 
 from ..errors import ConfigError, ImageError
+from ._dirty import PAGE
 from ._door import Door
 from ._image import MemoryImage
 from ._records import Limits, Mount
@@ -26,9 +29,9 @@ from ._sandbox import Checkpoint, Sandbox
 
 __all__ = [
     "checkpoint_from_bytes",
-    "checkpoint_from_fd",
+    "checkpoint_from_fds",
     "checkpoint_to_bytes",
-    "checkpoint_to_fd",
+    "checkpoint_to_fds",
     "open_from_checkpoint",
     "scratch_dir",
 ]
@@ -48,27 +51,73 @@ def _key_from_wire(wire: Any) -> tuple[Any, ...]:
         raise ImageError(f"a checkpoint's description is malformed: {exc}") from exc
 
 
-def checkpoint_to_fd(cp: Checkpoint) -> tuple[int, dict[str, Any]]:
-    """A new file descriptor of the checkpoint's image (the caller closes it) and the
-    msgpack-able description ``checkpoint_from_fd`` needs."""
-    fd = os.dup(cp._image.flat()._fd)
-    return fd, {"size": cp.size, "turns": cp.turns, "key": _key_to_wire(cp._owner_key)}
+def checkpoint_to_fds(cp: Checkpoint) -> tuple[list[int], dict[str, Any]]:
+    """New file descriptors of the checkpoint's image chain, root first (the caller closes
+    them), and the msgpack-able description ``checkpoint_from_fds`` needs. A delta crosses as
+    its own memfd and page map, so handing a checkpoint to another process costs what the
+    session changed, not a copy of its memory."""
+    chain = cp._image.chain()
+    layers: list[dict[str, Any]] = [{"size": chain[0].size, "offset": chain[0].file_offset}]
+    for layer in chain[1:]:
+        flat_map = array.array("Q", [x for pair in sorted(layer.pages.items()) for x in pair])
+        layers.append({"size": layer.size, "pages": flat_map.tobytes()})
+    fds: list[int] = []
+    try:
+        for img in chain:
+            fds.append(os.dup(img.fd))
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return fds, {"size": cp.size, "turns": cp.turns, "key": _key_to_wire(cp._owner_key),
+                 "layers": layers}
 
 
-def checkpoint_from_fd(fd: int, meta: dict[str, Any]) -> Checkpoint:
-    """A checkpoint owning ``fd`` (a memfd from ``checkpoint_to_fd``, possibly of another
-    process). Closes ``fd`` when the description is malformed."""
+def checkpoint_from_fds(fds: Sequence[int], meta: dict[str, Any]) -> Checkpoint:
+    """A checkpoint owning ``fds`` (from ``checkpoint_to_fds``, possibly of another process).
+    Closes them all when the description is malformed or does not fit the files."""
     try:
         size, turns = int(meta["size"]), int(meta["turns"])
         key = _key_from_wire(meta["key"])
-        if size <= 0 or size % 65536 or size > (4 << 30) or os.fstat(fd).st_size < size:
-            raise ImageError(f"a checkpoint image of {size} bytes does not fit its file")
+        layers = meta["layers"]
+        if not isinstance(layers, list) or len(layers) != len(fds) or not layers:
+            raise ImageError(f"a checkpoint of {len(fds)} files describes {len(layers)} layers")
+        img: MemoryImage | None = None
+        for fd, layer in zip(fds, layers, strict=True):
+            img = _layer(fd, layer, img)
+        assert img is not None
+        if img.size != size:
+            raise ImageError("a checkpoint's layers do not add up to its size")
     except (KeyError, TypeError, ValueError, OSError, ImageError) as exc:
-        os.close(fd)
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
         if isinstance(exc, ImageError):
             raise
         raise ImageError(f"a checkpoint's description is malformed: {exc}") from exc
-    return Checkpoint(MemoryImage(fd, size), key, turns)
+    return Checkpoint(img, key, turns)
+
+
+def _layer(fd: int, layer: dict[str, Any], parent: MemoryImage | None) -> MemoryImage:
+    size = int(layer["size"])
+    have = os.fstat(fd).st_size
+    if size <= 0 or size % 65536 or size > (4 << 30):
+        raise ImageError(f"a checkpoint layer of {size} bytes is not a guest memory")
+    if parent is None:
+        offset = int(layer.get("offset", 0))
+        if offset < 0 or offset % PAGE or have < offset + size:
+            raise ImageError(f"a checkpoint image of {size} bytes does not fit its file")
+        img = MemoryImage(fd, size, offset=offset)
+    else:
+        raw = array.array("Q")
+        raw.frombytes(bytes(layer["pages"]))
+        pages = dict(zip(raw[0::2], raw[1::2], strict=True))
+        if size < parent.size or any(p * PAGE >= size or at % PAGE or at + PAGE > have
+                                     for p, at in pages.items()):
+            raise ImageError("a checkpoint delta has pages outside its memory or its file")
+        img = MemoryImage(fd, size, parent=parent, pages=pages)
+    img.freeze()
+    return img
 
 
 _MAGIC = b"MEMEXCP1"

@@ -161,6 +161,21 @@ def test_checkpoint_and_restore(open_sandbox: OpenSandbox) -> None:
     assert sb.run("x").value == "[1]"
 
 
+def test_many_held_checkpoints_each_restore(open_sandbox: OpenSandbox) -> None:
+    """Twelve checkpoints held at once: deltas on deltas where the host tracks written pages,
+    a chain deeper than one frame's descriptors would carry if it were not folded."""
+    sb = open_sandbox()
+    held = []
+    for i in range(12):
+        sb.run(f"log = globals().get('log', []) + [{i}]\nblob{i} = bytes([{i}]) * 50000")
+        held.append(sb.checkpoint())
+    sb.run("log = 'gone'")
+    for i in (11, 0, 7, 3):
+        sb.restore(held[i])
+        r = sb.run(f"log, len(blob{i}), 'blob{i + 1}' in globals()")
+        assert r.value == f"({list(range(i + 1))}, 50000, False)", r
+
+
 def test_restore_refuses_a_foreign_object(open_sandbox: OpenSandbox) -> None:
     sb = open_sandbox()
     with pytest.raises(ConfigError):

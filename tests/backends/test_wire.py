@@ -4,6 +4,7 @@ clear error, never a crash or a wrong state)."""
 
 from __future__ import annotations
 
+import array
 import os
 import socket
 import threading
@@ -36,9 +37,10 @@ from memex.backends.worker import (
 from memex.errors import ImageError, SandboxError, SandboxLost
 from memex.runtime_wasm import (
     checkpoint_from_bytes,
-    checkpoint_from_fd,
+    checkpoint_from_fds,
     checkpoint_to_bytes,
-    checkpoint_to_fd,
+    checkpoint_to_fds,
+    dirty_tracking,
 )
 
 leaves = st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats(
@@ -194,21 +196,73 @@ def state_sandbox() -> Any:
         yield sb
 
 
-def test_checkpoint_through_an_fd(state_sandbox: Sandbox) -> None:
-    fd, meta = checkpoint_to_fd(state_sandbox.checkpoint())
-    cp = checkpoint_from_fd(fd, meta)
+def test_checkpoint_through_fds(state_sandbox: Sandbox) -> None:
+    fds, meta = checkpoint_to_fds(state_sandbox.checkpoint())
+    cp = checkpoint_from_fds(fds, meta)
     with Sandbox(limits=Limits(timeout=10)) as other:
         other.restore(cp)
         assert other.run("data['name'], len(data['rows'])").value == "('kept', 1000)"
 
 
+def test_a_delta_chain_crosses_as_its_layers(state_sandbox: Sandbox) -> None:
+    """Each held checkpoint after the first is a delta: it crosses as the root's fd plus one
+    memfd and page map per delta, never flattened into a copy of the whole memory."""
+    state_sandbox.run("data['more'] = 'x' * 100000")
+    first = state_sandbox.checkpoint()
+    state_sandbox.run("data['last'] = 1")
+    second = state_sandbox.checkpoint()
+    fds, meta = checkpoint_to_fds(second)
+    if not dirty_tracking().startswith("off"):
+        assert len(fds) >= 2 and len(meta["layers"]) == len(fds)
+        assert all(os.fstat(fd).st_size < (8 << 20) for fd in fds[1:])
+    cp = checkpoint_from_fds(fds, meta)
+    with Sandbox(limits=Limits(timeout=10)) as other:
+        other.restore(cp)
+        assert other.run("len(data['more']), data['last']").value == "(100000, 1)"
+    del first
+
+
+def _chain_meta(state_sandbox: Sandbox) -> tuple[list[int], dict[str, Any]]:
+    state_sandbox.run("data['n'] = data.get('n', 0) + 1")
+    return checkpoint_to_fds(state_sandbox.checkpoint())
+
+
+@pytest.mark.parametrize("damage", ["fewer-fds", "more-layers", "page-outside", "size-lies",
+                                    "file-too-small"])
+def test_checkpoint_fds_that_do_not_fit_are_refused(state_sandbox: Sandbox,
+                                                    damage: str) -> None:
+    state_sandbox.checkpoint()  # the next one is a delta on this
+    fds, meta = _chain_meta(state_sandbox)
+    layers = meta["layers"]
+    if damage == "fewer-fds":
+        os.close(fds.pop())
+    elif damage == "more-layers":
+        layers.append(dict(layers[-1]))
+    elif damage == "page-outside":
+        bad = array.array("Q", [meta["size"] // 4096 + 5, 0])
+        layers.append({"size": meta["size"], "pages": bad.tobytes()})
+        fds.append(os.memfd_create("extra"))
+    elif damage == "size-lies":
+        meta["size"] = meta["size"] + 65536
+    else:
+        layers[0]["size"] = layers[0]["size"] + (64 << 20)
+    kept = list(fds)
+    with pytest.raises(ImageError):
+        checkpoint_from_fds(fds, meta)
+    for fd in kept:
+        with pytest.raises(OSError):
+            os.fstat(fd)  # closed: nothing leaks
+
+
 @pytest.mark.parametrize("meta", [{}, {"size": 7, "turns": 0, "key": ["plain", [], []]},
                                   {"size": 65536 * 4096, "turns": 0, "key": ["plain", [], []]},
-                                  {"size": 65536, "turns": "x", "key": None}])
+                                  {"size": 65536, "turns": "x", "key": None},
+                                  {"size": 65536, "turns": 0, "key": ["plain", [], []],
+                                   "layers": [{"size": 65536 * 4096}]}])
 def test_checkpoint_fd_with_bad_meta(meta: dict[str, Any]) -> None:
     fd = os.memfd_create("bad-meta")
     with pytest.raises(ImageError):
-        checkpoint_from_fd(fd, meta)
+        checkpoint_from_fds([fd], meta)
     with pytest.raises(OSError):
         os.fstat(fd)  # closed: nothing leaks
 

@@ -52,35 +52,45 @@ class WorkerDied(Exception):
 
 
 class ProcessCheckpoint:
-    """A checkpoint of a subprocess or pool sandbox, held by the caller as a memfd: it outlives
-    the worker that took it and restores into a sandbox of any worker on this machine (with
-    the same mounts and engine). ``close()`` frees it early; otherwise it is freed with the
-    object."""
+    """A checkpoint of a subprocess or pool sandbox, held by the caller as memfds (the image
+    chain: its root and the deltas on it): it outlives the worker that took it and restores
+    into a sandbox of any worker on this machine (with the same mounts and engine).
+    ``close()`` frees it early; otherwise it is freed with the object."""
 
-    __slots__ = ("__weakref__", "_fd", "_meta", "size", "turns")
+    __slots__ = ("__weakref__", "_fds", "_meta", "size", "turns")
 
-    def __init__(self, fd: int, meta: dict[str, Any]) -> None:
-        self._fd = fd
+    def __init__(self, fds: Sequence[int], meta: dict[str, Any]) -> None:
+        self._fds = list(fds)
         self._meta = meta
         self.size = int(meta.get("size", 0))
         self.turns = int(meta.get("turns", 0))
 
     @property
     def closed(self) -> bool:
-        return self._fd < 0
+        return not self._fds
 
-    def fileno(self) -> int:
-        if self._fd < 0:
+    def fds(self) -> list[int]:
+        """The descriptors to send with the image's description (still owned by this)."""
+        if not self._fds:
             raise ConfigError("this checkpoint was closed")
-        return self._fd
+        return list(self._fds)
 
     def dup(self) -> ProcessCheckpoint:
-        return ProcessCheckpoint(os.dup(self.fileno()), dict(self._meta))
+        fds: list[int] = []
+        try:
+            for fd in self.fds():
+                fds.append(os.dup(fd))
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        return ProcessCheckpoint(fds, dict(self._meta))
 
     def close(self) -> None:
-        fd, self._fd = self._fd, -1
-        if fd >= 0:
-            os.close(fd)
+        fds, self._fds = self._fds, []
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
@@ -324,9 +334,9 @@ class WorkerClient:
                             os.close(fd)
                     else:
                         slot.set((msg, fds))
-                elif kind == "ckpt" and len(fds) == 1:
+                elif kind == "ckpt" and fds:
                     self._on_checkpoint(int(msg[1]), int(msg[2]),
-                                        ProcessCheckpoint(fds[0], dict(msg[3])))
+                                        ProcessCheckpoint(fds, dict(msg[3])))
                 elif kind == "started":
                     with self._lock:
                         slot = self._pending.get(msg[1])

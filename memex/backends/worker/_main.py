@@ -52,8 +52,8 @@ from ...runtime_wasm import (
     Door,
     GuestKilled,
     Sandbox,
-    checkpoint_from_fd,
-    checkpoint_to_fd,
+    checkpoint_from_fds,
+    checkpoint_to_fds,
     open_from_checkpoint,
     scratch_dir,
 )
@@ -172,17 +172,18 @@ class Worker:
                 self.chan.send(["err", rid, error_to_wire(exc)])
 
     def _ship(self, sid: int, gen: int, sb: Sandbox) -> None:
-        """Send the caller the guest state it would resume from (a memfd: no copy)."""
+        """Send the caller the guest state it would resume from (memfds: no copy)."""
         try:
-            fd, meta = checkpoint_to_fd(sb.checkpoint())
+            fds, meta = checkpoint_to_fds(sb.checkpoint())
         except MemexError:
             return  # closed meanwhile: nothing to resume
         try:
-            self.chan.send(["ckpt", sid, gen, meta], (fd,))
+            self.chan.send(["ckpt", sid, gen, meta], tuple(fds))
         except ChannelClosed:
             pass
         finally:
-            os.close(fd)
+            for fd in fds:
+                os.close(fd)
 
     # ---- session work (on the session's thread) ---------------------------------------------
     def handle(self, s: _Session, msg: list[Any], fds: list[int]) -> None:
@@ -203,15 +204,17 @@ class Worker:
                 if s.resume and (r.trap is None or not r.rolled_back) and not sb.closed:
                     self._ship(s.sid, gen, sb)
             elif kind == "checkpoint":
-                fd, meta = checkpoint_to_fd(sb.checkpoint())
+                out, meta = checkpoint_to_fds(sb.checkpoint())
                 try:
-                    self._ok(rid, meta, (fd,))
+                    self._ok(rid, meta, tuple(out))
                 finally:
-                    os.close(fd)
+                    for fd in out:
+                        os.close(fd)
             elif kind == "restore":
-                if len(fds) != 1:
-                    raise ProtocolError("restore needs one image fd")
-                sb.restore(checkpoint_from_fd(fds.pop(), msg[3]))
+                if not fds:
+                    raise ProtocolError("restore needs the image's fds")
+                image, fds[:] = list(fds), []
+                sb.restore(checkpoint_from_fds(image, msg[3]))
                 self._ok(rid)
             elif kind == "fork":
                 child_sid, resume = int(msg[3]), bool(msg[4])
@@ -243,10 +246,11 @@ class Worker:
 
     def _open(self, s: _Session, rid: Any, spec: dict[str, Any], fds: list[int]) -> None:
         resumed = bool(spec.get("image"))
-        if len(fds) != 1 + resumed:
+        if len(fds) < 1 + resumed or (len(fds) > 1 and not resumed):
             raise ProtocolError("open needs the door socket (and the image when resuming)")
         s.door = _ForwardDoor(socket.socket(fileno=fds.pop(0)))
-        cp = checkpoint_from_fd(fds.pop(0), spec["image"]) if resumed else None
+        image, fds[:] = list(fds), []
+        cp = checkpoint_from_fds(image, spec["image"]) if resumed else None
         scratch = spec.get("scratch_from")
         sb = open_from_checkpoint(
             cp, limits=limits_from_wire(spec["limits"]), mounts=mounts_from_wire(spec["mounts"]),

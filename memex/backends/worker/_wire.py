@@ -49,7 +49,7 @@ __all__ = [
 
 HEADER = struct.Struct("!IH")
 MAX_FRAME = 1 << 30  # larger than any door frame (16 MiB) or file a caller would move
-MAX_FDS = 8
+MAX_FDS = 16  # a door socket and an image chain (its root and at most 8 deltas)
 _RECV = 1 << 18
 _ANC = socket.CMSG_SPACE(MAX_FDS * 4)
 
