@@ -1,5 +1,6 @@
 """Fuzzing the parsers a guest or a peer feeds (SECURITY.md): the door's frame decoder and
-dispatch, the host codec, the worker wire protocol and the egress policy loader.
+dispatch, the host codec, the worker wire protocol, the egress policy loader, saved image files
+and the description of a checkpoint's image chain that crosses between processes.
 
 Each harness replays the committed seeds (``seeds/``, written by ``make_seeds.py``), then
 hypothesis mutates them (inserted, overwritten and deleted bytes) and also tries raw bytes.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memex import Door, MemexError
+from memex import Door, MemexError, Sandbox
 from memex.backends.worker import (
     FrameDecoder,
     ProtocolError,
@@ -29,8 +31,9 @@ from memex.backends.worker import (
     mounts_from_wire,
     result_from_wire,
 )
-from memex.errors import PolicyError
+from memex.errors import ImageError, PolicyError
 from memex.host_tools import DecodeError, EgressPolicy, ToolHost, decode
+from memex.runtime_wasm import checkpoint_from_fds
 
 SEEDS = Path(__file__).resolve().parent / "seeds"
 EXAMPLES = int(os.environ.get("MEMEX_FUZZ_EXAMPLES", "150"))
@@ -197,3 +200,64 @@ def test_policy_seeds_load(name: str) -> None:
 @given(inputs("policy"), st.sampled_from(["toml", "yaml"]))
 def test_policy_loader_raises_only_policy_error(data: bytes, fmt: str) -> None:
     _policy(data, fmt)
+
+
+# ---- saved images and checkpoint descriptions ---------------------------------------------------
+def _saved() -> bytes:
+    """A real save (the pages a session changed on its warm image, format 3), made once."""
+    with tempfile.TemporaryDirectory() as tmp, Sandbox(rollback=False) as sb:
+        sb.run("state = {'k': list(range(100))}")
+        sb.save(Path(tmp) / "s.memex")
+        return (Path(tmp) / "s.memex").read_bytes()
+
+
+SAVED = _saved()
+
+
+def _load(data: bytes) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "x.memex"
+        path.write_bytes(data)
+        try:
+            sb = Sandbox.load(path, rollback=False)
+        except ImageError as exc:
+            assert str(exc)  # every refusal says what is wrong
+            return
+        sb.close()  # a change that kept the file valid (e.g. in its metadata) loads
+
+
+def test_the_saved_seed_loads() -> None:
+    _load(SAVED)
+
+
+@FUZZ
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, len(SAVED)),
+                          st.binary(min_size=1, max_size=8)), max_size=6))
+def test_image_loader_raises_only_image_error(ops: list[tuple[int, int, bytes]]) -> None:
+    _load(_mutate(SAVED, ops))
+
+
+_LEAVES = st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.text(max_size=8) \
+    | st.binary(max_size=32)
+_META = st.recursive(_LEAVES, lambda inner: st.lists(inner, max_size=3)
+                     | st.dictionaries(st.sampled_from(["size", "turns", "key", "layers",
+                                                        "offset", "pages"]), inner, max_size=5),
+                     max_leaves=12)
+
+
+@FUZZ
+@given(_META, st.integers(1, 3))
+def test_checkpoint_descriptions_raise_only_image_error(meta: Any, count: int) -> None:
+    """A peer's description of an image chain: refused with ImageError, every fd closed."""
+    fds = [os.memfd_create("fuzz") for _ in range(count)]
+    for fd in fds:
+        os.ftruncate(fd, 65536)
+    try:
+        cp = checkpoint_from_fds(fds, meta if isinstance(meta, dict) else {"layers": meta})
+    except ImageError:
+        for fd in fds:
+            with pytest.raises(OSError):
+                os.fstat(fd)
+        return
+    assert cp.size > 0
+    del cp
