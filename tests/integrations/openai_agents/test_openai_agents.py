@@ -9,6 +9,7 @@ backends; the egress policy; cancellation."""
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -268,8 +269,16 @@ def test_a_cancelled_run_stops_its_cell() -> None:
         r = await asyncio.to_thread(s.guest.sandbox.run, "1 + 1")
         return str(r.value)
 
-    with MemexCodeMode(timeout=600) as mode:
-        assert asyncio.run(main(mode)) == "2" and started.is_set()
+    # The run's sandbox closes when the run's context is collected (weakref.finalize on it);
+    # the cancelled run's context lives in a reference cycle, so a garbage collection at the
+    # wrong moment (seen once under CI load) would close it before the check below. Hold
+    # collections off while the run is checked.
+    gc.disable()
+    try:
+        with MemexCodeMode(timeout=600) as mode:
+            assert asyncio.run(main(mode)) == "2" and started.is_set()
+    finally:
+        gc.enable()
 
 
 def test_chat_completions_over_the_real_openai_client() -> None:
