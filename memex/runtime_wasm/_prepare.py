@@ -14,6 +14,7 @@ from typing import Any
 
 from . import _engine
 from ._artifacts import find_artifacts
+from ._dirty import dirty_tracking
 from ._engine import FLAVOURS, Flavour, load_module, module_path
 from ._files import bundle_dir, mpl_data_dir, stdlib_dir
 from ._records import Limits
@@ -49,6 +50,10 @@ def prepare(flavours: Sequence[Flavour] = FLAVOURS, *,
     if flavours and not any(bundle.rglob("*.pyc")):
         step("compiling the guest bundle to guest bytecode")
         precompile_bundle(load_module(flavours[0]), bundle, stdlib_dir(arts))
+    mode = dirty_tracking()
+    step(f"checkpoints on this host: {mode} ("
+         + ("each costs what a turn wrote" if not mode.startswith("off") else
+            "each copies the whole memory") + ")")
     for fl in flavours:
         with Sandbox(limits=Limits(fuel=10**9) if fl == "metered" else None,
                      rollback=False) as sb:
