@@ -1,4 +1,5 @@
-"""Shared formatting and timing for the benchmark scripts (run as `python bench/X.py`)."""
+"""Shared formatting, timing and workloads for the benchmark scripts (run as
+`python bench/X.py`)."""
 
 from __future__ import annotations
 
@@ -31,3 +32,14 @@ def sample(fn: Callable[[], Any], n: int, *, warm: int = 0) -> list[float]:
         fn()
         out.append(time.perf_counter() - t)
     return out
+
+
+def ballast(mib: int) -> str:
+    """A cell that grows the guest by ``mib`` MiB, every page written (no zero pages)."""
+    return f"_ballast = bytearray({mib} << 20)\n_ballast[::4096] = b'x' * len(_ballast[::4096])"
+
+
+# A turn that writes 256 pages (1 MiB) of the ballast, far apart, different ones each time.
+TOUCH_1MIB = ("_k = (_k + 256) % (len(_ballast) >> 12) if '_k' in globals() else 0\n"
+              "for _j in range(256):\n"
+              "    _ballast[((_k + _j) % (len(_ballast) >> 12)) << 12] = _j & 255")

@@ -32,7 +32,7 @@ for p in (ROOT, ROOT / "bench"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-from _fmt import fmt  # noqa: E402  (bench/ is on sys.path when a script runs)
+from _fmt import TOUCH_1MIB, ballast, fmt  # noqa: E402  (bench/ is on sys.path when a script runs)
 
 from memex import Limits  # noqa: E402
 from memex.backends import Backend, get_backend  # noqa: E402
@@ -220,9 +220,6 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-_TOUCH = ("_k = (_k + 256) % (len(_ballast) >> 12) if '_k' in globals() else 0\n"
-          "for _j in range(256): _ballast[((_k + _j) % (len(_ballast) >> 12)) << 12] = _j & 255")
-
 
 def checkpoints_through_workers(quick: bool) -> list[str]:
     """``checkpoint()`` through the subprocess backend of a ~140 MiB session whose turn wrote
@@ -236,12 +233,11 @@ def checkpoints_through_workers(quick: bool) -> list[str]:
         backend = get_backend("subprocess", workers=1, resume=False)
         try:
             sb = backend.open()
-            sb.run("_ballast = bytearray(100 << 20)\n"
-                   "_ballast[::4096] = b'x' * len(_ballast[::4096])")
+            sb.run(ballast(100))
             held = [sb.checkpoint()]
             took = []
             for _ in range(8 if quick else 30):
-                sb.run(_TOUCH)
+                sb.run(TOUCH_1MIB)
                 t = time.perf_counter()
                 held.append(sb.checkpoint())
                 took.append(time.perf_counter() - t)

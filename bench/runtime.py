@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from _fmt import fmt  # noqa: E402  (bench/ is on sys.path when a script runs)
+from _fmt import TOUCH_1MIB, ballast, fmt  # noqa: E402  (bench/ is on sys.path when a script runs)
 
 from memex.runtime_wasm import Door, Limits, Sandbox, dirty_tracking  # noqa: E402
 from memex.runtime_wasm._dirty import TRACKER  # noqa: E402  (switched off for the baseline)
@@ -275,8 +275,7 @@ def _grown(mib: int, *, rollback: bool = False) -> Sandbox:
     # rollback=False: no background checkpoint between the measured operations
     sb = Sandbox(rollback=rollback)
     if mib > 48:
-        r = sb.run(f"_ballast = bytearray({mib - 42} << 20)\n_ballast[::4096] = b'x' * "
-                   f"len(_ballast[::4096])")
+        r = sb.run(ballast(mib - 42))
         if not r.ok:
             raise RuntimeError(str(r.exception))
     sync(sb)
@@ -336,9 +335,6 @@ def _bench_image_size(mib: int, n: int) -> None:
         sb.close()
 
 
-_TOUCH = ("_k = (_k + 256) % (len(_ballast) >> 12) if '_k' in globals() else 0\n"
-          "for _j in range(256): _ballast[((_k + _j) % (len(_ballast) >> 12)) << 12] = _j & 255")
-
 
 @contextlib.contextmanager
 def _tracking(on: bool) -> Iterator[None]:
@@ -379,7 +375,7 @@ def _incremental_rollback(n: int, label: str) -> None:
     Sandbox._checkpoint_good = timed_cp  # type: ignore[method-assign]
     try:
         for _ in range(n + 3):
-            sb.run(_TOUCH)
+            sb.run(TOUCH_1MIB)
             sync(sb)
         add("images", f"rollback checkpoint CPU, {sb.memory_bytes >> 20} MiB, turn wrote 1 MiB",
             cpu[3:], label)
@@ -394,13 +390,13 @@ def _incremental_fork(n: int, label: str) -> None:
     size = f"{sb.memory_bytes >> 20} MiB"
 
     def fork_first() -> Callable[[], None]:
-        sb.run(_TOUCH)
+        sb.run(TOUCH_1MIB)
         fk = sb.fork()
         fk.run("1")
         return fk.close
 
     def checkpoint() -> None:
-        sb.run(_TOUCH)
+        sb.run(TOUCH_1MIB)
         held.append(sb.checkpoint())
 
     try:

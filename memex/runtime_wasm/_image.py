@@ -50,7 +50,7 @@ class MemoryImage:
     deltas above it are then copied in, so a restore pays for what changed since the root.
     Because private mappings read through to the file, an image that someone else holds, maps
     or builds on (``frozen``) is never written again; only the sandbox that owns an image may
-    update it in place (``write_runs``), and only with pages its live instance has written
+    update it in place (``update``), and only with pages its live instance has written
     (which that instance holds as private copies, so its own view never changes).
     """
 
@@ -135,7 +135,7 @@ class MemoryImage:
         size = inst.memory_size()
         img = cls(cls._new_fd(size), size)
         try:
-            img._write_from(inst.memory_address(), size)
+            _write_out(img._fd, inst.memory_address(), 0, size)
         except BaseException:
             img.close()
             raise
@@ -149,17 +149,8 @@ class MemoryImage:
         if size > self.size:
             os.ftruncate(self._fd, size)
         self._drop_views()
-        self._write_from(inst.memory_address(), size)
+        _write_out(self._fd, inst.memory_address(), 0, size)
         self.size = size
-
-    def _write_from(self, addr: int, size: int) -> None:
-        view = memoryview((ctypes.c_char * size).from_address(addr)).cast("B")
-        off = 0
-        while off < size:
-            n = os.pwrite(self._fd, view[off : off + _CHUNK * 64], off)
-            if n <= 0:
-                raise ImageError("short write capturing a memory image")
-            off += n
 
     @classmethod
     def from_chunks(cls, size: int, chunks: list[tuple[int, bytes]]) -> MemoryImage:
@@ -211,7 +202,7 @@ class MemoryImage:
                     and parent._used <= len(pages) * _PAGE:
                 pages.update(parent._pages)
                 parent = parent._parent
-        if len(pages) * _PAGE * 2 > size:
+        if _mostly(len(pages) * _PAGE, size):
             return MemoryImage.capture(inst)
         order = sorted(pages)
         fd = self._new_fd(len(order) * _PAGE)
@@ -225,10 +216,11 @@ class MemoryImage:
         parent._frozen = True
         return delta
 
-    def write_runs(self, inst: Instance, runs: Runs) -> None:
+    def update(self, inst: Instance, runs: Runs) -> MemoryImage:
         """Bring this image (owned by the caller, not frozen) up to ``inst``'s memory, which
         differs from it only in ``runs``: a flat image is written in place, a delta gets the
-        pages overwritten or appended."""
+        pages overwritten or appended. Returns this image, or a flat copy of the memory when
+        the chain's deltas have become most of it."""
         assert not self._frozen
         size = inst.memory_size()
         self._drop_views()
@@ -237,7 +229,8 @@ class MemoryImage:
         if self._pages is None:
             if size > self.size:
                 os.ftruncate(self._fd, size)
-            _copy_pages(self._fd, addr, [(p, p * _PAGE) for p in _pages_of(runs)])
+            for off, n in runs:
+                _write_out(self._fd, addr + off, off, n)
         else:
             todo: list[tuple[int, int]] = []
             for page in _pages_of(runs):
@@ -250,6 +243,9 @@ class MemoryImage:
             os.ftruncate(self._fd, self._used)
             _copy_pages(self._fd, addr, todo)
         self.size = max(size, self.size)
+        if self._pages is not None and _mostly(self.delta_bytes, self.size):
+            return MemoryImage.capture(inst)
+        return self
 
     def flat(self) -> MemoryImage:
         """This image as one flat memfd (itself when it is flat; a delta builds a copy once)."""
@@ -264,8 +260,8 @@ class MemoryImage:
                 _copy_file(root._fd, root._offset, fd, root.size)
                 for layer in chain[1:]:
                     assert layer._pages is not None
-                    for page, at in layer._pages.items():
-                        os.pwrite(fd, os.pread(layer._fd, _PAGE, at), page * _PAGE)
+                    for page, at, n in _extents(layer._pages):
+                        os.pwrite(fd, os.pread(layer._fd, n, at), page * _PAGE)
             except BaseException:
                 flat.close()
                 raise
@@ -283,6 +279,22 @@ class MemoryImage:
             img = img._parent
         chain.reverse()
         return chain
+
+    def newest_extents(self) -> list[tuple[int, int, int, int]]:
+        """What the deltas above the root hold, the newest copy of each page: (first page,
+        layer fd, offset in its file, bytes) per stretch, in page order."""
+        owner: dict[int, MemoryImage] = {}
+        layers = self.chain()[1:]
+        for layer in layers:
+            assert layer._pages is not None
+            owner.update(dict.fromkeys(layer._pages, layer))
+        out: list[tuple[int, int, int, int]] = []
+        for layer in layers:
+            assert layer._pages is not None
+            mine = {p: at for p, at in layer._pages.items() if owner[p] is layer}
+            out += [(page, layer._fd, at, n) for page, at, n in _extents(mine)]
+        out.sort()
+        return out
 
     # ---- restore --------------------------------------------------------------------------
     def restore_into(self, inst: Instance) -> None:
@@ -370,18 +382,27 @@ def _stretches(pairs: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
     return out
 
 
+def _mostly(nbytes: int, size: int) -> bool:
+    """Deltas of more than half the memory cost more to restore than a flat image."""
+    return nbytes * 2 > size
+
+
 def _copy_pages(fd: int, addr: int, todo: list[tuple[int, int]]) -> None:
     """Write memory page ``page`` (at ``addr``) to file offset ``at`` for each pair, one call
     per stretch that is contiguous on both sides."""
-    stretches = _stretches(todo)
-    for page, at, n in stretches:
-        view = memoryview((ctypes.c_char * n).from_address(addr + page * _PAGE)).cast("B")
-        done = 0
-        while done < n:
-            k = os.pwrite(fd, view[done:], at + done)
-            if k <= 0:
-                raise ImageError("short write updating a memory image")
-            done += k
+    for page, at, n in _stretches(todo):
+        _write_out(fd, addr + page * _PAGE, at, n)
+
+
+def _write_out(fd: int, addr: int, at: int, n: int) -> None:
+    """``n`` bytes of memory at ``addr`` to offset ``at`` of ``fd`` (at most 64 MiB a call)."""
+    view = memoryview((ctypes.c_char * n).from_address(addr)).cast("B")
+    done = 0
+    while done < n:
+        k = os.pwrite(fd, view[done : done + _CHUNK * 64], at + done)
+        if k <= 0:
+            raise ImageError("short write updating a memory image")
+        done += k
 
 
 def _copy_file(src: int, at: int, dst: int, n: int) -> None:

@@ -74,21 +74,11 @@ def _pack(runs: list[tuple[int, bytes]]) -> tuple[list[bytes], int]:
 def _changed_runs(img: MemoryImage) -> list[tuple[int, bytes]]:
     """The pages the deltas above the root hold (the newest copy of each), as runs of at
     most 1 MiB, read a stretch at a time."""
-    newest: dict[int, tuple[int, int]] = {}  # page -> (layer fd, offset in its file)
-    for layer in img.chain()[1:]:
-        for page, at in layer.pages.items():
-            newest[page] = (layer.fd, at)
-    stretches: list[tuple[int, int, int, int]] = []  # first page, fd, file offset, pages
-    for page in sorted(newest):
-        fd, at = newest[page]
-        if stretches:
-            p0, f0, a0, n0 = stretches[-1]
-            if p0 + n0 == page and f0 == fd and a0 + n0 * PAGE == at \
-                    and (n0 + 1) * PAGE <= _RUN_MAX:
-                stretches[-1] = (p0, f0, a0, n0 + 1)
-                continue
-        stretches.append((page, fd, at, 1))
-    return [(p0 * PAGE, os.pread(fd, n * PAGE, at)) for p0, fd, at, n in stretches]
+    runs: list[tuple[int, bytes]] = []
+    for page, fd, at, n in img.newest_extents():
+        for k in range(0, n, _RUN_MAX):
+            runs.append((page * PAGE + k, os.pread(fd, min(_RUN_MAX, n - k), at + k)))
+    return runs
 
 
 def _whole(img: MemoryImage) -> tuple[list[bytes], int]:

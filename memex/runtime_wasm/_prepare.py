@@ -19,7 +19,7 @@ from ._engine import FLAVOURS, Flavour, load_module, module_path
 from ._files import bundle_dir, mpl_data_dir, stdlib_dir
 from ._records import Limits
 from ._sandbox import Sandbox
-from ._warm import precompile_bundle, warm_image, warm_image_ready
+from ._warm import precompile_bundle, warm_image
 
 __all__ = ["prepare"]
 
@@ -57,7 +57,7 @@ def prepare(flavours: Sequence[Flavour] = FLAVOURS, *,
     for fl in flavours:
         with Sandbox(limits=Limits(fuel=10**9) if fl == "metered" else None,
                      rollback=False) as sb:
-            if warm_image_ready(sb._loaded, sb._spec, ()):
+            if warm_image(sb._loaded, sb._spec, (), build=False) is not None:
                 step(f"{fl} warm image already built")
                 continue
             step(f"building the {fl} warm image")

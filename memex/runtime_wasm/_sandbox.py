@@ -43,7 +43,7 @@ from ._instance import Instance, InstanceSpec, TurnOutcome
 from ._output import OutputListener
 from ._records import GuestException, GuestFile, Limits, Mount, TurnResult, TurnStatus
 from ._runner import Runner
-from ._warm import warm_image, warm_image_named, warm_image_ready
+from ._warm import warm_image, warm_image_named
 
 __all__ = ["Checkpoint", "Sandbox"]
 
@@ -149,9 +149,12 @@ class Sandbox:
         first), else a fresh bootstrap."""
         if image is not None:
             self._base = image
-        elif (self.preload or warm_image_ready(self._loaded, self._spec, ())
-              or _seen_before(self._key())):
+        elif self.preload:
             self._base = warm_image(self._loaded, self._spec, self.preload)
+        else:
+            self._base = warm_image(self._loaded, self._spec, (), build=False)
+            if self._base is None and _seen_before(self._key()):
+                self._base = warm_image(self._loaded, self._spec, ())
         if self._base is not None:
             self._base.freeze()  # shared with whoever handed it over
         self._runner.call(self._fresh_instance)
@@ -405,34 +408,24 @@ class Sandbox:
         if inst is None or not inst.alive:
             return
         good = self._good
-        runs = self._written(inst)
-        if runs is not None and self._ref is not None:
-            if good is self._ref and good is not None and not good.frozen:
-                good.write_runs(inst, runs)
-                if good.is_delta and good.delta_bytes * 2 > good.size:
-                    good = self._good = MemoryImage.capture(inst)  # most of it: go flat
-            else:
-                good = self._good = self._ref.derive(inst, runs)
-        elif good is not None and not good.frozen and not good.is_delta \
-                and good is not self._backing:
-            good.overwrite_from(inst)
-        else:
-            good = self._good = MemoryImage.capture(inst)
-        if runs is not None:
-            self._ref = good  # the watch looked just now: what is written next is on top
-        else:
-            self._watch_from(inst, good)
+        if good is not None and not good.frozen:
+            if good is self._ref:  # only what the turn wrote, into the image itself
+                runs = self._written(inst)
+                if runs is not None:
+                    self._good = self._ref = good.update(inst, runs)
+                    self._current = True
+                    return
+            elif self._watch is None and not good.is_delta and good is not self._backing:
+                good.overwrite_from(inst)  # untracked: a whole copy, into its own pages
+                self._watch_from(inst, good)
+                self._current = True
+                return
+        self._good = self._image_of_now(inst)
         self._current = True
 
-    def _shared_image(self) -> MemoryImage:
-        """(runner) An immutable image of the live state for a checkpoint, fork or save: the
-        rollback image when it is current (no copy), else a new capture."""
-        if self._current:
-            image = self._good if self._good is not None else self._base
-            if image is not None:
-                image.freeze()  # someone else holds it from now on
-                return image
-        inst = self._require()
+    def _image_of_now(self, inst: Instance) -> MemoryImage:
+        """(runner) A new image of the live memory: a delta on ``_ref`` when the watch knows
+        what was written since, else a whole copy (watched from then on)."""
         runs = self._written(inst)
         if runs is not None and self._ref is not None:
             image = self._ref.derive(inst, runs)
@@ -440,6 +433,17 @@ class Sandbox:
         else:
             image = MemoryImage.capture(inst)
             self._watch_from(inst, image)
+        return image
+
+    def _shared_image(self) -> MemoryImage:
+        """(runner) An immutable image of the live state for a checkpoint, fork or save: the
+        rollback image when it is current (no copy), else a new one."""
+        if self._current:
+            image = self._good if self._good is not None else self._base
+            if image is not None:
+                image.freeze()  # someone else holds it from now on
+                return image
+        image = self._image_of_now(self._require())
         image.freeze()
         return image
 

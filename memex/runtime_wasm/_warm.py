@@ -12,6 +12,7 @@ import re
 import threading
 import time
 from pathlib import Path
+from typing import overload
 
 from ..errors import GuestStartError, ImageError
 from ._cache import cache_dir, file_lock
@@ -21,7 +22,7 @@ from ._image import MemoryImage
 from ._imagefile import open_raw_image, write_raw_image
 from ._instance import Instance, InstanceSpec
 
-__all__ = ["precompile_bundle", "warm_image", "warm_image_named", "warm_image_ready"]
+__all__ = ["precompile_bundle", "warm_image", "warm_image_named"]
 
 _IMAGES: dict[str, MemoryImage] = {}
 _LOCK = threading.Lock()
@@ -44,14 +45,20 @@ def _path(key: str) -> Path:
     return cache_dir() / "warm" / f"{key}.raw"
 
 
-def warm_image_ready(loaded: LoadedModule, spec: InstanceSpec, preload: tuple[str, ...]) -> bool:
-    """Whether ``warm_image`` would cost no build (in this process, or on disk)."""
-    key = _key(loaded, spec, preload)
-    return key in _IMAGES or _path(key).is_file()
+@overload
+def warm_image(loaded: LoadedModule, spec: InstanceSpec, preload: tuple[str, ...]
+               ) -> MemoryImage: ...
 
 
-def warm_image(loaded: LoadedModule, spec: InstanceSpec, preload: tuple[str, ...]) -> MemoryImage:
-    """The shared (read-only) image of a bootstrapped guest that imported ``preload``."""
+@overload
+def warm_image(loaded: LoadedModule, spec: InstanceSpec, preload: tuple[str, ...], *,
+               build: bool) -> MemoryImage | None: ...
+
+
+def warm_image(loaded: LoadedModule, spec: InstanceSpec, preload: tuple[str, ...], *,
+               build: bool = True) -> MemoryImage | None:
+    """The shared (read-only) image of a bootstrapped guest that imported ``preload``; with
+    ``build=False``, None when it would have to be built (not in this process, not on disk)."""
     key = _key(loaded, spec, preload)
     with _LOCK:
         img = _IMAGES.get(key)
@@ -61,6 +68,8 @@ def warm_image(loaded: LoadedModule, spec: InstanceSpec, preload: tuple[str, ...
         sha = loaded.artifacts.snapshot_sha256
         img = _open(path, sha)
         if img is None:
+            if not build:
+                return None
             with file_lock(path.with_suffix(".lock")):
                 img = _open(path, sha)  # another process may have built it meanwhile
                 if img is None:
