@@ -9,7 +9,14 @@ from ._agent import ActionSpace, MemexAgent
 from ._config import Aids, Budget
 from ._render import render_step, render_trajectory
 from ._run import Rollout
-from ._trajectory import Step, ToolCallInfo, Trajectory, load_trajectories, save_trajectories
+from ._trajectory import (
+    Step,
+    ToolCallInfo,
+    Trajectory,
+    TrajectoryWriter,
+    load_trajectories,
+    save_trajectories,
+)
 from .spawn import TreeBudget
 
 __all__ = [
@@ -21,6 +28,7 @@ __all__ = [
     "Step",
     "ToolCallInfo",
     "Trajectory",
+    "TrajectoryWriter",
     "TreeBudget",
     "load_trajectories",
     "render_step",

@@ -9,6 +9,7 @@ results serialized to text): the baseline, one setting away.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
@@ -130,12 +131,23 @@ class MemexAgent:
                 lines.append("(these are variables of the python_exec session)")
             parts.append(f"{where}:\n" + "\n".join(lines))
         if self.aids.example:
-            parts.append(_prompt.CODE_EXAMPLE if code else _prompt.TOOLS_EXAMPLE)
+            parts.append(self._example(code))
         if not code:
             parts.append(_prompt.TEXT_CALL_HINT)
         if self.instructions:
             parts.append(self.instructions.strip())
         return "\n\n".join(parts)
+
+    def _example(self, code: bool) -> str:
+        """The worked example: built from this agent's tools and answer schema (the fixed
+        ``orders()`` one with ``Aids.example_from_tools=False``, for comparison)."""
+        if not self.aids.example_from_tools:
+            return _prompt.CODE_EXAMPLE if code else _prompt.TOOLS_EXAMPLE
+        # A tool that needs no arguments (a listing, a schema) is the natural first call.
+        tools = sorted(self.tools, key=lambda t: any(p.required for p in t.params))
+        call = _example_call(tools[0], self.tools.aliases, code) if tools else None
+        return (_prompt.code_example if code else _prompt.tools_example)(call,
+                                                                         self.submit_schema)
 
     def tool_definitions(self) -> list[dict[str, Any]]:
         """The JSON function tools offered in the tool-calling action space."""
@@ -148,3 +160,17 @@ class MemexAgent:
                            "required": ["code"]}}})
         defs.append(make_submit_tool(self.submit_schema, lambda _a: None).to_openai())
         return defs
+
+
+def _example_call(tool: Tool, aliases: Mapping[str, str], code: bool) -> str:
+    """``tool`` called with made-up values for its required parameters: ``name(a="...")``
+    in code, ``name`` with a JSON object for function calling."""
+    required = [p for p in tool.params if p.required]
+    if code:
+        inner = ", ".join(f"{p.py_name}=" + ('"..."' if p.annotation is str
+                                             else _prompt.placeholder(p.annotation))
+                          for p in required)
+        return f"{aliases.get(tool.name, tool.name)}({inner})"
+    args = {p.name: "..." if p.annotation is str
+            else json.loads(_prompt.placeholder(p.annotation, style="json")) for p in required}
+    return f"`{tool.name}` with {json.dumps(args)}"

@@ -13,7 +13,8 @@ __all__ = ["Aids", "Budget"]
 @dataclass(frozen=True, kw_only=True)
 class Budget:
     """When a rollout stops without an answer (None: no bound). ``max_turns`` counts model
-    calls."""
+    calls (turns; one more when a submit is rejected on the last turn, see
+    ``Aids.grace_turn``)."""
 
     max_turns: int = 12
     max_tokens: int | None = None
@@ -32,16 +33,30 @@ class Budget:
 @dataclass(frozen=True, kw_only=True)
 class Aids:
     """Help for small models, each switchable so its effect can be measured
-    (bench/agent.py): a worked example in the prompt, a nudge after a reply with no code, a
+    (bench/agent.py, ``memex eval``): a worked example in the prompt (built from the
+    rollout's real tools and answer shape), a nudge after a reply with no code, a
     note when a reply repeats an earlier one verbatim, a preview of the variables a block
     created, a reminder to submit when few turns remain, stop sequences that cut a reply
     where the model starts writing the output it imagines its code will print, and
     re-asking (seeded, at ``repeat_temperature``) when a reply repeats an earlier failed one: at
     temperature 0 a small model copies its failing block turn after turn, and every copy
     left in the context makes the next one likelier, so a repeat is asked again before it
-    runs and only a fresh reply (or the last try) enters the context."""
+    runs and only a fresh reply (or the last try) enters the context. Errors are explained
+    (a NameError with the names that do exist; a rejected submit with the type each field
+    got and how to convert it); a submit rejected on the last turn gets one more turn; the
+    text after a reply's last code block, which never runs and is often the model writing
+    the user's side, is left out of the context; pandas prints frames up to 160 characters
+    wide instead of folding their columns into "..."; in tool calling, a submit that comes in
+    the same reply as other calls is not run (its arguments were written before their
+    results existed)."""
 
     example: bool = True
+    example_from_tools: bool = True  # the example uses the rollout's tools and answer shape
+    explain_errors: bool = True  # NameError: what is defined; rejected submit: what was sent
+    grace_turn: bool = True  # a submit rejected on the last turn gets one more turn
+    cut_after_code: bool = True  # drop a reply's text after its last code block
+    wide_tables: bool = True  # pandas prints frames up to 160 characters wide, not folded
+    hold_blind_submit: bool = True  # tool calling: a submit after other calls in one reply waits
     nudge: bool = True
     repeat_note: bool = True
     preview_variables: bool = True

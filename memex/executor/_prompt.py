@@ -12,6 +12,7 @@ from typing import Any
 __all__ = [
     "CODE_EXAMPLE",
     "CODE_RULES",
+    "CONVERT_HINT",
     "CORE",
     "NUDGE",
     "PYTHON_TOOL",
@@ -23,8 +24,11 @@ __all__ = [
     "TOOLS_EXAMPLE",
     "TOOLS_NUDGE",
     "TOOLS_RULES",
+    "code_example",
     "describe_value",
+    "placeholder",
     "render_schema",
+    "tools_example",
 ]
 
 CORE = """\
@@ -80,7 +84,9 @@ NUDGE = ("Your reply had no ```python code block, so nothing ran. Reply with one
          "block; call submit(...) in it when you know the answer.")
 TOOLS_NUDGE = ("Your reply had no function call, so nothing ran. Call one of the functions; "
                "call submit when you know the answer.")
-STOP = ["```output", "\nOutput:", "\nUser:"]
+# At most four: the OpenAI API refuses more. "Assistant:" is where a model goes on to write
+# the next turn itself (the worked example's format), after inventing the user's.
+STOP = ["```output", "\nOutput:", "\nUser:", "\nAssistant:"]
 REMOVED = "MemEx removed a turn here"
 REPEAT = ("Note: this reply repeats an earlier reply word for word; its output is above. "
           "Do something different, or submit the answer if you have it.")
@@ -91,6 +97,112 @@ PYTHON_TOOL = {"type": "function", "function": {
                    "required": ["code"]}}}
 PYTHON_TOOL_RULE = ("Send each code block as a call of the `python` function (argument `code`) "
                     "instead of a fenced block.")
+
+CONVERT_HINT = ("submit() takes plain Python values (dict, list, str, int, float, bool): "
+                "turn pandas and numpy results into them first (series.to_dict(), "
+                "series.tolist(), series.iloc[0], float(x), int(x), str(x)).")
+
+
+def code_example(call: str | None, schema: Any) -> str:
+    """The worked example of the code action space, built from the rollout's own first tool
+    call (``call``, e.g. ``sql(query="...")``) and answer ``schema``: a small model copies
+    the example's names and shapes, so they must be ones that exist (a fixed example made
+    models call functions named after tables and submit the example's fields). The answer
+    is submitted from variables named after its fields and their computation is left to a
+    comment: small models copy an example block verbatim, and a value (or ``...``) in it
+    would be submitted as is."""
+    first = (f"Assistant: I will call {call.partition('(')[0]} first and keep its result in a "
+             f"variable.\n```python\nresult = {call}\nprint(result)\n```\nUser: Output:\n"
+             "(what the code printed)\n") if call else ""
+    fields = _fields(schema)
+    if fields:
+        names = " and ".join(", ".join(n for n, _ in fields).rsplit(", ", 1))
+        kinds = "; ".join(f"{n}: {k}" for n, k in fields)
+        value = "{" + ", ".join(f'"{name}": {name}' for name, _ in fields) + "}"
+    else:
+        names, kinds, value = "answer", f"answer: {render_schema(schema)}", "answer"
+    return ("Example of the format (made up: your task and data differ):\n" + first
+            + f"Assistant: I compute {names} from the results and submit them.\n"
+            f"```python\n# first compute {names} from the results ({kinds})\n"
+            f"submit({value})\n```\n" + CONVERT_HINT)
+
+
+def tools_example(call: str | None, schema: Any) -> str:
+    """The tool-calling twin of :func:`code_example` (``call`` as ``name`` with JSON
+    arguments); the answer's values are described, not given."""
+    first = f"call {call}, read what it returns, " if call else ""
+    fields = _fields(schema)
+    shape = ("{" + ", ".join(f'"{n}": <{k}>' for n, k in fields) + "}" if fields
+             else f"<{render_schema(schema)}>")
+    return (f"Example of the format (made up: your task and data differ): {first}"
+            "use python_exec for arithmetic on long results, then call `submit` with "
+            f'{{"answer": {shape}}}, each value taken from the results.')
+
+
+def _fields(schema: Any) -> list[tuple[str, str]]:
+    """(name, rendered type) of each top-level field of an object schema whose field names
+    are identifiers; [] for any other schema."""
+    js = _json_schema(schema)
+    props = js.get("properties") if isinstance(js, Mapping) else None
+    if js.get("type") != "object" or not isinstance(props, Mapping) or not props:
+        return []
+    if not all(isinstance(n, str) and n.isidentifier() for n in props):
+        return []
+    defs = js.get("$defs", {})
+    return [(n, _render(sub, defs, 1)) for n, sub in props.items()]
+
+
+def _json_schema(schema: Any) -> Mapping[str, Any]:
+    if schema is None:
+        return {}
+    if isinstance(schema, Mapping):
+        return schema
+    try:
+        from pydantic import TypeAdapter
+
+        js: Mapping[str, Any] = TypeAdapter(schema).json_schema()
+    except Exception:
+        return {}
+    if "$ref" in js:  # a model at the top: its own definition
+        name = str(js["$ref"]).rsplit("/", 1)[-1]
+        return {**js.get("$defs", {}).get(name, {}), "$defs": js.get("$defs", {})}
+    return js
+
+
+def placeholder(schema: Any, *, style: str = "python") -> str:
+    """A made-up value in the shape of ``schema`` (a type or JSON Schema), as a Python
+    literal (``style="python"``) or JSON text (``"json"``): for tool arguments in the
+    worked example."""
+    js = _json_schema(schema)
+    value = _example(js, js.get("$defs", {}), 0) if js else "..."
+    return json.dumps(value) if style == "json" else repr(value)
+
+
+def _example(js: Any, defs: Mapping[str, Any], depth: int) -> Any:
+    if not isinstance(js, Mapping) or depth > 4:
+        return "..."
+    if "$ref" in js:
+        return _example(defs.get(str(js["$ref"]).rsplit("/", 1)[-1], {}), defs, depth + 1)
+    if js.get("enum"):
+        return js["enum"][0]
+    if "const" in js:
+        return js["const"]
+    for key in ("anyOf", "oneOf"):
+        if key in js:
+            subs = [s for s in js[key] if not (isinstance(s, Mapping)
+                                               and s.get("type") == "null")]
+            return _example(subs[0] if subs else {}, defs, depth + 1)
+    t = js.get("type")
+    t = next((x for x in t if x != "null"), None) if isinstance(t, list) else t
+    if t == "object":
+        props = js.get("properties")
+        if isinstance(props, Mapping) and props:
+            return {k: _example(v, defs, depth + 1) for k, v in props.items()}
+        extra = js.get("additionalProperties")
+        return {"key": _example(extra if isinstance(extra, Mapping) else {}, defs, depth + 1)}
+    if t == "array":
+        return [_example(js.get("items", {}), defs, depth + 1)]
+    return {"string": "abc", "integer": 3, "number": 0.25, "boolean": True}.get(str(t), "...")
 
 
 def render_schema(schema: Any) -> str:
@@ -135,6 +247,9 @@ def _render(js: Any, defs: Mapping[str, Any], depth: int) -> str:
     if t == "array":
         return f"list of {_render(js.get('items', {}), defs, depth + 1)}"
     if t == "object":
+        extra = js.get("additionalProperties")
+        if isinstance(extra, Mapping) and extra:
+            return f"dict of str -> {_render(extra, defs, depth + 1)}"
         return "object"
     names = {"string": "str", "integer": "int", "number": "float", "boolean": "bool",
              "null": "null"}

@@ -7,6 +7,7 @@ run many rollouts at once.
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from pydantic_core import to_jsonable_python
 from ..errors import ConfigError, LLMError, MemexError
 from ..host_tools import ToolCallRecord
 from ._config import Aids
-from ._prompt import REMOVED
+from ._prompt import REMOVED, render_schema
 from ._session import AgentSession
 from ._trajectory import Step, ToolCallInfo, Trajectory, TrajectoryWriter
 from .llm import Completion
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
     from ._agent import MemexAgent
 
 __all__ = ["Rollout", "Run"]
+
+_NAME_ERROR = re.compile(r"NameError: name '(\w+)' is not defined")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,6 +95,9 @@ class Run:
         # wait with the same code is legitimate
         self.failed: set[str] = set()
         self.writer = TrajectoryWriter(agent.trajectory_path) if agent.trajectory_path else None
+        self.variables: dict[str, str] = {}
+        # one more turn was given for a submit rejected on the last one (Aids.grace_turn)
+        self.graced = False
 
     # ---- the TurnContext of the loops ------------------------------------------------------
     @property
@@ -143,12 +149,44 @@ class Run:
             return None
         return max(0.05, min(self.agent.limits.timeout, left))
 
-    def reminder(self) -> str:
-        left = self.agent.budget.max_turns - (len(self.steps) + 1)
+    def _turn_limit(self) -> int:
+        return self.agent.budget.max_turns + (1 if self.graced else 0)
+
+    def _grace_due(self, rejected: bool, turns_done: int) -> bool:
+        """A submit rejected on the last turn gets one more turn (once): the model has just
+        learnt what was wrong with its answer and is likeliest to fix it now."""
+        return (rejected and self.agent.aids.grace_turn and not self.graced
+                and turns_done == self._turn_limit())
+
+    def reminder(self, *, rejected: bool = False) -> str:
+        left = self._turn_limit() - (len(self.steps) + 1)
+        if self._grace_due(rejected, len(self.steps) + 1):
+            return ("\n[Your answer was rejected on the last turn: you get one more turn. Fix "
+                    "the answer and submit it.]")
         if self.agent.aids.submit_reminder and 0 < left <= 2:
             return (f"\n[{left} turn{'s' if left > 1 else ''} left: submit your best answer "
                     "now if you have one.]")
         return ""
+
+    def explain(self, status: str, error: str | None, text: str) -> str:
+        a = self.agent
+        if not a.aids.explain_errors:
+            return ""
+        if status == "rejected":
+            return f"[submit(answer) takes: {render_schema(a.submit_schema)}]"
+        if error == "KeyError":
+            frames = [f"{n}: {d}" for n, d in self.variables.items() if d.startswith("DataFrame")]
+            return (f"[a key that does not exist. Your DataFrames: {'; '.join(frames[-5:])}]"
+                    if frames else "")
+        m = _NAME_ERROR.search(text) if error == "NameError" else None
+        if m is None:
+            return ""
+        aliases = a.tools.aliases
+        tools = ", ".join(f"{aliases.get(n, n)}()" for n in a.tools.names)
+        names = [n for n in self.variables if n != m.group(1)]
+        have = f"; your variables: {', '.join(names[-20:])}" if names else ""
+        return (f"[{m.group(1)!r} is not defined in this session. What is: the tools "
+                f"{tools + ', ' if tools else ''}submit(){have}.]")
 
     def complete(self, key_of: Callable[[Completion], str | None], **kwargs: Any
                  ) -> tuple[Completion, dict[str, Any]]:
@@ -199,7 +237,10 @@ class Run:
                 if stop:
                     end = stop
                     break
-                self._add(turn(self, session))
+                step = turn(self, session)
+                self._add(step)
+                if self._grace_due(step.status == "rejected", len(self.steps)):
+                    self.graced = True
                 if session.submitted:
                     end = "submitted"
                     break
@@ -245,11 +286,12 @@ class Run:
             tools=a.tools, submit_schema=a.submit_schema, limits=a.limits, mounts=a.mounts,
             preload=a.preload, inputs=self.inputs, tool_budget=a.tool_budget, gate=a.gate,
             install_tools=a.action_space == "code", open_sandbox=opener, door=door,
-            spawn=self.node, prepared=prepared, on_call=self.pending_calls.append)
+            spawn=self.node, prepared=prepared, on_call=self.pending_calls.append,
+            explain_errors=a.aids.explain_errors, wide_tables=a.aids.wide_tables)
 
     def _budget_reason(self) -> str | None:
         b = self.agent.budget
-        if len(self.steps) >= b.max_turns:
+        if len(self.steps) >= self._turn_limit():
             return "max_turns"
         if b.max_tokens is not None and self.prompt_tokens + self.completion_tokens \
                 >= b.max_tokens:

@@ -94,6 +94,7 @@ class AgentSession:
         open_sandbox: Callable[..., Any] | None = None,
         on_call: Callable[[ToolCallRecord], None] | None = None,
         door: Door | None = None, spawn: Any = None, prepared: bool = False,
+        explain_errors: bool = True, wide_tables: bool = True,
     ) -> None:
         self.inputs = dict(inputs or {})
         for name in self.inputs:
@@ -107,6 +108,8 @@ class AgentSession:
         self.door = door if door is not None else Door()
         self.spawn = spawn
         self.prepared = prepared
+        self.explain = explain_errors
+        self.wide = wide_tables
         self._encoded: dict[str, Any] = {}
         for name, value in self.inputs.items():
             try:
@@ -136,7 +139,8 @@ class AgentSession:
         return self._encoded[name]
 
     def _prelude(self) -> None:
-        define, call = prelude_cells(list(self.inputs), self.spawn)
+        define, call = prelude_cells(list(self.inputs), self.spawn, explain=self.explain,
+                                     wide=self.wide)
         cell = call if self.prepared else define + call
         r = self.sandbox.run(cell, filename="<memex-agent-prelude>")
         if r.status is not TurnStatus.OK:
@@ -193,15 +197,19 @@ class AgentSession:
         self.host.close()
 
 
-def prelude_cells(input_names: list[str], spawn: Any = None) -> tuple[str, str]:
+def prelude_cells(input_names: list[str], spawn: Any = None, *, explain: bool = True,
+                  wide: bool = True) -> tuple[str, str]:
     """The guest prelude as (definitions, call): the definitions are the same for every
     session (so a template sandbox can run them once and be forked); the call binds this
-    session's inputs, submit() and, with ``spawn``, the sub-agent API."""
+    session's inputs, submit() and, with ``spawn``, the sub-agent API. ``explain``: a
+    rejected submit says what it was sent (Aids.explain_errors); ``wide``: pandas prints wide
+    frames whole (Aids.wide_tables)."""
     src = resources.files("memex.executor").joinpath("guest/agent_prelude.py").read_text()
     records = {c.__name__: [f.name for f in dataclasses.fields(c)]
                for c in (Trajectory, Step, ToolCallInfo)}
     define = (spawn.guest_define() if spawn is not None else "") + src + "\n"
     hooks = spawn.guest_hooks() if spawn is not None else "None"
-    call = (f"__memex_agent_prelude__({input_names!r}, {SUBMIT_DOC!r}, {records!r}, {hooks})\n"
+    call = (f"__memex_agent_prelude__({input_names!r}, {SUBMIT_DOC!r}, {records!r}, {hooks}, "
+            f"{explain!r}, {wide!r})\n"
             "del __memex_agent_prelude__\n")
     return define, call

@@ -231,10 +231,14 @@ class ToolSet:
                  "doc": s.doc} for s in self._build()[0]]
 
     def catalogue(self) -> str:
-        """One line per tool, ``alias(params) -> Return: summary``, then one per record class
-        and the aliases; the signatures are what ``inspect.signature`` shows in the guest."""
+        """One line per tool, ``alias(params) -> Return: summary Returns: what``, then one
+        per record class and the aliases; the signatures are what ``inspect.signature``
+        shows in the guest. What a tool returns is part of the line: a model that is not
+        told a DataFrame's columns guesses them."""
         stubs, records, _ = self._build()
         lines = [f"{s.alias}{s.signature}" + (f": {s.tool.summary}" if s.tool.summary else "")
+                 + (f" Returns: {' '.join(s.tool.returns_doc.split())}"
+                    if s.tool.returns_doc.strip() else "")
                  for s in stubs]
         for r in records:
             fields = ", ".join(f"{n}: {a.display}" for n, a, _ in r.fields)

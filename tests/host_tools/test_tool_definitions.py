@@ -336,7 +336,8 @@ def test_catalogue_and_stub_source() -> None:
     assert lines[0] == (
         "search(query: str, limit: int = 10, color: Literal['red', 'blue'] = 'red', *, "
         "since: datetime.date | None = None, near: tools.Point | None = None, "
-        "options: tools.Options | None = None) -> list[tools.Item]: Search the catalogue.")
+        "options: tools.Options | None = None) -> list[tools.Item]: Search the catalogue. "
+        "Returns: the matches, best first.")
     assert lines[1] == (
         "blob(data: bytes, when: datetime.datetime = datetime.datetime(2024, 1, 1, 0, 0), "
         "cost: decimal.Decimal = Decimal('1.5'), x: float = ..., "

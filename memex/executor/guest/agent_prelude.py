@@ -6,12 +6,25 @@ that travelled pickled back into objects; ``prepare(answer)`` readies a sub-agen
 for its parent."""
 
 
-def __memex_agent_prelude__(input_names, submit_doc, record_types, hooks=None):
+def __memex_agent_prelude__(input_names, submit_doc, record_types, hooks=None, explain=True,
+                            wide=True):
+    import sys
+
     import __main__
     import memex_guest.door as door
     import memex_guest.tools as tools
 
     g = __main__.__dict__
+    pd = sys.modules.get("pandas")
+    if wide and pd is not None:
+        # pandas' defaults fold a frame wider than 80 columns into "..." (names and values
+        # hidden): the model then reads nothing it can use and prints again
+        for key, value in (("display.width", 160), ("display.max_columns", 12),
+                           ("display.max_colwidth", 50), ("display.max_rows", 40)):
+            try:
+                pd.set_option(key, value)
+            except Exception:
+                pass
     # Typed record classes (e.g. Trajectory, Step) for inputs, registered by type name.
     for type_name, fields in record_types.items():
         type(type_name, (tools.Record,), {"__fields__": tuple(fields), "__slots__": (),
@@ -39,9 +52,42 @@ def __memex_agent_prelude__(input_names, submit_doc, record_types, hooks=None):
         # awaitable there, and an un-awaited submit must not vanish).
         try:
             door.request("tools.call", ["submit", {"answer": answer}], {}, True)
+        except TypeError as exc:  # a value the door cannot carry (an object, ``...``)
+            if not explain:
+                raise
+            raise TypeError("%s\nYou sent: %s" % (exc, sent(answer))) from None
         except door.DoorError as exc:
-            raise tools.error_from_map(exc.error, "submit") from None
+            err = exc.error
+            if explain and isinstance(err, dict) and isinstance(err.get("message"), str):
+                err = dict(err, message=err["message"] + "\nYou sent: " + sent(answer))
+            raise tools.error_from_map(err, "submit") from None
         print("[answer accepted]")
+
+    def sent(v, depth=0):
+        """What a rejected answer held, type by type, with how to turn pandas and numpy
+        values into the plain ones a schema takes."""
+        t = type(v)
+        mod = t.__module__.partition(".")[0]
+        if mod == "pandas" and t.__name__ == "Series":
+            return ("a pandas Series of %d value%s (use .to_dict() for a dict, .tolist() for a "
+                    "list, .iloc[0] for one value)" % (len(v), "" if len(v) == 1 else "s"))
+        if mod == "pandas" and t.__name__ == "DataFrame":
+            return ("a pandas DataFrame of %d rows x %d columns (use df.to_dict('records'), "
+                    "df[column].tolist(), dict(zip(df[a], df[b])) or df.iloc[0, 0])"
+                    % (len(v), len(v.columns)))
+        if mod == "numpy":
+            if getattr(v, "shape", None) == ():
+                return "a numpy %s scalar (use .item())" % t.__name__
+            return "a numpy array (use .tolist())"
+        if isinstance(v, dict) and depth < 2:
+            items = ["%r: %s" % (k, sent(x, depth + 1)) for k, x in list(v.items())[:12]]
+            return "{" + ", ".join(items) + (", ..." if len(v) > 12 else "") + "}"
+        if isinstance(v, (list, tuple)) and v and depth < 2:
+            return "a %s of %d items, the first %s" % (t.__name__, len(v), sent(v[0], depth + 1))
+        if v is Ellipsis:
+            return "... (a placeholder: compute this value from your results)"
+        r = repr(v)
+        return "%s %s" % (t.__name__, r if len(r) <= 40 else r[:37] + "...")
 
     submit.__doc__ = submit_doc
     g["submit"] = submit

@@ -8,7 +8,7 @@ protocols in ``_context`` (:class:`TurnContext`, :class:`TurnSession`); replies 
 from ._code import code_turn
 from ._context import TurnContext, TurnSession
 from ._observe import NO_OUTPUT, bound_text, render_observation, trim_traceback
-from ._parse import TextToolCall, extract_code, extract_tool_calls
+from ._parse import TextToolCall, cut_after_code, extract_code, extract_tool_calls
 from ._tools import tools_turn
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "TurnSession",
     "bound_text",
     "code_turn",
+    "cut_after_code",
     "extract_code",
     "extract_tool_calls",
     "render_observation",

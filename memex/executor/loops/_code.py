@@ -14,7 +14,7 @@ from .._trajectory import Step
 from ..llm import Completion
 from ._context import TurnContext, TurnSession
 from ._observe import bound_text, render_observation
-from ._parse import extract_code
+from ._parse import cut_after_code, extract_code
 
 __all__ = ["code_turn"]
 
@@ -99,7 +99,8 @@ def code_turn(ctx: TurnContext, session: TurnSession) -> Step:
     index = ctx.turn
     calls = _native_blocks(c) if native else []
     blocks = _blocks(c, native)
-    assistant: dict[str, Any] = {"role": "assistant", "content": reply}
+    kept = cut_after_code(reply) if ctx.aids.cut_after_code and not native else reply
+    assistant: dict[str, Any] = {"role": "assistant", "content": kept}
     if calls:
         assistant["tool_calls"] = [
             {"id": cid, "type": "function",
@@ -121,9 +122,13 @@ def code_turn(ctx: TurnContext, session: TurnSession) -> Step:
         status = "submitted"
     elif any(tc.name == "submit" and tc.outcome != "ok" for tc in tool_calls):
         status = "rejected"
+    hint = ctx.explain(status, error, "\n".join(outputs))
+    if hint:
+        outputs.append(hint)
     new_vars: list[tuple[str, str]] = []
     if ctx.aids.preview_variables and not session.submitted:
         new_vars = session.new_variables()
+        ctx.variables.update(new_vars)
         if new_vars:
             outputs.append("[new variables: " + "; ".join(f"{n}: {d}" for n, d in new_vars)
                            + "]")
@@ -134,7 +139,7 @@ def code_turn(ctx: TurnContext, session: TurnSession) -> Step:
     if repeated and ctx.aids.repeat_note:
         body = f"{REPEAT}\n{body}"
         status = "repeated" if status == "ok" else status
-    obs = "Output:\n" + body + ctx.reminder()
+    obs = "Output:\n" + body + ctx.reminder(rejected=status == "rejected")
     if calls:
         for j, (cid, _code) in enumerate(calls):
             content = obs if j == 0 else "(output included in the first call's result)"

@@ -37,6 +37,9 @@ class TurnContext(Protocol):
     messages: list[dict[str, Any]]
     """The conversation: a turn appends the model's reply and the observation."""
 
+    variables: dict[str, str]
+    """Names the rollout's blocks have bound so far, each with a short description."""
+
     @property
     def aids(self) -> Aids: ...
 
@@ -87,6 +90,12 @@ class TurnContext(Protocol):
         """The wall-time bound for code run now (None: the sandbox's own limit)."""
         ...
 
-    def reminder(self) -> str:
-        """A note to append to the observation when few turns remain ("" otherwise)."""
+    def reminder(self, *, rejected: bool = False) -> str:
+        """A note to append to the observation when few turns remain ("" otherwise);
+        ``rejected``: this turn's submit was rejected (on the last turn, one more is given)."""
+        ...
+
+    def explain(self, status: str, error: str | None, text: str) -> str:
+        """A line that explains this turn's failure from what the host knows (the answer
+        schema, the names that exist), or "" (see ``Aids.explain_errors``)."""
         ...

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["TextToolCall", "extract_code", "extract_tool_calls"]
+__all__ = ["TextToolCall", "cut_after_code", "extract_code", "extract_tool_calls"]
 
 _FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*([\w+.-]*)[^\n]*\n", re.MULTILINE)
 _PY_TAGS = frozenset({"python", "py", "python3", "ipython", "pycon"})
@@ -21,7 +21,12 @@ _CODE_TAGS = _PY_TAGS | {""}
 
 def _fences(text: str) -> list[tuple[str, str, bool]]:
     """Every fenced block as (language tag, body, closed)."""
-    out: list[tuple[str, str, bool]] = []
+    return [(tag, body, closed) for tag, body, closed, _end in _spans(text)]
+
+
+def _spans(text: str) -> list[tuple[str, str, bool, int]]:
+    """Every fenced block as (language tag, body, closed, where it ends)."""
+    out: list[tuple[str, str, bool, int]] = []
     pos = 0
     while True:
         m = _FENCE.search(text, pos)
@@ -31,10 +36,19 @@ def _fences(text: str) -> list[tuple[str, str, bool]]:
         close = re.compile(rf"^[ \t]*{re.escape(fence[0])}{{{len(fence)},}}[ \t]*$", re.MULTILINE)
         c = close.search(text, m.end())
         if c is None:
-            out.append((tag, text[m.end():], False))
+            out.append((tag, text[m.end():], False, len(text)))
             return out
-        out.append((tag, text[m.end():c.start()], True))
+        out.append((tag, text[m.end():c.start()], True, c.end()))
         pos = c.end()
+
+
+def cut_after_code(text: str) -> str:
+    """The reply up to the end of its last code block: what follows never runs, and in a
+    small model's reply it is often the model going on to write the user's side (an
+    invented output, "Your answer is correct."), which misleads every later turn once it
+    is in the context. A reply without a code block is kept whole."""
+    ends = [end for tag, _body, _closed, end in _spans(text) if tag in _CODE_TAGS]
+    return text[:ends[-1]] if ends else text
 
 
 def extract_code(text: str) -> list[str]:

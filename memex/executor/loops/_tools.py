@@ -21,6 +21,9 @@ from ._parse import extract_tool_calls
 __all__ = ["tools_turn"]
 
 
+HELD = ("[submit not run: it came in the same reply as calls whose results you had not seen "
+        "yet. Read their results above, then submit an answer taken from them.]")
+
 _Call = tuple[str | None, str, str, str, str | None]  # id, name, arguments, kind, parse error
 
 
@@ -80,11 +83,12 @@ def _calls(ctx: TurnContext, c: Completion) -> list[_Call]:
     return [(None, t.name, t.arguments, "text", t.error) for t in extract_tool_calls(reply)]
 
 
-def _observe(ctx: TurnContext, calls: list[_Call], texts: list[tuple[str | None, str, str]]
-             ) -> str:
+def _observe(ctx: TurnContext, calls: list[_Call], texts: list[tuple[str | None, str, str]],
+             status: str, error: str | None) -> str:
     """Give the results back (as tool messages for native calls, else as one user message);
     the observation as the trajectory records it."""
-    reminder = ctx.reminder()
+    hint = ctx.explain(status, error, texts[-1][2] if texts else "")
+    reminder = (f"\n{hint}" if hint else "") + ctx.reminder(rejected=status == "rejected")
     if calls[0][3] != "native":
         obs = "\n".join(f"[{name} result]\n{text}" for _, name, text in texts) + reminder
         ctx.messages.append({"role": "user", "content": obs})
@@ -114,15 +118,20 @@ def tools_turn(ctx: TurnContext, session: TurnSession) -> Step:
     texts: list[tuple[str | None, str, str]] = []
     status, error = "ok", None
     t1 = time.monotonic()
-    for cid, name, arguments, kind, perr in calls:
+    for j, (cid, name, arguments, kind, perr) in enumerate(calls):
         s = time.monotonic()
-        outcome, text = _run_call(ctx, session, name, arguments, perr)
+        if name == "submit" and j > 0 and ctx.aids.hold_blind_submit:
+            # its arguments were written before the results of the calls before it came
+            # back: an answer guessed, not read (the code space computes it from them)
+            outcome, text = "held", HELD
+        else:
+            outcome, text = _run_call(ctx, session, name, arguments, perr)
         ctx.drop_calls()  # recorded below with the text the model saw
         infos.append(ToolCallInfo(name=name, arguments=bound_text(arguments, 300),
                                   outcome=outcome, result=bound_text(text, 300),
                                   duration=time.monotonic() - s, kind=kind))
         texts.append((cid, name, text))
-        if outcome != "ok":
+        if outcome not in ("ok", "held"):
             status, error = ("rejected" if name == "submit" else "error"), outcome
         if session.submitted:
             status = "submitted"
@@ -133,7 +142,7 @@ def tools_turn(ctx: TurnContext, session: TurnSession) -> Step:
         ctx.remember(key, f"it ended with {error}: {bound_text(texts[-1][2], 300)}"
                      if error else "its results are in the conversation above", None,
                      failed=error is not None and "timeout" not in error.lower())
-    obs = _observe(ctx, calls, texts)
+    obs = _observe(ctx, calls, texts, status, error)
     return Step(index=index, reply=reply, action="tool_calls", observation=obs,
                 status=status, tool_calls=tuple(infos), exec_seconds=exec_s, error=error,
                 **usage)

@@ -1,0 +1,201 @@
+"""The aids for small models, each on and off: the worked example built from the rollout's
+own tools and answer schema, errors explained (an undefined name, a missing DataFrame
+column, a rejected submit with the type each field got), one more turn for a submit
+rejected on the last one, the text after a reply's last code block left out of the context,
+wide DataFrames printed whole, and a tool-calling submit written before the results came."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+import pytest
+from pydantic import BaseModel, Field
+
+from memex.executor import Aids, Budget, MemexAgent
+from memex.executor.llm import LLMClient, ScriptedLLM, ScriptedReply, ScriptedToolCall
+from memex.executor.loops import cut_after_code
+from memex.host_tools import tool
+from memex.runtime_wasm import Limits
+
+
+class Funnel(BaseModel):
+    conversion: dict[str, float] = Field(description="segment -> rate")
+    worst_segment: str
+
+
+@tool
+def sql(query: str) -> pd.DataFrame:
+    """Run a query.
+
+    Args:
+        query: one SELECT.
+
+    Returns:
+        The rows (segment, rate).
+    """
+    return pd.DataFrame({"segment": ["a", "b"], "rate": [0.25, 0.5]})
+
+
+@tool
+def list_tables() -> list[str]:
+    """The tables."""
+    return ["segments"]
+
+
+def py(code: str) -> str:
+    return f"Running.\n```python\n{code}\n```"
+
+
+def agent(srv: ScriptedLLM, **kw: Any) -> MemexAgent:
+    kw.setdefault("tools", [sql, list_tables])
+    kw.setdefault("submit", Funnel)
+    return MemexAgent(model=LLMClient("scripted", base_url=srv.base_url, max_retries=0),
+                      limits=Limits(timeout=30), preload=["pandas"], **kw)
+
+
+def test_the_example_uses_the_rollouts_own_tools_and_answer_fields() -> None:
+    with ScriptedLLM([]) as srv:
+        a = agent(srv)
+        system = a.system_prompt({})
+        assert "result = list_tables()" in system  # a tool that needs no arguments first
+        assert 'submit({"conversion": conversion, "worst_segment": worst_segment})' in system
+        assert "orders()" not in system and '"count": 42' not in system
+        assert '"conversion": dict of str -> float' in system  # dict types rendered
+        assert "Returns: The rows (segment, rate)." in system  # what a tool returns
+        tools = agent(srv, action_space="tools").system_prompt({})
+        assert "call `list_tables` with {}" in tools
+        assert '{"answer": {"conversion": <dict of str -> float>, "worst_segment": <str>}}' \
+            in tools
+        only_sql = agent(srv, tools=[sql]).system_prompt({})
+        assert 'result = sql(query="...")' in only_sql
+        plain = agent(srv, submit=int).system_prompt({})
+        assert "# first compute answer from the results (answer: int)" in plain
+        old = agent(srv, aids=Aids(example_from_tools=False)).system_prompt({})
+        assert "orders()" in old and 'submit({"count": 42})' in old
+
+
+def test_a_rejected_submit_says_what_each_field_got_and_how_to_convert_it() -> None:
+    code = ("df = sql('q')\nsubmit({'conversion': df.set_index('segment')['rate'], "
+            "'worst_segment': df['segment'].head(1)})")
+    fixed = ("submit({'conversion': df.set_index('segment')['rate'].to_dict(), "
+             "'worst_segment': df['segment'].iloc[0]})")
+    with ScriptedLLM([py(code), py(fixed)]) as srv:
+        r = agent(srv).run("t")
+    first = r.trajectory.steps[0]
+    assert first.status == "rejected"
+    assert ("You sent: {'conversion': a pandas Series of 2 values (use .to_dict() for a "
+            "dict") in first.observation
+    assert "'worst_segment': a pandas Series of 1 value (" in first.observation
+    assert '[submit(answer) takes: {"conversion": dict of str -> float' in first.observation
+    assert r.answer == Funnel(conversion={"a": 0.25, "b": 0.5}, worst_segment="a")
+    with ScriptedLLM([py(code), py(fixed)]) as srv:
+        r = agent(srv, aids=Aids(explain_errors=False)).run("t")
+    assert "You sent" not in r.trajectory.steps[0].observation
+    assert "[submit(answer) takes" not in r.trajectory.steps[0].observation
+
+
+def test_a_placeholder_in_the_answer_is_named() -> None:
+    with ScriptedLLM([py("submit({'conversion': ..., 'worst_segment': 'a'})")]) as srv:
+        r = agent(srv, budget=Budget(max_turns=1), aids=Aids(grace_turn=False)).run("t")
+    obs = r.trajectory.steps[0].observation
+    assert "cannot send a value of type builtins.ellipsis" in obs
+    assert "'conversion': ... (a placeholder: compute this value from your results)" in obs
+
+
+def test_an_undefined_name_is_answered_with_what_exists() -> None:
+    with ScriptedLLM([py("rows = sql('q')"), py("customers()"), py("x")]) as srv:
+        r = agent(srv, budget=Budget(max_turns=3)).run("t")
+    obs = r.trajectory.steps[1].observation
+    assert "NameError: name 'customers' is not defined" in obs
+    assert ("['customers' is not defined in this session. What is: the tools sql(), "
+            "list_tables(), submit(); your variables: rows.]") in obs
+    with ScriptedLLM([py("customers()")]) as srv:
+        r = agent(srv, budget=Budget(max_turns=1), aids=Aids(explain_errors=False)).run("t")
+    assert "What is:" not in r.trajectory.steps[0].observation
+
+
+def test_a_missing_column_is_answered_with_the_frames_columns() -> None:
+    with ScriptedLLM([py("df = sql('q')"), py("df['transaction_type']")]) as srv:
+        r = agent(srv, budget=Budget(max_turns=2)).run("t")
+    obs = r.trajectory.steps[1].observation
+    assert "KeyError: 'transaction_type'" in obs
+    assert "[a key that does not exist. Your DataFrames: df: DataFrame 2 rows x 2 cols " \
+           "[segment, rate]]" in obs
+
+
+def test_a_submit_rejected_on_the_last_turn_gets_one_more() -> None:
+    bad, good = py("submit({'count': 3})"), py(
+        "submit({'conversion': {'a': 0.25}, 'worst_segment': 'a'})")
+    with ScriptedLLM([py("1"), bad, good]) as srv:
+        r = agent(srv, budget=Budget(max_turns=2)).run("t")
+    assert r.end_reason == "submitted" and len(r.trajectory.steps) == 3
+    assert ("[Your answer was rejected on the last turn: you get one more turn."
+            in r.trajectory.steps[1].observation)
+    with ScriptedLLM([py("1"), bad, py("submit({'count': 4})"), good]) as srv:  # once only
+        r = agent(srv, budget=Budget(max_turns=2)).run("t")
+    assert r.end_reason == "max_turns" and len(r.trajectory.steps) == 3
+    with ScriptedLLM([py("1"), bad, good]) as srv:
+        r = agent(srv, budget=Budget(max_turns=2), aids=Aids(grace_turn=False)).run("t")
+    assert r.end_reason == "max_turns" and len(r.trajectory.steps) == 2
+    with ScriptedLLM([py("1"), py("1 / 0"), good]) as srv:  # an error is not a rejection
+        r = agent(srv, budget=Budget(max_turns=2)).run("t")
+    assert r.end_reason == "max_turns"
+
+
+def test_the_text_after_the_last_block_stays_out_of_the_context() -> None:
+    reply = py("print(1)") + "\nUser: Output:\n1\nYour answer is correct."
+    with ScriptedLLM([reply, py("print(2)")]) as srv:
+        agent(srv, budget=Budget(max_turns=2)).run("t")
+        kept = srv.requests[1].messages[2]["content"]
+        assert kept.endswith("print(1)\n```") and "correct" not in kept
+        assert srv.requests[0].body["stop"] == ["```output", "\nOutput:", "\nUser:",
+                                                "\nAssistant:"]
+    with ScriptedLLM([reply, py("print(2)")]) as srv:
+        agent(srv, budget=Budget(max_turns=2), aids=Aids(cut_after_code=False)).run("t")
+        assert "Your answer is correct." in srv.requests[1].messages[2]["content"]
+
+
+@pytest.mark.parametrize(("text", "kept"), [
+    ("no code at all", "no code at all"),
+    ("a\n```python\nx = 1\n```\ntail", "a\n```python\nx = 1\n```"),
+    ("```python\nx\n```\nmid\n```py\ny\n```\nAssistant: more", "```python\nx\n```\nmid\n"
+     "```py\ny\n```"),
+    ("```python\nunclosed = 1\nstill going", "```python\nunclosed = 1\nstill going"),
+    ("```json\n{}\n```\nafter", "```json\n{}\n```\nafter"),  # not code
+])
+def test_cut_after_code(text: str, kept: str) -> None:
+    assert cut_after_code(text) == kept
+
+
+def test_wide_frames_print_whole() -> None:
+    @tool
+    def wide() -> pd.DataFrame:
+        """A wide frame."""
+        return pd.DataFrame({f"column_number_{i}": [i] for i in range(9)})
+
+    with ScriptedLLM([py("print(wide())")]) as srv:
+        r = agent(srv, tools=[wide], budget=Budget(max_turns=1)).run("t")
+    assert "column_number_4" in r.trajectory.steps[0].observation
+    with ScriptedLLM([py("print(wide())")]) as srv:
+        r = agent(srv, tools=[wide], budget=Budget(max_turns=1),
+                  aids=Aids(wide_tables=False)).run("t")
+    assert "column_number_4" not in r.trajectory.steps[0].observation  # folded into "..."
+
+
+def test_a_blind_submit_waits_for_the_results_it_could_not_have_seen() -> None:
+    calls = ScriptedReply(tool_calls=(
+        ScriptedToolCall(name="sql", arguments={"query": "q"}),
+        ScriptedToolCall(name="submit", arguments={"answer": {"conversion": {"a": 1.0},
+                                                              "worst_segment": "z"}})))
+    read = ScriptedReply(tool_calls=(ScriptedToolCall(name="submit", arguments={
+        "answer": {"conversion": {"a": 0.25, "b": 0.5}, "worst_segment": "a"}}),))
+    with ScriptedLLM([calls, read]) as srv:
+        r = agent(srv, action_space="tools").run("t")
+    first = r.trajectory.steps[0]
+    assert first.status == "ok" and [c.outcome for c in first.tool_calls] == ["ok", "held"]
+    assert "[submit not run: it came in the same reply as calls" in first.observation
+    assert r.answer.worst_segment == "a" and len(r.trajectory.steps) == 2
+    with ScriptedLLM([calls]) as srv:
+        r = agent(srv, action_space="tools", aids=Aids(hold_blind_submit=False)).run("t")
+    assert r.answer.worst_segment == "z" and len(r.trajectory.steps) == 1
