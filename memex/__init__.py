@@ -2,7 +2,8 @@
 
 ``_EXPORTS`` is the one place the package's top-level names are written: layer -> the names
 taken from it. The errors and the runtime are imported with the package; the heavier layers
-(``memex.host_tools`` pulls in pydantic, ``memex.executor`` the openai client) on first use of
+(``memex.host_tools`` pulls in pydantic, ``memex.executor`` the openai client, ``memex.eval``
+both) on first use of
 one of their names, so that ``memex run`` starts fast. Type checkers read ``__init__.pyi``,
 which tests/test_public_api.py generates from ``_EXPORTS`` and keeps in step with it.
 """
@@ -33,6 +34,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "load_trajectories",
     ),
     "memex.executor.llm": ("LLMClient", "LocalModel", "ScriptedLLM"),
+    "memex.eval": ("EvalTask", "Suite", "Workspace", "run_eval"),
 }
 _EAGER = {"memex.errors": errors, "memex.runtime_wasm": runtime_wasm}
 _LAZY = {name: module for module, names in _EXPORTS.items() if module not in _EAGER

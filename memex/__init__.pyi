@@ -77,6 +77,12 @@ from .executor.llm import (
     LocalModel as LocalModel,
     ScriptedLLM as ScriptedLLM,
 )
+from .eval import (
+    EvalTask as EvalTask,
+    Suite as Suite,
+    Workspace as Workspace,
+    run_eval as run_eval,
+)
 
 __version__: str
 __all__: list[str]

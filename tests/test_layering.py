@@ -2,7 +2,7 @@
 
 * the layers import only downwards: ``runtime_wasm`` no other layer; ``backends`` only
   ``runtime_wasm``; ``host_tools`` neither ``backends`` nor ``executor``; ``integrations``
-  anything but the CLI; nothing imports the CLI;
+  and ``eval`` anything but the CLI and each other; nothing imports the CLI;
   wasmtime only inside the runtime; guest code (every ``guest/`` folder) nothing of the host;
 * no import cycle between MemEx modules, counting imports inside functions (the way cycles
   hide) and leaving out ``if TYPE_CHECKING:`` blocks (they never run);
@@ -233,7 +233,8 @@ LAYER_RULES = {
     "host_tools": {"runtime_wasm"},
     "executor": {"runtime_wasm", "backends", "host_tools"},
     "integrations": {"runtime_wasm", "backends", "host_tools", "executor"},
-    "cli": {"runtime_wasm", "backends", "host_tools", "executor", "integrations"},
+    "eval": {"runtime_wasm", "backends", "host_tools", "executor"},
+    "cli": {"runtime_wasm", "backends", "host_tools", "executor", "integrations", "eval"},
 }
 
 

@@ -24,15 +24,16 @@ PINNED: dict[str, list[str]] = {
     "memex": [
         "Aids", "ArtifactsError", "Backend", "BackendBusy", "Budget", "Checkpoint", "ConfigError",
         "Door", "DoorCall", "DoorContext", "DoorError", "Egress", "EgressDecision", "EgressLimits",
-        "EgressPolicy", "EgressRecord", "EgressRule", "EgressSecret", "GateDecision",
+        "EgressPolicy", "EgressRecord", "EgressRule", "EgressSecret", "EvalTask", "GateDecision",
         "GuestException", "GuestFileError", "GuestStartError", "ImageError", "LLMClient",
         "LLMConnectionError", "LLMError", "LLMResponseError", "LLMTimeoutError", "Limits",
         "LocalModel", "LocalModelError", "MCPServerError", "MemexAgent", "MemexError",
         "ModelFileError", "ModuleCacheMissing", "Mount", "PolicyError", "Rollout", "Sandbox",
         "SandboxAPI", "SandboxClosed", "SandboxError", "SandboxLost", "ScriptedLLM", "SetupError",
-        "Step", "Tool", "ToolBudget", "ToolCallRecord", "ToolDefinitionError", "ToolHost",
+        "Step", "Suite", "Tool", "ToolBudget", "ToolCallRecord", "ToolDefinitionError", "ToolHost",
         "ToolInstallError", "ToolParam", "ToolRequest", "ToolSet", "Trajectory", "TreeBudget",
-        "TurnResult", "TurnStatus", "__version__", "get_backend", "load_trajectories", "tool",
+        "TurnResult", "TurnStatus", "Workspace", "__version__", "get_backend",
+        "load_trajectories", "run_eval", "tool",
     ],
     "memex.errors": [
         "ArtifactsError", "BackendBusy", "ConfigError", "GuestFileError", "GuestStartError",
@@ -75,8 +76,8 @@ PINNED: dict[str, list[str]] = {
     ],
     "memex.executor": [
         "ActionSpace", "Aids", "Budget", "MemexAgent", "Rollout", "Step", "ToolCallInfo",
-        "Trajectory", "TreeBudget", "load_trajectories", "render_step", "render_trajectory",
-        "save_trajectories",
+        "Trajectory", "TrajectoryWriter", "TreeBudget", "load_trajectories", "render_step",
+        "render_trajectory", "save_trajectories",
     ],
     "memex.executor.llm": [
         "DEFAULT_LOCAL_MODEL", "DEFAULT_PRICES", "MODELS", "Completion", "LLMClient", "LocalModel",
@@ -86,11 +87,21 @@ PINNED: dict[str, list[str]] = {
     ],
     "memex.executor.loops": [
         "NO_OUTPUT", "TextToolCall", "TurnContext", "TurnSession", "bound_text", "code_turn",
-        "extract_code", "extract_tool_calls", "render_observation", "tools_turn", "trim_traceback",
+        "cut_after_code", "extract_code", "extract_tool_calls", "render_observation", "tools_turn", "trim_traceback",
     ],
     "memex.executor.spawn": [
         "FAILURE_KINDS", "GuestObject", "Node", "SpawnRefused", "SpawnTree", "StartRollout",
         "TreeBudget", "describe_input", "failure", "from_guest", "parse_spec",
+    ],
+    "memex.eval": [
+        "EXPORT_FORMATS", "FAILURE_KINDS", "FORMATS", "GRADERS", "SUITES", "AuditVerdict",
+        "EvalRun", "EvalTask", "FailureClass", "RolloutResult", "Suite", "Summary", "Workspace",
+        "audit", "export_rollouts", "format_summaries", "grade", "load_audit", "load_results",
+        "load_suite", "load_tasks", "normalise_text", "pareto_plot", "run_eval", "summarise",
+        "wilson",
+    ],
+    "memex.eval.suites": [
+        "SUITES",
     ],
     "memex.cli": [
         "build_parser", "main", "run",

@@ -15,6 +15,7 @@ from typing import NoReturn
 
 from . import (
     _agent,
+    _eval,
     _kernel,
     _mcp,
     _model,
@@ -36,7 +37,7 @@ Run `memex prepare` once per machine (./build.sh does), then `memex run`, `memex
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="memex", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in (_prepare, _run, _repl, _agent, _trajectory, _model, _policy, _mcp,
+    for module in (_prepare, _run, _repl, _agent, _eval, _trajectory, _model, _policy, _mcp,
                    _kernel, _selftest):
         module.add_parser(sub)
     return parser

@@ -1,0 +1,336 @@
+"""memex eval end to end against a scripted model on 127.0.0.1: both action spaces graded,
+resume after an interrupted run (no rollout twice), the report's numbers against the JSONL,
+the Pareto PNG, the audit agent's typed verdicts, the export, and every bad input."""
+
+from __future__ import annotations
+
+import io
+import json
+import textwrap
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from memex.cli import main as cli
+from memex.errors import ConfigError
+from memex.eval import (
+    SUITES,
+    EvalTask,
+    Suite,
+    Workspace,
+    audit,
+    export_rollouts,
+    format_summaries,
+    load_audit,
+    load_results,
+    load_suite,
+    load_tasks,
+    pareto_plot,
+    run_eval,
+    summarise,
+    wilson,
+)
+from memex.executor.llm import LLMClient, ScriptedLLM, ScriptedReply, ScriptedToolCall
+from memex.host_tools import tool
+
+
+@tool
+def numbers(n: int) -> list[int]:
+    """The first n squares.
+
+    Args:
+        n: how many.
+    """
+    return [i * i for i in range(n)]
+
+
+SCHEMA = {"type": "object", "properties": {"total": {"type": "integer"}},
+          "required": ["total"], "additionalProperties": False}
+
+
+def build(seed: int, workdir: Path) -> Workspace:
+    n = 3 + seed  # each seed its own reference answers
+    return Workspace(tools=(numbers,), preload=(), tasks=(
+        EvalTask(id="sum", question=f"What is the sum of numbers({n})?", answer=SCHEMA,
+                 reference={"total": sum(i * i for i in range(n))}),
+        EvalTask(id="max", question=f"What is the largest of numbers({n})?", answer=SCHEMA,
+                 reference={"total": (n - 1) ** 2}),
+    ))
+
+
+SUITE = Suite(name="squares", build=build)
+
+
+def _task(body: dict[str, Any]) -> str:
+    return next(m["content"] for m in body["messages"] if m["role"] == "user")
+
+
+def model(body: dict[str, Any]) -> ScriptedReply | str:
+    """Right on "sum", wrong on "max", in both action spaces."""
+    task = _task(body)
+    n = int(task.split("numbers(")[1].split(")")[0])
+    right = "sum" in task
+    value = sum(i * i for i in range(n)) if right else -1
+    if any(t["function"]["name"] == "python_exec" for t in body.get("tools") or ()):
+        return ScriptedReply(tool_calls=(ScriptedToolCall(
+            name="submit", arguments={"answer": {"total": value}}),))
+    code = f"xs = numbers({n})\nsubmit({{'total': {'sum(xs)' if right else '-1'}}})"
+    return f"Computing.\n```python\n{code}\n```"
+
+
+@pytest.fixture
+def srv() -> Any:
+    with ScriptedLLM(model) as s:
+        yield s
+
+
+def client(srv: ScriptedLLM) -> LLMClient:
+    return LLMClient("scripted", base_url=srv.base_url, max_retries=0, timeout=30)
+
+
+def test_both_spaces_run_graded_on_the_pool(srv: ScriptedLLM, tmp_path: Path) -> None:
+    run = run_eval(SUITE, llm=client(srv), out=tmp_path, seeds=[0, 1], concurrency=2,
+                   backend="pool")
+    assert run.ran == 8 and run.skipped == 0
+    got = {(r.space, r.seed, r.task): r.correct for r in run.results}
+    assert got == {(s, seed, t): t == "sum" for s in ("code", "tools") for seed in (0, 1)
+                   for t in ("sum", "max")}
+    sums = {r.seed: r.reference for r in run.results if r.task == "sum"}
+    assert sums == {0: {"total": 5}, 1: {"total": 14}}  # per-seed references
+    code = next(r for r in run.results if r.space == "code" and r.task == "sum")
+    assert code.answer == {"total": 5} or code.answer == {"total": 14}
+    assert code.tool_calls == 1 and code.turns == 1 and code.end_reason == "submitted"
+    tools = next(r for r in run.results if r.space == "tools" and r.task == "sum")
+    assert tools.tool_calls == 0 and tools.end_reason == "submitted"
+    # each result's trajectory is in the trajectory file
+    from memex.executor import load_trajectories
+    ids = {t.id for t in load_trajectories(tmp_path / "trajectories.jsonl")}
+    assert {r.trajectory for r in run.results} == ids
+    assert load_results(tmp_path) == list(run.results)
+
+
+def test_a_stopped_run_resumes_without_running_a_rollout_twice(srv: ScriptedLLM,
+                                                               tmp_path: Path) -> None:
+    seen: list[str] = []
+
+    def stop_after_three(r: Any, done: int, total: int) -> None:
+        seen.append(r.task)
+        if done == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_eval(SUITE, llm=client(srv), out=tmp_path, seeds=[0, 1], backend="inprocess",
+                 progress=stop_after_three)
+    assert len(load_results(tmp_path)) == 3
+    asked = len(srv.requests)
+    # a run killed while writing leaves half a line: the next run cuts it and goes on
+    with open(tmp_path / "results.jsonl", "a") as f:
+        f.write('{"suite": "squares", "mod')
+    run = run_eval(SUITE, llm=client(srv), out=tmp_path, seeds=[0, 1], backend="inprocess")
+    assert run.ran == 5 and run.skipped == 3 and len(run.results) == 8
+    assert len(srv.requests) - asked == 5  # one model call per rollout, none repeated
+    keys = [r.key for r in load_results(tmp_path)]
+    assert len(keys) == len(set(keys)) == 8
+    again = run_eval(SUITE, llm=client(srv), out=tmp_path, seeds=[0, 1], backend="inprocess")
+    assert again.ran == 0 and again.skipped == 8
+    # another variant is another set of rollouts in the same folder
+    other = run_eval(SUITE, llm=client(srv), out=tmp_path, seeds=[0], spaces=["code"],
+                     variant="no_example", backend="inprocess")
+    assert other.ran == 2 and {r.variant for r in other.results} == {"no_example"}
+
+
+def test_the_report_matches_the_results(srv: ScriptedLLM, tmp_path: Path) -> None:
+    run_eval(SUITE, llm=client(srv), out=tmp_path, seeds=[0, 1, 2], backend="inprocess")
+    results = load_results(tmp_path)
+    rows = summarise(results)
+    assert [(r.space, r.rollouts, r.correct) for r in rows] == [("code", 6, 3), ("tools", 6, 3)]
+    for row in rows:
+        mine = [r for r in results if r.space == row.space]
+        assert row.prompt_tokens == sum(r.prompt_tokens for r in mine) / 6
+        assert row.completion_tokens == sum(r.completion_tokens for r in mine) / 6
+        assert row.tokens_per_correct == sum(r.tokens for r in mine) / 3
+        assert (row.ci_low, row.ci_high) == wilson(3, 6)
+        assert row.cost is None  # no price known for this model
+    priced = summarise(results, {"scripted": (1.0, 2.0)})
+    code = [r for r in results if r.space == "code"]
+    assert priced[0].cost == pytest.approx(
+        sum(r.prompt_tokens * 1.0 + r.completion_tokens * 2.0 for r in code) / 1e6)
+    md = format_summaries(rows, "md")
+    assert "| squares | scripted | code | default | 3/6 | 50% (19%-81%) |" in md
+    js = json.loads(format_summaries(rows, "json"))
+    assert js[1]["space"] == "tools" and js[1]["correct"] == 3
+    csv = format_summaries(rows, "csv").splitlines()
+    assert csv[0].startswith("suite,model,space,variant,rollouts,correct") and len(csv) == 3
+    with pytest.raises(ConfigError, match="formats"):
+        format_summaries(rows, "xml")
+    png = pareto_plot(rows, tmp_path / "p.png", width=640, height=400)
+    import matplotlib.image
+
+    assert matplotlib.image.imread(png).shape[:2] == (400, 640)
+    with pytest.raises(ConfigError, match="no results"):
+        pareto_plot([], tmp_path / "q.png")
+
+
+def test_wilson_interval() -> None:
+    assert wilson(0, 0) == (0.0, 1.0)
+    lo, hi = wilson(0, 10)
+    assert lo == 0.0 and 0.25 < hi < 0.35
+    lo, hi = wilson(10, 10)
+    assert 0.65 < lo < 0.75 and hi == 1.0
+
+
+def test_the_audit_agent_classifies_each_failure(tmp_path: Path) -> None:
+    with ScriptedLLM(model) as s:
+        run_eval(SUITE, llm=client(s), out=tmp_path, seeds=[0], backend="inprocess")
+    failed = [r for r in load_results(tmp_path) if not r.correct]
+    assert len(failed) == 2
+
+    def auditor(body: dict[str, Any]) -> str:
+        system = body["messages"][0]["content"]
+        assert "no_answer" in system or "wrong_table" in body["messages"][1]["content"]
+        if "python_exec" in json.dumps(body.get("tools") or []):
+            raise AssertionError("the auditor works in code")
+        return ("Looking at the trajectory.\n```python\n"
+                "print(question, reference, submitted, len(trajectory.steps))\n"
+                "submit({'kind': 'transcription_error', 'evidence': "
+                "'step 1 submitted -1 ' + str(trajectory.steps[0].status)})\n```")
+
+    with ScriptedLLM(auditor) as s:
+        verdicts = audit(tmp_path, llm=client(s))
+        assert len(verdicts) == 2 and len(s.requests) == 2
+        assert {v.kind for v in verdicts} == {"transcription_error"}
+        assert all(v.evidence == "step 1 submitted -1 submitted" for v in verdicts)
+        assert audit(tmp_path, llm=client(s)) == []  # audited ones are not audited again
+    assert load_audit(tmp_path) == verdicts
+
+
+def test_an_audit_that_gives_no_valid_verdict_is_recorded_as_such(tmp_path: Path) -> None:
+    with ScriptedLLM(model) as s:
+        run_eval(SUITE, llm=client(s), out=tmp_path, seeds=[0], spaces=["code"],
+                 backend="inprocess")
+    bad = "```python\nsubmit({'kind': 'cosmic_rays', 'evidence': 'x'})\n```"
+    with ScriptedLLM([bad] * 10) as s:
+        (v,) = audit(tmp_path, llm=client(s), max_turns=2)
+    assert v.kind is None and v.end_reason == "max_turns"
+
+
+def test_export_gives_chat_records_with_rewards(srv: ScriptedLLM, tmp_path: Path) -> None:
+    run_eval(SUITE, llm=client(srv), out=tmp_path, seeds=[0], backend="inprocess")
+    every = list(export_rollouts(tmp_path))
+    assert len(every) == 4 and {r["reward"] for r in every} == {0.0, 1.0}
+    good = list(export_rollouts(tmp_path, correct=True, space="code"))
+    assert len(good) == 1 and good[0]["task"] == "sum"
+    roles = [m["role"] for m in good[0]["messages"]]
+    assert roles[:3] == ["system", "user", "assistant"] and "submit(" in json.dumps(good[0])
+    with pytest.raises(ConfigError, match="formats"):
+        list(export_rollouts(tmp_path, fmt="parquet"))
+
+
+def test_the_cli_runs_reports_and_exports(srv: ScriptedLLM, tmp_path: Path) -> None:
+    suite_file = tmp_path / "mysuite.py"
+    suite_file.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from test_harness import SUITE
+    """))
+    out = tmp_path / "run"
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with redirect_stdout(stdout), redirect_stderr(stderr):
+        code = cli(["eval", "run", str(suite_file), "--base-url", srv.base_url, "--model",
+                    "scripted", "--seeds", "2", "--out", str(out), "--backend", "inprocess",
+                    "--quiet"])
+    assert code == 0, stderr.getvalue()
+    assert "8 rollouts run, 0 already done" in stderr.getvalue()
+    assert "| squares | scripted | code | default | 2/4 |" in stdout.getvalue()
+    assert "[8/8]" in stderr.getvalue()
+    stdout = io.StringIO()
+    with redirect_stdout(stdout), redirect_stderr(io.StringIO()):
+        assert cli(["eval", "report", str(out), "--format", "json"]) == 0
+    rows = json.loads(stdout.getvalue())
+    assert sum(r["rollouts"] for r in rows) == 8 and (out / "pareto.png").is_file()
+    stdout = io.StringIO()
+    with redirect_stdout(stdout), redirect_stderr(io.StringIO()):
+        assert cli(["eval", "export", str(out), "--wrong"]) == 0
+    lines = stdout.getvalue().splitlines()
+    assert len(lines) == 4 and all(json.loads(x)["reward"] == 0.0 for x in lines)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["eval", "run", "nosuch", "--out", "X", "--base-url", "http://127.0.0.1:9/v1"],
+     "no suite 'nosuch'"),
+    (["eval", "run", "warehouse", "--out", "X", "--aid", "bogus=1", "--base-url",
+      "http://127.0.0.1:9/v1"], "--aid takes NAME=VALUE"),
+    (["eval", "run", "warehouse", "--out", "X", "--aid", "example=maybe", "--base-url",
+      "http://127.0.0.1:9/v1"], "takes on|off"),
+    (["eval", "run", "warehouse", "--out", "X", "--seeds", "a-b", "--base-url",
+      "http://127.0.0.1:9/v1"], "--seeds takes"),
+    (["eval", "report", "/nonexistent/run"], "cannot read eval results"),
+    (["eval", "report", "R", "--price", "m=1"], "--price takes"),
+])
+def test_cli_misuse_is_one_clear_line(argv: list[str], message: str, tmp_path: Path,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    (tmp_path / "R").mkdir()
+    (tmp_path / "R" / "results.jsonl").write_text("")
+    monkeypatch.chdir(tmp_path)
+    stderr = io.StringIO()
+    with redirect_stderr(stderr), redirect_stdout(io.StringIO()):
+        code = cli(argv)
+    assert code == 2 and message in stderr.getvalue(), stderr.getvalue()
+
+
+def test_bad_suites_and_task_files_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="bundled are"):
+        load_suite("nosuch", SUITES)
+    (tmp_path / "empty.py").write_text("x = 1\n")
+    with pytest.raises(ConfigError, match="defines no Suite named 'SUITE'"):
+        load_suite(str(tmp_path / "empty.py"), SUITES)
+    (tmp_path / "broken.py").write_text("raise RuntimeError('boom')\n")
+    with pytest.raises(ConfigError, match="RuntimeError: boom"):
+        load_suite(str(tmp_path / "broken.py"), SUITES)
+    tasks = tmp_path / "tasks.yaml"
+    tasks.write_text(textwrap.dedent("""
+        - id: a
+          question: How many?
+          answer: {type: object, properties: {n: {type: integer}}}
+          reference: {n: 3}
+          grader: numeric
+          tolerance: 0.01
+          tags: [easy]
+    """))
+    (t,) = load_tasks(tasks)
+    assert (t.id, t.grader, t.tolerance, t.tags, t.reference) == ("a", "numeric", 0.01,
+                                                                  ("easy",), {"n": 3})
+    for text, msg in [("{}", "a list of tasks"), ("- 3", "not a mapping"),
+                      ("- {id: a, question: q}", "no reference"),
+                      ("- {id: a, question: q, reference: 1, color: red}", "unknown keys"),
+                      ("- {id: a, question: q, reference: 1, grader: fuzzy}", "unknown grader"),
+                      ("- {id: a, question: q, reference: 1, answer: 3}", "JSON Schema"),
+                      ("- {id: '', question: q, reference: 1}", "non-empty string id"),
+                      (": : :", "cannot read")]:
+        tasks.write_text(text)
+        with pytest.raises(ConfigError, match=msg):
+            load_tasks(tasks)
+    with pytest.raises(ConfigError, match="unique"):
+        Workspace(tasks=(EvalTask(id="a", question="q", answer=None, reference=1),) * 2)
+
+
+def test_bad_run_settings_are_refused(srv: ScriptedLLM, tmp_path: Path) -> None:
+    llm = client(srv)
+    with pytest.raises(ConfigError, match="action spaces"):
+        run_eval(SUITE, llm=llm, out=tmp_path, spaces=["json"])
+    with pytest.raises(ConfigError, match="concurrency"):
+        run_eval(SUITE, llm=llm, out=tmp_path, concurrency=0)
+    with pytest.raises(ConfigError, match="variant"):
+        run_eval(SUITE, llm=llm, out=tmp_path, variant="a b")
+    with pytest.raises(ConfigError, match="none of the tasks"):
+        run_eval(SUITE, llm=llm, out=tmp_path, tasks=["nope"], backend="inprocess")
+
+    def broken(seed: int, workdir: Path) -> Workspace:
+        raise OSError("disk full")
+
+    with pytest.raises(ConfigError, match="could not build seed 0: OSError: disk full"):
+        run_eval(Suite(name="b", build=broken), llm=llm, out=tmp_path)
+    assert srv.requests == []

@@ -1,0 +1,86 @@
+"""The bundled suites: generated deterministically per seed and differently across seeds,
+the sizes the suite promises, tools that work on the generated data (and refuse misuse),
+and a scripted rollout through the real tools graded correct."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from memex.eval import SUITES, grade, run_eval
+from memex.executor.llm import LLMClient, ScriptedLLM
+
+pytest.importorskip("duckdb")
+
+
+def _build(name: str, seed: int, root: Path) -> Any:
+    folder = root / f"{name}-{seed}-{len(list(root.iterdir()))}"  # a folder per build
+    folder.mkdir()
+    return SUITES[name].build(seed, folder)
+
+
+def _tool(ws: Any, name: str) -> Any:
+    return next(t for t in ws.tools if t.name == name)
+
+
+def test_warehouse_is_deterministic_per_seed_and_differs_across_seeds(tmp_path: Path) -> None:
+    a, b, c = (_build("warehouse", s, tmp_path) for s in (3, 3, 4))
+    assert len(a.tasks) >= 40
+    assert [(t.id, t.question, t.reference) for t in a.tasks] == \
+        [(t.id, t.question, t.reference) for t in b.tasks]
+    differ = sum(x.reference != y.reference or x.question != y.question
+                 for x, y in zip(a.tasks, c.tasks, strict=True))
+    assert differ >= 30, differ  # a few (e.g. an SLA's hours) may coincide
+    for t in a.tasks:
+        (value,) = t.reference.values()
+        assert value is not None and value != [] and value != {}, t.id
+        assert set(t.reference) == set(t.answer["properties"])
+        assert grade(t.reference, t.reference, t.grader, tolerance=t.tolerance)
+    tags = {tag for t in a.tasks for tag in t.tags}
+    assert {"lookup", "aggregate", "grounding", "funnel", "cohort"} <= tags
+
+
+def test_warehouse_tables_and_tools(tmp_path: Path) -> None:
+    ws = _build("warehouse", 0, tmp_path)
+    tables = _tool(ws, "list_tables")()
+    assert len(tables) >= 25 and tables["domain"].nunique() >= 3
+    assert {"orders_legacy", "customers_archive", "revenue_monthly"} <= set(tables["table"])
+    cols = _tool(ws, "describe_table")("revenue_monthly")
+    assert list(cols["column"]) == ["month", "region", "value", "status", "published_at"]
+    assert "revised" in cols.set_index("column").loc["status", "description"]
+    with pytest.raises(ValueError, match="no table 'nope'"):
+        _tool(ws, "describe_table")("nope")
+    hits = _tool(ws, "search_columns")("discount")
+    assert set(hits["table"]) == {"order_items", "orders"}  # net_amount; "before discounts"
+    sql = _tool(ws, "sql")
+    statuses = sql("SELECT DISTINCT status FROM revenue_monthly ORDER BY 1")
+    assert list(statuses["status"]) == ["preliminary", "revised"]
+    with pytest.raises(ValueError, match=r"read-only|Cannot execute"):
+        sql("DELETE FROM orders")
+    with pytest.raises(ValueError, match=r"Catalog|does not exist"):
+        sql("SELECT * FROM no_such_table")
+
+
+def test_big_outputs_tools_return_thousands_of_records(tmp_path: Path) -> None:
+    a, b = _build("big-outputs", 0, tmp_path), _build("big-outputs", 1, tmp_path)
+    assert len(_tool(a, "transactions")()) == 5000
+    assert len(_tool(a, "web_log")()) == 8000
+    assert len(_tool(a, "inventory")()) == 3000
+    assert [t.reference for t in a.tasks] != [t.reference for t in b.tasks]
+    again = _build("big-outputs", 0, tmp_path)
+    assert [t.reference for t in again.tasks] == [t.reference for t in a.tasks]
+
+
+def test_a_rollout_through_the_real_warehouse_tools_is_graded_correct(tmp_path: Path) -> None:
+    ws = _build("warehouse", 0, tmp_path)
+    task = next(t for t in ws.tasks if t.id == "cancelled_orders")
+    code = ("df = sql(\"SELECT count(*) AS n FROM orders WHERE status = 'cancelled'\")\n"
+            "submit({'count': int(df['n'].iloc[0])})")
+    with ScriptedLLM([f"```python\n{code}\n```", f"```python\n{code}\n```"]) as srv:
+        run = run_eval(SUITES["warehouse"], llm=LLMClient("scripted", base_url=srv.base_url),
+                       out=tmp_path / "run", seeds=[0], tasks=["cancelled_orders"],
+                       spaces=["code"], backend="inprocess")
+    (r,) = run.results
+    assert r.correct and r.answer == task.reference and r.tool_calls == 1
