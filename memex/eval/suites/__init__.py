@@ -1,7 +1,8 @@
 """The bundled suites, each generated per seed: ``warehouse`` (structured retrieval over a
-DuckDB warehouse; needs ``memex[eval]``) and ``big-outputs`` (tools returning thousands of
-records). A suite's module is imported when a workspace is
-built, so listing the suites needs none of their dependencies."""
+DuckDB warehouse; needs ``memex[eval]``), ``bulletins`` (reading over a corpus larger than
+any context) and ``big-outputs`` (tools returning thousands of records). A suite's module
+is imported when a workspace is built, so listing the suites needs none of their
+dependencies."""
 
 from __future__ import annotations
 
@@ -34,6 +35,11 @@ SUITES = MappingProxyType({
         description="42 questions over a 32-table DuckDB warehouse in four business "
                     "domains: lookups, aggregates, grounding traps (legacy and look-alike "
                     "tables, preliminary vs revised figures), funnels and cohorts"),
+    "bulletins": Suite(
+        name="bulletins", build=_deferred("memex.eval.suites._bulletins", "eval"),  # type: ignore[arg-type]
+        description="32 questions over 150 generated monthly statistical bulletins "
+                    "(merged-header tables, footnotes, later issues revising figures): "
+                    "search, read and arithmetic over several documents"),
     "big-outputs": Suite(
         name="big-outputs", build=_deferred("memex.eval.suites._big_outputs", "examples"),  # type: ignore[arg-type]
         description="8 questions whose tools return thousands of records (5,000 "

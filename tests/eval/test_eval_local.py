@@ -1,0 +1,52 @@
+"""`memex eval run` against the real local model (llama.cpp on 127.0.0.1) on two questions
+of the big-outputs suite, code action space: rollouts ran, were graded and written, and the
+report reads them back. Tolerant of wrong answers: the model is small.
+
+Skipped (with the reason) when llama-cpp-python or the model file is absent; `.ci/run`
+provides both."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+from memex.errors import MemexError
+from memex.eval import SUITES, load_results, run_eval, summarise
+from memex.executor import Aids, Budget
+from memex.executor.llm import MODELS, LocalModel, model_dir, verify_model_file
+
+MODEL = os.environ.get("MEMEX_TEST_LOCAL_MODEL", "qwen-1.5b")
+
+
+def _skip_reason() -> str | None:
+    if importlib.util.find_spec("llama_cpp") is None:
+        return "llama-cpp-python is not installed (pip install -e .[local])"
+    try:
+        verify_model_file(model_dir() / MODELS[MODEL].filename, MODEL)
+    except MemexError as exc:
+        return f"local model absent: {exc}"
+    return None
+
+
+pytestmark = [pytest.mark.local_llm, pytest.mark.slow]
+
+
+@pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
+def test_two_questions_with_the_local_model(tmp_path: Path) -> None:
+    with LocalModel(MODEL, fetch=False) as lm:
+        # bounded so a slow machine ends the rollouts rather than the CI job
+        run = run_eval(SUITES["big-outputs"],
+                       llm=lm.client(max_tokens=320, timeout=600, max_retries=0),
+                       out=tmp_path, spaces=["code"], tasks=["refund_total", "status_count"],
+                       budget=Budget(max_turns=3, max_seconds=400),
+                       aids=Aids(resample_tries=1), backend="pool")
+    assert run.ran == 2 and {r.task for r in run.results} == {"refund_total", "status_count"}
+    for r in run.results:
+        assert r.end_reason in ("submitted", "max_turns", "max_seconds"), (r.end_reason, r.error)
+        assert 1 <= r.turns <= 3 and r.prompt_tokens > 300 and r.completion_tokens > 0
+        assert not r.correct or (r.end_reason == "submitted" and r.answer is not None)
+    (row,) = summarise(load_results(tmp_path))
+    assert row.rollouts == 2 and row.correct == sum(r.correct for r in run.results)
