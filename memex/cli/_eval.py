@@ -67,6 +67,14 @@ def _llm(args: argparse.Namespace, stack: contextlib.ExitStack) -> Any:
     return local.client(max_tokens=args.max_tokens, timeout=args.llm_timeout)
 
 
+def _judge(args: argparse.Namespace, llm: Any) -> Any:
+    """The judge: ``--judge-model`` at the run's endpoint (or ``--judge-base-url``)."""
+    from ..executor.llm import LLMClient
+
+    return LLMClient(model=args.judge_model, base_url=args.judge_base_url or llm.base_url,
+                     api_key=args.api_key, max_tokens=16, timeout=args.llm_timeout)
+
+
 def _seeds(text: str) -> list[int]:
     try:
         if "," in text or "-" in text[1:]:
@@ -125,7 +133,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 tasks=args.task or None, limit=args.limit, variant=variant, aids=aids,
                 budget=Budget(max_turns=args.max_turns, max_seconds=args.max_seconds),
                 limits=Limits(timeout=args.timeout),
-                backend=args.backend, progress=on_result)
+                backend=args.backend, progress=on_result,
+                judge=_judge(args, llm) if args.judge_model else None)
         except KeyboardInterrupt:
             print(f"\nmemex eval: stopped; finished rollouts are in {args.out}. Run the same "
                   "command again to resume.", file=sys.stderr, flush=True)
@@ -243,6 +252,10 @@ def add_parser(sub: Any) -> None:
     r.add_argument("--max-seconds", type=float, default=None,
                    help="wall seconds per rollout (the same bound for every action space)")
     r.add_argument("--quiet", action="store_true", help="a line per rollout, no progress bar")
+    r.add_argument("--judge-model", default=None, help="grade tasks whose grader is 'judge' "
+                   "with this model (off by default)")
+    r.add_argument("--judge-base-url", default=None, help="the judge's endpoint (default: "
+                   "the run's)")
     r.set_defaults(func=cmd_run)
     rep = esub.add_parser("report", help="accuracy, tokens, calls, cost per model x space")
     rep.add_argument("dir")

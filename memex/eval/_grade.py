@@ -9,6 +9,7 @@ values, so a suite's grading is reproducible from its results file alone.
 * ``set``: as ``numeric``, but lists are compared as sets (order and repeats ignored).
 * ``dict``: as ``numeric`` for a reference that is a mapping (a figure per key); a missing
   or extra key fails the answer, as it does under every grader.
+* ``judge``: an LLM decides (``_judge``; off unless ``run_eval(judge=...)`` names a model).
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from ..errors import ConfigError
 
 __all__ = ["GRADERS", "GraderKind", "grade", "normalise_text"]
 
-GraderKind = Literal["exact", "numeric", "set", "dict"]
-GRADERS: tuple[str, ...] = ("exact", "numeric", "set", "dict")
+GraderKind = Literal["exact", "numeric", "set", "dict", "judge"]
+GRADERS: tuple[str, ...] = ("exact", "numeric", "set", "dict", "judge")
 
 _SPACE = re.compile(r"\s+")
 _EDGE = ".,;:!?\"'`()[]{} "
@@ -38,6 +39,8 @@ def grade(got: Any, want: Any, kind: str = "exact", *, tolerance: float = 1e-6) 
     """Whether ``got`` matches the reference ``want`` under grader ``kind``."""
     if kind not in GRADERS:
         raise ConfigError(f"unknown grader {kind!r}: one of {', '.join(GRADERS)}")
+    if kind == "judge":
+        raise ConfigError("the judge grader asks a model: give run_eval(judge=LLMClient(...))")
     if not tolerance >= 0:
         raise ConfigError("a grader's tolerance must be >= 0")
     if kind == "dict" and not isinstance(want, Mapping):

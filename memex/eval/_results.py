@@ -44,6 +44,7 @@ class RolloutResult:
     trajectory: str
     tags: tuple[str, ...] = ()
     error: str | None = None
+    judged: str | None = None  # the judge model's reply, for tasks graded by one
 
     @property
     def key(self) -> tuple[str, str, str, str, int, str]:
@@ -61,7 +62,7 @@ class RolloutResult:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> RolloutResult:
         names = {f.name for f in fields(cls)}
-        missing = sorted(n for n in names - set(d) if n not in ("tags", "error"))
+        missing = sorted(n for n in names - set(d) if n not in ("tags", "error", "judged"))
         if missing:
             raise ValueError(f"missing fields {missing}")
         kw = {k: v for k, v in d.items() if k in names}

@@ -19,6 +19,7 @@ from ..executor import Aids, Budget, MemexAgent, Rollout, TrajectoryWriter
 from ..executor.llm import LLMClient
 from ..runtime_wasm import Limits
 from ._grade import grade
+from ._judge import judge as judge_answer
 from ._results import RESULTS, TRAJECTORIES, ResultsFile, RolloutResult, load_results
 from ._suite import EvalTask, Suite, Workspace
 
@@ -54,7 +55,7 @@ def run_eval(
     limit: int | None = None, variant: str = "default", aids: Aids | None = None,
     budget: Budget | None = None, limits: Limits | None = None,
     backend: str | Backend = "pool", progress: Callable[[RolloutResult, int, int], None]
-    | None = None,
+    | None = None, judge: LLMClient | None = None,
 ) -> EvalRun:
     """Run ``suite`` on ``llm`` in each action space of ``spaces`` for each seed; results
     go to ``out/results.jsonl`` and trajectories to ``out/trajectories.jsonl``.
@@ -63,7 +64,8 @@ def run_eval(
     ``variant`` names the ``aids`` setting in the results (compare variants with
     ``memex eval report``). ``backend`` is a backend name (made here, ``concurrency``
     workers, closed at the end) or a Backend of the caller's. ``progress(result, done,
-    total)`` is called after each rollout."""
+    total)`` is called after each rollout. ``judge`` is the model that grades tasks whose
+    grader is ``judge`` (none: such tasks are refused before anything runs)."""
     bad = [s for s in spaces if s not in SPACES]
     if bad or not spaces:
         raise ConfigError(f"action spaces are {SPACES}, got {list(spaces)}")
@@ -85,6 +87,10 @@ def run_eval(
             chosen = [t for t in ws.tasks if tasks is None or t.id in tasks][:limit]
             if tasks is not None and not chosen:
                 raise ConfigError(f"none of the tasks {list(tasks)} is in suite {suite.name!r}")
+            judged = [t.id for t in chosen if t.grader == "judge"]
+            if judged and judge is None:
+                raise ConfigError(f"tasks {judged} are graded by an LLM judge: give "
+                                  "run_eval(judge=...) (memex eval run --judge-model)")
             for task in chosen:
                 for space in spaces:
                     if (suite.name, model, variant, space, seed, task.id) in done:
@@ -103,7 +109,7 @@ def run_eval(
         trajectories = stack.enter_context(TrajectoryWriter(out / TRAJECTORIES))
         runner = _Runner(suite=suite, llm=llm, model=model, variant=variant,
                          aids=aids or Aids(), budget=budget or Budget(max_turns=8),
-                         limits=limits or Limits(timeout=60), backend=be)
+                         limits=limits or Limits(timeout=60), backend=be, judge=judge)
         ran = _run_all(plan, runner, concurrency, results, trajectories, progress)
     every = tuple(r for r in _earlier(out)
                   if r.suite == suite.name and r.model == model and r.variant == variant)
@@ -139,6 +145,7 @@ class _Runner:
     budget: Budget
     limits: Limits
     backend: Backend | None
+    judge: LLMClient | None
 
     def __call__(self, job: Job, ws: Workspace) -> tuple[RolloutResult, Rollout]:
         agent = MemexAgent(
@@ -148,8 +155,15 @@ class _Runner:
             backend=self.backend)
         rollout = agent.run(job.task.question, inputs=ws.inputs)
         t = rollout.trajectory
-        ok = t.submitted and grade(t.answer, job.task.reference, job.task.grader,
-                                   tolerance=job.task.tolerance)
+        note = None
+        if not t.submitted:
+            ok = False
+        elif job.task.grader == "judge" and self.judge is not None:
+            ok, note = judge_answer(self.judge, job.task.question, t.answer,
+                                    job.task.reference)
+        else:
+            ok = grade(t.answer, job.task.reference, job.task.grader,
+                       tolerance=job.task.tolerance)
         result = RolloutResult(
             suite=self.suite.name, model=self.model, variant=self.variant, space=job.space,
             seed=job.seed, task=job.task.id, correct=ok, answer=t.answer,
@@ -158,7 +172,7 @@ class _Runner:
                                                   if c.name != "submit"),
             prompt_tokens=t.prompt_tokens, completion_tokens=t.completion_tokens,
             seconds=round(t.duration, 3), cost=t.cost, trajectory=t.id,
-            tags=job.task.tags, error=t.error)
+            tags=job.task.tags, error=t.error, judged=note)
         return result, rollout
 
 

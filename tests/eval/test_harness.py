@@ -334,3 +334,41 @@ def test_bad_run_settings_are_refused(srv: ScriptedLLM, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="could not build seed 0: OSError: disk full"):
         run_eval(Suite(name="b", build=broken), llm=llm, out=tmp_path)
     assert srv.requests == []
+
+
+def test_the_llm_judge_grades_free_text_answers_only_when_asked(tmp_path: Path) -> None:
+    text = {"type": "string"}
+
+    def free(seed: int, workdir: Path) -> Workspace:
+        return Workspace(tools=(), preload=(), tasks=(
+            EvalTask(id="capital", question="Capital of France?", answer=text,
+                     reference="Paris", grader="judge"),
+            EvalTask(id="river", question="Longest river in France?", answer=text,
+                     reference="the Loire", grader="judge")))
+
+    suite = Suite(name="free", build=free)
+    answers = ["```python\nsubmit('It is Paris.')\n```",
+               "```python\nsubmit('The Seine')\n```"]
+    with ScriptedLLM(answers) as srv:
+        with pytest.raises(ConfigError, match="graded by an LLM judge"):
+            run_eval(suite, llm=client(srv), out=tmp_path, spaces=["code"])
+        assert srv.requests == []
+        with ScriptedLLM(["CORRECT", "Verdict: WRONG (INCORRECT river)"]) as judge:
+            run = run_eval(suite, llm=client(srv), out=tmp_path, spaces=["code"],
+                           backend="inprocess", judge=client(judge))
+            prompt = judge.requests[0].messages[0]["content"]
+            assert 'Reference answer: "Paris"' in prompt and "It is Paris." in prompt
+    got = {r.task: (r.correct, r.judged) for r in run.results}
+    assert got == {"capital": (True, "CORRECT"),
+                   "river": (False, "Verdict: WRONG (INCORRECT river)")}
+    from memex.executor.llm import ScriptedError
+
+    with ScriptedLLM(answers) as srv, ScriptedLLM([ScriptedError(status=500)] * 4) as judge:
+        run = run_eval(suite, llm=client(srv), out=tmp_path / "down", spaces=["code"],
+                       backend="inprocess", judge=client(judge))
+    assert all(not r.correct and r.judged and r.judged.startswith("judge call failed")
+               for r in run.results)
+    with pytest.raises(ConfigError, match="judge grader asks a model"):
+        from memex.eval import grade
+
+        grade("a", "a", "judge")

@@ -356,7 +356,7 @@ def test_catalogue_and_stub_source() -> None:
     assert ts.record_names == {Point: "Point", Options: "Options", Item: "Item"}
     entry = ts.describe()[0]
     assert entry["name"] == entry["alias"] == "search"
-    assert entry["signature"] == lines[0][len("search"):lines[0].rindex(":")]
+    assert entry["signature"] == lines[0][len("search"):lines[0].index(": Search")]
     assert "query (str): What to look for." in entry["doc"]
     compile(ts.install_source(), "<install>", "exec")
 
