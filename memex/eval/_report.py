@@ -127,6 +127,10 @@ def format_summaries(rows: list[Summary], fmt: str = "md") -> str:
     return "\n".join(lines) + "\n"
 
 
+def _x(r: Summary, priced: bool) -> float:
+    return (r.cost or 0.0) / r.rollouts if priced else r.prompt_tokens + r.completion_tokens
+
+
 def _frontier(points: list[tuple[float, float]]) -> list[int]:
     """Indexes of the points no other point beats on both cost (lower) and accuracy
     (higher), by increasing cost."""
@@ -158,25 +162,34 @@ def pareto_plot(rows: list[Summary], path: str | Path, *, width: int = 800,
     priced = all(r.cost is not None for r in rows) and any(r.cost for r in rows)
     fig, ax = plt.subplots(figsize=(width / 100, height / 100), dpi=100)
     try:
-        for suite in sorted({r.suite for r in rows}):
+        suites = sorted({r.suite for r in rows})
+        xmax = max((_x(r, priced) for r in rows), default=1.0) or 1.0
+        for suite in suites:
             group = [r for r in rows if r.suite == suite]
-            pts = [((r.cost or 0.0) / r.rollouts if priced
-                    else r.prompt_tokens + r.completion_tokens, r.accuracy) for r in group]
+            pts = [(_x(r, priced), r.accuracy) for r in group]
             for r, (x, y) in zip(group, pts, strict=True):
-                ax.scatter([x], [y], marker="o" if r.space == "code" else "s", s=60)
+                ax.errorbar([x], [y], yerr=[[y - r.ci_low], [r.ci_high - y]], capsize=3,
+                            fmt="o" if r.space == "code" else "s", ms=7, alpha=0.85)
                 label = f"{r.model} · {r.space}" + ("" if r.variant == "default"
                                                     else f" · {r.variant}")
-                ax.annotate(label + (f" ({suite})" if len({g.suite for g in rows}) > 1 else ""),
-                            (x, y), textcoords="offset points", xytext=(6, 4), fontsize=8)
+                if len(suites) > 1:
+                    label += f" ({suite})"
+                right = x > 0.6 * xmax  # labels stay inside the axes
+                ax.annotate(label, (x, y), textcoords="offset points",
+                            xytext=(-8 if right else 8, 6), ha="right" if right else "left",
+                            fontsize=8)
             front = _frontier(pts)
-            ax.plot([pts[i][0] for i in front], [pts[i][1] for i in front], "--", lw=1,
-                    label=f"Pareto frontier ({suite})")
+            if len(front) > 1:
+                ax.plot([pts[i][0] for i in front], [pts[i][1] for i in front], "--", lw=1,
+                        color="gray", label=f"Pareto frontier ({suite})")
         ax.set_xlabel("cost per rollout (USD)" if priced else "tokens per rollout")
-        ax.set_ylabel("accuracy")
+        ax.set_ylabel("accuracy (95% interval)")
+        ax.set_xlim(0, xmax * 1.12)
         ax.set_ylim(-0.05, 1.05)
         ax.set_title("Cost vs accuracy: code actions (o) vs tool calling (s)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="lower right")
+        if ax.get_legend_handles_labels()[1]:
+            ax.legend(fontsize=8, loc="upper right")
         out = Path(path)
         out.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(out, dpi=100)

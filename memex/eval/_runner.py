@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
-import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -184,7 +183,6 @@ def _run_all(plan: list[tuple[Job, Workspace]], runner: _Runner, concurrency: in
     finished is on disk."""
     if not plan:
         return 0
-    lock = threading.Lock()
     done = 0
     pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="memex-eval")
     pending: set[Future[tuple[RolloutResult, Rollout]]] = set()
@@ -199,8 +197,7 @@ def _run_all(plan: list[tuple[Job, Workspace]], runner: _Runner, concurrency: in
                 result, rollout = fut.result()
                 trajectories.write(rollout.trajectory)
                 results.append(result)
-                with lock:
-                    done += 1
+                done += 1
                 if progress is not None:
                     progress(result, done, len(plan))
     finally:
