@@ -24,6 +24,8 @@ __all__ = [
     "TOOLS_EXAMPLE",
     "TOOLS_NUDGE",
     "TOOLS_RULES",
+    "answer_fields",
+    "answer_is_object",
     "code_example",
     "describe_value",
     "placeholder",
@@ -114,7 +116,7 @@ def code_example(call: str | None, schema: Any) -> str:
     first = (f"Assistant: I will call {call.partition('(')[0]} first and keep its result in a "
              f"variable.\n```python\nresult = {call}\nprint(result)\n```\nUser: Output:\n"
              "(what the code printed)\n") if call else ""
-    fields = _fields(schema)
+    fields = answer_fields(schema)
     if fields:
         names = " and ".join(", ".join(n for n, _ in fields).rsplit(", ", 1))
         kinds = "; ".join(f"{n}: {k}" for n, k in fields)
@@ -131,7 +133,7 @@ def tools_example(call: str | None, schema: Any) -> str:
     """The tool-calling twin of :func:`code_example` (``call`` as ``name`` with JSON
     arguments); the answer's values are described, not given."""
     first = f"call {call}, read what it returns, " if call else ""
-    fields = _fields(schema)
+    fields = answer_fields(schema)
     shape = ("{" + ", ".join(f'"{n}": <{k}>' for n, k in fields) + "}" if fields
              else f"<{render_schema(schema)}>")
     return (f"Example of the format (made up: your task and data differ): {first}"
@@ -139,7 +141,7 @@ def tools_example(call: str | None, schema: Any) -> str:
             f'{{"answer": {shape}}}, each value taken from the results.')
 
 
-def _fields(schema: Any) -> list[tuple[str, str]]:
+def answer_fields(schema: Any) -> list[tuple[str, str]]:
     """(name, rendered type) of each top-level field of an object schema whose field names
     are identifiers; [] for any other schema."""
     js = _json_schema(schema)
@@ -150,6 +152,11 @@ def _fields(schema: Any) -> list[tuple[str, str]]:
         return []
     defs = js.get("$defs", {})
     return [(n, _render(sub, defs, 1)) for n, sub in props.items()]
+
+
+def answer_is_object(schema: Any) -> bool:
+    """The schema describes an object with named fields (a model, a TypedDict...)."""
+    return _json_schema(schema).get("type") == "object"
 
 
 def _json_schema(schema: Any) -> Mapping[str, Any]:

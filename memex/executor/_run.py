@@ -7,6 +7,7 @@ run many rollouts at once.
 
 from __future__ import annotations
 
+import ast
 import re
 import time
 import uuid
@@ -19,7 +20,7 @@ from pydantic_core import to_jsonable_python
 from ..errors import ConfigError, LLMError, MemexError
 from ..host_tools import ToolCallRecord
 from ._config import Aids
-from ._prompt import REMOVED, render_schema
+from ._prompt import REMOVED, answer_fields, answer_is_object, render_schema
 from ._session import AgentSession
 from ._trajectory import Step, ToolCallInfo, Trajectory, TrajectoryWriter
 from .llm import Completion
@@ -187,6 +188,21 @@ class Run:
         have = f"; your variables: {', '.join(names[-20:])}" if names else ""
         return (f"[{m.group(1)!r} is not defined in this session. What is: the tools "
                 f"{tools + ', ' if tools else ''}submit(){have}.]")
+
+    def submit_hint(self, blocks: list[str]) -> str:
+        # the last plain value (the guest's preview says "int = 3", "float = 0.5",
+        # "str len 4") that the blocks assign at top level: what a stuck model computed
+        plain = [n for n in _assigned(blocks) if self.variables.get(n, "").startswith(
+            ("int = ", "float = ", "bool = ", "str len "))]
+        if not plain:
+            return ""
+        fields = answer_fields(self.agent.submit_schema)
+        if len(fields) > 1 or (not fields and answer_is_object(self.agent.submit_schema)):
+            return ""
+        name = plain[-1]
+        value = f'{{"{fields[0][0]}": {name}}}' if fields else name
+        return (f"[If {name} answers the task, submit it instead of running this again: "
+                f"submit({value})]")
 
     def complete(self, key_of: Callable[[Completion], str | None], **kwargs: Any
                  ) -> tuple[Completion, dict[str, Any]]:
@@ -371,6 +387,21 @@ class Run:
         before["content"] = (f"{before.get('content') or ''}\n\n[{REMOVED}: code that was then "
                              f"written again word for word; {outcome}.]")
         self.messages[at - 1] = before
+
+
+def _assigned(blocks: list[str]) -> list[str]:
+    """Names the blocks bind at top level with ``=``, in order."""
+    out: list[str] = []
+    for code in blocks:
+        try:
+            tree = ast.parse(code)
+        except SyntaxError:
+            continue
+        for node in tree.body:
+            targets = node.targets if isinstance(node, ast.Assign) else (
+                [node.target] if isinstance(node, ast.AnnAssign | ast.AugAssign) else [])
+            out += [t.id for t in targets if isinstance(t, ast.Name)]
+    return out
 
 
 def _start_child(agent: Any, task: str, inputs: dict[str, Any], node: Node) -> Rollout:

@@ -199,3 +199,26 @@ def test_a_blind_submit_waits_for_the_results_it_could_not_have_seen() -> None:
     with ScriptedLLM([calls]) as srv:
         r = agent(srv, action_space="tools", aids=Aids(hold_blind_submit=False)).run("t")
     assert r.answer.worst_segment == "z" and len(r.trajectory.steps) == 1
+
+
+def test_a_repeat_of_code_that_worked_is_offered_the_submit_it_needs() -> None:
+    count = {"type": "object", "properties": {"count": {"type": "integer"}},
+             "required": ["count"]}
+    block = py("total = len(list_tables())\nprint(total)")
+    with ScriptedLLM([block, block, block]) as srv:
+        r = agent(srv, submit=count, budget=Budget(max_turns=2)).run("t")
+    second = r.trajectory.steps[1]
+    assert second.status == "repeated"
+    assert ('[If total answers the task, submit it instead of running this again: '
+            'submit({"count": total})]') in second.observation
+    assert "submit it instead" not in r.trajectory.steps[0].observation
+    with ScriptedLLM([block, block]) as srv:  # a bare schema: the value itself
+        r = agent(srv, submit=int, budget=Budget(max_turns=2)).run("t")
+    assert "submit(total)]" in r.trajectory.steps[1].observation
+    with ScriptedLLM([block, block]) as srv:  # two fields: no single value to offer
+        r = agent(srv, budget=Budget(max_turns=2)).run("t")
+    assert "submit it instead" not in r.trajectory.steps[1].observation
+    with ScriptedLLM([block, block]) as srv:
+        r = agent(srv, submit=count, budget=Budget(max_turns=2),
+                  aids=Aids(repeat_note=False)).run("t")
+    assert "submit it instead" not in r.trajectory.steps[1].observation

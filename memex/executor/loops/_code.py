@@ -138,6 +138,9 @@ def code_turn(ctx: TurnContext, session: TurnSession) -> Step:
     body = bound_text("\n".join(outputs), ctx.observation_chars)
     if repeated and ctx.aids.repeat_note:
         body = f"{REPEAT}\n{body}"
+        if status == "ok":  # stuck after a result: say how that result would be submitted
+            offer = ctx.submit_hint(blocks[:ran.ran])
+            body += f"\n{offer}" if offer else ""
         status = "repeated" if status == "ok" else status
     obs = "Output:\n" + body + ctx.reminder(rejected=status == "rejected")
     if calls:

@@ -95,6 +95,11 @@ class TurnContext(Protocol):
         ``rejected``: this turn's submit was rejected (on the last turn, one more is given)."""
         ...
 
+    def submit_hint(self, blocks: list[str]) -> str:
+        """For a repeat of code that worked: how the last plain value those blocks assign
+        would be submitted in the answer's shape, or ""."""
+        ...
+
     def explain(self, status: str, error: str | None, text: str) -> str:
         """A line that explains this turn's failure from what the host knows (the answer
         schema, the names that exist), or "" (see ``Aids.explain_errors``)."""
