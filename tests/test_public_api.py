@@ -83,7 +83,7 @@ PINNED: dict[str, list[str]] = {
         "DEFAULT_LOCAL_MODEL", "DEFAULT_PRICES", "MODELS", "Completion", "LLMClient", "LocalModel",
         "ModelSpec", "Price", "RecordedRequest", "ScriptedError", "ScriptedLLM", "ScriptedReply",
         "ScriptedToolCall", "ToolCall", "Usage", "count_prompt_tokens", "fetch_model",
-        "join_parts", "model_dir", "verify_model_file",
+        "join_parts", "local_model_unavailable", "model_dir", "verify_model_file",
     ],
     "memex.executor.loops": [
         "NO_OUTPUT", "TextToolCall", "TurnContext", "TurnSession", "bound_text", "code_turn",

@@ -17,7 +17,7 @@ Taxonomy (``FAILURE_KINDS``):
 
 from __future__ import annotations
 
-import json
+import contextlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,7 +28,7 @@ from pydantic import BaseModel, Field
 from ..errors import ConfigError
 from ..executor import Budget, MemexAgent, Trajectory, load_trajectories
 from ..executor.llm import LLMClient
-from ._results import TRAJECTORIES, RolloutResult, load_results
+from ._results import TRAJECTORIES, JsonlFile, RolloutResult, load_results, read_jsonl
 
 __all__ = ["AUDIT", "FAILURE_KINDS", "AuditVerdict", "FailureClass", "audit", "load_audit"]
 
@@ -93,14 +93,13 @@ def audit(out: str | Path, *, llm: LLMClient, limit: int | None = None, max_turn
     verdicts = []
     with MemexAgent(model=llm, submit=FailureClass, budget=Budget(max_turns=max_turns),
                     backend=backend, preload=["pandas"]) as agent, \
-            open(folder / AUDIT, "a", encoding="utf-8") as f:
+            contextlib.closing(JsonlFile(folder / AUDIT)) as f:
         for i, r in enumerate(todo, 1):
             t = trajectories.get(r.trajectory)
             if t is None:
                 raise ConfigError(f"{folder / TRAJECTORIES} has no trajectory {r.trajectory}")
             v = _audit_one(agent, r, t, str(llm.model))
-            f.write(json.dumps(asdict(v), ensure_ascii=False) + "\n")
-            f.flush()
+            f.append(asdict(v))
             verdicts.append(v)
             if progress is not None:
                 progress(v, i, len(todo))
@@ -121,17 +120,5 @@ def _audit_one(agent: MemexAgent, r: RolloutResult, t: Trajectory, auditor: str
 def load_audit(out: str | Path) -> list[AuditVerdict]:
     """The verdicts in ``out/audit.jsonl`` (or that file)."""
     p = Path(out)
-    if p.is_dir():
-        p = p / AUDIT
-    try:
-        lines = p.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise ConfigError(f"cannot read {p}: {exc}") from exc
-    out_: list[AuditVerdict] = []
-    for n, line in enumerate(lines, 1):
-        if line.strip():
-            try:
-                out_.append(AuditVerdict(**json.loads(line)))
-            except (ValueError, TypeError) as exc:
-                raise ConfigError(f"{p}:{n}: not an audit verdict ({exc})") from exc
-    return out_
+    return read_jsonl(p / AUDIT if p.is_dir() else p, lambda d: AuditVerdict(**d),
+                      "audit verdict")

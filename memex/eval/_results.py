@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from ..errors import ConfigError
 
-__all__ = ["RESULTS", "TRAJECTORIES", "ResultsFile", "RolloutResult", "load_results"]
+__all__ = ["RESULTS", "TRAJECTORIES", "JsonlFile", "RolloutResult", "load_results",
+           "read_jsonl"]
+
+T = TypeVar("T")
 
 RESULTS = "results.jsonl"
 TRAJECTORIES = "trajectories.jsonl"
@@ -74,27 +77,36 @@ def load_results(path: str | Path) -> list[RolloutResult]:
     """Every result in a results file (or a run folder holding ``results.jsonl``). A line
     cut short by a run that died mid-write is skipped; any other bad line is an error."""
     p = Path(path)
-    if p.is_dir():
-        p = p / RESULTS
+    return read_jsonl(p / RESULTS if p.is_dir() else p, RolloutResult.from_dict,
+                      "eval result")
+
+
+def read_jsonl(p: Path, parse: Callable[[dict[str, Any]], T], what: str) -> list[T]:
+    """Each line of ``p`` parsed; the last line skipped when a process killed while writing
+    it left it cut short; any other bad line is a ConfigError naming it."""
     try:
         lines = p.read_text(encoding="utf-8").splitlines()
     except OSError as exc:
-        raise ConfigError(f"cannot read eval results {p}: {exc}") from exc
+        raise ConfigError(f"cannot read {what}s from {p}: {exc}") from exc
     out = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            out.append(RolloutResult.from_dict(json.loads(line)))
+            data = json.loads(line)
+            if not isinstance(data, dict):
+                raise ValueError("not a JSON object")
+            out.append(parse(data))
         except (ValueError, TypeError) as exc:
             if n == len(lines) and not line.endswith("}"):
                 continue  # the last line of a run killed while writing it
-            raise ConfigError(f"{p}:{n}: not an eval result ({exc})") from exc
+            raise ConfigError(f"{p}:{n}: not a valid {what} ({exc})") from exc
     return out
 
 
-class ResultsFile:
-    """Appends results, one flushed line each; thread-safe. Idempotent ``close()``."""
+class JsonlFile:
+    """Appends JSON lines, each flushed; thread-safe. A line left cut short by a process
+    killed while writing it is cut off first. Idempotent ``close()``."""
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -103,11 +115,11 @@ class ResultsFile:
         self._f: IO[str] | None = open(path, "a", encoding="utf-8")  # noqa: SIM115
         self._lock = threading.Lock()
 
-    def append(self, r: RolloutResult) -> None:
-        line = json.dumps(r.to_dict(), ensure_ascii=False, default=repr)
+    def append(self, record: Mapping[str, Any]) -> None:
+        line = json.dumps(record, ensure_ascii=False, default=repr)
         with self._lock:
             if self._f is None:
-                raise ConfigError(f"the results file {self.path} is closed")
+                raise ConfigError(f"{self.path} is closed")
             self._f.write(line + "\n")
             self._f.flush()
 

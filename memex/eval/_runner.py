@@ -19,7 +19,7 @@ from ..executor.llm import LLMClient
 from ..runtime_wasm import Limits
 from ._grade import grade
 from ._judge import judge as judge_answer
-from ._results import RESULTS, TRAJECTORIES, ResultsFile, RolloutResult, load_results
+from ._results import RESULTS, TRAJECTORIES, JsonlFile, RolloutResult, load_results
 from ._suite import EvalTask, Suite, Workspace
 
 __all__ = ["EvalRun", "Job", "run_eval"]
@@ -104,7 +104,7 @@ def run_eval(
                 stack.callback(be.close)
             else:
                 be = backend
-        results = stack.enter_context(contextlib.closing(ResultsFile(out / RESULTS)))
+        results = stack.enter_context(contextlib.closing(JsonlFile(out / RESULTS)))
         trajectories = stack.enter_context(TrajectoryWriter(out / TRAJECTORIES))
         runner = _Runner(suite=suite, llm=llm, model=model, variant=variant,
                          aids=aids or Aids(), budget=budget or Budget(max_turns=8),
@@ -176,7 +176,7 @@ class _Runner:
 
 
 def _run_all(plan: list[tuple[Job, Workspace]], runner: _Runner, concurrency: int,
-             results: ResultsFile, trajectories: TrajectoryWriter,
+             results: JsonlFile, trajectories: TrajectoryWriter,
              progress: Callable[[RolloutResult, int, int], None] | None) -> int:
     """Run the plan ``concurrency`` at a time; each result is written as it comes. An
     interrupt (Ctrl-C) stops starting new rollouts, waits for none, and re-raises: what
@@ -196,7 +196,7 @@ def _run_all(plan: list[tuple[Job, Workspace]], runner: _Runner, concurrency: in
             for fut in finished:
                 result, rollout = fut.result()
                 trajectories.write(rollout.trajectory)
-                results.append(result)
+                results.append(result.to_dict())
                 done += 1
                 if progress is not None:
                     progress(result, done, len(plan))

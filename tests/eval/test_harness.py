@@ -372,3 +372,19 @@ def test_the_llm_judge_grades_free_text_answers_only_when_asked(tmp_path: Path) 
         from memex.eval import grade
 
         grade("a", "a", "judge")
+
+
+def test_a_damaged_results_file_is_refused_with_the_line(srv: ScriptedLLM, tmp_path: Path
+                                                         ) -> None:
+    run_eval(SUITE, llm=client(srv), out=tmp_path, seeds=[0], spaces=["code"],
+             backend="inprocess")
+    good = (tmp_path / "results.jsonl").read_text().splitlines()
+    (tmp_path / "results.jsonl").write_text("\n".join([good[0], "[1, 2]", good[1]]) + "\n")
+    with pytest.raises(ConfigError, match=r"results.jsonl:2: not a valid eval result"):
+        load_results(tmp_path)
+    (tmp_path / "results.jsonl").write_text(good[0] + '\n{"suite": 1}\n' + good[1] + "\n")
+    with pytest.raises(ConfigError, match=r":2: not a valid eval result \(missing fields"):
+        load_results(tmp_path)
+    (tmp_path / "audit.jsonl").write_text('{"trajectory": "x"}\n{}\n')
+    with pytest.raises(ConfigError, match=r"audit.jsonl:1: not a valid audit verdict"):
+        load_audit(tmp_path)

@@ -6,16 +6,14 @@ provides both (`./build.sh test` installs the `local` extra and fetches the mode
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from pathlib import Path
 
 import pytest
 
-from memex.errors import MemexError
 from memex.executor import Aids, Budget, MemexAgent, load_trajectories
-from memex.executor.llm import MODELS, LocalModel, model_dir, verify_model_file
+from memex.executor.llm import LocalModel, local_model_unavailable
 from memex.runtime_wasm import Limits
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
@@ -25,13 +23,7 @@ MODEL = os.environ.get("MEMEX_TEST_LOCAL_MODEL", "qwen-1.5b")
 
 
 def _skip_reason() -> str | None:
-    if importlib.util.find_spec("llama_cpp") is None:
-        return "llama-cpp-python is not installed (pip install -e .[local])"
-    try:
-        verify_model_file(model_dir() / MODELS[MODEL].filename, MODEL)
-    except MemexError as exc:
-        return f"local model absent: {exc}"
-    return None
+    return local_model_unavailable(MODEL)
 
 
 pytestmark = [pytest.mark.local_llm, pytest.mark.slow]

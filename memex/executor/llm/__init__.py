@@ -12,6 +12,7 @@ from ._local import (
     ModelSpec,
     fetch_model,
     join_parts,
+    local_model_unavailable,
     model_dir,
     verify_model_file,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "count_prompt_tokens",
     "fetch_model",
     "join_parts",
+    "local_model_unavailable",
     "model_dir",
     "verify_model_file",
 ]

@@ -49,6 +49,7 @@ __all__ = [
     "ModelSpec",
     "fetch_model",
     "join_parts",
+    "local_model_unavailable",
     "model_dir",
     "verify_model_file",
 ]
@@ -124,6 +125,21 @@ def _sha256(path: Path) -> str:
         while block := f.read(_CHUNK):
             h.update(block)
     return h.hexdigest()
+
+
+def local_model_unavailable(model: str | ModelSpec = "qwen-1.5b",
+                            cache_dir: str | os.PathLike[str] | None = None) -> str | None:
+    """Why :class:`LocalModel` cannot serve ``model`` here (llama.cpp not installed, the
+    weights missing or damaged), or None when it can: for callers that skip rather than
+    fail, such as tests and examples."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        return "llama-cpp-python is not installed (pip install -e .[local])"
+    spec = _spec(model)
+    try:
+        verify_model_file(model_dir(cache_dir) / spec.filename, spec)
+    except ModelFileError as exc:
+        return f"local model absent: {exc}"
+    return None
 
 
 def verify_model_file(path: str | os.PathLike[str], model: str | ModelSpec, *,
