@@ -90,8 +90,20 @@ def validator_errors(validator: jsonschema.protocols.Validator, instance: Any
             missing = [p for p in err.validator_value
                        if p not in err.instance and repr(p) in err.message]
             path += missing[:1]
-        out.append({"path": path, "message": err.message})
+        out.append({"path": path, "message": _short_message(err.message, err.instance)})
     return out
+
+
+def _short_message(message: str, instance: Any) -> str:
+    """jsonschema's message with a long value (a whole DataFrame's repr) shortened to its
+    type and first line: the message is read by a model, whose context it would fill."""
+    text = repr(instance)
+    if len(text) <= 120 or text not in message:
+        return message
+    t = type(instance)
+    kind = t.__name__ if t.__module__ == "builtins" else f"{t.__module__.partition('.')[0]}." \
+        f"{t.__name__}"
+    return message.replace(text, f"<{kind}: {text.splitlines()[0][:60]}...>")
 
 
 class _SchemaChecker:

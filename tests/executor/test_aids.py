@@ -222,3 +222,15 @@ def test_a_repeat_of_code_that_worked_is_offered_the_submit_it_needs() -> None:
         r = agent(srv, submit=count, budget=Budget(max_turns=2),
                   aids=Aids(repeat_note=False)).run("t")
     assert "submit it instead" not in r.trajectory.steps[1].observation
+
+
+def test_a_long_value_in_a_schema_error_is_shortened() -> None:
+    count = {"type": "object", "properties": {"count": {"type": "integer"}},
+             "required": ["count"]}
+    code = "import pandas as pd\nsubmit({'count': pd.Series(range(500))})"
+    with ScriptedLLM([py(code)]) as srv:
+        r = agent(srv, submit=count, budget=Budget(max_turns=1),
+                  aids=Aids(grace_turn=False)).run("t")
+    obs = r.trajectory.steps[0].observation
+    assert "answer.count: <pandas.Series: 0        0...> is not of type 'integer'" in obs, obs
+    assert "499" not in obs
