@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -38,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-turns", type=int, default=6)
     p.add_argument("--max-seconds", type=float, default=150.0, help="per rollout, both spaces")
     args = p.parse_args(argv)
-    console = Console()
+    # a log (CI, a pipe) gets the table whole rather than folded to 80 columns
+    console = Console(width=None if sys.stdout.isatty() else 120)
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         ws = SUITES["big-outputs"].build(args.seed, Path(tmp))
         task = next((t for t in ws.tasks if t.id == args.task), None)
@@ -69,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
                                    tolerance=task.tolerance)
         calls = sum(1 for c in t.tool_calls if c.name not in ("submit", "python_exec"))
         table.add_row(space, "[green]yes[/green]" if ok else "[red]no[/red]",
-                      str(t.answer) if t.submitted else "-", f"{t.prompt_tokens:,}",
+                      json.dumps(t.answer) if t.submitted else "-", f"{t.prompt_tokens:,}",
                       f"{t.completion_tokens:,}", str(t.llm_calls), str(calls),
                       f"{t.duration:.1f}", r.end_reason)
     console.print()

@@ -25,7 +25,8 @@ TRAJECTORIES = "trajectories.jsonl"
 @dataclass(frozen=True, kw_only=True)
 class RolloutResult:
     """One graded rollout. ``key`` (suite, model, variant, action space, seed, task) names
-    it across runs; ``trajectory`` is the id of its trajectory in ``trajectories.jsonl``."""
+    it across runs; ``trajectory`` is the id of its trajectory in ``trajectories.jsonl``;
+    ``tool_calls`` counts calls of the suite's tools (not ``submit``, not ``python_exec``)."""
 
     suite: str
     model: str

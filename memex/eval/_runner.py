@@ -25,6 +25,8 @@ from ._suite import EvalTask, Suite, Workspace
 __all__ = ["EvalRun", "Job", "run_eval"]
 
 SPACES = ("code", "tools")
+# what a rollout's tool calls do not count: the answer, and code run as a call
+_NOT_TOOLS = ("submit", "python_exec")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -168,7 +170,7 @@ class _Runner:
             seed=job.seed, task=job.task.id, correct=ok, answer=t.answer,
             reference=job.task.reference, end_reason=t.end_reason, turns=len(t.steps),
             llm_calls=t.llm_calls, tool_calls=sum(1 for c in t.tool_calls
-                                                  if c.name != "submit"),
+                                                  if c.name not in _NOT_TOOLS),
             prompt_tokens=t.prompt_tokens, completion_tokens=t.completion_tokens,
             seconds=round(t.duration, 3), cost=t.cost, trajectory=t.id,
             tags=job.task.tags, error=t.error, judged=note)
