@@ -164,6 +164,7 @@ def pareto_plot(rows: list[Summary], path: str | Path, *, width: int = 800,
     try:
         suites = sorted({r.suite for r in rows})
         xmax = max((_x(r, priced) for r in rows), default=1.0) or 1.0
+        placed = -1
         for suite in suites:
             group = [r for r in rows if r.suite == suite]
             pts = [(_x(r, priced), r.accuracy) for r in group]
@@ -175,9 +176,10 @@ def pareto_plot(rows: list[Summary], path: str | Path, *, width: int = 800,
                 if len(suites) > 1:
                     label += f" ({suite})"
                 right = x > 0.6 * xmax  # labels stay inside the axes
+                placed += 1  # and points on one level get their labels on three heights
                 ax.annotate(label, (x, y), textcoords="offset points",
-                            xytext=(-8 if right else 8, 6), ha="right" if right else "left",
-                            fontsize=8)
+                            xytext=(-8 if right else 8, 6 + 11 * (placed % 3)),
+                            ha="right" if right else "left", fontsize=8)
             front = _frontier(pts)
             if len(front) > 1:
                 ax.plot([pts[i][0] for i in front], [pts[i][1] for i in front], "--", lw=1,
