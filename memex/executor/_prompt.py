@@ -216,17 +216,10 @@ def render_schema(schema: Any) -> str:
     """A compact description of a submit schema: ``{field: type — description, ...}``."""
     if schema is None:
         return "any value"
-    js: Any = None
-    if isinstance(schema, Mapping):
-        js = schema
-    else:
-        try:
-            from pydantic import TypeAdapter
-
-            js = TypeAdapter(schema).json_schema()
-        except Exception:
-            return getattr(schema, "__name__", repr(schema))
-    return _render(js, js.get("$defs", {}) if isinstance(js, Mapping) else {}, 0)
+    js = _json_schema(schema)
+    if not js and not isinstance(schema, Mapping):  # no JSON Schema for this type
+        return getattr(schema, "__name__", repr(schema))
+    return _render(js, js.get("$defs", {}), 0)
 
 
 def _render(js: Any, defs: Mapping[str, Any], depth: int) -> str:
