@@ -92,7 +92,12 @@ def mode() -> Iterator[MemexCodeMode]:
     m.close()  # idempotent
 
 
-def test_typed_tools_state_and_submit_end_the_run(mode: MemexCodeMode) -> None:
+def test_typed_tools_state_and_submit_end_the_run() -> None:
+    with MemexCodeMode(timeout=60) as mode:  # no cell here is meant to hit a deadline
+        typed_tools_state_and_submit(mode)
+
+
+def typed_tools_state_and_submit(mode: MemexCodeMode) -> None:
     model = code_calls("items = catalog('book')\nprint(items[0]['name'], "
                        "type(items[0]['price']).__name__)",
                        "total = int(sum(i['price'] for i in items) * rate('NOK'))\nprint(total)",
@@ -220,7 +225,8 @@ def test_the_raw_string_custom_tool() -> None:
 
 @pytest.mark.parametrize("backend", ["subprocess", "pool"])
 def test_same_semantics_on_other_backends(backend: str) -> None:
-    with MemexCodeMode(backend=backend, timeout=2) as on_backend:
+    # pandas is preloaded (outside any deadline) so only the loop meets the 2 s deadline
+    with MemexCodeMode(backend=backend, timeout=2, preload=("pandas",)) as on_backend:
         model = code_calls("df = sales('west')\nn = len(df)", "while True: n += 1",
                            "submit({'total': n, 'label': 'rows'})")
         agent = on_backend.agent(Agent(name="a", model=model, tools=[sales],
