@@ -67,7 +67,7 @@ case "${1:-setup}" in
         ;;
     test)
         # Ray and the integrations are optional extras; CI installs them so their tests run.
-        setup "[dev,eval,ray,mcp,jupyter,smolagents,pydantic-ai,openai-agents,fastmcp]"
+        setup "[dev,eval,serve,ray,mcp,jupyter,smolagents,pydantic-ai,openai-agents,fastmcp]"
         # The end-to-end agent test runs against the real local model.
         setup_local_model
         "$VENV/bin/ruff" check memex tests bench examples
@@ -76,7 +76,7 @@ case "${1:-setup}" in
         "$VENV/bin/python" -m pytest -q --durations=25 "${@:2}"
         ;;
     quick)
-        setup "[dev,eval,mcp,jupyter,smolagents,pydantic-ai,openai-agents,fastmcp]"
+        setup "[dev,eval,serve,mcp,jupyter,smolagents,pydantic-ai,openai-agents,fastmcp]"
         "$VENV/bin/ruff" check memex tests bench examples
         "$VENV/bin/mypy" memex
         "$VENV/bin/python" -m pytest -q -m "not slow and not local_llm and not ray" \

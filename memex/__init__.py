@@ -23,7 +23,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "Checkpoint", "Door", "DoorCall", "DoorContext", "DoorError", "GuestException",
         "Limits", "Mount", "Sandbox", "SandboxAPI", "TurnResult", "TurnStatus",
     ),
-    "memex.backends": ("Backend", "get_backend"),
+    "memex.backends": ("Backend", "RemoteBackend", "get_backend"),
     "memex.host_tools": (
         "Egress", "EgressDecision", "EgressLimits", "EgressPolicy", "EgressRecord",
         "EgressRule", "EgressSecret", "GateDecision", "Tool", "ToolBudget", "ToolCallRecord",

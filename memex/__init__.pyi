@@ -22,6 +22,7 @@ from .errors import (
     SandboxClosed as SandboxClosed,
     SandboxError as SandboxError,
     SandboxLost as SandboxLost,
+    ServiceError as ServiceError,
     SetupError as SetupError,
     ToolDefinitionError as ToolDefinitionError,
     ToolInstallError as ToolInstallError,
@@ -42,6 +43,7 @@ from .runtime_wasm import (
 )
 from .backends import (
     Backend as Backend,
+    RemoteBackend as RemoteBackend,
     get_backend as get_backend,
 )
 from .host_tools import (

@@ -20,7 +20,9 @@ misuse or for a host that cannot do what was asked::
     │   ├── ImageError         a saved image is corrupt, of another format or another binary
     │   ├── ToolInstallError   the guest stubs of a tool set could not be installed
     │   ├── SandboxLost        the process holding a sandbox died; it could not be resumed
-    │   └── BackendBusy        a backend cannot admit a sandbox now (queue full, timed out)
+    │   ├── BackendBusy        a backend cannot admit a sandbox now (queue full, timed out)
+    │   └── ServiceError       a MemEx service could not be reached, refused the key, or
+    │                          answered outside its API (RemoteBackend, memex.client)
     ├── LLMError               a model endpoint failed (after the client's retries)
     │   ├── LLMConnectionError cannot connect, or the connection broke
     │   │   └── LLMTimeoutError the request timed out
@@ -54,6 +56,7 @@ __all__ = [
     "SandboxClosed",
     "SandboxError",
     "SandboxLost",
+    "ServiceError",
     "SetupError",
     "ToolDefinitionError",
     "ToolInstallError",
@@ -194,6 +197,18 @@ class BackendBusy(SandboxError):
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class ServiceError(SandboxError):
+    """A ``memex serve`` service failed the client: it could not be reached, refused the API
+    key, lost a session, or answered outside its API. ``status`` is the HTTP status (None when
+    there was no answer) and ``code`` the error body's stable code (docs/service.md)."""
+
+    def __init__(self, message: str, *, status: int | None = None, code: str | None = None
+                 ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
 
 
 class MCPServerError(MemexError):

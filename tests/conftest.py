@@ -8,7 +8,16 @@ that builds it, and ``compile_module`` is replaced by a tripwire for the whole s
 from __future__ import annotations
 
 import importlib.util
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -83,8 +92,9 @@ def shared_sandbox() -> Iterator[Sandbox]:
 
 
 # ---- every backend (tests/backends, tests/security) ------------------------------------------
-# ``backend`` runs a test once per backend (in-process, subprocess, pool and, when Ray is
-# installed, Ray); ``open_sandbox`` opens sandboxes on it that are closed when the test ends.
+# ``backend`` runs a test once per backend (in-process, subprocess, pool, a `memex serve`
+# service through RemoteBackend and, when Ray is installed, Ray);
+# ``open_sandbox`` opens sandboxes on it that are closed when the test ends.
 # Backends are made once per session (starting worker processes or a Ray cluster is the slow
 # part) and closed at its end; a test that needs a backend of its own (fault tests) builds one.
 BACKEND_KINDS = [
@@ -93,6 +103,7 @@ BACKEND_KINDS = [
     "pool",
     pytest.param("ray", marks=[pytest.mark.ray, pytest.mark.skipif(
         not HAVE_RAY, reason="Ray is not installed (pip install 'memex[ray]')")]),
+    "remote",  # a real `memex serve` on 127.0.0.1 (the memex_server fixture)
 ]
 
 # Small but real settings: one or two workers (the machine has two cores).
@@ -120,7 +131,11 @@ def backend(request: pytest.FixtureRequest, _session_backends: dict[str, Backend
     kind = str(request.param)
     b = _session_backends.get(kind)
     if b is None or b.closed:
-        b = _session_backends[kind] = get_backend(kind, **BACKEND_OPTIONS[kind])
+        options = BACKEND_OPTIONS.get(kind, {})
+        if kind == "remote":
+            served = request.getfixturevalue("memex_server")
+            options = {"url": served.url, "api_key": served.keys["a"]}
+        b = _session_backends[kind] = get_backend(kind, **options)
     return b
 
 
@@ -138,3 +153,71 @@ def open_sandbox(backend: Backend) -> Iterator[OpenSandbox]:
     yield open_
     for sb in made:
         sb.close()
+
+
+# ---- a real `memex serve` on 127.0.0.1 (tests/service, the contract suite's "remote") --------
+@dataclass
+class Served:
+    """A `memex serve` process: its URL, an API key per tenant, its config and its log."""
+
+    url: str
+    keys: dict[str, str]
+    config: Path
+    log: Path
+    proc: subprocess.Popen[bytes]
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(30)
+        return self.proc.returncode
+
+
+def tenant_table(name: str, key: str, extra: str = "") -> str:
+    from memex.service import hash_key
+
+    return f'[tenants.{name}]\nkeys = ["{hash_key(key)}"]\n{extra}\n'
+
+
+def start_server(folder: Path, tenants: dict[str, str], server: str = "") -> Served:
+    """Start `memex serve` with a tenant per ``tenants`` entry (name -> extra TOML lines),
+    a fresh key each, on a free port; wait until it says where it serves."""
+    folder.mkdir(parents=True, exist_ok=True)
+    keys = {name: secrets.token_urlsafe(24) for name in tenants}
+    config = folder / "serve.toml"
+    config.write_text(f"[server]\nport = 0\nworkers = 2\nwarm_timeout = {DEFAULT_TIMEOUT}\n"
+                      f"{server}\n" + "".join(tenant_table(n, keys[n], extra)
+                                              for n, extra in tenants.items()))
+    log = folder / "serve.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "memex", "serve", "--config",
+                                 str(config)], stdout=out, stderr=out,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        found = re.search(r"serving (http://127\.0\.0\.1:\d+)", log.read_text())
+        if found:
+            return Served(url=found.group(1), keys=keys, config=config, log=log, proc=proc)
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError(f"memex serve did not start:\n{log.read_text()}")
+
+
+@pytest.fixture(scope="session")
+def memex_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """One server for the session: tenants ``a`` and ``b`` (generous), ``small`` (2 sessions,
+    a 512 MiB memory ceiling and 20 s timeout ceiling)."""
+    served = start_server(tmp_path_factory.mktemp("serve"), {
+        "a": 'max_sessions = 200\nmounts = [{host = "/", writable = true}]',
+        "b": "max_sessions = 200",
+        "small": "max_sessions = 2\n[tenants.small.ceiling]\nmemory = 536870912\n"
+                 "timeout = 20",
+    })
+    yield served
+    served.stop()

@@ -2,7 +2,8 @@
 
 * the layers import only downwards: ``runtime_wasm`` no other layer; ``backends`` only
   ``runtime_wasm``; ``host_tools`` neither ``backends`` nor ``executor``; ``integrations``
-  and ``eval`` anything but the CLI and each other; nothing imports the CLI;
+  and ``eval`` anything but the CLI and each other; ``service`` (``memex serve``) the
+  runtime, backends and host tools; ``client`` only ``backends``; nothing imports the CLI;
   wasmtime only inside the runtime; guest code (every ``guest/`` folder) nothing of the host;
 * no import cycle between MemEx modules, counting imports inside functions (the way cycles
   hide) and leaving out ``if TYPE_CHECKING:`` blocks (they never run);
@@ -234,7 +235,10 @@ LAYER_RULES = {
     "executor": {"runtime_wasm", "backends", "host_tools"},
     "integrations": {"runtime_wasm", "backends", "host_tools", "executor"},
     "eval": {"runtime_wasm", "backends", "host_tools", "executor"},
-    "cli": {"runtime_wasm", "backends", "host_tools", "executor", "integrations", "eval"},
+    "service": {"runtime_wasm", "backends", "host_tools"},
+    "client": {"backends"},
+    "cli": {"runtime_wasm", "backends", "host_tools", "executor", "integrations", "eval",
+            "service"},
 }
 
 

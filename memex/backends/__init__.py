@@ -1,11 +1,15 @@
 """Where sandboxes live: one :class:`Backend` contract (``open`` a sandbox handle that is a
 :class:`~memex.runtime_wasm.SandboxAPI`, ``close``), chosen by one argument
 (``get_backend("pool", workers=4)``). In-process, worker processes (subprocess, pool with
-admission control and tenant quotas) and Ray actors; see docs/backends.md.
+admission control and tenant quotas), Ray actors and a ``memex serve`` service (``remote``:
+its names load httpx and websockets on first use, so ``memex run`` does not pay for them);
+see docs/backends.md and docs/service.md.
 
 This layer imports only ``memex.runtime_wasm`` and ``memex.errors``: host tools and the agent
 reach a sandbox through the door it is opened with, whichever backend holds it.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from ._contract import Backend
 from ._inprocess import InProcessBackend
@@ -14,9 +18,15 @@ from ._ray import RayBackend, RayCheckpoint, RaySandbox
 from ._registry import BACKENDS, get_backend
 from ._subprocess import ProcessCheckpoint, ProcessSandbox, SubprocessBackend
 
+if TYPE_CHECKING:
+    from ._remote import Client, RemoteBackend, RemoteCheckpoint, RemoteSandbox
+
+_REMOTE = ("Client", "RemoteBackend", "RemoteCheckpoint", "RemoteSandbox")
+
 __all__ = [
     "BACKENDS",
     "Backend",
+    "Client",
     "InProcessBackend",
     "PoolBackend",
     "PoolStats",
@@ -25,7 +35,18 @@ __all__ = [
     "RayBackend",
     "RayCheckpoint",
     "RaySandbox",
+    "RemoteBackend",
+    "RemoteCheckpoint",
+    "RemoteSandbox",
     "SubprocessBackend",
     "TenantQuota",
     "get_backend",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _REMOTE:
+        from . import _remote  # httpx and websockets only when used
+
+        return getattr(_remote, name)
+    raise AttributeError(f"module 'memex.backends' has no attribute {name!r}")

@@ -5,7 +5,9 @@ Backends: ``inprocess`` (``memex.Sandbox`` itself: fastest, no isolation from th
 process), ``subprocess`` (sandboxes in worker processes; host tools stay in the caller),
 ``pool`` (pre-warmed sandboxes in N workers with admission control and tenant quotas) and
 ``ray`` (sandboxes in Ray actors, for more than one machine; optional extra, imported only
-when a Ray backend is made).
+when a Ray backend is made) and ``remote`` (sandboxes on a ``memex serve`` service:
+``get_backend("remote", url=..., api_key=...)``; its HTTP and WebSocket clients are imported
+only when one is made).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from ._subprocess import SubprocessBackend
 
 __all__ = ["BACKENDS", "get_backend"]
 
-BACKENDS = ("inprocess", "subprocess", "pool", "ray")
+BACKENDS = ("inprocess", "subprocess", "pool", "ray", "remote")
 
 
 def get_backend(backend: str | Backend = "inprocess", **options: Any) -> Backend:
@@ -39,5 +41,9 @@ def get_backend(backend: str | Backend = "inprocess", **options: Any) -> Backend
         return PoolBackend(**options)
     if backend == "ray":
         return RayBackend(**options)
+    if backend == "remote":
+        from ._remote import RemoteBackend  # httpx/websockets only when used
+
+        return RemoteBackend(**options)
     raise ConfigError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)} "
                       "or pass a Backend instance")

@@ -1,5 +1,5 @@
 """The ``memex`` command line (``memex prepare | run | repl | agent | trajectory | model |
-policy | mcp | kernel | selftest``); no layer imports it."""
+policy | mcp | serve | kernel | selftest``); no layer imports it."""
 
 from ._main import build_parser, main, run
 

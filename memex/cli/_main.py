@@ -24,6 +24,7 @@ from . import (
     _repl,
     _run,
     _selftest,
+    _serve,
     _trajectory,
 )
 
@@ -38,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="memex", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
     for module in (_prepare, _run, _repl, _agent, _eval, _trajectory, _model, _policy, _mcp,
-                   _kernel, _selftest):
+                   _serve, _kernel, _selftest):
         module.add_parser(sub)
     return parser
 

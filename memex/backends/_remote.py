@@ -1,0 +1,356 @@
+"""The remote backend: sandboxes held by a ``memex serve`` service, reached over HTTP
+(:class:`Client`, httpx) with the guest's door carried over one WebSocket per handle, so a
+host tool the guest calls runs in *this* process, as on every other backend.
+
+``get_backend("remote", url=..., api_key=...)`` gives a :class:`RemoteBackend`; its handles are
+:class:`RemoteSandbox` (the ``SandboxAPI``), checkpoints :class:`RemoteCheckpoint` (ids the
+server holds for the tenant). Errors the server raises come back as the same MemEx class with
+the same message; a server that cannot be reached, refuses the key or answers outside its API
+is a :class:`~memex.errors.ServiceError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+import weakref
+from collections.abc import Iterable, Sequence
+from typing import Any, NoReturn
+
+import httpx2
+import msgpack
+from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
+from websockets.sync.client import ClientConnection, connect
+
+from ..errors import ConfigError, SandboxClosed, SandboxError, ServiceError
+from ..runtime_wasm import Door, GuestKilled, Limits, Mount, TurnResult, serving_door
+from ._contract import Backend
+from ._subprocess import check_run_args
+from .worker import error_from_wire, limits_from_wire, limits_to_wire, result_from_wire
+
+__all__ = ["Client", "RemoteBackend", "RemoteCheckpoint", "RemoteSandbox"]
+
+_GRACE = 30.0  # seconds past a turn's deadline the client waits for the answer
+
+
+class Client:
+    """The service's HTTP API, one method per endpoint (docs/service.md). Thread-safe: one
+    connection pool shared by every handle of a backend."""
+
+    def __init__(self, url: str, api_key: str, *, timeout: float = 60.0) -> None:
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ConfigError(f"url must be an http(s):// URL, got {url!r}")
+        if not isinstance(api_key, str) or not api_key:
+            raise ConfigError("api_key must be a non-empty str")
+        self.url = url.rstrip("/")
+        self.api_key = api_key
+        self.timeout = timeout
+        self._http = httpx2.Client(base_url=self.url, timeout=timeout,
+                                   headers={"Authorization": f"Bearer {api_key}"})
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def request(self, method: str, path: str, *, timeout: float | None = None,
+                **kwargs: Any) -> httpx2.Response:
+        """One call; a typed error body is raised as its MemEx class."""
+        try:
+            resp = self._http.request(method, path, timeout=timeout or self.timeout, **kwargs)
+        except httpx2.TimeoutException as exc:
+            raise ServiceError(f"{method} {path}: the service did not answer in time") from exc
+        except httpx2.HTTPError as exc:
+            raise ServiceError(f"{method} {path}: cannot reach the service at {self.url}: "
+                               f"{type(exc).__name__}: {exc}") from exc
+        if resp.status_code >= 400:
+            _raise(resp, f"{method} {path}")
+        return resp
+
+    def json(self, method: str, path: str, **kwargs: Any) -> Any:
+        resp = self.request(method, path, **kwargs)
+        try:
+            return resp.json()
+        except ValueError as exc:
+            raise ServiceError(f"{method} {path}: the answer is not JSON",
+                               status=resp.status_code) from exc
+
+    # ---- endpoints ----------------------------------------------------------------------
+    def health(self) -> dict[str, Any]:
+        return dict(self.json("GET", "/readyz"))
+
+    def sessions(self) -> list[dict[str, Any]]:
+        return list(self.json("GET", "/v1/sessions")["sessions"])
+
+    def create(self, **body: Any) -> dict[str, Any]:
+        return dict(self.json("POST", "/v1/sessions", json=body))
+
+    def session(self, sid: str) -> dict[str, Any]:
+        return dict(self.json("GET", f"/v1/sessions/{sid}"))
+
+    def run(self, sid: str, code: str, *, timeout: float | None = None,
+            filename: str | None = None, wait: float | None = None) -> dict[str, Any]:
+        return dict(self.json("POST", f"/v1/sessions/{sid}/run", timeout=wait,
+                              json={"code": code, "timeout": timeout, "filename": filename}))
+
+    def fork(self, sid: str) -> dict[str, Any]:
+        return dict(self.json("POST", f"/v1/sessions/{sid}/fork"))
+
+    def checkpoint(self, sid: str) -> str:
+        return str(self.json("POST", f"/v1/sessions/{sid}/checkpoints")["checkpoint"])
+
+    def restore(self, sid: str, checkpoint: str) -> None:
+        self.request("POST", f"/v1/sessions/{sid}/restore", json={"checkpoint": checkpoint})
+
+    def drop_checkpoint(self, checkpoint: str) -> None:
+        self.request("DELETE", f"/v1/checkpoints/{checkpoint}")
+
+    def read_file(self, sid: str, path: str) -> bytes:
+        return self.request("GET", f"/v1/sessions/{sid}/files", params={"path": path}).content
+
+    def write_file(self, sid: str, path: str, data: bytes) -> None:
+        self.request("PUT", f"/v1/sessions/{sid}/files", params={"path": path}, content=data)
+
+    def close_session(self, sid: str) -> None:
+        self.request("DELETE", f"/v1/sessions/{sid}")
+
+
+def _raise(resp: httpx2.Response, what: str) -> NoReturn:
+    try:
+        err = resp.json()["error"]
+        code, message = str(err["code"]), str(err["message"])
+        name, reason = err.get("type"), err.get("reason")
+    except (ValueError, KeyError, TypeError):
+        raise ServiceError(f"{what}: HTTP {resp.status_code} without an error body",
+                           status=resp.status_code) from None
+    if isinstance(name, str) and name != "ServiceError":
+        exc = error_from_wire([name, message, reason])
+        if type(exc).__name__ == name:  # a MemEx class this client knows
+            raise exc
+    raise ServiceError(f"{what}: {message}", status=resp.status_code, code=code)
+
+
+class RemoteCheckpoint:
+    """A checkpoint the service holds for the tenant (released past its ``max_checkpoints``,
+    oldest first). Restorable into any session of the same tenant with the same mounts."""
+
+    __slots__ = ("__weakref__", "id", "turns")
+
+    def __init__(self, cid: str, turns: int) -> None:
+        self.id, self.turns = cid, turns
+
+    def __repr__(self) -> str:
+        return f"<RemoteCheckpoint {self.id} turns={self.turns}>"
+
+
+class _DoorLink:
+    """This handle's door WebSocket: a thread answers each forwarded frame with
+    ``door.dispatch`` (handlers run here, marked as serving the door), answering ``killed``
+    when a handler outlives the turn's deadline, as the subprocess backend's door server."""
+
+    def __init__(self, client: Client, sid: str, door: Door) -> None:
+        ws_url = "ws" + client.url[4:] + f"/v1/sessions/{sid}/door"
+        try:
+            self._ws: ClientConnection = connect(
+                ws_url, additional_headers={"Authorization": f"Bearer {client.api_key}"},
+                open_timeout=client.timeout, max_size=None, compression=None, proxy=None)
+            first = self._ws.recv(timeout=client.timeout)
+        except (InvalidStatus, WebSocketException, OSError, TimeoutError) as exc:
+            raise ServiceError(f"cannot open the door of session {sid}: {exc}") from exc
+        if first != msgpack.packb(["ready"]):
+            self._ws.close()
+            raise ServiceError(f"session {sid}'s door did not say ready")
+        self.door = door
+        self._thread = threading.Thread(target=self._serve, name="memex-remote-door",
+                                        daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        turn: tuple[Any, float] = (None, float("inf"))
+        while True:
+            try:
+                data = self._ws.recv()
+            except (ConnectionClosed, OSError):
+                break
+            try:
+                _, seq, left, frame, key = msgpack.unpackb(data, raw=False)
+                if key is None or key != turn[0]:  # one local deadline per turn of the server
+                    turn = (key, float("inf") if left is None else time.monotonic() + left)
+            except (ValueError, TypeError, msgpack.UnpackException):
+                break  # not our protocol
+            deadline = turn[1]
+            try:
+                out: list[Any] = ["door_reply", seq, "ok", self.door.dispatch(frame, deadline)]
+            except GuestKilled as k:
+                out = ["door_reply", seq, "killed", k.limit, k.detail]
+            except Exception as exc:
+                out = ["door_reply", seq, "killed", "trap", f"the door failed: {exc}"]
+            try:
+                self._ws.send(msgpack.packb(out, use_bin_type=True))
+            except (ConnectionClosed, OSError):
+                break
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._ws.close()
+
+
+class RemoteSandbox:
+    """A sandbox held by the service: the ``SandboxAPI`` of ``memex.Sandbox``, with the same
+    results, errors and limits. ``checkpoint()`` returns a :class:`RemoteCheckpoint`."""
+
+    def __init__(self, backend: RemoteBackend, info: dict[str, Any], door: Door) -> None:
+        self._backend = backend
+        self.id: str = info["id"]
+        self.limits: Limits = limits_from_wire(info["limits"])
+        self.door = door
+        self.turns = int(info.get("turns", 0))
+        self._lock = threading.RLock()
+        self._closed: str | None = None
+        self._link = _DoorLink(backend.client, self.id, door)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed is not None
+
+    def _check_open(self) -> None:
+        if self._closed is not None:
+            raise SandboxClosed(self._closed)
+
+    def run(self, code: str, *, timeout: float | None = None, filename: str | None = None
+            ) -> TurnResult:
+        """Run one cell on the service. Guest errors, exits and limits come back as data."""
+        check_run_args(code, timeout)
+        if serving_door() is self.door:
+            raise SandboxError(
+                "a door handler cannot run code in the sandbox whose turn is waiting for it")
+        with self._lock:
+            self._check_open()
+            budget = self.limits.timeout if timeout is None else min(timeout, self.limits.timeout)
+            self.turns += 1  # counted while the turn runs, as tools see it (then the server's)
+            out = self._backend.client.run(self.id, code, timeout=timeout, filename=filename,
+                                           wait=budget + _GRACE)
+            self.turns = int(out["turns"])
+            return result_from_wire(out["result"])
+
+    def checkpoint(self) -> RemoteCheckpoint:
+        with self._lock:
+            self._check_open()
+            return RemoteCheckpoint(self._backend.client.checkpoint(self.id), self.turns)
+
+    def restore(self, checkpoint: RemoteCheckpoint) -> None:
+        if not isinstance(checkpoint, RemoteCheckpoint):
+            raise ConfigError("restore takes a checkpoint from checkpoint() of this kind of "
+                              "sandbox")
+        with self._lock:
+            self._check_open()
+            self._backend.client.restore(self.id, checkpoint.id)
+
+    def fork(self) -> RemoteSandbox:
+        """An independent copy on the service, sharing this handle's door."""
+        with self._lock:
+            self._check_open()
+            info = self._backend.client.fork(self.id)
+        return self._backend._adopt(info, self.door)
+
+    def read_file(self, guest_path: str) -> bytes:
+        with self._lock:
+            self._check_open()
+            return self._backend.client.read_file(self.id, guest_path)
+
+    def write_file(self, guest_path: str, data: bytes) -> None:
+        with self._lock:
+            self._check_open()
+            self._backend.client.write_file(self.id, guest_path, bytes(data))
+
+    def close(self) -> None:
+        """Close the session on the service (a running turn ends ``cancelled``). Idempotent;
+        does not wait for a running turn's lock."""
+        if self._closed is not None:
+            return
+        self._closed = "closed by the caller"
+        try:
+            self._backend.client.close_session(self.id)
+        except SandboxError:
+            pass  # already gone on the service (closed, lost, or the service is down)
+        finally:
+            self._link.close()
+            self._backend._forget(self)
+
+    def __enter__(self) -> RemoteSandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<RemoteSandbox {self.id} turns={self.turns}{' closed' if self.closed else ''}>"
+
+
+class RemoteBackend(Backend):
+    """Sandboxes on a ``memex serve`` service at ``url``, as the tenant whose ``api_key``
+    this is (the service decides the tenant; ``open(tenant=...)`` is ignored)."""
+
+    name = "remote"
+
+    def __init__(self, *, url: str, api_key: str, timeout: float = 60.0) -> None:
+        self.client = Client(url, api_key, timeout=timeout)
+        self._lock = threading.Lock()
+        self._live: weakref.WeakSet[RemoteSandbox] = weakref.WeakSet()
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def open(self, *, limits: Limits | None = None, mounts: Sequence[Mount] = (),
+             preload: Iterable[str] = (), door: Door | None = None,
+             env: dict[str, str] | None = None, tenant: str | None = None
+             ) -> RemoteSandbox:
+        if self._closed:
+            raise SandboxClosed("the remote backend was closed")
+        limits = limits or Limits()
+        if not isinstance(limits, Limits):
+            raise ConfigError(f"limits must be a Limits, got {type(limits).__name__}")
+        for m in mounts:
+            if not isinstance(m, Mount):
+                raise ConfigError(f"mounts must be Mount objects, got {type(m).__name__}")
+        if door is not None and not isinstance(door, Door):
+            raise ConfigError(f"door must be a Door, got {type(door).__name__}")
+        body = {"limits": limits_to_wire(limits), "preload": list(preload), "env": env,
+                "mounts": [{"host": os.fspath(m.host_path), "guest": m.guest_path,
+                            "writable": m.writable, "links": m.links} for m in mounts]}
+        info = self.client.create(**body)
+        return self._adopt(info, door if door is not None else Door())
+
+    def _adopt(self, info: dict[str, Any], door: Door) -> RemoteSandbox:
+        try:
+            sb = RemoteSandbox(self, info, door)
+        except ServiceError:
+            with contextlib.suppress(SandboxError):
+                self.client.close_session(info["id"])
+            raise
+        with self._lock:
+            self._live.add(sb)
+        return sb
+
+    def _forget(self, sb: RemoteSandbox) -> None:
+        with self._lock:
+            self._live.discard(sb)
+
+    def close(self) -> None:
+        """Close every session this backend opened, then the connection pool. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock:
+            live = list(self._live)
+        for sb in live:
+            sb.close()
+        self.client.close()

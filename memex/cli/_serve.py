@@ -1,0 +1,57 @@
+"""``memex serve``: sandboxed sessions as a multi-tenant HTTP service (docs/service.md).
+Needs the ``serve`` extra."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import getpass
+import sys
+from typing import Any
+
+from ..errors import ConfigError
+
+__all__ = ["add_parser"]
+
+DESCRIPTION = """Serve sandboxed Python sessions over HTTP to many tenants, each with its own
+API keys, quotas and limit ceilings (from --config serve.toml; see docs/service.md). Clients
+use memex.client.Client or get_backend("remote", url=..., api_key=...)."""
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        from ..service import hash_key, load_config, serve
+    except ImportError as exc:
+        raise ConfigError(f"memex serve needs its extra: pip install 'memex[serve]' ({exc})"
+                          ) from exc
+    if args.hash_key:
+        key = sys.stdin.readline().strip() if not sys.stdin.isatty() else getpass.getpass(
+            "API key to hash: ")
+        print(hash_key(key))
+        return 0
+    if args.config is None:
+        raise ConfigError("memex serve needs --config serve.toml (docs/service.md)")
+    config = load_config(args.config)
+    changes = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    config = dataclasses.replace(config, **changes)
+    if not config.tenants:
+        print("memex serve: warning: no tenants in the config, every request gets 401",
+              file=sys.stderr)
+
+    def ready(url: str) -> None:
+        print(f"memex serve: serving {url} for {len(config.tenants)} tenant(s); "
+              "Ctrl-C or SIGTERM stops it", file=sys.stderr, flush=True)
+
+    serve(config, ready=ready)
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("serve", help="serve sandboxed sessions over HTTP to many tenants",
+                       description=DESCRIPTION)
+    p.add_argument("--config", metavar="FILE", help="serve.toml: server settings and tenants")
+    p.add_argument("--host", help="address to bind (default from the config: 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (0: any free one; default 8000)")
+    p.add_argument("--hash-key", action="store_true",
+                   help="read an API key on stdin and print the sha256: form for the config")
+    p.set_defaults(func=cmd_serve)

@@ -1,0 +1,29 @@
+"""``memex serve``: sandboxed sessions as a multi-tenant HTTP service (FastAPI on uvicorn),
+whose client is just another backend (``get_backend("remote", url=..., api_key=...)``).
+
+Tenants and their keys (stored hashed), quotas and limit ceilings come from ``serve.toml``
+(``_config``); sessions and checkpoints are owned per tenant (``_sessions``); a session's guest
+calls tools in the client's process through the door WebSocket (``_door``); the API and its
+typed errors are in ``_app`` and ``_models``; ``/metrics`` in ``_metrics``; uvicorn in
+``_serve``. See
+docs/service.md.
+"""
+
+from ._app import create_app
+from ._config import KeyRing, MountGrant, ServiceConfig, TenantConfig, hash_key, load_config
+from ._door import ClientDoor
+from ._models import API_VERSION
+from ._serve import serve
+
+__all__ = [
+    "API_VERSION",
+    "ClientDoor",
+    "KeyRing",
+    "MountGrant",
+    "ServiceConfig",
+    "TenantConfig",
+    "create_app",
+    "hash_key",
+    "load_config",
+    "serve",
+]

@@ -1,0 +1,411 @@
+"""The ASGI application of ``memex serve`` (FastAPI): sessions, turns, forks, checkpoints,
+files and the door WebSocket, per tenant, with typed JSON errors.
+
+Every blocking sandbox operation runs on a bounded thread pool (``threads``), so the event
+loop only moves bytes: the door WebSocket of a session keeps answering while its turn runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import anyio
+import anyio.to_thread
+from fastapi import Depends, FastAPI, Query, Request, Response, WebSocket, WebSocketDisconnect
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ..backends import Backend, TenantQuota, get_backend
+from ..backends.worker import limits_to_wire, result_to_wire
+from ..errors import (
+    BackendBusy,
+    ConfigError,
+    GuestFileError,
+    MemexError,
+    SandboxClosed,
+    SandboxLost,
+)
+from ..runtime_wasm import Limits, Mount
+from ._config import KeyRing, ServiceConfig, TenantConfig
+from ._door import ClientDoor
+from ._metrics import Metrics
+from ._models import (
+    API_VERSION,
+    CheckpointOut,
+    CreateSession,
+    ErrorBody,
+    RestoreIn,
+    RunIn,
+    RunOut,
+    SessionList,
+    SessionOut,
+)
+from ._sessions import QuotaExceeded, Session, SessionTable, new_session_id
+
+__all__ = ["create_app"]
+
+ACCESS = logging.getLogger("memex.service.access")
+AUDIT = logging.getLogger("memex.service.audit")
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody} for status in (401, 404, 422, 429)}
+
+
+class ApiError(Exception):
+    """An answer with a typed error body (raised by handlers, rendered by the app)."""
+
+    def __init__(self, status: int, code: str, message: str, *, type_: str | None = None,
+                 reason: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+        self.type, self.reason, self.headers = type_, reason, headers
+
+    def response(self) -> JSONResponse:
+        body = {"error": {"code": self.code, "message": self.message, "type": self.type,
+                          "reason": self.reason}}
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
+
+
+def _translate(exc: MemexError) -> ApiError:
+    name, reason = type(exc).__name__, getattr(exc, "reason", None)
+    reason = reason if isinstance(reason, str) else None
+    if isinstance(exc, ConfigError):
+        return ApiError(422, "invalid", str(exc), type_=name)
+    if isinstance(exc, GuestFileError):
+        return ApiError(400, "guest_file", str(exc), type_=name)
+    if isinstance(exc, SandboxLost):
+        return ApiError(410, "session_lost", str(exc), type_=name, reason=reason)
+    if isinstance(exc, SandboxClosed):
+        return ApiError(409, "session_closed", str(exc), type_=name, reason=reason)
+    if isinstance(exc, BackendBusy):
+        status = 503 if exc.reason == "closed" else 429
+        return ApiError(status, "busy", str(exc), type_=name, reason=reason,
+                        headers={"Retry-After": "1"})
+    return ApiError(409, "sandbox_error", str(exc), type_=name)
+
+
+class _BodyCap:
+    """Refuse request bodies past the cap (413) before a handler reads them, whether the
+    size is declared or streamed."""
+
+    def __init__(self, app: ASGIApp, cap: int) -> None:
+        self.app, self.cap = app, cap
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        too_large = ApiError(413, "too_large", f"request bodies are capped at {self.cap} bytes")
+        if declared is not None and declared.isdigit() and int(declared) > self.cap:
+            await too_large.response()(scope, receive, send)
+            return
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            msg = await receive()
+            seen += len(msg.get("body", b""))
+            if seen > self.cap:
+                raise _TooLarge
+            return msg
+
+        try:
+            await self.app(scope, counted, send)
+        except _TooLarge:
+            await too_large.response()(scope, receive, send)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _key_of(headers: Any) -> str | None:
+    auth = str(headers.get("authorization", ""))
+    return auth[7:] if auth[:7].lower() == "bearer " else None
+
+
+def _tenant_of(request: Request) -> TenantConfig:
+    """The tenant whose API key the request carries (401 otherwise)."""
+    tenant: TenantConfig | None = request.app.state.keys.lookup(_key_of(request.headers))
+    if tenant is None:
+        raise ApiError(401, "unauthorized", "a valid API key is required "
+                       "(Authorization: Bearer <key>)", headers={"WWW-Authenticate": "Bearer"})
+    request.state.tenant = tenant.name
+    return tenant
+
+
+Tenant = Annotated[TenantConfig, Depends(_tenant_of)]
+
+
+def _default_backend(config: ServiceConfig) -> Backend:
+    if config.backend == "pool":
+        quotas = {t.name: TenantQuota(turns_per_second=t.turns_per_second, queued=t.queued,
+                                      burst=max(1, int(t.turns_per_second or 1)))
+                  for t in config.tenants.values()}
+        return get_backend("pool", workers=config.workers, warm=config.warm,
+                           limits=Limits(timeout=config.warm_timeout), quotas=quotas,
+                           acquire_timeout=10.0)
+    if config.backend == "subprocess":
+        return get_backend("subprocess", workers=config.workers)
+    return get_backend(config.backend)
+
+
+def create_app(config: ServiceConfig, *, backend: Backend | None = None) -> FastAPI:
+    """The service for ``config``; ``backend`` (default: built from the config) holds the
+    sandboxes and is closed with the app."""
+    keys = KeyRing(config)
+    table = SessionTable()
+    metrics = Metrics()
+    limiter = anyio.CapacityLimiter(config.threads)
+    holder: dict[str, Backend] = {}
+
+    def the_backend() -> Backend:
+        if "b" not in holder:
+            holder["b"] = backend if backend is not None else _default_backend(config)
+        return holder["b"]
+
+    async def blocking(fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return await anyio.to_thread.run_sync(fn, *args, limiter=limiter)
+        except MemexError as exc:
+            raise _translate(exc) from exc
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await anyio.to_thread.run_sync(the_backend)
+        try:
+            yield
+        finally:
+            sessions = table.drain()
+            for s in sessions:
+                with contextlib.suppress(MemexError):
+                    await anyio.to_thread.run_sync(s.sandbox.close)
+            AUDIT.info(json.dumps({"event": "shutdown", "closed": len(sessions)}))
+            await anyio.to_thread.run_sync(the_backend().close)
+
+    app = FastAPI(title="MemEx service", version=API_VERSION, lifespan=lifespan,
+                  description="Sandboxed Python sessions per tenant (docs/service.md).")
+    app.state.keys = keys
+    app.add_middleware(_BodyCap, cap=config.max_body_bytes)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        return ApiError(422, "invalid_request",
+                        f"{where}: {first.get('msg', 'invalid request')}").response()
+
+    @app.exception_handler(Exception)
+    async def _internal(_: Request, exc: Exception) -> JSONResponse:
+        logging.getLogger("memex.service").exception("unhandled error")
+        return ApiError(500, "internal", f"internal error ({type(exc).__name__})").response()
+
+    @app.middleware("http")
+    async def _access(request: Request, call_next: Callable[[Request], Awaitable[Response]]
+                      ) -> Response:
+        start = time.perf_counter()
+        response = await call_next(request)
+        ms = (time.perf_counter() - start) * 1000
+        metrics.request(response.status_code)
+        if config.access_log:
+            ACCESS.info(json.dumps({"method": request.method, "path": request.url.path,
+                                    "status": response.status_code, "ms": round(ms, 2),
+                                    "tenant": getattr(request.state, "tenant", None)}))
+        return response
+
+    def session_of(tenant: TenantConfig, sid: str) -> Session:
+        s = table.get(tenant.name, sid)
+        if s is None:
+            raise ApiError(404, "not_found", f"no session {sid!r}")
+        s.last_used = time.time()
+        return s
+
+    def out(s: Session) -> SessionOut:
+        return SessionOut(**s.info(), limits=limits_to_wire(s.sandbox.limits))
+
+    # ---- health -------------------------------------------------------------------------
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", responses={503: {"model": ErrorBody}})
+    async def readyz() -> JSONResponse:
+        b = holder.get("b")
+        if b is None or b.closed:
+            return ApiError(503, "not_ready", "the backend is not running").response()
+        return JSONResponse({"status": "ready", "sessions": sum(table.counts().values()),
+                             "config_error": keys.last_error})
+
+    @app.get("/metrics")
+    async def metrics_text() -> Response:
+        metrics.sessions(table.counts())
+        return Response(metrics.render(), media_type=metrics.content_type)
+
+    # ---- sessions -----------------------------------------------------------------------
+    v1 = f"/{API_VERSION}"
+
+    def make_session(tenant: TenantConfig, body: CreateSession) -> Session:
+        try:
+            limits = Limits(**(body.limits or {}))
+        except TypeError as exc:
+            raise ConfigError(f"limits: {exc}") from None
+        tenant.check_limits(limits)
+        mounts = []
+        for m in body.mounts:
+            host = Path(m.host).resolve()
+            tenant.check_mount(host, m.writable)
+            mounts.append(Mount(host_path=host, guest_path=m.guest, writable=m.writable,
+                                links=m.links))
+        try:
+            table.reserve(tenant, limits.memory)
+        except QuotaExceeded as exc:
+            raise ApiError(429, "quota", str(exc), headers={"Retry-After": str(
+                exc.retry_after)}) from None
+        try:
+            door = ClientDoor()
+            sb = the_backend().open(limits=limits, mounts=mounts, preload=body.preload,
+                                    door=door, env=body.env, tenant=tenant.name)
+            s = Session(id=new_session_id(), tenant=tenant.name, sandbox=sb, door=door)
+            table.add(s)
+        finally:
+            table.release(tenant.name, limits.memory)
+        AUDIT.info(json.dumps({"event": "create", "tenant": tenant.name, "session": s.id,
+                               "memory": limits.memory, "timeout": limits.timeout,
+                               "mounts": [str(m.host_path) for m in mounts]}))
+        return s
+
+    @app.post(f"{v1}/sessions", status_code=201, responses=_ERRORS)
+    async def create(body: CreateSession, tenant: Tenant
+                     ) -> SessionOut:
+        return out(await blocking(make_session, tenant, body))
+
+    @app.get(f"{v1}/sessions", responses=_ERRORS)
+    async def list_sessions(tenant: Tenant) -> SessionList:
+        return SessionList(sessions=[out(s) for s in table.of(tenant.name)])
+
+    @app.get(f"{v1}/sessions/{{sid}}", responses=_ERRORS)
+    async def get_session(sid: str, tenant: Tenant) -> SessionOut:
+        return out(session_of(tenant, sid))
+
+    @app.delete(f"{v1}/sessions/{{sid}}", status_code=204, responses=_ERRORS)
+    async def close(sid: str, tenant: Tenant) -> Response:
+        s = table.pop(tenant.name, sid)
+        if s is None:
+            raise ApiError(404, "not_found", f"no session {sid!r}")
+        await blocking(s.sandbox.close)
+        AUDIT.info(json.dumps({"event": "close", "tenant": tenant.name, "session": sid,
+                               "turns": s.sandbox.turns}))
+        return Response(status_code=204)
+
+    @app.post(f"{v1}/sessions/{{sid}}/run", responses=_ERRORS)
+    async def run(sid: str, body: RunIn, tenant: Tenant) -> RunOut:
+        s = session_of(tenant, sid)
+        r = await blocking(lambda: s.sandbox.run(body.code, timeout=body.timeout,
+                                                 filename=body.filename))
+        metrics.turn(tenant.name, r)
+        event: dict[str, Any] = {"event": "run", "tenant": tenant.name, "session": sid,
+                                 "status": r.status.value, "limit": r.limit,
+                                 "seconds": round(r.duration, 4), "code_bytes": len(body.code)}
+        if config.log_code:
+            event["code"] = body.code
+        AUDIT.info(json.dumps(event))
+        return RunOut(result=result_to_wire(r), turns=s.sandbox.turns)
+
+    @app.post(f"{v1}/sessions/{{sid}}/fork", status_code=201, responses=_ERRORS)
+    async def fork(sid: str, tenant: Tenant) -> SessionOut:
+        s = session_of(tenant, sid)
+
+        def do_fork() -> Session:
+            table.reserve(tenant, s.sandbox.limits.memory)
+            try:
+                child = s.sandbox.fork()  # its door is the parent's (shared, see ClientDoor)
+                c = Session(id=new_session_id(), tenant=tenant.name, sandbox=child,
+                            door=s.door, parent=s.id)
+                table.add(c)
+                return c
+            finally:
+                table.release(tenant.name, s.sandbox.limits.memory)
+
+        try:
+            return out(await blocking(do_fork))
+        except QuotaExceeded as exc:
+            raise ApiError(429, "quota", str(exc), headers={"Retry-After": "1"}) from None
+
+    @app.post(f"{v1}/sessions/{{sid}}/checkpoints", status_code=201, responses=_ERRORS)
+    async def checkpoint(sid: str, tenant: Tenant) -> CheckpointOut:
+        s = session_of(tenant, sid)
+        cp = await blocking(s.sandbox.checkpoint)
+        return CheckpointOut(checkpoint=table.hold(tenant, cp))
+
+    @app.post(f"{v1}/sessions/{{sid}}/restore", status_code=204, responses=_ERRORS)
+    async def restore(sid: str, body: RestoreIn, tenant: Tenant
+                      ) -> Response:
+        s = session_of(tenant, sid)
+        cp = table.checkpoint(tenant.name, body.checkpoint)
+        if cp is None:
+            raise ApiError(404, "not_found", f"no checkpoint {body.checkpoint!r} (unknown, "
+                           "released, or past the tenant's max_checkpoints)")
+        await blocking(s.sandbox.restore, cp)
+        return Response(status_code=204)
+
+    @app.delete(f"{v1}/checkpoints/{{cid}}", status_code=204, responses=_ERRORS)
+    async def drop_checkpoint(cid: str, tenant: Tenant) -> Response:
+        if not table.drop_checkpoint(tenant.name, cid):
+            raise ApiError(404, "not_found", f"no checkpoint {cid!r}")
+        return Response(status_code=204)
+
+    @app.get(f"{v1}/sessions/{{sid}}/files", responses=_ERRORS)
+    async def read_file(sid: str, path: Annotated[str, Query()], tenant: Tenant) -> Response:
+        s = session_of(tenant, sid)
+        data = await blocking(s.sandbox.read_file, path)
+        if len(data) > config.max_body_bytes:
+            raise ApiError(413, "too_large", f"{path} is {len(data)} bytes; responses are "
+                           f"capped at {config.max_body_bytes}")
+        return Response(data, media_type="application/octet-stream")
+
+    @app.put(f"{v1}/sessions/{{sid}}/files", status_code=204, responses=_ERRORS)
+    async def write_file(sid: str, request: Request, path: Annotated[str, Query()],
+                         tenant: Tenant) -> Response:
+        s = session_of(tenant, sid)
+        data = await request.body()
+        await blocking(s.sandbox.write_file, path, data)
+        return Response(status_code=204)
+
+    # ---- the door -----------------------------------------------------------------------
+    @app.websocket(f"{v1}/sessions/{{sid}}/door")
+    async def door(ws: WebSocket, sid: str) -> None:
+        tenant = keys.lookup(_key_of(ws.headers))
+        s = table.get(tenant.name, sid) if tenant is not None else None
+        if s is None:
+            await ws.close(code=4401 if tenant is None else 4404)
+            return
+        await ws.accept()
+        token = s.door.attach(ws.send_bytes, asyncio.get_running_loop())
+        try:
+            await ws.send_bytes(b"\x91\xa5ready")  # msgpack ["ready"]
+            while True:
+                data = await ws.receive_bytes()
+                if not s.door.answer(data):
+                    await ws.close(code=1003)
+                    break
+        except (WebSocketDisconnect, RuntimeError, KeyError):
+            pass
+        finally:
+            s.door.detach(token)
+
+    return app
+
+
+

@@ -1,0 +1,245 @@
+"""``serve.toml``: the server's settings and its tenants, read strictly (an unknown key or a
+value of the wrong type is a :class:`~memex.errors.ConfigError` naming it), and reread when the
+file changes so keys rotate without a restart.
+
+API keys are stored as ``sha256:<hex>`` of the key (``memex serve --hash-key`` prints one);
+the key itself never sits in the file. A presented key is hashed and compared with every
+stored hash in constant time (``hmac.compare_digest``), so neither the match nor its position
+leaks through timing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import hmac
+import os
+import threading
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from ..runtime_wasm import Limits
+
+__all__ = ["KeyRing", "MountGrant", "ServiceConfig", "TenantConfig", "hash_key", "load_config"]
+
+_LIMIT_FIELDS = {f.name for f in dataclasses.fields(Limits)}
+
+
+def hash_key(key: str) -> str:
+    """The form an API key is stored in: ``sha256:<64 hex digits>``."""
+    if not isinstance(key, str) or len(key) < 16:
+        raise ConfigError("an API key is a str of at least 16 characters")
+    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+
+
+@dataclass(frozen=True, kw_only=True)
+class MountGrant:
+    """A host directory a tenant's sessions may mount (at any guest path), read-only unless
+    ``writable``."""
+
+    host: Path
+    writable: bool = False
+
+    def allows(self, host_path: Path, writable: bool) -> bool:
+        inside = host_path == self.host or self.host in host_path.parents
+        return inside and (self.writable or not writable)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TenantConfig:
+    """One tenant: its key hashes, what it may hold, and the ceiling of the limits its
+    sessions may ask for (a field left out of ``ceiling`` is not capped)."""
+
+    name: str
+    keys: tuple[str, ...]
+    max_sessions: int | None = 16
+    max_memory: int | None = None  # bytes: the sum of Limits.memory over its live sessions
+    max_checkpoints: int = 64  # held at once; the oldest is released past it
+    turns_per_second: float | None = None
+    queued: int = 16
+    ceiling: Mapping[str, Any] = field(default_factory=dict)
+    mounts: tuple[MountGrant, ...] = ()
+
+    def check_limits(self, limits: Limits) -> None:
+        """Refuse limits above this tenant's ceiling (an unbounded value above any bound)."""
+        for name, cap in self.ceiling.items():
+            value = getattr(limits, name)
+            if value is None or value > cap:
+                raise ConfigError(f"limits.{name} = {value!r} is above tenant {self.name!r}'s "
+                                  f"ceiling of {cap!r}")
+
+    def check_mount(self, host_path: Path, writable: bool) -> None:
+        if not any(g.allows(host_path, writable) for g in self.mounts):
+            kind = "writable" if writable else "read-only"
+            raise ConfigError(f"tenant {self.name!r} may not mount {str(host_path)!r} "
+                              f"({kind}); its granted mounts: "
+                              f"{[str(g.host) for g in self.mounts] or 'none'}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServiceConfig:
+    """The server's settings (each documented in docs/service.md) and its tenants."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    backend: str = "pool"
+    workers: int = 2
+    warm: int | None = None
+    warm_timeout: float = 30.0  # the turn deadline of the pool's warm sandboxes
+    max_body_bytes: int = 32 << 20
+    threads: int = 64  # blocking operations (turns, forks, files) served at once
+    access_log: bool = True
+    log_code: bool = False  # put cell bodies in the audit log
+    tenants: Mapping[str, TenantConfig] = field(default_factory=dict)
+    path: Path | None = None
+
+
+def _typed(where: str, value: Any, kind: type | tuple[type, ...]) -> Any:
+    if isinstance(value, bool) and kind is not bool and bool not in (
+            kind if isinstance(kind, tuple) else (kind,)):
+        raise ConfigError(f"{where} must be {kind}, got {value!r}")
+    if not isinstance(value, kind):
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise ConfigError(f"{where} must be {names}, got {value!r}")
+    return value
+
+
+def _known(where: str, table: Mapping[str, Any], keys: set[str]) -> None:
+    unknown = sorted(set(table) - keys)
+    if unknown:
+        raise ConfigError(f"{where}: unknown keys {unknown} (known: {sorted(keys)})")
+
+
+def _tenant(name: str, t: Any, base: Path) -> TenantConfig:
+    where = f"[tenants.{name}]"
+    _typed(where, t, dict)
+    _known(where, t, {"keys", "max_sessions", "max_memory", "max_checkpoints",
+                      "turns_per_second", "queued", "ceiling", "mounts"})
+    keys = tuple(_typed(f"{where} keys[]", k, str) for k in _typed(f"{where} keys",
+                                                                      t.get("keys", []), list))
+    for k in keys:
+        if not (k.startswith("sha256:") and len(k) == 71
+                and all(c in "0123456789abcdef" for c in k[7:])):
+            raise ConfigError(f"{where} keys: {k[:12]!r}... is not sha256:<64 hex digits> "
+                              "(store `memex serve --hash-key` output, never the key)")
+    ceiling = dict(_typed(f"{where}.ceiling", t.get("ceiling", {}), dict))
+    _known(f"[tenants.{name}.ceiling]", ceiling, _LIMIT_FIELDS)
+    for k, v in ceiling.items():
+        _typed(f"[tenants.{name}.ceiling] {k}", v, (int, float))
+    grants = []
+    for i, m in enumerate(_typed(f"{where} mounts", t.get("mounts", []), list)):
+        _typed(f"{where} mounts[{i}]", m, dict)
+        _known(f"{where} mounts[{i}]", m, {"host", "writable"})
+        host = Path(_typed(f"{where} mounts[{i}].host", m.get("host"), str))
+        grants.append(MountGrant(host=(base / host).resolve(),
+                                 writable=_typed(f"{where} mounts[{i}].writable",
+                                                 m.get("writable", False), bool)))
+    opt_int = (int, type(None))
+    tps = t.get("turns_per_second")
+    return TenantConfig(
+        name=name, keys=keys,
+        max_sessions=_typed(f"{where} max_sessions", t.get("max_sessions", 16), opt_int),
+        max_memory=_typed(f"{where} max_memory", t.get("max_memory"), opt_int),
+        max_checkpoints=_typed(f"{where} max_checkpoints", t.get("max_checkpoints", 64), int),
+        turns_per_second=None if tps is None else float(
+            _typed(f"{where} turns_per_second", tps, (int, float))),
+        queued=_typed(f"{where} queued", t.get("queued", 16), int),
+        ceiling=ceiling, mounts=tuple(grants))
+
+
+_SERVER_KEYS: dict[str, Any] = {
+    "host": str, "port": int, "backend": str, "workers": int, "warm": int,
+    "warm_timeout": (int, float), "max_body_bytes": int, "threads": int, "access_log": bool,
+    "log_code": bool}
+
+
+def parse_config(data: Mapping[str, Any], *, path: Path | None = None) -> ServiceConfig:
+    """A :class:`ServiceConfig` from the parsed TOML tables ``[server]`` and ``[tenants.*]``."""
+    _known("serve.toml", data, {"server", "tenants"})
+    server = _typed("[server]", data.get("server", {}), dict)
+    _known("[server]", server, set(_SERVER_KEYS))
+    opts = {k: _typed(f"[server] {k}", v, _SERVER_KEYS[k]) for k, v in server.items()}
+    if "warm_timeout" in opts:
+        opts["warm_timeout"] = float(opts["warm_timeout"])
+    base = path.parent if path is not None else Path.cwd()
+    tenants = {n: _tenant(n, t, base)
+               for n, t in _typed("[tenants]", data.get("tenants", {}), dict).items()}
+    seen: dict[str, str] = {}
+    for t in tenants.values():
+        for k in t.keys:
+            if k in seen:
+                raise ConfigError(f"one key is listed for tenants {seen[k]!r} and {t.name!r}")
+            seen[k] = t.name
+    return ServiceConfig(**opts, tenants=tenants, path=path)
+
+
+def load_config(path: str | os.PathLike[str]) -> ServiceConfig:
+    """Read ``serve.toml``; every problem is a ConfigError naming the file."""
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read the service config: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: not valid TOML: {exc}") from exc
+    try:
+        return parse_config(data, path=p.resolve())
+    except ConfigError as exc:
+        raise ConfigError(f"{p}: {exc}") from exc
+
+
+class KeyRing:
+    """Tenants by API key, reread from the config file when it changes (checked on each
+    lookup: a ``stat``). A file that no longer parses keeps the last good tenants and is
+    reported through ``last_error``."""
+
+    def __init__(self, config: ServiceConfig) -> None:
+        self._lock = threading.Lock()
+        self._tenants = dict(config.tenants)
+        self._path = config.path
+        self._stamp = self._stat()
+        self.last_error: str | None = None
+
+    def _stat(self) -> tuple[int, int] | None:
+        if self._path is None:
+            return None
+        try:
+            st = self._path.stat()
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size)
+
+    def _refresh(self) -> None:
+        stamp = self._stat()
+        if stamp is None or stamp == self._stamp or self._path is None:
+            return
+        with self._lock:
+            if stamp == self._stamp:
+                return
+            self._stamp = stamp
+            try:
+                self._tenants = dict(load_config(self._path).tenants)
+                self.last_error = None
+            except ConfigError as exc:
+                self.last_error = str(exc)
+
+    def tenants(self) -> dict[str, TenantConfig]:
+        self._refresh()
+        return dict(self._tenants)
+
+    def lookup(self, key: str | None) -> TenantConfig | None:
+        """The tenant whose key this is, else None (every stored hash compared)."""
+        if not key:
+            return None
+        self._refresh()
+        presented = "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+        found = None
+        for tenant in self._tenants.values():
+            for stored in tenant.keys:
+                if hmac.compare_digest(stored, presented):
+                    found = tenant
+        return found

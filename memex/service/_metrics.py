@@ -1,0 +1,53 @@
+"""``/metrics`` for Prometheus: sessions, turns, turn latency and limits hit, per tenant, and
+HTTP answers by status. One registry per app (two apps in one process never share counts)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from ..runtime_wasm import TurnResult
+
+__all__ = ["Metrics"]
+
+
+class Metrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self._sessions = Gauge("memex_sessions", "live sessions", ["tenant"], registry=r)
+        self._turns = Counter("memex_turns", "turns run", ["tenant", "status"], registry=r)
+        self._seconds = Histogram("memex_turn_seconds", "wall seconds per turn", ["tenant"],
+                                  registry=r, buckets=(.001, .003, .01, .03, .1, .3, 1, 3, 10,
+                                                       30, 100))
+        self._limits = Counter("memex_limits_hit", "turns stopped or capped by a limit",
+                               ["tenant", "limit"], registry=r)
+        self._http = Counter("memex_http_responses", "HTTP answers", ["status"], registry=r)
+        self._known: set[str] = set()
+
+    def turn(self, tenant: str, r: TurnResult) -> None:
+        self._turns.labels(tenant, r.status.value).inc()
+        self._seconds.labels(tenant).observe(r.duration)
+        if r.limit:
+            self._limits.labels(tenant, r.limit).inc()
+
+    def request(self, status: int) -> None:
+        self._http.labels(str(status)).inc()
+
+    def sessions(self, counts: Mapping[str, int]) -> None:
+        for tenant in self._known | set(counts):
+            self._sessions.labels(tenant).set(counts.get(tenant, 0))
+        self._known |= set(counts)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,80 @@
+"""The wire of the service's API, version 1: pydantic models for the request and response
+bodies (the OpenAPI document is generated from them). Limits and turn results travel as the
+same maps the worker wire uses (``Limits`` fields; ``TurnResult.to_dict()``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["API_VERSION", "CheckpointOut", "CreateSession", "ErrorBody", "ErrorDetail",
+           "MountIn", "RestoreIn", "RunIn", "RunOut", "SessionList", "SessionOut"]
+
+API_VERSION = "v1"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class MountIn(_Strict):
+    host: str = Field(description="a host directory inside one of the tenant's granted mounts")
+    guest: str = Field(description="the absolute guest path it appears at")
+    writable: bool = False
+    links: bool = False
+
+
+class CreateSession(_Strict):
+    limits: dict[str, Any] | None = Field(
+        None, description="memex.Limits fields; each within the tenant's ceiling")
+    preload: list[str] = Field(default_factory=list, max_length=64)
+    mounts: list[MountIn] = Field(default_factory=list, max_length=32)
+    env: dict[str, str] | None = None
+
+
+class SessionOut(BaseModel):
+    id: str
+    turns: int
+    created: float
+    last_used: float
+    parent: str | None = None
+    memory: int
+    door_attached: bool
+    limits: dict[str, Any]
+
+
+class SessionList(BaseModel):
+    sessions: list[SessionOut]
+
+
+class RunIn(_Strict):
+    code: str
+    timeout: float | None = Field(None, description="seconds; at most the session's timeout")
+    filename: str | None = None
+
+
+class RunOut(BaseModel):
+    result: dict[str, Any] = Field(description="TurnResult.to_dict()")
+    turns: int
+
+
+class CheckpointOut(BaseModel):
+    checkpoint: str
+
+
+class RestoreIn(_Strict):
+    checkpoint: str
+
+
+class ErrorDetail(BaseModel):
+    code: str = Field(description="stable: unauthorized, not_found, invalid_request, invalid, "
+                      "guest_file, session_closed, session_lost, busy, quota, too_large, "
+                      "sandbox_error, internal")
+    message: str
+    type: str | None = Field(None, description="the MemEx exception class, when there is one")
+    reason: str | None = None
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail

@@ -1,0 +1,46 @@
+"""Running the service: uvicorn serving :func:`create_app` on one port. ``SIGTERM`` and
+``SIGINT`` stop it gracefully: no new connections, requests in flight finish, then every
+session is closed and the backend stopped (the app's shutdown)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from collections.abc import Callable
+
+import uvicorn
+
+from ..backends import Backend
+from ._app import create_app
+from ._config import ServiceConfig
+
+__all__ = ["serve"]
+
+
+def serve(config: ServiceConfig, *, backend: Backend | None = None,
+          ready: Callable[[str], None] | None = None) -> None:
+    """Serve until stopped. ``ready(url)`` is called once the port accepts connections (with
+    ``port = 0`` the URL names the port the system chose)."""
+    if config.access_log:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        for name in ("memex.service.access", "memex.service.audit"):
+            log = logging.getLogger(name)
+            log.addHandler(handler)
+            log.setLevel(logging.INFO)
+            log.propagate = False
+    app = create_app(config, backend=backend)
+    server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port,
+                                           log_level="warning", access_log=False,
+                                           lifespan="on", ws_max_size=64 << 20))
+
+    def announce() -> None:
+        while not server.started and not server.should_exit:
+            threading.Event().wait(0.02)
+        if server.started and ready is not None:
+            sock = server.servers[0].sockets[0].getsockname()
+            ready(f"http://{sock[0]}:{sock[1]}")
+
+    threading.Thread(target=announce, name="memex-serve-ready", daemon=True).start()
+    server.run()

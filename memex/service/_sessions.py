@@ -1,0 +1,138 @@
+"""The server's sessions and checkpoints, each owned by one tenant: a lookup with another
+tenant's name finds nothing (the API answers 404, the same as for an id that never existed)."""
+
+from __future__ import annotations
+
+import collections
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..runtime_wasm import SandboxAPI
+from ._config import TenantConfig
+from ._door import ClientDoor
+
+__all__ = ["Session", "SessionTable"]
+
+
+@dataclass(kw_only=True, eq=False)
+class Session:
+    """One live sandbox on the server, its door and its bookkeeping."""
+
+    id: str
+    tenant: str
+    sandbox: SandboxAPI[Any]
+    door: ClientDoor
+    created: float = field(default_factory=time.time)
+    last_used: float = field(default_factory=time.time)
+    parent: str | None = None
+
+    def info(self) -> dict[str, Any]:
+        return {"id": self.id, "turns": self.sandbox.turns, "created": self.created,
+                "last_used": self.last_used, "parent": self.parent,
+                "memory": self.sandbox.limits.memory, "door_attached": self.door.attached}
+
+
+class QuotaExceeded(Exception):
+    """A tenant is at one of its bounds (the API answers 429 with Retry-After)."""
+
+    def __init__(self, message: str, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class SessionTable:
+    """Sessions and held checkpoints per tenant, behind one lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sessions: dict[str, Session] = {}
+        self._checkpoints: dict[str, collections.OrderedDict[str, Any]] = {}
+        self._reserved: collections.Counter[str] = collections.Counter()
+        self._reserved_memory: collections.Counter[str] = collections.Counter()
+
+    # ---- admission ----------------------------------------------------------------------
+    def reserve(self, tenant: TenantConfig, memory: int) -> None:
+        """Count a session about to be made against the tenant's bounds, or refuse it."""
+        with self._lock:
+            live = [s for s in self._sessions.values() if s.tenant == tenant.name]
+            count = len(live) + self._reserved[tenant.name]
+            if tenant.max_sessions is not None and count >= tenant.max_sessions:
+                raise QuotaExceeded(f"tenant {tenant.name!r} holds {count} sessions, its "
+                                    f"bound is {tenant.max_sessions}: close one first")
+            used = sum(s.sandbox.limits.memory for s in live) + \
+                self._reserved_memory[tenant.name]
+            if tenant.max_memory is not None and used + memory > tenant.max_memory:
+                raise QuotaExceeded(f"tenant {tenant.name!r} would hold {used + memory} bytes "
+                                    f"of session memory, its bound is {tenant.max_memory}")
+            self._reserved[tenant.name] += 1
+            self._reserved_memory[tenant.name] += memory
+
+    def release(self, tenant: str, memory: int) -> None:
+        with self._lock:
+            self._reserved[tenant] -= 1
+            self._reserved_memory[tenant] -= memory
+
+    # ---- sessions -----------------------------------------------------------------------
+    def add(self, session: Session) -> None:
+        with self._lock:
+            self._sessions[session.id] = session
+
+    def get(self, tenant: str, sid: str) -> Session | None:
+        with self._lock:
+            s = self._sessions.get(sid)
+        return s if s is not None and s.tenant == tenant else None
+
+    def pop(self, tenant: str, sid: str) -> Session | None:
+        with self._lock:
+            s = self._sessions.get(sid)
+            if s is None or s.tenant != tenant:
+                return None
+            return self._sessions.pop(sid)
+
+    def of(self, tenant: str) -> list[Session]:
+        with self._lock:
+            return [s for s in self._sessions.values() if s.tenant == tenant]
+
+    def drain(self) -> list[Session]:
+        """Every session, removed from the table (shutdown)."""
+        with self._lock:
+            out = list(self._sessions.values())
+            self._sessions.clear()
+            self._checkpoints.clear()
+            return out
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            return dict(collections.Counter(s.tenant for s in self._sessions.values()))
+
+    # ---- checkpoints --------------------------------------------------------------------
+    def hold(self, tenant: TenantConfig, checkpoint: Any) -> str:
+        """Keep a checkpoint for the tenant; its id. Past ``max_checkpoints`` the oldest
+        is released."""
+        cid = "c_" + secrets.token_urlsafe(12)
+        with self._lock:
+            held = self._checkpoints.setdefault(tenant.name, collections.OrderedDict())
+            held[cid] = checkpoint
+            while len(held) > max(1, tenant.max_checkpoints):
+                held.popitem(last=False)
+        return cid
+
+    def checkpoint(self, tenant: str, cid: str) -> Any | None:
+        with self._lock:
+            held = self._checkpoints.get(tenant)
+            if held is None or cid not in held:
+                return None
+            held.move_to_end(cid)
+            return held[cid]
+
+    def drop_checkpoint(self, tenant: str, cid: str) -> bool:
+        with self._lock:
+            held = self._checkpoints.get(tenant)
+            return held is not None and held.pop(cid, None) is not None
+
+
+def new_session_id() -> str:
+    return "s_" + secrets.token_urlsafe(12)
