@@ -1,6 +1,7 @@
 """The remote backend: sandboxes held by a ``memex serve`` service, reached over HTTP
-(:class:`Client`, httpx) with the guest's door carried over one WebSocket per handle, so a
-host tool the guest calls runs in *this* process, as on every other backend.
+(:class:`Client`, httpx) with the guest's door carried over one WebSocket per handle (opened
+by the first turn once the door has a handler), so a host tool the guest calls runs in *this*
+process, as on every other backend.
 
 ``get_backend("remote", url=..., api_key=...)`` gives a :class:`RemoteBackend`; its handles are
 :class:`RemoteSandbox` (the ``SandboxAPI``), checkpoints :class:`RemoteCheckpoint` (ids the
@@ -213,7 +214,15 @@ class RemoteSandbox:
         self.turns = int(info.get("turns", 0))
         self._lock = threading.RLock()
         self._closed: str | None = None
-        self._link = _DoorLink(backend.client, self.id, door)
+        self._link: _DoorLink | None = None  # opened by the first turn that may need it
+
+    def _ensure_link(self) -> None:
+        """Open the door WebSocket once the door can answer something (a handler registered,
+        or a Door subclass with its own dispatch): a session without tools never pays for
+        it, and the service answers its guest's calls as an empty door would."""
+        if self._link is None and (self.door.ops or type(self.door).dispatch
+                                   is not Door.dispatch):
+            self._link = _DoorLink(self._backend.client, self.id, self.door)
 
     @property
     def closed(self) -> bool:
@@ -233,6 +242,7 @@ class RemoteSandbox:
         with self._lock:
             self._check_open()
             budget = self.limits.timeout if timeout is None else min(timeout, self.limits.timeout)
+            self._ensure_link()
             self.turns += 1  # counted while the turn runs, as tools see it (then the server's)
             out = self._backend.client.run(self.id, code, timeout=timeout, filename=filename,
                                            wait=budget + _GRACE)
@@ -280,7 +290,8 @@ class RemoteSandbox:
         except SandboxError:
             pass  # already gone on the service (closed, lost, or the service is down)
         finally:
-            self._link.close()
+            if self._link is not None:
+                self._link.close()
             self._backend._forget(self)
 
     def __enter__(self) -> RemoteSandbox:
@@ -295,7 +306,8 @@ class RemoteSandbox:
 
 class RemoteBackend(Backend):
     """Sandboxes on a ``memex serve`` service at ``url``, as the tenant whose ``api_key``
-    this is (the service decides the tenant; ``open(tenant=...)`` is ignored)."""
+    this is (the service decides the tenant; ``open(tenant=...)`` is ignored). ``open`` with
+    no limits gets the service's default (those of its warm sandboxes)."""
 
     name = "remote"
 
@@ -315,15 +327,15 @@ class RemoteBackend(Backend):
              ) -> RemoteSandbox:
         if self._closed:
             raise SandboxClosed("the remote backend was closed")
-        limits = limits or Limits()
-        if not isinstance(limits, Limits):
+        if limits is not None and not isinstance(limits, Limits):
             raise ConfigError(f"limits must be a Limits, got {type(limits).__name__}")
         for m in mounts:
             if not isinstance(m, Mount):
                 raise ConfigError(f"mounts must be Mount objects, got {type(m).__name__}")
         if door is not None and not isinstance(door, Door):
             raise ConfigError(f"door must be a Door, got {type(door).__name__}")
-        body = {"limits": limits_to_wire(limits), "preload": list(preload), "env": env,
+        body = {"limits": None if limits is None else limits_to_wire(limits),
+                "preload": list(preload), "env": env,
                 "mounts": [{"host": os.fspath(m.host_path), "guest": m.guest_path,
                             "writable": m.writable, "links": m.links} for m in mounts]}
         info = self.client.create(**body)
@@ -332,10 +344,9 @@ class RemoteBackend(Backend):
     def _adopt(self, info: dict[str, Any], door: Door) -> RemoteSandbox:
         try:
             sb = RemoteSandbox(self, info, door)
-        except ServiceError:
-            with contextlib.suppress(SandboxError):
-                self.client.close_session(info["id"])
-            raise
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ServiceError(f"the service described a session outside its API: {exc}"
+                               ) from exc
         with self._lock:
             self._live.add(sb)
         return sb

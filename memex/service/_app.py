@@ -12,7 +12,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -127,6 +127,36 @@ class _TooLarge(Exception):
     pass
 
 
+class _Access:
+    """One JSON access-log line and one metrics count per HTTP answer (a plain ASGI
+    middleware: no per-request task or body copy)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics, log: bool) -> None:
+        self.app, self.metrics, self.log = app, metrics, log
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = [500]
+
+        async def seen(msg: Message) -> None:
+            if msg["type"] == "http.response.start":
+                status[0] = msg["status"]
+            await send(msg)
+
+        try:
+            await self.app(scope, receive, seen)
+        finally:
+            self.metrics.request(status[0])
+            if self.log:
+                ACCESS.info(json.dumps({
+                    "method": scope["method"], "path": scope["path"], "status": status[0],
+                    "ms": round((time.perf_counter() - start) * 1000, 2),
+                    "tenant": (scope.get("state") or {}).get("tenant")}))
+
+
 def _key_of(headers: Any) -> str | None:
     auth = str(headers.get("authorization", ""))
     return auth[7:] if auth[:7].lower() == "bearer " else None
@@ -151,8 +181,9 @@ def _default_backend(config: ServiceConfig) -> Backend:
                                       burst=max(1, int(t.turns_per_second or 1)))
                   for t in config.tenants.values()}
         return get_backend("pool", workers=config.workers, warm=config.warm,
-                           limits=Limits(timeout=config.warm_timeout), quotas=quotas,
-                           acquire_timeout=10.0)
+                           limits=Limits(timeout=config.warm_timeout),
+                           preload=config.preload, quotas=quotas,
+                           max_sandboxes=config.max_sandboxes, acquire_timeout=10.0)
     if config.backend == "subprocess":
         return get_backend("subprocess", workers=config.workers)
     return get_backend(config.backend)
@@ -195,6 +226,7 @@ def create_app(config: ServiceConfig, *, backend: Backend | None = None) -> Fast
                   description="Sandboxed Python sessions per tenant (docs/service.md).")
     app.state.keys = keys
     app.add_middleware(_BodyCap, cap=config.max_body_bytes)
+    app.add_middleware(_Access, metrics=metrics, log=config.access_log)
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
@@ -211,19 +243,6 @@ def create_app(config: ServiceConfig, *, backend: Backend | None = None) -> Fast
     async def _internal(_: Request, exc: Exception) -> JSONResponse:
         logging.getLogger("memex.service").exception("unhandled error")
         return ApiError(500, "internal", f"internal error ({type(exc).__name__})").response()
-
-    @app.middleware("http")
-    async def _access(request: Request, call_next: Callable[[Request], Awaitable[Response]]
-                      ) -> Response:
-        start = time.perf_counter()
-        response = await call_next(request)
-        ms = (time.perf_counter() - start) * 1000
-        metrics.request(response.status_code)
-        if config.access_log:
-            ACCESS.info(json.dumps({"method": request.method, "path": request.url.path,
-                                    "status": response.status_code, "ms": round(ms, 2),
-                                    "tenant": getattr(request.state, "tenant", None)}))
-        return response
 
     def session_of(tenant: TenantConfig, sid: str) -> Session:
         s = table.get(tenant.name, sid)
@@ -257,8 +276,9 @@ def create_app(config: ServiceConfig, *, backend: Backend | None = None) -> Fast
     v1 = f"/{API_VERSION}"
 
     def make_session(tenant: TenantConfig, body: CreateSession) -> Session:
-        try:
-            limits = Limits(**(body.limits or {}))
+        try:  # no limits: those of the warm sandboxes
+            limits = Limits(**body.limits) if body.limits is not None else \
+                Limits(timeout=config.warm_timeout)
         except TypeError as exc:
             raise ConfigError(f"limits: {exc}") from None
         tenant.check_limits(limits)
@@ -309,8 +329,8 @@ def create_app(config: ServiceConfig, *, backend: Backend | None = None) -> Fast
                                "turns": s.sandbox.turns}))
         return Response(status_code=204)
 
-    @app.post(f"{v1}/sessions/{{sid}}/run", responses=_ERRORS)
-    async def run(sid: str, body: RunIn, tenant: Tenant) -> RunOut:
+    @app.post(f"{v1}/sessions/{{sid}}/run", response_model=RunOut, responses=_ERRORS)
+    async def run(sid: str, body: RunIn, tenant: Tenant) -> Response:
         s = session_of(tenant, sid)
         r = await blocking(lambda: s.sandbox.run(body.code, timeout=body.timeout,
                                                  filename=body.filename))
@@ -321,7 +341,9 @@ def create_app(config: ServiceConfig, *, backend: Backend | None = None) -> Fast
         if config.log_code:
             event["code"] = body.code
         AUDIT.info(json.dumps(event))
-        return RunOut(result=result_to_wire(r), turns=s.sandbox.turns)
+        # the hot path: encoded once, not validated again against RunOut
+        return Response(json.dumps({"result": result_to_wire(r), "turns": s.sandbox.turns}),
+                        media_type="application/json")
 
     @app.post(f"{v1}/sessions/{{sid}}/fork", status_code=201, responses=_ERRORS)
     async def fork(sid: str, tenant: Tenant) -> SessionOut:

@@ -90,6 +90,8 @@ class ServiceConfig:
     workers: int = 2
     warm: int | None = None
     warm_timeout: float = 30.0  # the turn deadline of the pool's warm sandboxes
+    max_sandboxes: int | None = None  # the pool's bound on live sandboxes (8 per worker)
+    preload: tuple[str, ...] = ()  # modules the warm sandboxes have imported already
     max_body_bytes: int = 32 << 20
     threads: int = 64  # blocking operations (turns, forks, files) served at once
     access_log: bool = True
@@ -152,9 +154,9 @@ def _tenant(name: str, t: Any, base: Path) -> TenantConfig:
 
 
 _SERVER_KEYS: dict[str, Any] = {
-    "host": str, "port": int, "backend": str, "workers": int, "warm": int,
+    "host": str, "port": int, "backend": str, "workers": int, "warm": int, "max_sandboxes": int,
     "warm_timeout": (int, float), "max_body_bytes": int, "threads": int, "access_log": bool,
-    "log_code": bool}
+    "log_code": bool, "preload": list}
 
 
 def parse_config(data: Mapping[str, Any], *, path: Path | None = None) -> ServiceConfig:
@@ -165,6 +167,8 @@ def parse_config(data: Mapping[str, Any], *, path: Path | None = None) -> Servic
     opts = {k: _typed(f"[server] {k}", v, _SERVER_KEYS[k]) for k, v in server.items()}
     if "warm_timeout" in opts:
         opts["warm_timeout"] = float(opts["warm_timeout"])
+    if "preload" in opts:
+        opts["preload"] = tuple(_typed("[server] preload[]", m, str) for m in opts["preload"])
     base = path.parent if path is not None else Path.cwd()
     tenants = {n: _tenant(n, t, base)
                for n, t in _typed("[tenants]", data.get("tenants", {}), dict).items()}

@@ -1,6 +1,8 @@
 """The door of a remote session: every frame the guest sends goes over the session's door
 WebSocket to the client, whose own :class:`~memex.runtime_wasm.Door` (and host tools) answers
-it, exactly as a worker forwards frames to its caller in the subprocess backend.
+it, exactly as a worker forwards frames to its caller in the subprocess backend. A client
+connects only once its door has a handler; until then the guest's calls are answered here as
+an empty door answers them (``unknown_op``).
 
 Messages are msgpack arrays in binary WebSocket messages::
 
@@ -12,7 +14,7 @@ Messages are msgpack arrays in binary WebSocket messages::
 Seconds left, not a deadline: the two machines' clocks are not the same. ``turn_key`` (the
 deadline on the server's clock) is the same for every call of one turn, so the client keeps
 one local deadline per turn (what per-turn tool budgets count by). A call with no
-client attached, or whose client disconnects before answering, traps the turn with
+client attached any more, or whose client disconnects before answering, traps the turn with
 ``limit="cancelled"`` (rolled back, as any trap): it fails cleanly and never hangs the guest.
 """
 
@@ -55,6 +57,7 @@ class ClientDoor(Door):
         self._lock = threading.Lock()
         self._seq = 0
         self._token = 0
+        self._ever = False  # a client connected once: from then on a call needs one
         self._conns: dict[int, tuple[Send, asyncio.AbstractEventLoop]] = {}
         self._busy: dict[int, int] = {}
         self._pending: dict[int, tuple[int, concurrent.futures.Future[Any]]] = {}
@@ -67,6 +70,7 @@ class ClientDoor(Door):
         """Route calls to this connection too; returns its token for :meth:`detach`."""
         with self._lock:
             self._token += 1
+            self._ever = True
             self._conns[self._token] = (send, loop)
             self._busy[self._token] = 0
             return self._token
@@ -102,8 +106,10 @@ class ClientDoor(Door):
         fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
         with self._lock:
             if not self._conns:
+                if not self._ever:  # the client's door has nothing to answer with
+                    return super().dispatch(frame, deadline)
                 raise GuestKilled("cancelled", "a tool call needs the client, and no client is "
-                                  "connected to this session's door")
+                                  "connected to this session's door any more")
             token = min(self._conns, key=lambda t: self._busy.get(t, 0))
             send, loop = self._conns[token]
             self._busy[token] += 1

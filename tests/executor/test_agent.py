@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
+from memex.backends import get_backend
 from memex.executor import (
     Aids,
     Budget,
@@ -363,6 +364,17 @@ def test_the_same_rollout_on_every_local_backend(backend: str) -> None:
     with ScriptedLLM(script) as srv, make_agent(srv, backend=backend) as agent:
         r = agent.run("t")
     assert r.answer == Answer(total=14, label="b")
+    assert "14" in r.trajectory.steps[0].observation
+    assert r.trajectory.tool_calls[0].name == "numbers"
+
+
+def test_the_same_rollout_on_a_memex_serve_service(memex_server: Any) -> None:
+    """MemexAgent unchanged on RemoteBackend: the tool runs here, the guest on the service."""
+    script = [py("xs = numbers(4)\nprint(sum(xs))"), py("submit(total=sum(xs), label='r')")]
+    backend = get_backend("remote", url=memex_server.url, api_key=memex_server.keys["a"])
+    with backend, ScriptedLLM(script) as srv, make_agent(srv, backend=backend) as agent:
+        r = agent.run("t")
+    assert r.answer == Answer(total=14, label="r")
     assert "14" in r.trajectory.steps[0].observation
     assert r.trajectory.tool_calls[0].name == "numbers"
 

@@ -1,0 +1,223 @@
+"""``memex serve`` side by side with the backends it wraps, in one run on this machine.
+
+    python bench/serve.py            # 1,000 trivial cells, 200 creates, 50 clients x 20 cells
+    python bench/serve.py --quick    # a fifth of each
+
+A real ``memex serve`` process (pool backend, 2 workers, pandas preloaded) on 127.0.0.1, and
+in this process the same pool backend and an in-process sandbox as baselines. Printed:
+
+* a trivial cell (``1``): in-process, the pool directly, and the service (RemoteBackend); the
+  service's overhead is its p50 minus the pool's (target <= 1.5 ms);
+* a session create + close from the warm pool, direct vs through the service (target: create
+  <= 10 ms p50; the service's create includes opening the door WebSocket);
+* 50 concurrent clients x 20 cells (a pandas computation and one client-side tool call each):
+  throughput and p50/p99 per cell;
+* a quiet tenant's cell p99 alone, then while a noisy tenant floods the service from 8
+  clients (its turn rate bounded by its quota): target within 2x.
+
+It asserts nothing; the targets are printed beside the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import secrets
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+for p in (ROOT, ROOT / "bench"):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
+
+from _fmt import fmt  # noqa: E402  (bench/ is on sys.path when a script runs)
+
+from memex import Limits, Sandbox  # noqa: E402
+from memex.backends import get_backend  # noqa: E402
+from memex.host_tools import ToolHost  # noqa: E402
+from memex.service import hash_key  # noqa: E402
+
+TIMEOUT = 30.0
+CELL = ("df = pd.DataFrame({'a': range(2000), 'b': range(2000)})\n"
+        "s = int((df.a * df.b).sum()) + bump(1)")
+NOISE = "x = sum(i * i for i in range(200_000))"
+
+
+def bump(n: int) -> int:
+    """Add one (a client-side tool)."""
+    return n + 1
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def start_server(folder: Path, clients: int) -> tuple[subprocess.Popen[bytes], str,
+                                                       dict[str, str]]:
+    keys = {t: secrets.token_urlsafe(24) for t in ("quiet", "noisy", "load")}
+    tenants = {"quiet": "", "noisy": "turns_per_second = 20\nqueued = 64\n",
+               "load": f"max_sessions = {clients + 8}\n"}
+    cfg = folder / "serve.toml"
+    cfg.write_text(
+        f"[server]\nport = 0\nworkers = 2\nwarm = 8\nmax_sandboxes = {clients + 24}\n"
+        f"warm_timeout = {TIMEOUT}\npreload = ['pandas']\naccess_log = false\n"
+        + "".join(f'[tenants.{t}]\nkeys = ["{hash_key(k)}"]\n{tenants[t]}'
+                  for t, k in keys.items()))
+    log = folder / "serve.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "memex", "serve", "--config", str(cfg)],
+                                stdout=out, stderr=out)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        m = re.search(r"serving (http://[\d.]+:\d+)", log.read_text())
+        if m:
+            return proc, m.group(1), keys
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    proc.kill()
+    raise SystemExit(f"memex serve did not start:\n{log.read_text()}")
+
+
+def timed(fn: Callable[[], Any], n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def row(label: str, xs: list[float], target: str = "") -> None:
+    print(f"  {label:44s} p50 {fmt(statistics.median(xs)):>9s}  p99 {fmt(pct(xs, .99)):>9s}"
+          f"  {target}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--clients", type=int, default=50)
+    args = ap.parse_args()
+    scale = 5 if args.quick else 1
+    trivial_n, create_n, cells = 1000 // scale, 200 // scale, 20
+    clients = args.clients if not args.quick else 10
+    lim = Limits(timeout=TIMEOUT)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, url, keys = start_server(Path(tmp), clients)
+        try:
+            remote = {t: get_backend("remote", url=url, api_key=k) for t, k in keys.items()}
+            pool = get_backend("pool", workers=2, warm=8, limits=lim, preload=["pandas"])
+            print(f"\nmemex serve at {url} (pool, 2 workers) vs the same pool in this process "
+                  f"and an in-process sandbox; {os.cpu_count()} cores\n")
+
+            print(f"a trivial cell ('1'), {trivial_n} each:")
+            with Sandbox(limits=lim) as sb:
+                sb.run("1")
+                inproc = timed(lambda: sb.run("1"), trivial_n)
+            with pool.open(limits=lim) as ps:
+                ps.run("1")
+                direct = timed(lambda: ps.run("1"), trivial_n)
+            with remote["quiet"].open(limits=lim) as rs:
+                rs.run("1")
+                served = timed(lambda: rs.run("1"), trivial_n)
+            row("in-process Sandbox", inproc)
+            row("pool backend, this process", direct)
+            row("memex serve (RemoteBackend)", served)
+            overhead = statistics.median(served) - statistics.median(direct)
+            print(f"  {'service overhead (p50 serve - p50 pool)':44s}     {fmt(overhead):>9s}"
+                  f"                  target <= 1.5 ms")
+
+            print(f"\nsession create (+ close), warm pool, {create_n} each:")
+            creates: dict[str, list[float]] = {"pool": [], "serve": []}
+            for name, b in (("pool", pool), ("serve", remote["quiet"])):
+                for _ in range(create_n):
+                    t = time.perf_counter()
+                    s = b.open(limits=lim)
+                    creates[name].append(time.perf_counter() - t)
+                    s.close()
+                    time.sleep(0.01)  # let the pool warm a replacement, as between real uses
+            row("pool backend open", creates["pool"])
+            row("memex serve create (HTTP + door WebSocket)", creates["serve"],
+                "target p50 <= 10 ms")
+            pool.close()
+
+            print(f"\n{clients} concurrent clients x {cells} cells (pandas + a client-side "
+                  "tool call):")
+            lat: list[float] = []
+            lock = threading.Lock()
+
+            def client(_: int) -> None:
+                with remote["load"].open(limits=lim) as s, ToolHost([bump]).attach(s):
+                    s.run("import pandas as pd")
+                    mine = []
+                    for _ in range(cells):
+                        t = time.perf_counter()
+                        r = s.run(CELL)
+                        mine.append(time.perf_counter() - t)
+                        assert r.ok, r
+                    with lock:
+                        lat.extend(mine)
+
+            t0 = time.perf_counter()
+            with ThreadPoolExecutor(clients) as ex:
+                list(ex.map(client, range(clients)))
+            wall = time.perf_counter() - t0
+            row("a cell", lat)
+            print(f"  {'throughput':44s}     {len(lat) / wall:9.0f} cells/s "
+                  f"({len(lat)} cells in {wall:.1f} s)")
+
+            print("\nthe quiet tenant's cell (pandas + tool), alone and beside a noisy tenant:")
+            n_quiet = 200 // scale
+
+            def quiet_run() -> list[float]:
+                with remote["quiet"].open(limits=lim) as s, ToolHost([bump]).attach(s):
+                    s.run("import pandas as pd")
+                    return timed(lambda: s.run(CELL), n_quiet)
+
+            alone = quiet_run()
+            stop = threading.Event()
+            noisy_turns = [0]
+
+            def noisy() -> None:
+                with remote["noisy"].open(limits=lim) as s:
+                    while not stop.is_set():
+                        s.run(NOISE)
+                        noisy_turns[0] += 1
+
+            flood = [threading.Thread(target=noisy) for _ in range(8)]
+            for f in flood:
+                f.start()
+            time.sleep(1.0)
+            t0 = time.perf_counter()
+            loaded = quiet_run()
+            span = time.perf_counter() - t0
+            stop.set()
+            for f in flood:
+                f.join()
+            row("quiet tenant alone", alone)
+            row("quiet tenant, noisy tenant flooding (8 clients)", loaded,
+                f"target p99 <= 2x alone ({fmt(2 * pct(alone, .99))})")
+            print(f"  noisy tenant: {noisy_turns[0]} turns, about "
+                  f"{noisy_turns[0] / (span + 1.0):.0f}/s (its quota: 20 turns/s)")
+            for b in remote.values():
+                b.close()
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
+
+
+if __name__ == "__main__":
+    main()
