@@ -70,7 +70,7 @@ class RestoreIn(_Strict):
 class ErrorDetail(BaseModel):
     code: str = Field(description="stable: unauthorized, not_found, invalid_request, invalid, "
                       "guest_file, session_closed, session_lost, busy, quota, too_large, "
-                      "sandbox_error, internal")
+                      "sandbox_error, method_not_allowed, not_ready, internal")
     message: str
     type: str | None = Field(None, description="the MemEx exception class, when there is one")
     reason: str | None = None
