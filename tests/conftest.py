@@ -183,16 +183,22 @@ def tenant_table(name: str, key: str, extra: str = "") -> str:
     return f'[tenants.{name}]\nkeys = ["{hash_key(key)}"]\n{extra}\n'
 
 
-def start_server(folder: Path, tenants: dict[str, str], server: str = "") -> Served:
+def start_server(folder: Path, tenants: dict[str, str], server: str = "", port: int = 0
+                 ) -> Served:
     """Start `memex serve` with a tenant per ``tenants`` entry (name -> extra TOML lines),
-    a fresh key each, on a free port; wait until it says where it serves."""
+    a fresh key each, on ``port`` (0: a free one); wait until it says where it serves."""
     folder.mkdir(parents=True, exist_ok=True)
     keys = {name: secrets.token_urlsafe(24) for name in tenants}
     config = folder / "serve.toml"
-    config.write_text(f"[server]\nport = 0\nworkers = 2\nwarm_timeout = {DEFAULT_TIMEOUT}\n"
-                      f"{server}\n" + "".join(tenant_table(n, keys[n], extra)
-                                              for n, extra in tenants.items()))
-    log = folder / "serve.log"
+    config.write_text(f"[server]\nport = {port}\nworkers = 2\n"
+                      f"warm_timeout = {DEFAULT_TIMEOUT}\n{server}\n"
+                      + "".join(tenant_table(n, keys[n], extra) for n, extra in tenants.items()))
+    return launch(config, keys)
+
+
+def launch(config: Path, keys: dict[str, str]) -> Served:
+    """Run `memex serve --config config` (again, for a restart) and wait for its URL."""
+    log = config.with_name(f"serve-{time.monotonic_ns()}.log")
     with log.open("wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "memex", "serve", "--config",
                                  str(config)], stdout=out, stderr=out,

@@ -13,6 +13,7 @@ is a :class:`~memex.errors.ServiceError`.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 import time
@@ -33,6 +34,7 @@ from .worker import error_from_wire, limits_from_wire, limits_to_wire, result_fr
 
 __all__ = ["Client", "RemoteBackend", "RemoteCheckpoint", "RemoteSandbox"]
 
+_LOG = logging.getLogger("memex.client")
 _GRACE = 30.0  # seconds past a turn's deadline the client waits for the answer
 
 
@@ -197,6 +199,10 @@ class _DoorLink:
             except (ConnectionClosed, OSError):
                 break
 
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self._ws.close()
@@ -215,11 +221,16 @@ class RemoteSandbox:
         self._lock = threading.RLock()
         self._closed: str | None = None
         self._link: _DoorLink | None = None  # opened by the first turn that may need it
+        self.restored: dict[str, Any] | None = info.get("restored")
+        """Set when the service brought this session back from a save (after a restart or an
+        idle eviction): ``from_turn``, ``lost_turns``, ``files_kept``, ``reason``."""
 
     def _ensure_link(self) -> None:
         """Open the door WebSocket once the door can answer something (a handler registered,
         or a Door subclass with its own dispatch): a session without tools never pays for
         it, and the service answers its guest's calls as an empty door would."""
+        if self._link is not None and not self._link.alive:  # the service restarted
+            self._link = None
         if self._link is None and (self.door.ops or type(self.door).dispatch
                                    is not Door.dispatch):
             self._link = _DoorLink(self._backend.client, self.id, self.door)
@@ -247,6 +258,12 @@ class RemoteSandbox:
             out = self._backend.client.run(self.id, code, timeout=timeout, filename=filename,
                                            wait=budget + _GRACE)
             self.turns = int(out["turns"])
+            if out.get("restored"):
+                self.restored = dict(out["restored"])
+                _LOG.warning("session %s was restored from its save at turn %s: %s turn(s) "
+                             "lost, /tmp files not kept (%s)", self.id,
+                             self.restored.get("from_turn"), self.restored.get("lost_turns"),
+                             self.restored.get("reason"))
             return result_from_wire(out["result"])
 
     def checkpoint(self) -> RemoteCheckpoint:

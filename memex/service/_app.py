@@ -34,9 +34,10 @@ from ..errors import (
     SandboxClosed,
     SandboxLost,
 )
-from ..runtime_wasm import Limits, Mount
+from ..runtime_wasm import Limits, Mount, SandboxAPI, TurnResult
 from ._config import KeyRing, ServiceConfig, TenantConfig
 from ._door import ClientDoor
+from ._durable import Keeper
 from ._metrics import Metrics
 from ._models import (
     API_VERSION,
@@ -204,6 +205,16 @@ def create_app(config: ServiceConfig, *, backend: Backend | None = None) -> Fast
             holder["b"] = backend if backend is not None else _default_backend(config)
         return holder["b"]
 
+    keeper = Keeper(table, the_backend, state_dir=config.state_dir,
+                    save_interval=config.save_interval, idle_evict=config.idle_evict)
+
+    def on(s: Session, fn: Callable[[SandboxAPI[Any]], Any]) -> Callable[[], Any]:
+        """``fn(sandbox)`` with the session's sandbox, opened again if it was evicted."""
+        def call() -> Any:
+            with keeper.using(s) as sb:
+                return fn(sb)
+        return call
+
     async def blocking(fn: Callable[..., Any], *args: Any) -> Any:
         try:
             return await anyio.to_thread.run_sync(fn, *args, limiter=limiter)
@@ -213,14 +224,17 @@ def create_app(config: ServiceConfig, *, backend: Backend | None = None) -> Fast
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await anyio.to_thread.run_sync(the_backend)
+        loaded = await anyio.to_thread.run_sync(keeper.load)
+        if loaded:
+            AUDIT.info(json.dumps({"event": "restart", "sessions": loaded}))
+        keeper.start()
         try:
             yield
         finally:
             sessions = table.drain()
-            for s in sessions:
-                with contextlib.suppress(MemexError):
-                    await anyio.to_thread.run_sync(s.sandbox.close)
-            AUDIT.info(json.dumps({"event": "shutdown", "closed": len(sessions)}))
+            saved = await anyio.to_thread.run_sync(keeper.stop, sessions)
+            AUDIT.info(json.dumps({"event": "shutdown", "closed": len(sessions),
+                                   "saved": saved}))
             await anyio.to_thread.run_sync(the_backend().close)
 
     app = FastAPI(title="MemEx service", version=API_VERSION, lifespan=lifespan,
@@ -255,11 +269,10 @@ def create_app(config: ServiceConfig, *, backend: Backend | None = None) -> Fast
         s = table.get(tenant.name, sid)
         if s is None:
             raise ApiError(404, "not_found", f"no session {sid!r}")
-        s.last_used = time.time()
-        return s
+        return s  # last_used moves with uses of its sandbox (Keeper.using), not lookups
 
     def out(s: Session) -> SessionOut:
-        return SessionOut(**s.info(), limits=limits_to_wire(s.sandbox.limits))
+        return SessionOut(**s.info(), limits=limits_to_wire(s.limits))
 
     # ---- health -------------------------------------------------------------------------
     @app.get("/healthz")
@@ -304,8 +317,11 @@ def create_app(config: ServiceConfig, *, backend: Backend | None = None) -> Fast
             door = ClientDoor()
             sb = the_backend().open(limits=limits, mounts=mounts, preload=body.preload,
                                     door=door, env=body.env, tenant=tenant.name)
-            s = Session(id=new_session_id(), tenant=tenant.name, sandbox=sb, door=door)
+            s = Session(id=new_session_id(), tenant=tenant.name, sandbox=sb, door=door,
+                        limits=limits, mounts=tuple(mounts), preload=tuple(body.preload),
+                        env=body.env)
             table.add(s)
+            keeper.changed(s)  # saved (when durable) like any changed session
         finally:
             table.release(tenant.name, limits.memory)
         AUDIT.info(json.dumps({"event": "create", "tenant": tenant.name, "session": s.id,
@@ -331,16 +347,25 @@ def create_app(config: ServiceConfig, *, backend: Backend | None = None) -> Fast
         s = table.pop(tenant.name, sid)
         if s is None:
             raise ApiError(404, "not_found", f"no session {sid!r}")
-        await blocking(s.sandbox.close)
+        if s.sandbox is not None:
+            await blocking(s.sandbox.close)
+        keeper.forget(s)
         AUDIT.info(json.dumps({"event": "close", "tenant": tenant.name, "session": sid,
-                               "turns": s.sandbox.turns}))
+                               "turns": s.turns}))
         return Response(status_code=204)
 
     @app.post(f"{v1}/sessions/{{sid}}/run", response_model=RunOut, responses=_ERRORS)
     async def run(sid: str, body: RunIn, tenant: Tenant) -> Response:
         s = session_of(tenant, sid)
-        r = await blocking(lambda: s.sandbox.run(body.code, timeout=body.timeout,
-                                                 filename=body.filename))
+
+        def turn(sb: SandboxAPI[Any]) -> TurnResult:
+            keeper.turn_begins(s)
+            try:
+                return sb.run(body.code, timeout=body.timeout, filename=body.filename)
+            finally:
+                keeper.changed(s)
+
+        r: TurnResult = await blocking(on(s, turn))
         metrics.turn(tenant.name, r)
         event: dict[str, Any] = {"event": "run", "tenant": tenant.name, "session": sid,
                                  "status": r.status.value, "limit": r.limit,
@@ -348,45 +373,53 @@ def create_app(config: ServiceConfig, *, backend: Backend | None = None) -> Fast
         if config.log_code:
             event["code"] = body.code
         AUDIT.info(json.dumps(event))
+        answer: dict[str, Any] = {"result": result_to_wire(r), "turns": s.turns}
+        if s.notice is not None:  # said once, on the first answer after a restore
+            answer["restored"], s.notice = s.notice, None
         # the hot path: encoded once, not validated again against RunOut
-        return Response(json.dumps({"result": result_to_wire(r), "turns": s.sandbox.turns}),
-                        media_type="application/json")
+        return Response(json.dumps(answer), media_type="application/json")
 
     @app.post(f"{v1}/sessions/{{sid}}/fork", status_code=201, responses=_ERRORS)
     async def fork(sid: str, tenant: Tenant) -> SessionOut:
         s = session_of(tenant, sid)
 
-        def do_fork() -> Session:
-            table.reserve(tenant, s.sandbox.limits.memory)
+        def do_fork(sb: SandboxAPI[Any]) -> Session:
+            table.reserve(tenant, s.limits.memory)
             try:
-                child = s.sandbox.fork()  # its door is the parent's (shared, see ClientDoor)
+                child = sb.fork()  # its door is the parent's (shared, see ClientDoor)
                 c = Session(id=new_session_id(), tenant=tenant.name, sandbox=child,
-                            door=s.door, parent=s.id)
+                            door=s.door, parent=s.id, limits=s.limits, mounts=s.mounts,
+                            preload=s.preload, env=s.env, turn_base=s.turns - child.turns)
                 table.add(c)
+                keeper.changed(c)
                 return c
             finally:
-                table.release(tenant.name, s.sandbox.limits.memory)
+                table.release(tenant.name, s.limits.memory)
 
         try:
-            return out(await blocking(do_fork))
+            return out(await blocking(on(s, do_fork)))
         except QuotaExceeded as exc:
             raise ApiError(429, "quota", str(exc), headers={"Retry-After": "1"}) from None
 
     @app.post(f"{v1}/sessions/{{sid}}/checkpoints", status_code=201, responses=_ERRORS)
     async def checkpoint(sid: str, tenant: Tenant) -> CheckpointOut:
         s = session_of(tenant, sid)
-        cp = await blocking(s.sandbox.checkpoint)
+        cp = await blocking(on(s, lambda sb: sb.checkpoint()))
         return CheckpointOut(checkpoint=table.hold(tenant, cp))
 
     @app.post(f"{v1}/sessions/{{sid}}/restore", status_code=204, responses=_ERRORS)
-    async def restore(sid: str, body: RestoreIn, tenant: Tenant
-                      ) -> Response:
+    async def restore(sid: str, body: RestoreIn, tenant: Tenant) -> Response:
         s = session_of(tenant, sid)
         cp = table.checkpoint(tenant.name, body.checkpoint)
         if cp is None:
             raise ApiError(404, "not_found", f"no checkpoint {body.checkpoint!r} (unknown, "
                            "released, or past the tenant's max_checkpoints)")
-        await blocking(s.sandbox.restore, cp)
+
+        def put_back(sb: SandboxAPI[Any]) -> None:
+            sb.restore(cp)
+            keeper.changed(s)
+
+        await blocking(on(s, put_back))
         return Response(status_code=204)
 
     @app.delete(f"{v1}/checkpoints/{{cid}}", status_code=204, responses=_ERRORS)
@@ -398,7 +431,7 @@ def create_app(config: ServiceConfig, *, backend: Backend | None = None) -> Fast
     @app.get(f"{v1}/sessions/{{sid}}/files", responses=_ERRORS)
     async def read_file(sid: str, path: Annotated[str, Query()], tenant: Tenant) -> Response:
         s = session_of(tenant, sid)
-        data = await blocking(s.sandbox.read_file, path)
+        data = await blocking(on(s, lambda sb: sb.read_file(path)))
         if len(data) > config.max_body_bytes:
             raise ApiError(413, "too_large", f"{path} is {len(data)} bytes; responses are "
                            f"capped at {config.max_body_bytes}")
@@ -409,7 +442,7 @@ def create_app(config: ServiceConfig, *, backend: Backend | None = None) -> Fast
                          tenant: Tenant) -> Response:
         s = session_of(tenant, sid)
         data = await request.body()
-        await blocking(s.sandbox.write_file, path, data)
+        await blocking(on(s, lambda sb: sb.write_file(path, data)))
         return Response(status_code=204)
 
     # ---- the door -----------------------------------------------------------------------

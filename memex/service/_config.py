@@ -14,6 +14,7 @@ import dataclasses
 import hashlib
 import hmac
 import os
+import re
 import threading
 import tomllib
 from collections.abc import Mapping
@@ -96,6 +97,9 @@ class ServiceConfig:
     threads: int = 64  # blocking operations (turns, forks, files) served at once
     access_log: bool = True
     log_code: bool = False  # put cell bodies in the audit log
+    state_dir: Path | None = None  # where sessions are saved (None: nothing outlives the process)
+    save_interval: float = 30.0  # seconds between saves of a changed session (0: every turn)
+    idle_evict: float | None = None  # seconds idle before a session is saved and evicted
     tenants: Mapping[str, TenantConfig] = field(default_factory=dict)
     path: Path | None = None
 
@@ -118,6 +122,8 @@ def _known(where: str, table: Mapping[str, Any], keys: set[str]) -> None:
 
 def _tenant(name: str, t: Any, base: Path) -> TenantConfig:
     where = f"[tenants.{name}]"
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name) or name in (".", ".."):
+        raise ConfigError(f"{where}: a tenant name is 1-64 letters, digits, '_', '.' or '-'")
     _typed(where, t, dict)
     _known(where, t, {"keys", "max_sessions", "max_memory", "max_checkpoints",
                       "turns_per_second", "queued", "ceiling", "mounts"})
@@ -156,7 +162,8 @@ def _tenant(name: str, t: Any, base: Path) -> TenantConfig:
 _SERVER_KEYS: dict[str, Any] = {
     "host": str, "port": int, "backend": str, "workers": int, "warm": int, "max_sandboxes": int,
     "warm_timeout": (int, float), "max_body_bytes": int, "threads": int, "access_log": bool,
-    "log_code": bool, "preload": list}
+    "log_code": bool, "preload": list, "state_dir": str, "save_interval": (int, float),
+    "idle_evict": (int, float)}
 
 
 def parse_config(data: Mapping[str, Any], *, path: Path | None = None) -> ServiceConfig:
@@ -167,9 +174,16 @@ def parse_config(data: Mapping[str, Any], *, path: Path | None = None) -> Servic
     opts = {k: _typed(f"[server] {k}", v, _SERVER_KEYS[k]) for k, v in server.items()}
     if "warm_timeout" in opts:
         opts["warm_timeout"] = float(opts["warm_timeout"])
+    base = path.parent if path is not None else Path.cwd()
+    if "state_dir" in opts:
+        opts["state_dir"] = (base / opts["state_dir"]).resolve()
+    for k in ("save_interval", "idle_evict"):
+        if k in opts:
+            opts[k] = float(opts[k])
+            if opts[k] < 0:
+                raise ConfigError(f"[server] {k} must be >= 0, got {opts[k]!r}")
     if "preload" in opts:
         opts["preload"] = tuple(_typed("[server] preload[]", m, str) for m in opts["preload"])
-    base = path.parent if path is not None else Path.cwd()
     tenants = {n: _tenant(n, t, base)
                for n, t in _typed("[tenants]", data.get("tenants", {}), dict).items()}
     seen: dict[str, str] = {}

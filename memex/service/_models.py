@@ -41,6 +41,12 @@ class SessionOut(BaseModel):
     parent: str | None = None
     memory: int
     door_attached: bool
+    live: bool = Field(description="false while saved and evicted, or after a restart until "
+                       "its next use opens it again")
+    saved_turns: int | None = Field(None, description="the turns its last save holds")
+    restored: dict[str, Any] | None = Field(
+        None, description="when it was (or will be) opened from a save: from_turn, "
+        "lost_turns, files_kept, reason; also on the next run's answer, once")
     limits: dict[str, Any]
 
 
@@ -57,6 +63,9 @@ class RunIn(_Strict):
 class RunOut(BaseModel):
     result: dict[str, Any] = Field(description="TurnResult.to_dict()")
     turns: int
+    restored: dict[str, Any] | None = Field(
+        None, description="present once, on the first answer after the session was opened "
+        "from a save: what that save held and what was lost")
 
 
 class CheckpointOut(BaseModel):

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..runtime_wasm import SandboxAPI
+from ..runtime_wasm import Limits, Mount, SandboxAPI
 from ._config import TenantConfig
 from ._door import ClientDoor
 
@@ -19,20 +19,41 @@ __all__ = ["Session", "SessionTable"]
 
 @dataclass(kw_only=True, eq=False)
 class Session:
-    """One live sandbox on the server, its door and its bookkeeping."""
+    """One session on the server: its sandbox (None while it is saved and evicted, or after a
+    restart until its next use), its door, what is needed to open it again, and the
+    bookkeeping of its saves (``_durable``)."""
 
     id: str
     tenant: str
-    sandbox: SandboxAPI[Any]
     door: ClientDoor
+    limits: Limits
+    mounts: tuple[Mount, ...] = ()
+    preload: tuple[str, ...] = ()
+    env: dict[str, str] | None = None
+    sandbox: SandboxAPI[Any] | None = None
     created: float = field(default_factory=time.time)
     last_used: float = field(default_factory=time.time)
     parent: str | None = None
+    turn_base: int = 0  # turns run before the current sandbox was opened (a restore)
+    gen: int = 0  # changes of the guest state (turns, restores)
+    saved_gen: int = -1
+    saved_turns: int | None = None
+    saved_at: float | None = None
+    running: int = 0  # operations using the sandbox now (eviction waits for none)
+    notice: dict[str, Any] | None = None  # how much a restore lost, for the next answer
+    lost: str | None = None  # why the session cannot be brought back
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def turns(self) -> int:
+        return self.turn_base + (self.sandbox.turns if self.sandbox is not None else 0)
 
     def info(self) -> dict[str, Any]:
-        return {"id": self.id, "turns": self.sandbox.turns, "created": self.created,
+        return {"id": self.id, "turns": self.turns, "created": self.created,
                 "last_used": self.last_used, "parent": self.parent,
-                "memory": self.sandbox.limits.memory, "door_attached": self.door.attached}
+                "memory": self.limits.memory, "door_attached": self.door.attached,
+                "live": self.sandbox is not None, "saved_turns": self.saved_turns,
+                "restored": self.notice}
 
 
 class QuotaExceeded(Exception):
@@ -62,7 +83,7 @@ class SessionTable:
             if tenant.max_sessions is not None and count >= tenant.max_sessions:
                 raise QuotaExceeded(f"tenant {tenant.name!r} holds {count} sessions, its "
                                     f"bound is {tenant.max_sessions}: close one first")
-            used = sum(s.sandbox.limits.memory for s in live) + \
+            used = sum(s.limits.memory for s in live) + \
                 self._reserved_memory[tenant.name]
             if tenant.max_memory is not None and used + memory > tenant.max_memory:
                 raise QuotaExceeded(f"tenant {tenant.name!r} would hold {used + memory} bytes "
@@ -95,6 +116,10 @@ class SessionTable:
     def of(self, tenant: str) -> list[Session]:
         with self._lock:
             return [s for s in self._sessions.values() if s.tenant == tenant]
+
+    def all(self) -> list[Session]:
+        with self._lock:
+            return list(self._sessions.values())
 
     def drain(self) -> list[Session]:
         """Every session, removed from the table (shutdown)."""

@@ -27,7 +27,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ...errors import ConfigError, GuestStartError
-from ...runtime_wasm import Door, GuestKilled
+from ...runtime_wasm import (
+    Door,
+    GuestKilled,
+    checkpoint_from_bytes,
+    checkpoint_from_fds,
+    checkpoint_to_bytes,
+    checkpoint_to_fds,
+)
 from ._wire import Channel, ChannelClosed, ProtocolError, error_from_wire
 
 __all__ = ["DoorServer", "ProcessCheckpoint", "WorkerClient", "WorkerDied", "door_socketpair"]
@@ -91,6 +98,25 @@ class ProcessCheckpoint:
         for fd in fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+    def to_bytes(self) -> bytes:
+        """The guest state as one self-describing blob (``checkpoint_to_bytes``: all-zero
+        chunks skipped), to keep on disk or move to another machine."""
+        fds: list[int] = []
+        try:
+            for fd in self.fds():
+                fds.append(os.dup(fd))
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        return checkpoint_to_bytes(checkpoint_from_fds(fds, dict(self._meta)))
+
+    @classmethod
+    def from_bytes(cls, blob: bytes | bytearray | memoryview) -> ProcessCheckpoint:
+        """A checkpoint from :meth:`to_bytes`; a corrupt blob raises ImageError."""
+        fds, meta = checkpoint_to_fds(checkpoint_from_bytes(blob))
+        return cls(fds, meta)
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):

@@ -1,0 +1,256 @@
+"""Sessions that outlive the server process: saved to ``state_dir``, evicted when idle, and
+brought back after a restart or a ``kill -9`` with what was lost said, never silently.
+
+On disk, per session, under ``state_dir/<tenant>/``::
+
+    <id>.json    how to open it again (limits, mounts, preload, env), its parent, and the
+                 turns its image holds
+    <id>.image   the guest state (``ProcessCheckpoint.to_bytes``: zero chunks skipped)
+    <id>.turns   the turns *begun* (written as each turn starts)
+
+A keeper thread saves every session whose state changed, at most once per ``save_interval``
+seconds (0: after every turn), and evicts a session idle for ``idle_evict`` seconds (saved,
+then its sandbox closed). A stopping server saves every live session first. After a restart
+each saved session is listed again and opened on its first use; that answer carries
+``restored``: the turn its image holds, how many turns begun after it were lost, and that its
+/tmp files were not kept (only the interpreter state is saved). A session whose files cannot
+be read back answers 410 ``session_lost`` with the reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from ..backends import Backend, ProcessCheckpoint
+from ..backends.worker import limits_from_wire, limits_to_wire, mounts_from_wire, mounts_to_wire
+from ..errors import ImageError, MemexError, SandboxLost
+from ..runtime_wasm import SandboxAPI, checkpoint_from_bytes, checkpoint_to_bytes
+from ._door import ClientDoor
+from ._sessions import Session, SessionTable
+
+__all__ = ["Keeper"]
+
+LOG = logging.getLogger("memex.service.audit")
+_SAFE = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _to_bytes(cp: Any) -> bytes:
+    if isinstance(cp, ProcessCheckpoint):
+        return cp.to_bytes()
+    return checkpoint_to_bytes(cp)  # an in-process sandbox's Checkpoint
+
+
+class Keeper:
+    """Saves, evicts and revives the sessions of one server. Without ``state_dir`` it only
+    hands out sandboxes (``using``) and nothing is kept."""
+
+    def __init__(self, table: SessionTable, backend: Callable[[], Backend], *,
+                 state_dir: Path | None, save_interval: float, idle_evict: float | None
+                 ) -> None:
+        self.table, self.backend = table, backend
+        self.root, self.save_interval, self.idle_evict = state_dir, save_interval, idle_evict
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def durable(self) -> bool:
+        return self.root is not None
+
+    # ---- handing out the sandbox ----------------------------------------------------------
+    @contextlib.contextmanager
+    def using(self, s: Session) -> Iterator[SandboxAPI[Any]]:
+        """The session's sandbox, opened again first if it was evicted or the server
+        restarted; never evicted while in use."""
+        with s.lock:
+            if s.sandbox is None:
+                self._revive(s)
+            assert s.sandbox is not None
+            s.running += 1
+            sb = s.sandbox
+        try:
+            yield sb
+        finally:
+            with s.lock:
+                s.running -= 1
+            s.last_used = time.time()
+
+    def turn_begins(self, s: Session) -> None:
+        if self.root is not None:
+            with contextlib.suppress(OSError):
+                _atomic_write(self._path(s, ".turns"), str(s.turns + 1).encode())
+
+    def changed(self, s: Session) -> None:
+        s.gen += 1
+        if self.save_interval == 0:
+            self._wake.set()
+
+    # ---- files ----------------------------------------------------------------------------
+    def _path(self, s: Session, suffix: str) -> Path:
+        assert self.root is not None
+        return self.root / s.tenant / f"{s.id}{suffix}"
+
+    def save(self, s: Session) -> bool:
+        """Save the session's state if it changed since its last save; True if saved."""
+        if self.root is None:
+            return False
+        with s.lock:
+            sb, gen = s.sandbox, s.gen
+            if sb is None or gen == s.saved_gen:
+                return False
+            s.running += 1
+        try:
+            turns = s.turns
+            blob = _to_bytes(sb.checkpoint())
+            (self.root / s.tenant).mkdir(parents=True, exist_ok=True)
+            _atomic_write(self._path(s, ".image"), blob)
+            meta = {"id": s.id, "tenant": s.tenant, "limits": limits_to_wire(s.limits),
+                    "mounts": mounts_to_wire(s.mounts), "preload": list(s.preload),
+                    "env": s.env, "created": s.created, "parent": s.parent, "turns": turns,
+                    "saved_at": time.time()}
+            _atomic_write(self._path(s, ".json"), json.dumps(meta).encode())
+        except (MemexError, OSError) as exc:
+            LOG.info(json.dumps({"event": "save_failed", "tenant": s.tenant, "session": s.id,
+                                 "error": f"{type(exc).__name__}: {exc}"}))
+            return False
+        finally:
+            with s.lock:
+                s.running -= 1
+        s.saved_gen, s.saved_turns, s.saved_at = gen, turns, time.time()
+        return True
+
+    def forget(self, s: Session) -> None:
+        if self.root is not None:
+            for suffix in (".json", ".image", ".turns"):
+                with contextlib.suppress(FileNotFoundError):
+                    self._path(s, suffix).unlink()
+
+    def _revive(self, s: Session) -> None:
+        """Open the session again from its image (called with ``s.lock`` held)."""
+        if s.lost is not None:
+            raise SandboxLost(s.lost)
+        if self.root is None:
+            raise SandboxLost("the session has no sandbox and the server keeps no state")
+        try:
+            blob = self._path(s, ".image").read_bytes()
+            cp: Any = ProcessCheckpoint.from_bytes(blob) if self.backend().name != \
+                "inprocess" else checkpoint_from_bytes(blob)
+        except (OSError, ImageError) as exc:
+            s.lost = f"its saved state cannot be read back: {exc}"
+            raise SandboxLost(s.lost) from exc
+        sb = self.backend().open(limits=s.limits, mounts=s.mounts, preload=s.preload,
+                                 door=s.door, env=s.env, tenant=s.tenant)
+        try:
+            sb.restore(cp)
+        except MemexError as exc:
+            sb.close()
+            s.lost = f"its saved state does not fit a new sandbox: {exc}"
+            raise SandboxLost(s.lost) from exc
+        s.sandbox, s.saved_gen = sb, s.gen
+        LOG.info(json.dumps({"event": "revive", "tenant": s.tenant, "session": s.id,
+                             "turns": s.turns}))
+
+    def load(self) -> int:
+        """List every saved session again (opened on first use); how many."""
+        if self.root is None or not self.root.is_dir():
+            return 0
+        n = 0
+        for meta_path in sorted(self.root.glob("*/*.json")):
+            try:
+                meta = json.loads(meta_path.read_text())
+                if not (_SAFE.match(meta["id"]) and meta["tenant"] == meta_path.parent.name):
+                    continue
+                saved = int(meta["turns"])
+                begun_path = meta_path.with_suffix(".turns")
+                begun = int(begun_path.read_text()) if begun_path.exists() else saved
+                s = Session(id=meta["id"], tenant=meta["tenant"], door=ClientDoor(),
+                            limits=limits_from_wire(meta["limits"]),
+                            mounts=tuple(mounts_from_wire(meta["mounts"])),
+                            preload=tuple(meta["preload"]), env=meta["env"],
+                            created=float(meta["created"]), parent=meta["parent"],
+                            turn_base=saved, saved_turns=saved,
+                            saved_at=float(meta["saved_at"]))
+            except (OSError, ValueError, KeyError, TypeError, MemexError) as exc:
+                LOG.info(json.dumps({"event": "load_failed", "file": str(meta_path),
+                                     "error": f"{type(exc).__name__}: {exc}"}))
+                continue
+            s.notice = {"from_turn": saved, "lost_turns": max(0, begun - saved),
+                        "files_kept": False, "saved_at": s.saved_at,
+                        "reason": "the server restarted"}
+            self.table.add(s)
+            n += 1
+        return n
+
+    # ---- the keeper thread ----------------------------------------------------------------
+    def start(self) -> None:
+        if self.root is None:
+            return
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._thread = threading.Thread(target=self._loop, name="memex-serve-keeper",
+                                        daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        tick = 1.0 if self.save_interval == 0 else min(1.0, self.save_interval)
+        while not self._stop.is_set():
+            self._wake.wait(tick)
+            self._wake.clear()
+            now = time.time()
+            for s in self.table.all():
+                if self._stop.is_set():
+                    break
+                if s.sandbox is None or s.running:
+                    continue
+                due = s.saved_at is None or now - s.saved_at >= self.save_interval
+                if s.gen != s.saved_gen and due:
+                    self.save(s)
+                if self.idle_evict is not None and now - s.last_used > self.idle_evict:
+                    self._evict(s)
+
+    def _evict(self, s: Session) -> None:
+        if s.gen != s.saved_gen and not self.save(s):
+            return  # keep it live rather than lose it
+        with s.lock:
+            if s.running or s.sandbox is None or s.gen != s.saved_gen:
+                return
+            sb, s.sandbox = s.sandbox, None
+            s.turn_base = s.saved_turns or 0
+        with contextlib.suppress(MemexError):
+            sb.close()
+        s.notice = {"from_turn": s.turn_base, "lost_turns": 0, "files_kept": False,
+                    "saved_at": s.saved_at,
+                    "reason": f"evicted after {self.idle_evict:g} s idle"}
+        LOG.info(json.dumps({"event": "evict", "tenant": s.tenant, "session": s.id,
+                             "turns": s.turn_base}))
+
+    def stop(self, sessions: list[Session]) -> int:
+        """Stop the thread, save every live session that changed, close them all; how many
+        were saved."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(30)
+        saved = sum(1 for s in sessions if self.save(s))
+        for s in sessions:
+            if s.sandbox is not None:
+                with contextlib.suppress(MemexError):
+                    s.sandbox.close()
+        return saved

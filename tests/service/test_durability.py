@@ -1,0 +1,155 @@
+"""Sessions that outlive the server: saved on SIGTERM, after a `kill -9` brought back from
+their last save with the loss said on the next answer, evicted when idle and opened again
+transparently, and a save that cannot be read back answered as lost (410), never a 500.
+Real `memex serve` processes on 127.0.0.1, restarted on the same port and state folder."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import Served, launch, start_server  # type: ignore[import-not-found]
+
+from memex import SandboxLost, ServiceError, TurnStatus
+from memex.backends import Client, get_backend
+from memex.host_tools import ToolHost
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def durable(tmp_path: Path, extra: str = "") -> Served:
+    return start_server(tmp_path, {"a": "", "b": ""}, port=free_port(),
+                        server=f"state_dir = 'state'\n{extra}")
+
+
+def wait_saved(c: Client, sid: str, turns: int) -> None:
+    deadline = time.monotonic() + 30
+    while c.session(sid)["saved_turns"] != turns:
+        assert time.monotonic() < deadline, c.session(sid)
+        time.sleep(0.05)
+
+
+def test_sigterm_saves_and_a_restart_brings_every_session_back(tmp_path: Path) -> None:
+    served = durable(tmp_path, "save_interval = 3600")  # only the stop saves
+    a = Client(served.url, served.keys["a"])
+    one, two = a.create()["id"], a.create()["id"]
+    a.run(one, "import numpy as np\nx = np.arange(5)\nnote = 'kept'")
+    a.run(two, "y = 7")
+    a.run(two, "y += 1")
+    assert served.stop(signal.SIGTERM) in (0, -signal.SIGTERM)
+    assert '"saved": 2' in served.log.read_text()
+    again = launch(served.config, served.keys)
+    try:
+        a = Client(again.url, again.keys["a"])
+        listed = {s["id"]: s for s in a.sessions()}
+        assert set(listed) == {one, two} and not listed[one]["live"]
+        assert listed[two]["turns"] == 2
+        out = a.run(one, "int(x.sum()), note")
+        assert out["result"]["value"] == "(10, 'kept')"
+        assert out["restored"]["lost_turns"] == 0 and out["restored"]["from_turn"] == 1
+        assert out["restored"]["files_kept"] is False
+        assert "restored" not in a.run(one, "1")  # said once
+        assert a.run(two, "y")["result"]["value"] == "8"
+        b = Client(again.url, again.keys["b"])
+        assert b.sessions() == []  # still a's alone
+        a.close_session(one)
+    finally:
+        again.stop()
+    third = launch(served.config, served.keys)  # a closed session is gone for good
+    try:
+        assert [s["id"] for s in Client(third.url, third.keys["a"]).sessions()] == [two]
+    finally:
+        third.stop()
+
+
+def test_kill_9_mid_turn_restores_the_last_save_and_says_what_was_lost(tmp_path: Path
+                                                                       ) -> None:
+    served = durable(tmp_path, "save_interval = 0")  # saved after every turn
+    a = Client(served.url, served.keys["a"])
+    sid = a.create()["id"]
+    a.run(sid, "x = 1")
+    a.run(sid, "x += 1")
+    wait_saved(a, sid, 2)
+    failed: list[BaseException] = []
+
+    def third_turn() -> None:
+        try:
+            a.run(sid, "x = 100\nwhile True: pass")
+        except ServiceError as exc:
+            failed.append(exc)
+
+    stuck = threading.Thread(target=third_turn)
+    stuck.start()
+    time.sleep(1.0)  # the third turn is running
+    served.stop(signal.SIGKILL)
+    stuck.join(60)
+    assert failed, "the client whose server died mid-turn got no error"  # a ServiceError
+    again = launch(served.config, served.keys)
+    try:
+        a = Client(again.url, again.keys["a"])
+        out = a.run(sid, "x")
+        assert out["result"]["value"] == "2"
+        assert out["restored"] == {**out["restored"], "from_turn": 2, "lost_turns": 1,
+                                   "reason": "the server restarted"}
+        assert out["turns"] == 3  # the two saved turns and this one
+    finally:
+        again.stop()
+
+
+def test_idle_sessions_are_evicted_and_come_back_on_use(tmp_path: Path) -> None:
+    served = durable(tmp_path, "save_interval = 0.2\nidle_evict = 0.5")
+    try:
+        with get_backend("remote", url=served.url, api_key=served.keys["a"]) as b:
+            sb = b.open()
+
+            def twice(n: int) -> int:
+                """Double n."""
+                return 2 * n
+
+            with ToolHost([twice]).attach(sb):
+                sb.run("kept = twice(21)")
+                c = b.client
+                deadline = time.monotonic() + 30
+                while c.session(sb.id)["live"]:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.1)
+                assert c.session(sb.id)["restored"]["reason"].startswith("evicted")
+                r = sb.run("kept, twice(1)")  # opened again, tools and all
+                assert r.value == "(42, 2)", r
+                assert sb.restored is not None and sb.restored["lost_turns"] == 0
+                assert '"event": "evict"' in served.log.read_text()
+    finally:
+        served.stop()
+
+
+def test_a_save_that_cannot_be_read_back_is_lost_not_an_error(tmp_path: Path) -> None:
+    served = durable(tmp_path, "save_interval = 3600")
+    a = Client(served.url, served.keys["a"])
+    bad, good = a.create()["id"], a.create()["id"]
+    a.run(bad, "x = 1")
+    a.run(good, "x = 2")
+    served.stop(signal.SIGTERM)
+    image = next((tmp_path / "state" / "a").glob(f"{bad}.image"))
+    image.write_bytes(image.read_bytes()[:200])  # truncated on disk
+    again = launch(served.config, served.keys)
+    try:
+        a = Client(again.url, again.keys["a"])
+        with pytest.raises(SandboxLost, match="cannot be read back"):
+            a.run(bad, "x")
+        with pytest.raises(SandboxLost):
+            a.run(bad, "x")  # the same answer each time
+        out = a.run(good, "x")
+        assert out["result"]["status"] == TurnStatus.OK.value and \
+            out["result"]["value"] == "2"
+        a.close_session(bad)  # a lost session can still be closed
+        assert [s["id"] for s in a.sessions()] == [good]
+    finally:
+        again.stop()
