@@ -34,6 +34,7 @@ from ..errors import (
     SandboxClosed,
     SandboxLost,
 )
+from ..host_tools import Egress, EgressRecord
 from ..runtime_wasm import Limits, Mount, SandboxAPI, TurnResult
 from ._config import KeyRing, ServiceConfig, TenantConfig
 from ._door import ClientDoor
@@ -205,8 +206,26 @@ def create_app(config: ServiceConfig, *, backend: Backend | None = None) -> Fast
             holder["b"] = backend if backend is not None else _default_backend(config)
         return holder["b"]
 
+    def serve_egress(s: Session, sb: SandboxAPI[Any]) -> None:
+        """The tenant's egress policy on the session's door (server-side: the client cannot
+        stand in for it); its decisions go to the audit log."""
+        tenant = keys.tenants().get(s.tenant)
+        if tenant is None or tenant.egress is None:
+            return
+        if s.egress is None:
+            def record(rec: EgressRecord) -> None:
+                d = rec.to_dict()
+                AUDIT.info(json.dumps({"event": "egress", "tenant": s.tenant, "session": s.id,
+                                       **{k: d.get(k) for k in (
+                                           "method", "url", "decision", "rule", "outcome",
+                                           "reason", "status", "request_bytes",
+                                           "response_bytes")}}))
+            s.egress = Egress(tenant.egress, label=f"{s.tenant}/{s.id}", on_record=record)
+        s.egress.attach(sb, install=False)  # a fresh guest routes urllib to the door already
+
     keeper = Keeper(table, the_backend, state_dir=config.state_dir,
-                    save_interval=config.save_interval, idle_evict=config.idle_evict)
+                    save_interval=config.save_interval, idle_evict=config.idle_evict,
+                    on_open=serve_egress)
 
     def on(s: Session, fn: Callable[[SandboxAPI[Any]], Any]) -> Callable[[], Any]:
         """``fn(sandbox)`` with the session's sandbox, opened again if it was evicted."""
@@ -320,6 +339,11 @@ def create_app(config: ServiceConfig, *, backend: Backend | None = None) -> Fast
             s = Session(id=new_session_id(), tenant=tenant.name, sandbox=sb, door=door,
                         limits=limits, mounts=tuple(mounts), preload=tuple(body.preload),
                         env=body.env)
+            try:
+                serve_egress(s, sb)
+            except MemexError:
+                sb.close()
+                raise
             table.add(s)
             keeper.changed(s)  # saved (when durable) like any changed session
         finally:
@@ -389,7 +413,8 @@ def create_app(config: ServiceConfig, *, backend: Backend | None = None) -> Fast
                 child = sb.fork()  # its door is the parent's (shared, see ClientDoor)
                 c = Session(id=new_session_id(), tenant=tenant.name, sandbox=child,
                             door=s.door, parent=s.id, limits=s.limits, mounts=s.mounts,
-                            preload=s.preload, env=s.env, turn_base=s.turns - child.turns)
+                            preload=s.preload, env=s.env, turn_base=s.turns - child.turns,
+                            egress=s.egress)  # a fork shares its door, hence its egress
                 table.add(c)
                 keeper.changed(c)
                 return c

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..host_tools import EgressPolicy
 from ..runtime_wasm import Limits
 
 __all__ = ["KeyRing", "MountGrant", "ServiceConfig", "TenantConfig", "hash_key", "load_config"]
@@ -64,6 +65,7 @@ class TenantConfig:
     queued: int = 16
     ceiling: Mapping[str, Any] = field(default_factory=dict)
     mounts: tuple[MountGrant, ...] = ()
+    egress: EgressPolicy | None = None  # the network its guests get (None: only the client's)
 
     def check_limits(self, limits: Limits) -> None:
         """Refuse limits above this tenant's ceiling (an unbounded value above any bound)."""
@@ -126,7 +128,7 @@ def _tenant(name: str, t: Any, base: Path) -> TenantConfig:
         raise ConfigError(f"{where}: a tenant name is 1-64 letters, digits, '_', '.' or '-'")
     _typed(where, t, dict)
     _known(where, t, {"keys", "max_sessions", "max_memory", "max_checkpoints",
-                      "turns_per_second", "queued", "ceiling", "mounts"})
+                      "turns_per_second", "queued", "ceiling", "mounts", "egress"})
     keys = tuple(_typed(f"{where} keys[]", k, str) for k in _typed(f"{where} keys",
                                                                       t.get("keys", []), list))
     for k in keys:
@@ -146,6 +148,13 @@ def _tenant(name: str, t: Any, base: Path) -> TenantConfig:
         grants.append(MountGrant(host=(base / host).resolve(),
                                  writable=_typed(f"{where} mounts[{i}].writable",
                                                  m.get("writable", False), bool)))
+    egress = None
+    if "egress" in t:
+        policy_path = base / _typed(f"{where} egress", t["egress"], str)
+        try:
+            egress = EgressPolicy.load(policy_path)
+        except ConfigError as exc:
+            raise ConfigError(f"{where} egress: {exc}") from exc
     opt_int = (int, type(None))
     tps = t.get("turns_per_second")
     return TenantConfig(
@@ -156,7 +165,7 @@ def _tenant(name: str, t: Any, base: Path) -> TenantConfig:
         turns_per_second=None if tps is None else float(
             _typed(f"{where} turns_per_second", tps, (int, float))),
         queued=_typed(f"{where} queued", t.get("queued", 16), int),
-        ceiling=ceiling, mounts=tuple(grants))
+        ceiling=ceiling, mounts=tuple(grants), egress=egress)
 
 
 _SERVER_KEYS: dict[str, Any] = {

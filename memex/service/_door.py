@@ -1,6 +1,8 @@
 """The door of a remote session: every frame the guest sends goes over the session's door
 WebSocket to the client, whose own :class:`~memex.runtime_wasm.Door` (and host tools) answers
-it, exactly as a worker forwards frames to its caller in the subprocess backend. A client
+it, exactly as a worker forwards frames to its caller in the subprocess backend. Ops the
+server registers on this door itself (``net.fetch`` under the tenant's egress policy) are
+answered here and never forwarded. A client
 connects only once its door has a handler; until then the guest's calls are answered here as
 an empty door answers them (``unknown_op``).
 
@@ -101,12 +103,25 @@ class ClientDoor(Door):
             entry[1].set_result(msg)
         return True
 
+    def _local(self, frame: bytes) -> bool:
+        """The frame asks for an op the server serves itself (the tenant's egress): those
+        are never forwarded, so a client cannot answer in the operator's place."""
+        if not self.ops:
+            return False
+        try:
+            req = msgpack.unpackb(frame, raw=False, strict_map_key=False)
+        except Exception:
+            return False
+        return isinstance(req, dict) and req.get("op") in self.ops
+
     def dispatch(self, frame: bytes, deadline: float = float("inf")) -> bytes:
+        if self._local(frame):
+            return super().dispatch(frame, deadline)
         finite = deadline != float("inf")
         fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
         with self._lock:
             if not self._conns:
-                if not self._ever:  # the client's door has nothing to answer with
+                if not self._ever:  # no client door has ever been here to answer
                     return super().dispatch(frame, deadline)
                 raise GuestKilled("cancelled", "a tool call needs the client, and no client is "
                                   "connected to this session's door any more")

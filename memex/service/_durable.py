@@ -63,9 +63,9 @@ class Keeper:
     hands out sandboxes (``using``) and nothing is kept."""
 
     def __init__(self, table: SessionTable, backend: Callable[[], Backend], *,
-                 state_dir: Path | None, save_interval: float, idle_evict: float | None
-                 ) -> None:
-        self.table, self.backend = table, backend
+                 state_dir: Path | None, save_interval: float, idle_evict: float | None,
+                 on_open: Callable[[Session, SandboxAPI[Any]], None] | None = None) -> None:
+        self.table, self.backend, self.on_open = table, backend, on_open
         self.root, self.save_interval, self.idle_evict = state_dir, save_interval, idle_evict
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -164,6 +164,12 @@ class Keeper:
             sb.close()
             s.lost = f"its saved state does not fit a new sandbox: {exc}"
             raise SandboxLost(s.lost) from exc
+        if self.on_open is not None:
+            try:
+                self.on_open(s, sb)
+            except MemexError:
+                sb.close()
+                raise
         s.sandbox, s.saved_gen = sb, s.gen
         LOG.info(json.dumps({"event": "revive", "tenant": s.tenant, "session": s.id,
                              "turns": s.turns}))

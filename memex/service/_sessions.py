@@ -42,6 +42,7 @@ class Session:
     running: int = 0  # operations using the sandbox now (eviction waits for none)
     notice: dict[str, Any] | None = None  # how much a restore lost, for the next answer
     lost: str | None = None  # why the session cannot be brought back
+    egress: Any = None  # the tenant's Egress serving this session's door (shared by forks)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
