@@ -44,8 +44,9 @@ PINNED: dict[str, list[str]] = {
     ],
     "memex.runtime_wasm": [
         "Artifacts", "Checkpoint", "Door", "DoorCall", "DoorContext", "DoorError",
-        "GuestException", "GuestFile", "GuestKilled", "Job", "Limits", "Mount", "Sandbox",
-        "SandboxAPI", "TurnResult", "TurnStatus", "Workers", "checkpoint_from_bytes",
+        "GuestException", "GuestFile", "GuestKilled", "Job", "Limits", "Mount",
+        "OutputListener", "Sandbox", "SandboxAPI", "TurnResult", "TurnStatus", "Workers",
+        "checkpoint_from_bytes",
         "checkpoint_from_fds", "checkpoint_to_bytes", "checkpoint_to_fds", "compile_module",
         "dirty_tracking", "find_artifacts", "load_module", "module_path", "open_from_checkpoint",
         "prepare", "scratch_dir", "serving_door",

@@ -13,6 +13,7 @@ is a :class:`~memex.errors.ServiceError`.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import threading
@@ -27,7 +28,15 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketExce
 from websockets.sync.client import ClientConnection, connect
 
 from ..errors import ConfigError, SandboxClosed, SandboxError, ServiceError
-from ..runtime_wasm import Door, GuestKilled, Limits, Mount, TurnResult, serving_door
+from ..runtime_wasm import (
+    Door,
+    GuestKilled,
+    Limits,
+    Mount,
+    OutputListener,
+    TurnResult,
+    serving_door,
+)
 from ._contract import Backend
 from ._subprocess import check_run_args
 from .worker import error_from_wire, limits_from_wire, limits_to_wire, result_from_wire
@@ -102,6 +111,43 @@ class Client:
         return dict(self.json("POST", f"/v1/sessions/{sid}/run", timeout=wait,
                               json={"code": code, "timeout": timeout, "filename": filename}))
 
+    def run_stream(self, sid: str, code: str, on_output: OutputListener, *,
+                   timeout: float | None = None, filename: str | None = None,
+                   wait: float | None = None) -> dict[str, Any]:
+        """``run`` over server-sent events: ``on_output(stream, text)`` hears the output as
+        the guest writes it; the answer is the same as ``run``'s."""
+        path = f"/v1/sessions/{sid}/run/stream"
+        body = {"code": code, "timeout": timeout, "filename": filename}
+        try:
+            with self._http.stream("POST", path, json=body, timeout=wait or self.timeout
+                                   ) as resp:
+                if resp.status_code >= 400:
+                    resp.read()
+                    _raise(resp, f"POST {path}")
+                kind, data = "", ""
+                for line in resp.iter_lines():
+                    if line.startswith("event: "):
+                        kind = line[7:]
+                    elif line.startswith("data: "):
+                        data = line[6:]
+                    elif not line and kind:
+                        event = json.loads(data)
+                        if kind == "output":
+                            on_output(str(event["stream"]), str(event["text"]))
+                        elif kind == "result":
+                            return dict(event)
+                        elif kind == "error":
+                            _raise_body(event, 200, f"POST {path}")
+                        kind, data = "", ""
+        except httpx2.TimeoutException as exc:
+            raise ServiceError(f"POST {path}: the service did not answer in time") from exc
+        except httpx2.HTTPError as exc:
+            raise ServiceError(f"POST {path}: the stream from {self.url} broke: "
+                               f"{type(exc).__name__}: {exc}") from exc
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ServiceError(f"POST {path}: an event outside the API: {exc}") from exc
+        raise ServiceError(f"POST {path}: the stream ended without a result")
+
     def fork(self, sid: str) -> dict[str, Any]:
         return dict(self.json("POST", f"/v1/sessions/{sid}/fork"))
 
@@ -126,17 +172,25 @@ class Client:
 
 def _raise(resp: httpx2.Response, what: str) -> NoReturn:
     try:
-        err = resp.json()["error"]
+        body = resp.json()
+    except ValueError:
+        body = None
+    _raise_body(body, resp.status_code, what)
+
+
+def _raise_body(body: Any, status: int, what: str) -> NoReturn:
+    try:
+        err = body["error"]
         code, message = str(err["code"]), str(err["message"])
         name, reason = err.get("type"), err.get("reason")
-    except (ValueError, KeyError, TypeError):
-        raise ServiceError(f"{what}: HTTP {resp.status_code} without an error body",
-                           status=resp.status_code) from None
+    except (KeyError, TypeError):
+        raise ServiceError(f"{what}: HTTP {status} without an error body",
+                           status=status) from None
     if isinstance(name, str) and name != "ServiceError":
         exc = error_from_wire([name, message, reason])
         if type(exc).__name__ == name:  # a MemEx class this client knows
             raise exc
-    raise ServiceError(f"{what}: {message}", status=resp.status_code, code=code)
+    raise ServiceError(f"{what}: {message}", status=status, code=code)
 
 
 class RemoteCheckpoint:
@@ -243,9 +297,11 @@ class RemoteSandbox:
         if self._closed is not None:
             raise SandboxClosed(self._closed)
 
-    def run(self, code: str, *, timeout: float | None = None, filename: str | None = None
-            ) -> TurnResult:
-        """Run one cell on the service. Guest errors, exits and limits come back as data."""
+    def run(self, code: str, *, timeout: float | None = None, filename: str | None = None,
+            on_output: OutputListener | None = None) -> TurnResult:
+        """Run one cell on the service. Guest errors, exits and limits come back as data.
+        ``on_output(stream, text)`` hears stdout/stderr as the guest writes them (the turn
+        then streams over server-sent events), as on ``memex.Sandbox.run``."""
         check_run_args(code, timeout)
         if serving_door() is self.door:
             raise SandboxError(
@@ -255,8 +311,13 @@ class RemoteSandbox:
             budget = self.limits.timeout if timeout is None else min(timeout, self.limits.timeout)
             self._ensure_link()
             self.turns += 1  # counted while the turn runs, as tools see it (then the server's)
-            out = self._backend.client.run(self.id, code, timeout=timeout, filename=filename,
-                                           wait=budget + _GRACE)
+            client = self._backend.client
+            if on_output is None:
+                out = client.run(self.id, code, timeout=timeout, filename=filename,
+                                 wait=budget + _GRACE)
+            else:
+                out = client.run_stream(self.id, code, on_output, timeout=timeout,
+                                        filename=filename, wait=budget + _GRACE)
             self.turns = int(out["turns"])
             if out.get("restored"):
                 self.restored = dict(out["restored"])

@@ -37,7 +37,15 @@ from ..errors import (
     SandboxError,
     SandboxLost,
 )
-from ..runtime_wasm import Door, Limits, Mount, TurnResult, TurnStatus, serving_door
+from ..runtime_wasm import (
+    Door,
+    Limits,
+    Mount,
+    OutputListener,
+    TurnResult,
+    TurnStatus,
+    serving_door,
+)
 from ._contract import Backend
 from .worker import (
     DoorServer,
@@ -232,9 +240,11 @@ class ProcessSandbox:
         self._release()
 
     # ---- turns ----------------------------------------------------------------------------
-    def run(self, code: str, *, timeout: float | None = None, filename: str | None = None
-            ) -> TurnResult:
-        """Run one cell in the worker. Guest errors, exits and limits come back as data."""
+    def run(self, code: str, *, timeout: float | None = None, filename: str | None = None,
+            on_output: OutputListener | None = None) -> TurnResult:
+        """Run one cell in the worker. Guest errors, exits and limits come back as data.
+        ``on_output(stream, text)`` hears stdout/stderr as the guest writes them, as on
+        ``memex.Sandbox.run`` (on this handle's reader thread: keep it quick)."""
         check_run_args(code, timeout)
         if serving_door() is self.door:
             raise SandboxError(
@@ -251,7 +261,8 @@ class ProcessSandbox:
                 try:
                     value, _ = self._worker.request(
                         "run", self.sid, code, timeout, filename, gen_after,
-                        timeout=budget + self._backend.grace)
+                        on_output is not None, timeout=budget + self._backend.grace,
+                        on_output=on_output)
                     break
                 except WorkerDied as died:
                     self._worker_lost(died.reason)

@@ -15,6 +15,7 @@ from ._dirty import dirty_tracking
 from ._door import Door, DoorCall, DoorContext, DoorError, serving_door
 from ._engine import compile_module, load_module, module_path
 from ._instance import GuestKilled
+from ._output import OutputListener
 from ._prepare import prepare
 from ._protocol import SandboxAPI
 from ._records import GuestException, GuestFile, Limits, Mount, TurnResult, TurnStatus
@@ -42,6 +43,7 @@ __all__ = [
     "Job",
     "Limits",
     "Mount",
+    "OutputListener",
     "Sandbox",
     "SandboxAPI",
     "TurnResult",

@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -20,25 +19,18 @@ import anyio
 import anyio.to_thread
 from fastapi import Depends, FastAPI, Query, Request, Response, WebSocket, WebSocketDisconnect
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..backends import Backend, TenantQuota, get_backend
+from ..backends import Backend, ProcessSandbox, TenantQuota, get_backend
 from ..backends.worker import limits_to_wire, result_to_wire
-from ..errors import (
-    BackendBusy,
-    ConfigError,
-    GuestFileError,
-    MemexError,
-    SandboxClosed,
-    SandboxLost,
-)
+from ..errors import ConfigError, MemexError
 from ..host_tools import Egress, EgressRecord
-from ..runtime_wasm import Limits, Mount, SandboxAPI, TurnResult
+from ..runtime_wasm import Limits, Mount, OutputListener, Sandbox, SandboxAPI, TurnResult
 from ._config import KeyRing, ServiceConfig, TenantConfig
 from ._door import ClientDoor
 from ._durable import Keeper
+from ._http import Access, ApiError, BodyCap, translate
 from ._metrics import Metrics
 from ._models import (
     API_VERSION,
@@ -55,109 +47,9 @@ from ._sessions import QuotaExceeded, Session, SessionTable, new_session_id
 
 __all__ = ["create_app"]
 
-ACCESS = logging.getLogger("memex.service.access")
 AUDIT = logging.getLogger("memex.service.audit")
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody} for status in (401, 404, 422, 429)}
-
-
-class ApiError(Exception):
-    """An answer with a typed error body (raised by handlers, rendered by the app)."""
-
-    def __init__(self, status: int, code: str, message: str, *, type_: str | None = None,
-                 reason: str | None = None, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message = status, code, message
-        self.type, self.reason, self.headers = type_, reason, headers
-
-    def response(self) -> JSONResponse:
-        body = {"error": {"code": self.code, "message": self.message, "type": self.type,
-                          "reason": self.reason}}
-        return JSONResponse(body, status_code=self.status, headers=self.headers)
-
-
-def _translate(exc: MemexError) -> ApiError:
-    name, reason = type(exc).__name__, getattr(exc, "reason", None)
-    reason = reason if isinstance(reason, str) else None
-    if isinstance(exc, ConfigError):
-        return ApiError(422, "invalid", str(exc), type_=name)
-    if isinstance(exc, GuestFileError):
-        return ApiError(400, "guest_file", str(exc), type_=name)
-    if isinstance(exc, SandboxLost):
-        return ApiError(410, "session_lost", str(exc), type_=name, reason=reason)
-    if isinstance(exc, SandboxClosed):
-        return ApiError(409, "session_closed", str(exc), type_=name, reason=reason)
-    if isinstance(exc, BackendBusy):
-        status = 503 if exc.reason == "closed" else 429
-        return ApiError(status, "busy", str(exc), type_=name, reason=reason,
-                        headers={"Retry-After": "1"})
-    return ApiError(409, "sandbox_error", str(exc), type_=name)
-
-
-class _BodyCap:
-    """Refuse request bodies past the cap (413) before a handler reads them, whether the
-    size is declared or streamed."""
-
-    def __init__(self, app: ASGIApp, cap: int) -> None:
-        self.app, self.cap = app, cap
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = dict(scope.get("headers") or []).get(b"content-length")
-        too_large = ApiError(413, "too_large", f"request bodies are capped at {self.cap} bytes")
-        if declared is not None and declared.isdigit() and int(declared) > self.cap:
-            await too_large.response()(scope, receive, send)
-            return
-        seen = 0
-
-        async def counted() -> Message:
-            nonlocal seen
-            msg = await receive()
-            seen += len(msg.get("body", b""))
-            if seen > self.cap:
-                raise _TooLarge
-            return msg
-
-        try:
-            await self.app(scope, counted, send)
-        except _TooLarge:
-            await too_large.response()(scope, receive, send)
-
-
-class _TooLarge(Exception):
-    pass
-
-
-class _Access:
-    """One JSON access-log line and one metrics count per HTTP answer (a plain ASGI
-    middleware: no per-request task or body copy)."""
-
-    def __init__(self, app: ASGIApp, metrics: Metrics, log: bool) -> None:
-        self.app, self.metrics, self.log = app, metrics, log
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        start = time.perf_counter()
-        status = [500]
-
-        async def seen(msg: Message) -> None:
-            if msg["type"] == "http.response.start":
-                status[0] = msg["status"]
-            await send(msg)
-
-        try:
-            await self.app(scope, receive, seen)
-        finally:
-            self.metrics.request(status[0])
-            if self.log:
-                ACCESS.info(json.dumps({
-                    "method": scope["method"], "path": scope["path"], "status": status[0],
-                    "ms": round((time.perf_counter() - start) * 1000, 2),
-                    "tenant": (scope.get("state") or {}).get("tenant")}))
 
 
 def _key_of(headers: Any) -> str | None:
@@ -223,6 +115,7 @@ def create_app(config: ServiceConfig, *, backend: Backend | None = None) -> Fast
             s.egress = Egress(tenant.egress, label=f"{s.tenant}/{s.id}", on_record=record)
         s.egress.attach(sb, install=False)  # a fresh guest routes urllib to the door already
 
+    streaming: set[asyncio.Future[None]] = set()
     keeper = Keeper(table, the_backend, state_dir=config.state_dir,
                     save_interval=config.save_interval, idle_evict=config.idle_evict,
                     on_open=serve_egress)
@@ -238,7 +131,7 @@ def create_app(config: ServiceConfig, *, backend: Backend | None = None) -> Fast
         try:
             return await anyio.to_thread.run_sync(fn, *args, limiter=limiter)
         except MemexError as exc:
-            raise _translate(exc) from exc
+            raise translate(exc) from exc
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -259,8 +152,8 @@ def create_app(config: ServiceConfig, *, backend: Backend | None = None) -> Fast
     app = FastAPI(title="MemEx service", version=API_VERSION, lifespan=lifespan,
                   description="Sandboxed Python sessions per tenant (docs/service.md).")
     app.state.keys = keys
-    app.add_middleware(_BodyCap, cap=config.max_body_bytes)
-    app.add_middleware(_Access, metrics=metrics, log=config.access_log)
+    app.add_middleware(BodyCap, cap=config.max_body_bytes)
+    app.add_middleware(Access, metrics=metrics, log=config.access_log)
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
@@ -378,20 +271,29 @@ def create_app(config: ServiceConfig, *, backend: Backend | None = None) -> Fast
                                "turns": s.turns}))
         return Response(status_code=204)
 
-    @app.post(f"{v1}/sessions/{{sid}}/run", response_model=RunOut, responses=_ERRORS)
-    async def run(sid: str, body: RunIn, tenant: Tenant) -> Response:
-        s = session_of(tenant, sid)
-
+    def turn_of(s: Session, body: RunIn, emit: OutputListener | None = None
+                ) -> Callable[[SandboxAPI[Any]], TurnResult]:
         def turn(sb: SandboxAPI[Any]) -> TurnResult:
             keeper.turn_begins(s)
             try:
-                return sb.run(body.code, timeout=body.timeout, filename=body.filename)
+                if emit is None:
+                    return sb.run(body.code, timeout=body.timeout, filename=body.filename)
+                if isinstance(sb, Sandbox | ProcessSandbox):  # they hear output as written
+                    return sb.run(body.code, timeout=body.timeout, filename=body.filename,
+                                  on_output=emit)
+                r = sb.run(body.code, timeout=body.timeout, filename=body.filename)
+                for stream, text in (("stdout", r.stdout), ("stderr", r.stderr)):
+                    if text:
+                        emit(stream, text)  # a backend that cannot stream: all at the end
+                return r
             finally:
                 keeper.changed(s)
+        return turn
 
-        r: TurnResult = await blocking(on(s, turn))
+    def answer_of(s: Session, tenant: TenantConfig, body: RunIn, r: TurnResult
+                  ) -> dict[str, Any]:
         metrics.turn(tenant.name, r)
-        event: dict[str, Any] = {"event": "run", "tenant": tenant.name, "session": sid,
+        event: dict[str, Any] = {"event": "run", "tenant": tenant.name, "session": s.id,
                                  "status": r.status.value, "limit": r.limit,
                                  "seconds": round(r.duration, 4), "code_bytes": len(body.code)}
         if config.log_code:
@@ -400,8 +302,55 @@ def create_app(config: ServiceConfig, *, backend: Backend | None = None) -> Fast
         answer: dict[str, Any] = {"result": result_to_wire(r), "turns": s.turns}
         if s.notice is not None:  # said once, on the first answer after a restore
             answer["restored"], s.notice = s.notice, None
+        return answer
+
+    @app.post(f"{v1}/sessions/{{sid}}/run", response_model=RunOut, responses=_ERRORS)
+    async def run(sid: str, body: RunIn, tenant: Tenant) -> Response:
+        s = session_of(tenant, sid)
+        r: TurnResult = await blocking(on(s, turn_of(s, body)))
         # the hot path: encoded once, not validated again against RunOut
-        return Response(json.dumps(answer), media_type="application/json")
+        return Response(json.dumps(answer_of(s, tenant, body, r)),
+                        media_type="application/json")
+
+    @app.post(f"{v1}/sessions/{{sid}}/run/stream", responses={
+        **_ERRORS, 200: {"content": {"text/event-stream": {}}, "description":
+                         "server-sent events: output {stream, text} as the guest writes, "
+                         "then result (the body of /run) or error (an error body)"}})
+    async def run_stream(sid: str, body: RunIn, tenant: Tenant) -> StreamingResponse:
+        s = session_of(tenant, sid)
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+
+        def emit(stream: str, text: str) -> None:
+            loop.call_soon_threadsafe(events.put_nowait,
+                                      ("output", {"stream": stream, "text": text}))
+
+        async def drive() -> None:
+            try:
+                r: TurnResult = await blocking(on(s, turn_of(s, body, emit)))
+                await events.put(("result", answer_of(s, tenant, body, r)))
+            except ApiError as exc:
+                await events.put(("error", exc.body()))
+            except Exception as exc:
+                logging.getLogger("memex.service").exception("streamed turn failed")
+                await events.put(("error", ApiError(500, "internal", "internal error "
+                                                    f"({type(exc).__name__})").body()))
+
+        # the turn finishes even if the client goes away (as on /run); only its events drop
+        task = asyncio.ensure_future(drive())
+        streaming.add(task)  # held until done (the loop keeps only a weak reference)
+        task.add_done_callback(streaming.discard)
+
+        async def sse() -> AsyncIterator[str]:
+            while True:
+                kind, data = await events.get()
+                yield f"event: {kind}\ndata: {json.dumps(data)}\n\n"
+                if kind != "output":
+                    break
+            await task
+
+        return StreamingResponse(sse(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-store"})
 
     @app.post(f"{v1}/sessions/{{sid}}/fork", status_code=201, responses=_ERRORS)
     async def fork(sid: str, tenant: Tenant) -> SessionOut:

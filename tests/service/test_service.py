@@ -337,3 +337,30 @@ def test_busy_backend_is_429(memex_server: Any) -> None:
     sid = a.create()["id"]
     assert a.run(sid, "1")["result"]["status"] == TurnStatus.OK.value
     a.close_session(sid)
+
+
+def test_output_streams_in_order_while_the_turn_runs(memex_server: Any) -> None:
+    with get_backend("remote", url=memex_server.url, api_key=memex_server.keys["a"]) as b:
+        sb = b.open()
+        heard: list[tuple[float, str, str]] = []
+        start = time.monotonic()
+        r = sb.run("import sys, time\nfor i in range(4):\n    print('line', i, flush=True)\n"
+                   "    sys.stderr.write(f'err {i}\\n')\n    time.sleep(0.25)\n'done'",
+                   on_output=lambda stream, text: heard.append(
+                       (time.monotonic() - start, stream, text)))
+        end = time.monotonic() - start
+        assert r.value == "'done'" and r.stdout == "".join(
+            t for _, s, t in heard if s == "stdout")
+        assert [t for _, s, t in heard if s == "stdout"] == [f"line {i}\n" for i in range(4)]
+        assert [t for _, s, t in heard if s == "stderr"] == [f"err {i}\n" for i in range(4)]
+        assert heard[0][0] < end - 0.5  # the first line arrived well before the turn ended
+        # a guest error and a stopped turn are results on the stream too
+        r = sb.run("print('before')\n1/0", on_output=lambda *_: None)
+        assert r.exception is not None and r.exception.type == "ZeroDivisionError"
+        r = sb.run("while True: pass", timeout=0.5, on_output=lambda *_: None)
+        assert r.status is TurnStatus.KILLED and r.limit == "deadline"
+        sb.close()
+        with pytest.raises(SandboxClosed):
+            sb.run("1", on_output=lambda *_: None)
+    r2 = raw(memex_server, "POST", "/v1/sessions/s_nope/run/stream", json={"code": "1"})
+    assert r2.status_code == 404 and r2.json()["error"]["code"] == "not_found"

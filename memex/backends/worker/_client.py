@@ -258,6 +258,7 @@ class WorkerClient:
         self._kill_reason: str | None = None
         self._lock = threading.Lock()
         self._pending: dict[int, _Slot] = {}
+        self._listeners: dict[int, Callable[[str, str], None]] = {}
         self._ids = itertools.count(1)
         self._hello = threading.Event()
         self._gone = threading.Event()
@@ -306,16 +307,20 @@ class WorkerClient:
 
     # ---- requests -------------------------------------------------------------------------
     def request(self, kind: str, *args: Any, fds: Sequence[int] = (),
-                timeout: float | None = None) -> tuple[Any, list[int]]:
+                timeout: float | None = None,
+                on_output: Callable[[str, str], None] | None = None) -> tuple[Any, list[int]]:
         """Send one request and wait for its answer: the value (and fds), the worker's MemEx
         exception re-raised, or WorkerDied. Past ``timeout`` the worker is presumed stuck
-        and killed."""
+        and killed. ``on_output(stream, text)`` hears the ``out`` messages of this request
+        (on the reader thread: keep it quick)."""
         rid = next(self._ids)
         slot = _Slot()
         with self._lock:
             if self._dead is not None:
                 raise WorkerDied(self._dead)
             self._pending[rid] = slot
+            if on_output is not None:
+                self._listeners[rid] = on_output
         try:
             try:
                 self.chan.send([kind, rid, *args], fds)
@@ -331,6 +336,7 @@ class WorkerClient:
         finally:
             with self._lock:
                 self._pending.pop(rid, None)
+                self._listeners.pop(rid, None)
         assert slot.value is not None
         msg, rfds = slot.value
         if msg[0] == "ok":
@@ -363,6 +369,12 @@ class WorkerClient:
                 elif kind == "ckpt" and fds:
                     self._on_checkpoint(int(msg[1]), int(msg[2]),
                                         ProcessCheckpoint(fds, dict(msg[3])))
+                elif kind == "out":
+                    with self._lock:
+                        listener = self._listeners.get(msg[1])
+                    if listener is not None:
+                        with contextlib.suppress(Exception):  # a listener's bug is its own
+                            listener(str(msg[2]), str(msg[3]))
                 elif kind == "started":
                     with self._lock:
                         slot = self._pending.get(msg[1])

@@ -8,13 +8,14 @@ backends layer imports only the runtime, so a worker loads nothing of the agent)
 caller to worker (``rid`` numbers a request, ``sid`` a sandbox)::
 
     ["open", rid, sid, spec] (+ door socket, + image fd when resuming)
-    ["run", rid, sid, code, timeout, filename, gen]
+    ["run", rid, sid, code, timeout, filename, gen, stream]
     ["checkpoint", rid, sid]            ["restore", rid, sid, meta] (+ image fd)
     ["fork", rid, sid, child_sid, resume] (+ the child's door socket)
     ["read_file", rid, sid, path]       ["write_file", rid, sid, path, data]
     ["close", rid | None, sid]          ["stats", rid]              ["exit"]
 
 and worker to caller: ``["hello", pid]``, ``["started", rid]`` (a turn begins),
+``["out", rid, stream, text]`` (what a turn run with ``stream`` writes, as it writes it),
 ``["ok", rid, value]`` (+ fd for a checkpoint),
 ``["err", rid, [class, message, reason]]`` and, for sandboxes opened with ``resume``,
 ``["ckpt", sid, gen, meta]`` + fd after every turn that changed the guest state (the state
@@ -43,6 +44,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -159,6 +161,13 @@ class Worker:
         self._side = ThreadPoolExecutor(max_workers=8, thread_name_prefix="memex-worker-side")
 
     # ---- replies ----------------------------------------------------------------------------
+    def _streamer(self, rid: Any) -> Callable[[str, str], None]:
+        """Output as the guest writes it, to the caller (on the sandbox's thread)."""
+        def out(stream: str, text: str) -> None:
+            with contextlib.suppress(ChannelClosed):
+                self.chan.send(["out", rid, stream, text])
+        return out
+
     def _ok(self, rid: Any, value: Any = None, fds: tuple[int, ...] = ()) -> None:
         if rid is not None:
             with contextlib.suppress(ChannelClosed):
@@ -199,7 +208,8 @@ class Worker:
                 code, timeout, filename, gen = msg[3:7]
                 with contextlib.suppress(ChannelClosed):
                     self.chan.send(["started", rid])  # past this, the turn may have effects
-                r = sb.run(code, timeout=timeout, filename=filename)
+                listener = self._streamer(rid) if len(msg) > 7 and msg[7] else None
+                r = sb.run(code, timeout=timeout, filename=filename, on_output=listener)
                 self._ok(rid, [result_to_wire(r), sb.turns])
                 if s.resume and (r.trap is None or not r.rolled_back) and not sb.closed:
                     self._ship(s.sid, gen, sb)
