@@ -169,6 +169,12 @@ class Client:
     def close_session(self, sid: str) -> None:
         self.request("DELETE", f"/v1/sessions/{sid}")
 
+    def park(self, sid: str) -> None:
+        self.request("POST", f"/v1/sessions/{sid}/park")
+
+    def unpark(self, sid: str) -> dict[str, Any]:
+        return dict(self.json("POST", f"/v1/sessions/{sid}/unpark"))
+
 
 def _raise(resp: httpx2.Response, what: str) -> NoReturn:
     try:
@@ -357,6 +363,19 @@ class RemoteSandbox:
             self._check_open()
             self._backend.client.write_file(self.id, guest_path, bytes(data))
 
+    def park(self) -> str:
+        """Hand the session to another node of the service: saved to the nodes' shared
+        folder and closed here. ``RemoteBackend(url=<other node>).unpark(id)`` takes it;
+        this handle is closed. Returns the session id."""
+        with self._lock:
+            self._check_open()
+            self._backend.client.park(self.id)
+            self._closed = "parked for another node"
+        if self._link is not None:
+            self._link.close()
+        self._backend._forget(self)
+        return self.id
+
     def close(self) -> None:
         """Close the session on the service (a running turn ends ``cancelled``). Idempotent;
         does not wait for a running turn's lock."""
@@ -418,6 +437,12 @@ class RemoteBackend(Backend):
                             "writable": m.writable, "links": m.links} for m in mounts]}
         info = self.client.create(**body)
         return self._adopt(info, door if door is not None else Door())
+
+    def unpark(self, sid: str, *, door: Door | None = None) -> RemoteSandbox:
+        """Take a session another node parked (``RemoteSandbox.park``) onto this node."""
+        if self._closed:
+            raise SandboxClosed("the remote backend was closed")
+        return self._adopt(self.client.unpark(sid), door if door is not None else Door())
 
     def _adopt(self, info: dict[str, Any], door: Door) -> RemoteSandbox:
         try:

@@ -375,6 +375,37 @@ def create_app(config: ServiceConfig, *, backend: Backend | None = None) -> Fast
         except QuotaExceeded as exc:
             raise ApiError(429, "quota", str(exc), headers={"Retry-After": "1"}) from None
 
+    def shared() -> Path:
+        if config.shared_dir is None:
+            raise ApiError(409, "not_configured", "this server has no shared_dir to move "
+                           "sessions between nodes through (docs/service.md)")
+        return config.shared_dir
+
+    @app.post(f"{v1}/sessions/{{sid}}/park", status_code=204, responses=_ERRORS)
+    async def park(sid: str, tenant: Tenant) -> Response:
+        s = session_of(tenant, sid)
+        await blocking(keeper.park, s, shared())
+        return Response(status_code=204)
+
+    @app.post(f"{v1}/sessions/{{sid}}/unpark", status_code=201, responses=_ERRORS)
+    async def unpark(sid: str, tenant: Tenant) -> SessionOut:
+        folder = shared()
+
+        def take() -> Session | None:
+            table.reserve(tenant, 0)
+            try:
+                return keeper.unpark(tenant.name, sid, folder)
+            finally:
+                table.release(tenant.name, 0)
+
+        try:
+            s = await blocking(take)
+        except QuotaExceeded as exc:
+            raise ApiError(429, "quota", str(exc), headers={"Retry-After": "1"}) from None
+        if s is None:
+            raise ApiError(404, "not_found", f"no parked session {sid!r}")
+        return out(s)
+
     @app.post(f"{v1}/sessions/{{sid}}/checkpoints", status_code=201, responses=_ERRORS)
     async def checkpoint(sid: str, tenant: Tenant) -> CheckpointOut:
         s = session_of(tenant, sid)

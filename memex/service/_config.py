@@ -102,6 +102,7 @@ class ServiceConfig:
     state_dir: Path | None = None  # where sessions are saved (None: nothing outlives the process)
     save_interval: float = 30.0  # seconds between saves of a changed session (0: every turn)
     idle_evict: float | None = None  # seconds idle before a session is saved and evicted
+    shared_dir: Path | None = None  # where sessions are parked for another node to take
     tenants: Mapping[str, TenantConfig] = field(default_factory=dict)
     path: Path | None = None
 
@@ -171,8 +172,8 @@ def _tenant(name: str, t: Any, base: Path) -> TenantConfig:
 _SERVER_KEYS: dict[str, Any] = {
     "host": str, "port": int, "backend": str, "workers": int, "warm": int, "max_sandboxes": int,
     "warm_timeout": (int, float), "max_body_bytes": int, "threads": int, "access_log": bool,
-    "log_code": bool, "preload": list, "state_dir": str, "save_interval": (int, float),
-    "idle_evict": (int, float)}
+    "log_code": bool, "preload": list, "state_dir": str, "shared_dir": str,
+    "save_interval": (int, float), "idle_evict": (int, float)}
 
 
 def parse_config(data: Mapping[str, Any], *, path: Path | None = None) -> ServiceConfig:
@@ -184,8 +185,9 @@ def parse_config(data: Mapping[str, Any], *, path: Path | None = None) -> Servic
     if "warm_timeout" in opts:
         opts["warm_timeout"] = float(opts["warm_timeout"])
     base = path.parent if path is not None else Path.cwd()
-    if "state_dir" in opts:
-        opts["state_dir"] = (base / opts["state_dir"]).resolve()
+    for k in ("state_dir", "shared_dir"):
+        if k in opts:
+            opts[k] = (base / opts[k]).resolve()
     for k in ("save_interval", "idle_evict"):
         if k in opts:
             opts[k] = float(opts[k])

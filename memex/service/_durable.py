@@ -58,6 +58,16 @@ def _to_bytes(cp: Any) -> bytes:
     return checkpoint_to_bytes(cp)  # an in-process sandbox's Checkpoint
 
 
+def _from_meta(meta: dict[str, Any]) -> Session:
+    saved = int(meta["turns"])
+    return Session(id=meta["id"], tenant=meta["tenant"], door=ClientDoor(),
+                   limits=limits_from_wire(meta["limits"]),
+                   mounts=tuple(mounts_from_wire(meta["mounts"])),
+                   preload=tuple(meta["preload"]), env=meta["env"],
+                   created=float(meta["created"]), parent=meta["parent"], turn_base=saved,
+                   saved_turns=saved, saved_at=float(meta["saved_at"]))
+
+
 class Keeper:
     """Saves, evicts and revives the sessions of one server. Without ``state_dir`` it only
     hands out sandboxes (``using``) and nothing is kept."""
@@ -118,15 +128,7 @@ class Keeper:
                 return False
             s.running += 1
         try:
-            turns = s.turns
-            blob = _to_bytes(sb.checkpoint())
-            (self.root / s.tenant).mkdir(parents=True, exist_ok=True)
-            _atomic_write(self._path(s, ".image"), blob)
-            meta = {"id": s.id, "tenant": s.tenant, "limits": limits_to_wire(s.limits),
-                    "mounts": mounts_to_wire(s.mounts), "preload": list(s.preload),
-                    "env": s.env, "created": s.created, "parent": s.parent, "turns": turns,
-                    "saved_at": time.time()}
-            _atomic_write(self._path(s, ".json"), json.dumps(meta).encode())
+            turns = self._write(s, sb, self.root / s.tenant)
         except (MemexError, OSError) as exc:
             LOG.info(json.dumps({"event": "save_failed", "tenant": s.tenant, "session": s.id,
                                  "error": f"{type(exc).__name__}: {exc}"}))
@@ -137,20 +139,36 @@ class Keeper:
         s.saved_gen, s.saved_turns, s.saved_at = gen, turns, time.time()
         return True
 
+    @staticmethod
+    def _write(s: Session, sb: SandboxAPI[Any], folder: Path) -> int:
+        """Write the session's image, then its description, into ``folder``; the turns the
+        image holds."""
+        turns = s.turns
+        blob = _to_bytes(sb.checkpoint())
+        folder.mkdir(parents=True, exist_ok=True)
+        _atomic_write(folder / f"{s.id}.image", blob)
+        meta = {"id": s.id, "tenant": s.tenant, "limits": limits_to_wire(s.limits),
+                "mounts": mounts_to_wire(s.mounts), "preload": list(s.preload),
+                "env": s.env, "created": s.created, "parent": s.parent, "turns": turns,
+                "saved_at": time.time()}
+        _atomic_write(folder / f"{s.id}.json", json.dumps(meta).encode())
+        return turns
+
     def forget(self, s: Session) -> None:
         if self.root is not None:
             for suffix in (".json", ".image", ".turns"):
                 with contextlib.suppress(FileNotFoundError):
                     self._path(s, suffix).unlink()
 
-    def _revive(self, s: Session) -> None:
+    def _revive(self, s: Session, blob: bytes | None = None) -> None:
         """Open the session again from its image (called with ``s.lock`` held)."""
         if s.lost is not None:
             raise SandboxLost(s.lost)
-        if self.root is None:
+        if self.root is None and blob is None:
             raise SandboxLost("the session has no sandbox and the server keeps no state")
         try:
-            blob = self._path(s, ".image").read_bytes()
+            if blob is None:
+                blob = self._path(s, ".image").read_bytes()
             cp: Any = ProcessCheckpoint.from_bytes(blob) if self.backend().name != \
                 "inprocess" else checkpoint_from_bytes(blob)
         except (OSError, ImageError) as exc:
@@ -184,16 +202,10 @@ class Keeper:
                 meta = json.loads(meta_path.read_text())
                 if not (_SAFE.match(meta["id"]) and meta["tenant"] == meta_path.parent.name):
                     continue
-                saved = int(meta["turns"])
+                s = _from_meta(meta)
+                saved = s.turn_base
                 begun_path = meta_path.with_suffix(".turns")
                 begun = int(begun_path.read_text()) if begun_path.exists() else saved
-                s = Session(id=meta["id"], tenant=meta["tenant"], door=ClientDoor(),
-                            limits=limits_from_wire(meta["limits"]),
-                            mounts=tuple(mounts_from_wire(meta["mounts"])),
-                            preload=tuple(meta["preload"]), env=meta["env"],
-                            created=float(meta["created"]), parent=meta["parent"],
-                            turn_base=saved, saved_turns=saved,
-                            saved_at=float(meta["saved_at"]))
             except (OSError, ValueError, KeyError, TypeError, MemexError) as exc:
                 LOG.info(json.dumps({"event": "load_failed", "file": str(meta_path),
                                      "error": f"{type(exc).__name__}: {exc}"}))
@@ -204,6 +216,66 @@ class Keeper:
             self.table.add(s)
             n += 1
         return n
+
+    # ---- moving a session to another node -------------------------------------------------
+    def park(self, s: Session, shared: Path) -> int:
+        """Hand the session over: out of this node's table first (no new use can start), its
+        state written to ``shared/<tenant>/``, its sandbox closed; the turns it holds. On a
+        failure it stays here, live."""
+        if self.table.pop(s.tenant, s.id) is None:
+            raise SandboxLost("the session is no longer on this node")
+        try:
+            with s.lock:
+                if s.sandbox is None:
+                    self._revive(s)
+            deadline = time.monotonic() + s.limits.timeout + 30
+            while s.running and time.monotonic() < deadline:  # a turn in flight finishes
+                time.sleep(0.01)
+            assert s.sandbox is not None
+            turns = self._write(s, s.sandbox, shared / s.tenant)
+        except BaseException:
+            self.table.add(s)
+            raise
+        s.lost = "it was parked for another node (POST .../unpark there)"
+        with contextlib.suppress(MemexError):
+            s.sandbox.close()
+        self.forget(s)
+        LOG.info(json.dumps({"event": "park", "tenant": s.tenant, "session": s.id,
+                             "turns": turns}))
+        return turns
+
+    def unpark(self, tenant: str, sid: str, shared: Path) -> Session | None:
+        """Take a parked session from ``shared/<tenant>/`` (None if there is none: another
+        node may have taken it first; the claim is an atomic rename, so only one does)."""
+        if not _SAFE.match(sid):
+            return None
+        folder = shared / tenant
+        claim = folder / f"{sid}.json.claimed-{os.getpid()}-{time.monotonic_ns()}"
+        try:
+            os.rename(folder / f"{sid}.json", claim)
+        except FileNotFoundError:
+            return None
+        try:
+            meta = json.loads(claim.read_text())
+            if meta.get("id") != sid or meta.get("tenant") != tenant:
+                raise ImageError("the parked description names another session")
+            s = _from_meta(meta)
+            with s.lock:
+                self._revive(s, (folder / f"{sid}.image").read_bytes())
+        except (OSError, ValueError, KeyError, TypeError, MemexError) as exc:
+            with contextlib.suppress(OSError):
+                os.rename(claim, folder / f"{sid}.json")  # left for another try
+            if isinstance(exc, MemexError):
+                raise
+            raise SandboxLost(f"the parked session cannot be read back: {exc}") from exc
+        self.table.add(s)
+        self.changed(s)  # kept in this node's state_dir from now on (when durable)
+        for leftover in (claim, folder / f"{sid}.image"):
+            with contextlib.suppress(OSError):
+                leftover.unlink()
+        LOG.info(json.dumps({"event": "unpark", "tenant": tenant, "session": sid,
+                             "turns": s.turns}))
+        return s
 
     # ---- the keeper thread ----------------------------------------------------------------
     def start(self) -> None:

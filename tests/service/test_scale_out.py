@@ -1,0 +1,103 @@
+"""Two `memex serve` nodes on 127.0.0.1 sharing one parking folder: a session pinned to node A
+is parked, taken by node B with its state, and is then B's alone; only one node can take a
+parked session, another tenant cannot, and a node without a shared folder says so."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from conftest import launch, start_server  # type: ignore[import-not-found]
+
+from memex import SandboxClosed, ServiceError
+from memex.backends import Client, get_backend
+from memex.host_tools import ToolHost
+
+
+def test_a_session_moves_between_nodes_through_the_shared_folder(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    a_node = start_server(tmp_path / "a", {"t": "", "u": ""},
+                          server=f"shared_dir = '{shared}'\nstate_dir = 'state'")
+    (tmp_path / "b").mkdir()
+    b_config = tmp_path / "b" / "serve.toml"
+    b_config.write_text(a_node.config.read_text())  # same tenants and keys, its own state
+    b_node = launch(b_config, a_node.keys)
+    try:
+        on_a = get_backend("remote", url=a_node.url, api_key=a_node.keys["t"])
+        on_b = get_backend("remote", url=b_node.url, api_key=a_node.keys["t"])
+        sb = on_a.open()
+
+        def where() -> str:
+            """Which node's client answers."""
+            return "client"
+
+        with ToolHost([where]).attach(sb):
+            sb.run("import numpy as np\nx = np.arange(4)\nnote = where()")
+        sid = sb.park()
+        assert sb.closed
+        with pytest.raises(SandboxClosed):
+            sb.run("1")
+        assert Client(a_node.url, a_node.keys["t"]).sessions() == []  # gone from A
+        u = Client(b_node.url, a_node.keys["u"])
+        with pytest.raises(ServiceError) as err:
+            u.unpark(sid)  # another tenant's parked session is not there for it
+        assert err.value.status == 404
+        moved = on_b.unpark(sid)
+        assert moved.run("int(x.sum()), note").value == "(6, 'client')"
+        assert moved.turns == 3  # the install cell, the block, and this one
+        with pytest.raises(ServiceError) as err:
+            on_a.unpark(sid)  # taken once
+        assert err.value.status == 404
+        moved.close()
+        on_a.close()
+        on_b.close()
+    finally:
+        a_node.stop()
+        b_node.stop()
+
+
+def test_only_one_node_takes_a_parked_session(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    a_node = start_server(tmp_path / "a", {"t": ""}, server=f"shared_dir = '{shared}'")
+    b_config = tmp_path / "b.toml"
+    b_config.write_text(a_node.config.read_text())
+    b_node = launch(b_config, a_node.keys)
+    try:
+        key = a_node.keys["t"]
+        a = Client(a_node.url, key)
+        sid = a.create()["id"]
+        a.run(sid, "x = 1")
+        a.park(sid)
+        wins: list[str] = []
+        errors: list[int | None] = []
+
+        def take(url: str) -> None:
+            try:
+                Client(url, key).unpark(sid)
+                wins.append(url)
+            except ServiceError as exc:
+                errors.append(exc.status)
+
+        racers = [threading.Thread(target=take, args=(u,)) for u in
+                  (a_node.url, b_node.url, a_node.url, b_node.url)]
+        for r in racers:
+            r.start()
+        for r in racers:
+            r.join(60)
+        assert len(wins) == 1 and errors == [404, 404, 404]
+        assert Client(wins[0], key).run(sid, "x")["result"]["value"] == "1"
+    finally:
+        a_node.stop()
+        b_node.stop()
+
+
+def test_a_node_without_a_shared_folder_says_so(memex_server: object) -> None:
+    served = memex_server
+    a = Client(served.url, served.keys["a"])  # type: ignore[attr-defined]
+    sid = a.create()["id"]
+    with pytest.raises(ServiceError) as err:
+        a.park(sid)
+    assert err.value.status == 409 and err.value.code == "not_configured"
+    assert a.run(sid, "1 + 1")["result"]["value"] == "2"  # still here, untouched
+    a.close_session(sid)
