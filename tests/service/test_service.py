@@ -364,3 +364,13 @@ def test_output_streams_in_order_while_the_turn_runs(memex_server: Any) -> None:
             sb.run("1", on_output=lambda *_: None)
     r2 = raw(memex_server, "POST", "/v1/sessions/s_nope/run/stream", json={"code": "1"})
     assert r2.status_code == 404 and r2.json()["error"]["code"] == "not_found"
+
+
+def test_the_service_example_runs() -> None:
+    out = subprocess.run([sys.executable, str(REPO / "examples" / "service.py")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "total on the service: 54.0 (expected 54.0)" in out.stdout
+    assert "streamed: A-1 2 x 12.5" in out.stdout
+    assert "refused as expected: ConfigError" in out.stdout
+    assert "third session: HTTP 429 quota" in out.stdout
