@@ -293,12 +293,14 @@ def create_app(config: ServiceConfig, *, backend: Backend | None = None) -> Fast
     def answer_of(s: Session, tenant: TenantConfig, body: RunIn, r: TurnResult
                   ) -> dict[str, Any]:
         metrics.turn(tenant.name, r)
-        event: dict[str, Any] = {"event": "run", "tenant": tenant.name, "session": s.id,
-                                 "status": r.status.value, "limit": r.limit,
-                                 "seconds": round(r.duration, 4), "code_bytes": len(body.code)}
-        if config.log_code:
-            event["code"] = body.code
-        AUDIT.info(json.dumps(event))
+        if AUDIT.isEnabledFor(logging.INFO):  # one line per turn: built only when kept
+            event: dict[str, Any] = {"event": "run", "tenant": tenant.name, "session": s.id,
+                                     "status": r.status.value, "limit": r.limit,
+                                     "seconds": round(r.duration, 4),
+                                     "code_bytes": len(body.code)}
+            if config.log_code:
+                event["code"] = body.code
+            AUDIT.info(json.dumps(event))
         answer: dict[str, Any] = {"result": result_to_wire(r), "turns": s.turns}
         if s.notice is not None:  # said once, on the first answer after a restore
             answer["restored"], s.notice = s.notice, None
