@@ -43,7 +43,7 @@ from ._models import (
     SessionList,
     SessionOut,
 )
-from ._sessions import QuotaExceeded, Session, SessionTable, new_session_id
+from ._sessions import QuotaExceeded, Session, SessionTable, TurnGate, new_session_id
 
 __all__ = ["create_app"]
 
@@ -116,6 +116,7 @@ def create_app(config: ServiceConfig, *, backend: Backend | None = None) -> Fast
         s.egress.attach(sb, install=False)  # a fresh guest routes urllib to the door already
 
     streaming: set[asyncio.Future[None]] = set()
+    gate = TurnGate()
     keeper = Keeper(table, the_backend, state_dir=config.state_dir,
                     save_interval=config.save_interval, idle_evict=config.idle_evict,
                     on_open=serve_egress)
@@ -271,9 +272,13 @@ def create_app(config: ServiceConfig, *, backend: Backend | None = None) -> Fast
                                "turns": s.turns}))
         return Response(status_code=204)
 
-    def turn_of(s: Session, body: RunIn, emit: OutputListener | None = None
-                ) -> Callable[[SandboxAPI[Any]], TurnResult]:
+    def turn_of(s: Session, tenant: TenantConfig, body: RunIn,
+                emit: OutputListener | None = None) -> Callable[[SandboxAPI[Any]], TurnResult]:
         def turn(sb: SandboxAPI[Any]) -> TurnResult:
+            with gate.turn(tenant):
+                return turn_now(sb)
+
+        def turn_now(sb: SandboxAPI[Any]) -> TurnResult:
             keeper.turn_begins(s)
             try:
                 if emit is None:
@@ -309,7 +314,7 @@ def create_app(config: ServiceConfig, *, backend: Backend | None = None) -> Fast
     @app.post(f"{v1}/sessions/{{sid}}/run", response_model=RunOut, responses=_ERRORS)
     async def run(sid: str, body: RunIn, tenant: Tenant) -> Response:
         s = session_of(tenant, sid)
-        r: TurnResult = await blocking(on(s, turn_of(s, body)))
+        r: TurnResult = await blocking(on(s, turn_of(s, tenant, body)))
         # the hot path: encoded once, not validated again against RunOut
         return Response(json.dumps(answer_of(s, tenant, body, r)),
                         media_type="application/json")
@@ -329,7 +334,7 @@ def create_app(config: ServiceConfig, *, backend: Backend | None = None) -> Fast
 
         async def drive() -> None:
             try:
-                r: TurnResult = await blocking(on(s, turn_of(s, body, emit)))
+                r: TurnResult = await blocking(on(s, turn_of(s, tenant, body, emit)))
                 await events.put(("result", answer_of(s, tenant, body, r)))
             except ApiError as exc:
                 await events.put(("error", exc.body()))

@@ -62,6 +62,7 @@ class TenantConfig:
     max_memory: int | None = None  # bytes: the sum of Limits.memory over its live sessions
     max_checkpoints: int = 64  # held at once; the oldest is released past it
     turns_per_second: float | None = None
+    max_running: int | None = None  # its turns running at once (the cores it may hold)
     queued: int = 16
     ceiling: Mapping[str, Any] = field(default_factory=dict)
     mounts: tuple[MountGrant, ...] = ()
@@ -129,7 +130,8 @@ def _tenant(name: str, t: Any, base: Path) -> TenantConfig:
         raise ConfigError(f"{where}: a tenant name is 1-64 letters, digits, '_', '.' or '-'")
     _typed(where, t, dict)
     _known(where, t, {"keys", "max_sessions", "max_memory", "max_checkpoints",
-                      "turns_per_second", "queued", "ceiling", "mounts", "egress"})
+                      "turns_per_second", "max_running", "queued", "ceiling", "mounts",
+                      "egress"})
     keys = tuple(_typed(f"{where} keys[]", k, str) for k in _typed(f"{where} keys",
                                                                       t.get("keys", []), list))
     for k in keys:
@@ -165,6 +167,7 @@ def _tenant(name: str, t: Any, base: Path) -> TenantConfig:
         max_checkpoints=_typed(f"{where} max_checkpoints", t.get("max_checkpoints", 64), int),
         turns_per_second=None if tps is None else float(
             _typed(f"{where} turns_per_second", tps, (int, float))),
+        max_running=_typed(f"{where} max_running", t.get("max_running"), opt_int),
         queued=_typed(f"{where} queued", t.get("queued", 16), int),
         ceiling=ceiling, mounts=tuple(grants), egress=egress)
 
