@@ -13,7 +13,7 @@ in this process the same pool backend and an in-process sandbox as baselines. Pr
 * 50 concurrent clients x 20 cells (a pandas computation and one client-side tool call each):
   throughput and p50/p99 per cell;
 * a quiet tenant's cell p99 alone, then while a noisy tenant floods the service from 8
-  clients (its turn rate bounded by its quota): target within 2x.
+  clients (its quota: 20 turns/s, one turn running at a time): target within 2x.
 
 It asserts nothing; the targets are printed beside the figures.
 """
@@ -67,7 +67,7 @@ def pct(xs: list[float], q: float) -> float:
 def start_server(folder: Path, clients: int) -> tuple[subprocess.Popen[bytes], str,
                                                        dict[str, str]]:
     keys = {t: secrets.token_urlsafe(24) for t in ("quiet", "noisy", "load")}
-    tenants = {"quiet": "", "noisy": "turns_per_second = 20\nqueued = 64\n",
+    tenants = {"quiet": "", "noisy": "turns_per_second = 20\nmax_running = 1\nqueued = 64\n",
                "load": f"max_sessions = {clients + 8}\n"}
     cfg = folder / "serve.toml"
     cfg.write_text(
@@ -211,7 +211,7 @@ def main() -> None:
             row("quiet tenant, noisy tenant flooding (8 clients)", loaded,
                 f"target p99 <= 2x alone ({fmt(2 * pct(alone, .99))})")
             print(f"  noisy tenant: {noisy_turns[0]} turns, about "
-                  f"{noisy_turns[0] / (span + 1.0):.0f}/s (its quota: 20 turns/s)")
+                  f"{noisy_turns[0] / (span + 1.0):.0f}/s (its quota: 20 turns/s, max_running 1)")
             for b in remote.values():
                 b.close()
         finally:
