@@ -30,6 +30,7 @@ from websockets.sync.client import ClientConnection, connect
 from ..errors import BackendBusy, ConfigError, SandboxClosed, SandboxError, ServiceError
 from ..runtime_wasm import (
     Door,
+    GuestFile,
     GuestKilled,
     Limits,
     Mount,
@@ -165,6 +166,11 @@ class Client:
 
     def write_file(self, sid: str, path: str, data: bytes) -> None:
         self.request("PUT", f"/v1/sessions/{sid}/files", params={"path": path}, content=data)
+
+    def list_files(self, sid: str, path: str = "/tmp", limit: int = 10_000
+                   ) -> list[dict[str, Any]]:
+        return list(self.json("GET", f"/v1/sessions/{sid}/files/list",
+                              params={"path": path, "limit": limit})["files"])
 
     def close_session(self, sid: str) -> None:
         self.request("DELETE", f"/v1/sessions/{sid}")
@@ -359,6 +365,13 @@ class RemoteSandbox:
         with self._lock:
             self._check_open()
             return self._backend.client.read_file(self.id, guest_path)
+
+    def list_files(self, guest_path: str = "/tmp", *, limit: int = 10_000) -> list[GuestFile]:
+        """The entries of a folder under /tmp or a mount, as ``memex.Sandbox.list_files``."""
+        with self._lock:
+            self._check_open()
+            return [GuestFile(name=f["name"], path=f["path"], kind=f["kind"], size=f["size"])
+                    for f in self._backend.client.list_files(self.id, guest_path, limit)]
 
     def write_file(self, guest_path: str, data: bytes) -> None:
         with self._lock:

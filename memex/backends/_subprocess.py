@@ -39,6 +39,7 @@ from ..errors import (
 )
 from ..runtime_wasm import (
     Door,
+    GuestFile,
     Limits,
     Mount,
     OutputListener,
@@ -345,6 +346,13 @@ class ProcessSandbox:
         self._check_open()
         value, _ = self._call("read_file", guest_path)
         return bytes(value)
+
+    def list_files(self, guest_path: str = "/tmp", *, limit: int = 10_000) -> list[GuestFile]:
+        """The entries of a folder under /tmp or a mount, as ``memex.Sandbox.list_files``."""
+        self._check_open()
+        value, _ = self._call("list_files", guest_path, limit)
+        return [GuestFile(name=str(n), path=str(p), kind=str(k), size=int(z))
+                for n, p, k, z in value]
 
     def write_file(self, guest_path: str, data: bytes) -> None:
         """Place a file where the guest can read it (under /tmp or a writable mount)."""

@@ -24,9 +24,17 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..backends import Backend, ProcessSandbox, TenantQuota, get_backend
 from ..backends.worker import limits_to_wire, result_to_wire
-from ..errors import ConfigError, MemexError
+from ..errors import ConfigError, MemexError, SandboxError
 from ..host_tools import Egress, EgressRecord
-from ..runtime_wasm import Limits, Mount, OutputListener, Sandbox, SandboxAPI, TurnResult
+from ..runtime_wasm import (
+    GuestFile,
+    Limits,
+    Mount,
+    OutputListener,
+    Sandbox,
+    SandboxAPI,
+    TurnResult,
+)
 from ._config import KeyRing, ServiceConfig, TenantConfig
 from ._door import ClientDoor
 from ._durable import Keeper
@@ -37,6 +45,8 @@ from ._models import (
     CheckpointOut,
     CreateSession,
     ErrorBody,
+    FileList,
+    FileOut,
     RestoreIn,
     RunIn,
     RunOut,
@@ -448,6 +458,21 @@ def create_app(config: ServiceConfig, *, backend: Backend | None = None) -> Fast
             raise ApiError(413, "too_large", f"{path} is {len(data)} bytes; responses are "
                            f"capped at {config.max_body_bytes}")
         return Response(data, media_type="application/octet-stream")
+
+    @app.get(f"{v1}/sessions/{{sid}}/files/list", responses=_ERRORS)
+    async def list_files(sid: str, tenant: Tenant, path: Annotated[str, Query()] = "/tmp",
+                         limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000
+                         ) -> FileList:
+        s = session_of(tenant, sid)
+
+        def listing(sb: SandboxAPI[Any]) -> list[GuestFile]:
+            if not isinstance(sb, Sandbox | ProcessSandbox):
+                raise SandboxError(f"the {the_backend().name} backend cannot list files")
+            return sb.list_files(path, limit=limit)
+
+        found: list[GuestFile] = await blocking(on(s, listing))
+        return FileList(files=[FileOut(name=f.name, path=f.path, kind=f.kind, size=f.size)
+                               for f in found])
 
     @app.put(f"{v1}/sessions/{{sid}}/files", status_code=204, responses=_ERRORS)
     async def write_file(sid: str, request: Request, path: Annotated[str, Query()],

@@ -6,15 +6,17 @@ On disk, per session, under ``state_dir/<tenant>/``::
     <id>.json    how to open it again (limits, mounts, preload, env), its parent, and the
                  turns its image holds
     <id>.image   the guest state (``ProcessCheckpoint.to_bytes``: zero chunks skipped)
+    <id>.files   its /tmp files (msgpack: guest path -> bytes), when they fit FILES_CAP
     <id>.turns   the turns *begun* (written as each turn starts)
 
 A keeper thread saves every session whose state changed, at most once per ``save_interval``
 seconds (0: after every turn), and evicts a session idle for ``idle_evict`` seconds (saved,
 then its sandbox closed). A stopping server saves every live session first. After a restart
 each saved session is listed again and opened on its first use; that answer carries
-``restored``: the turn its image holds, how many turns begun after it were lost, and that its
-/tmp files were not kept (only the interpreter state is saved). A session whose files cannot
-be read back answers 410 ``session_lost`` with the reason.
+``restored``: the turn its image holds, how many turns begun after it were lost, and whether
+its /tmp files came back (``files_kept``: false when they were over FILES_CAP, or the backend
+cannot list them; links and empty folders are not kept). A session whose save cannot be read
+back answers 410 ``session_lost`` with the reason.
 """
 
 from __future__ import annotations
@@ -30,16 +32,20 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ..backends import Backend, ProcessCheckpoint
+import msgpack
+
+from ..backends import Backend, ProcessCheckpoint, ProcessSandbox
 from ..backends.worker import limits_from_wire, limits_to_wire, mounts_from_wire, mounts_to_wire
 from ..errors import ImageError, MemexError, SandboxLost
-from ..runtime_wasm import SandboxAPI, checkpoint_from_bytes, checkpoint_to_bytes
+from ..runtime_wasm import Sandbox, SandboxAPI, checkpoint_from_bytes, checkpoint_to_bytes
 from ._door import ClientDoor
 from ._sessions import Session, SessionTable
 
 __all__ = ["Keeper"]
 
 LOG = logging.getLogger("memex.service.audit")
+FILES_CAP = 64 << 20
+"""Bytes of /tmp files a save keeps; past it only the interpreter state is kept."""
 _SAFE = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
@@ -50,6 +56,24 @@ def _atomic_write(path: Path, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def _files_of(sb: SandboxAPI[Any]) -> dict[str, bytes] | None:
+    """The session's /tmp files by guest path, or None when they cannot all be kept."""
+    if not isinstance(sb, Sandbox | ProcessSandbox):
+        return None
+    out: dict[str, bytes] = {}
+    total, todo = 0, ["/tmp"]
+    while todo:
+        for f in sb.list_files(todo.pop()):
+            if f.kind == "dir":
+                todo.append(f.path)
+            elif f.kind == "file":
+                total += f.size
+                if total > FILES_CAP:
+                    return None
+                out[f.path] = sb.read_file(f.path)
+    return out
 
 
 def _to_bytes(cp: Any) -> bytes:
@@ -65,7 +89,8 @@ def _from_meta(meta: dict[str, Any]) -> Session:
                    mounts=tuple(mounts_from_wire(meta["mounts"])),
                    preload=tuple(meta["preload"]), env=meta["env"],
                    created=float(meta["created"]), parent=meta["parent"], turn_base=saved,
-                   saved_turns=saved, saved_at=float(meta["saved_at"]))
+                   saved_turns=saved, saved_at=float(meta["saved_at"]),
+                   files_kept=bool(meta.get("files_kept", False)))
 
 
 class Keeper:
@@ -145,39 +170,48 @@ class Keeper:
         image holds."""
         turns = s.turns
         blob = _to_bytes(sb.checkpoint())
+        files = _files_of(sb)
         folder.mkdir(parents=True, exist_ok=True)
         _atomic_write(folder / f"{s.id}.image", blob)
+        _atomic_write(folder / f"{s.id}.files", msgpack.packb(files or {}, use_bin_type=True))
         meta = {"id": s.id, "tenant": s.tenant, "limits": limits_to_wire(s.limits),
                 "mounts": mounts_to_wire(s.mounts), "preload": list(s.preload),
                 "env": s.env, "created": s.created, "parent": s.parent, "turns": turns,
-                "saved_at": time.time()}
+                "saved_at": time.time(), "files_kept": files is not None}
         _atomic_write(folder / f"{s.id}.json", json.dumps(meta).encode())
+        s.files_kept = files is not None
         return turns
 
     def forget(self, s: Session) -> None:
         if self.root is not None:
-            for suffix in (".json", ".image", ".turns"):
+            for suffix in (".json", ".image", ".files", ".turns"):
                 with contextlib.suppress(FileNotFoundError):
                     self._path(s, suffix).unlink()
 
-    def _revive(self, s: Session, blob: bytes | None = None) -> None:
-        """Open the session again from its image (called with ``s.lock`` held)."""
+    def _revive(self, s: Session, folder: Path | None = None) -> None:
+        """Open the session again from its image and files in ``folder`` (default: this
+        node's own for its tenant); called with ``s.lock`` held."""
         if s.lost is not None:
             raise SandboxLost(s.lost)
-        if self.root is None and blob is None:
+        if self.root is None and folder is None:
             raise SandboxLost("the session has no sandbox and the server keeps no state")
+        folder = folder if folder is not None else self._path(s, "").parent
         try:
-            if blob is None:
-                blob = self._path(s, ".image").read_bytes()
+            blob = (folder / f"{s.id}.image").read_bytes()
+            files_path = folder / f"{s.id}.files"
+            files: dict[str, bytes] = msgpack.unpackb(files_path.read_bytes(), raw=False) \
+                if files_path.exists() else {}
             cp: Any = ProcessCheckpoint.from_bytes(blob) if self.backend().name != \
                 "inprocess" else checkpoint_from_bytes(blob)
-        except (OSError, ImageError) as exc:
+        except (OSError, ImageError, ValueError, msgpack.UnpackException) as exc:
             s.lost = f"its saved state cannot be read back: {exc}"
             raise SandboxLost(s.lost) from exc
         sb = self.backend().open(limits=s.limits, mounts=s.mounts, preload=s.preload,
                                  door=s.door, env=s.env, tenant=s.tenant)
         try:
             sb.restore(cp)
+            for path, data in files.items():
+                sb.write_file(path, data)
         except MemexError as exc:
             sb.close()
             s.lost = f"its saved state does not fit a new sandbox: {exc}"
@@ -211,7 +245,7 @@ class Keeper:
                                      "error": f"{type(exc).__name__}: {exc}"}))
                 continue
             s.notice = {"from_turn": saved, "lost_turns": max(0, begun - saved),
-                        "files_kept": False, "saved_at": s.saved_at,
+                        "files_kept": s.files_kept, "saved_at": s.saved_at,
                         "reason": "the server restarted"}
             self.table.add(s)
             n += 1
@@ -261,7 +295,7 @@ class Keeper:
                 raise ImageError("the parked description names another session")
             s = _from_meta(meta)
             with s.lock:
-                self._revive(s, (folder / f"{sid}.image").read_bytes())
+                self._revive(s, folder)
         except (OSError, ValueError, KeyError, TypeError, MemexError) as exc:
             with contextlib.suppress(OSError):
                 os.rename(claim, folder / f"{sid}.json")  # left for another try
@@ -270,7 +304,7 @@ class Keeper:
             raise SandboxLost(f"the parked session cannot be read back: {exc}") from exc
         self.table.add(s)
         self.changed(s)  # kept in this node's state_dir from now on (when durable)
-        for leftover in (claim, folder / f"{sid}.image"):
+        for leftover in (claim, folder / f"{sid}.image", folder / f"{sid}.files"):
             with contextlib.suppress(OSError):
                 leftover.unlink()
         LOG.info(json.dumps({"event": "unpark", "tenant": tenant, "session": sid,
@@ -313,7 +347,7 @@ class Keeper:
             s.turn_base = s.saved_turns or 0
         with contextlib.suppress(MemexError):
             sb.close()
-        s.notice = {"from_turn": s.turn_base, "lost_turns": 0, "files_kept": False,
+        s.notice = {"from_turn": s.turn_base, "lost_turns": 0, "files_kept": s.files_kept,
                     "saved_at": s.saved_at,
                     "reason": f"evicted after {self.idle_evict:g} s idle"}
         LOG.info(json.dumps({"event": "evict", "tenant": s.tenant, "session": s.id,

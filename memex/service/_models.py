@@ -9,7 +9,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["API_VERSION", "CheckpointOut", "CreateSession", "ErrorBody", "ErrorDetail",
-           "MountIn", "RestoreIn", "RunIn", "RunOut", "SessionList", "SessionOut"]
+           "FileList", "FileOut", "MountIn", "RestoreIn", "RunIn", "RunOut", "SessionList",
+           "SessionOut"]
 
 API_VERSION = "v1"
 
@@ -74,6 +75,17 @@ class CheckpointOut(BaseModel):
 
 class RestoreIn(_Strict):
     checkpoint: str
+
+
+class FileOut(BaseModel):
+    name: str
+    path: str
+    kind: str = Field(description="file, dir or link (a link is listed, never followed)")
+    size: int
+
+
+class FileList(BaseModel):
+    files: list[FileOut]
 
 
 class ErrorDetail(BaseModel):

@@ -42,6 +42,7 @@ class Session:
     saved_gen: int = -1
     saved_turns: int | None = None
     saved_at: float | None = None
+    files_kept: bool = False  # its last save holds its /tmp files too
     running: int = 0  # operations using the sandbox now (eviction waits for none)
     notice: dict[str, Any] | None = None  # how much a restore lost, for the next answer
     lost: str | None = None  # why the session cannot be brought back

@@ -82,6 +82,8 @@ def test_run_with_any_body(api: Any, body: Any) -> None:
 @FUZZ
 @given(method=st.sampled_from(["GET", "PUT", "POST", "DELETE", "PATCH"]),
        where=st.sampled_from(["/v1/sessions/{sid}", "/v1/sessions/{sid}/files",
+                              "/v1/sessions/{sid}/files/list", "/v1/sessions/{sid}/park",
+                              "/v1/sessions/{text}/unpark", "/v1/sessions/{sid}/run/stream",
                               "/v1/sessions/{sid}/restore", "/v1/sessions/{sid}/checkpoints",
                               "/v1/checkpoints/{text}", "/v1/sessions/{text}/run",
                               "/v1/{text}", "/{text}"]),

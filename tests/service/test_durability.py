@@ -41,7 +41,8 @@ def test_sigterm_saves_and_a_restart_brings_every_session_back(tmp_path: Path) -
     served = durable(tmp_path, "save_interval = 3600")  # only the stop saves
     a = Client(served.url, served.keys["a"])
     one, two = a.create()["id"], a.create()["id"]
-    a.run(one, "import numpy as np\nx = np.arange(5)\nnote = 'kept'")
+    a.run(one, "import numpy as np\nx = np.arange(5)\nnote = 'kept'\nimport os\n"
+             "os.makedirs('/tmp/out/deep')\nopen('/tmp/out/deep/r.txt', 'w').write('report')")
     a.run(two, "y = 7")
     a.run(two, "y += 1")
     assert served.stop(signal.SIGTERM) in (0, -signal.SIGTERM)
@@ -55,7 +56,8 @@ def test_sigterm_saves_and_a_restart_brings_every_session_back(tmp_path: Path) -
         out = a.run(one, "int(x.sum()), note")
         assert out["result"]["value"] == "(10, 'kept')"
         assert out["restored"]["lost_turns"] == 0 and out["restored"]["from_turn"] == 1
-        assert out["restored"]["files_kept"] is False
+        assert out["restored"]["files_kept"] is True
+        assert a.read_file(one, "/tmp/out/deep/r.txt") == b"report"  # its files came back
         assert "restored" not in a.run(one, "1")  # said once
         assert a.run(two, "y")["result"]["value"] == "8"
         b = Client(again.url, again.keys["b"])

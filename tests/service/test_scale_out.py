@@ -34,6 +34,7 @@ def test_a_session_moves_between_nodes_through_the_shared_folder(tmp_path: Path)
 
         with ToolHost([where]).attach(sb):
             sb.run("import numpy as np\nx = np.arange(4)\nnote = where()")
+        sb.write_file("/tmp/data/in.csv", b"a,b\n1,2\n")
         sid = sb.park()
         assert sb.closed
         with pytest.raises(SandboxClosed):
@@ -46,6 +47,8 @@ def test_a_session_moves_between_nodes_through_the_shared_folder(tmp_path: Path)
         moved = on_b.unpark(sid)
         assert moved.run("int(x.sum()), note").value == "(6, 'client')"
         assert moved.turns == 3  # the install cell, the block, and this one
+        assert moved.read_file("/tmp/data/in.csv") == b"a,b\n1,2\n"  # its files moved too
+        assert [f.name for f in moved.list_files("/tmp/data")] == ["in.csv"]
         with pytest.raises(ServiceError) as err:
             on_a.unpark(sid)  # taken once
         assert err.value.status == 404

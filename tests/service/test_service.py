@@ -151,6 +151,12 @@ def test_typed_errors_for_bad_requests(memex_server: Any) -> None:
             assert r.status_code == 422, (body, r.text)
         r = raw(memex_server, "GET", f"/v1/sessions/{sid}/files?path=/etc/passwd")
         assert (r.status_code, r.json()["error"]["type"]) == (400, "GuestFileError")
+        r = raw(memex_server, "GET", f"/v1/sessions/{sid}/files/list?path=/etc")
+        assert (r.status_code, r.json()["error"]["type"]) == (400, "GuestFileError")
+        a.write_file(sid, "/tmp/d/x.bin", b"12345")
+        assert a.list_files(sid, "/tmp") == [{"name": "d", "path": "/tmp/d", "kind": "dir",
+                                              "size": 0}]
+        assert a.list_files(sid, "/tmp/d")[0]["size"] == 5
         assert a.run(sid, "1 + 1")["result"]["value"] == "2"  # nothing lost
     finally:
         a.close_session(sid)

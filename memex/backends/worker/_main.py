@@ -12,6 +12,7 @@ caller to worker (``rid`` numbers a request, ``sid`` a sandbox)::
     ["checkpoint", rid, sid]            ["restore", rid, sid, meta] (+ image fd)
     ["fork", rid, sid, child_sid, resume] (+ the child's door socket)
     ["read_file", rid, sid, path]       ["write_file", rid, sid, path, data]
+    ["list_files", rid, sid, path, limit]
     ["close", rid | None, sid]          ["stats", rid]              ["exit"]
 
 and worker to caller: ``["hello", pid]``, ``["started", rid]`` (a turn begins),
@@ -299,6 +300,9 @@ class Worker:
             elif kind == "write_file":
                 s.sb.write_file(msg[3], msg[4])
                 self._ok(rid)
+            elif kind == "list_files":
+                found = s.sb.list_files(msg[3], limit=int(msg[4]))
+                self._ok(rid, [[f.name, f.path, f.kind, f.size] for f in found])
             else:
                 raise ProtocolError(f"unknown request {kind!r}")
         except BaseException as exc:
@@ -324,7 +328,7 @@ class Worker:
             else:
                 found.q.put((msg, fds))
             return True
-        elif kind in ("read_file", "write_file", "close", "stats"):
+        elif kind in ("read_file", "write_file", "list_files", "close", "stats"):
             self._side.submit(self._side_op, msg)
         elif kind == "exit":
             return False
