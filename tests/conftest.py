@@ -218,12 +218,12 @@ def launch(config: Path, keys: dict[str, str]) -> Served:
 @pytest.fixture(scope="session")
 def memex_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """One server for the session: tenants ``a`` and ``b`` (generous), ``small`` (2 sessions,
-    a 512 MiB memory ceiling and 20 s timeout ceiling)."""
+    1 GiB of disk over them, a 512 MiB memory ceiling and 20 s timeout ceiling)."""
     served = start_server(tmp_path_factory.mktemp("serve"), {
         "a": 'max_sessions = 200\nmounts = [{host = "/", writable = true}]',
         "b": "max_sessions = 200",
-        "small": "max_sessions = 2\n[tenants.small.ceiling]\nmemory = 536870912\n"
-                 "timeout = 20",
+        "small": "max_sessions = 2\nmax_disk = 1073741824\n[tenants.small.ceiling]\n"
+                 "memory = 536870912\ntimeout = 20",
     })
     yield served
     served.stop()

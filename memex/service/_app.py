@@ -232,7 +232,7 @@ def create_app(config: ServiceConfig, *, backend: Backend | None = None) -> Fast
             mounts.append(Mount(host_path=host, guest_path=m.guest, writable=m.writable,
                                 links=m.links))
         try:
-            table.reserve(tenant, limits.memory)
+            table.reserve(tenant, limits)
         except QuotaExceeded as exc:
             raise ApiError(429, "quota", str(exc), headers={"Retry-After": str(
                 exc.retry_after)}) from None
@@ -251,7 +251,7 @@ def create_app(config: ServiceConfig, *, backend: Backend | None = None) -> Fast
             table.add(s)
             keeper.changed(s)  # saved (when durable) like any changed session
         finally:
-            table.release(tenant.name, limits.memory)
+            table.release(tenant.name, limits)
         AUDIT.info(json.dumps({"event": "create", "tenant": tenant.name, "session": s.id,
                                "memory": limits.memory, "timeout": limits.timeout,
                                "mounts": [str(m.host_path) for m in mounts]}))
@@ -374,7 +374,7 @@ def create_app(config: ServiceConfig, *, backend: Backend | None = None) -> Fast
         s = session_of(tenant, sid)
 
         def do_fork(sb: SandboxAPI[Any]) -> Session:
-            table.reserve(tenant, s.limits.memory)
+            table.reserve(tenant, s.limits)
             try:
                 child = sb.fork()  # its door is the parent's (shared, see ClientDoor)
                 c = Session(id=new_session_id(), tenant=tenant.name, sandbox=child,
@@ -385,7 +385,7 @@ def create_app(config: ServiceConfig, *, backend: Backend | None = None) -> Fast
                 keeper.changed(c)
                 return c
             finally:
-                table.release(tenant.name, s.limits.memory)
+                table.release(tenant.name, s.limits)
 
         try:
             return out(await blocking(on(s, do_fork)))
@@ -409,11 +409,7 @@ def create_app(config: ServiceConfig, *, backend: Backend | None = None) -> Fast
         folder = shared()
 
         def take() -> Session | None:
-            table.reserve(tenant, 0)
-            try:
-                return keeper.unpark(tenant.name, sid, folder)
-            finally:
-                table.release(tenant.name, 0)
+            return keeper.unpark(tenant, sid, folder)
 
         try:
             s = await blocking(take)

@@ -60,6 +60,7 @@ class TenantConfig:
     keys: tuple[str, ...]
     max_sessions: int | None = 16
     max_memory: int | None = None  # bytes: the sum of Limits.memory over its live sessions
+    max_disk: int | None = None  # bytes: the sum of Limits.disk_bytes over its live sessions
     max_checkpoints: int = 64  # held at once; the oldest is released past it
     turns_per_second: float | None = None
     max_running: int | None = None  # its turns running at once (the cores it may hold)
@@ -129,7 +130,7 @@ def _tenant(name: str, t: Any, base: Path) -> TenantConfig:
     if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name) or name in (".", ".."):
         raise ConfigError(f"{where}: a tenant name is 1-64 letters, digits, '_', '.' or '-'")
     _typed(where, t, dict)
-    _known(where, t, {"keys", "max_sessions", "max_memory", "max_checkpoints",
+    _known(where, t, {"keys", "max_sessions", "max_memory", "max_disk", "max_checkpoints",
                       "turns_per_second", "max_running", "queued", "ceiling", "mounts",
                       "egress"})
     keys = tuple(_typed(f"{where} keys[]", k, str) for k in _typed(f"{where} keys",
@@ -164,6 +165,7 @@ def _tenant(name: str, t: Any, base: Path) -> TenantConfig:
         name=name, keys=keys,
         max_sessions=_typed(f"{where} max_sessions", t.get("max_sessions", 16), opt_int),
         max_memory=_typed(f"{where} max_memory", t.get("max_memory"), opt_int),
+        max_disk=_typed(f"{where} max_disk", t.get("max_disk"), opt_int),
         max_checkpoints=_typed(f"{where} max_checkpoints", t.get("max_checkpoints", 64), int),
         turns_per_second=None if tps is None else float(
             _typed(f"{where} turns_per_second", tps, (int, float))),

@@ -38,8 +38,9 @@ from ..backends import Backend, ProcessCheckpoint, ProcessSandbox
 from ..backends.worker import limits_from_wire, limits_to_wire, mounts_from_wire, mounts_to_wire
 from ..errors import ImageError, MemexError, SandboxLost
 from ..runtime_wasm import Sandbox, SandboxAPI, checkpoint_from_bytes, checkpoint_to_bytes
+from ._config import TenantConfig
 from ._door import ClientDoor
-from ._sessions import Session, SessionTable
+from ._sessions import QuotaExceeded, Session, SessionTable
 
 __all__ = ["Keeper"]
 
@@ -278,36 +279,43 @@ class Keeper:
                              "turns": turns}))
         return turns
 
-    def unpark(self, tenant: str, sid: str, shared: Path) -> Session | None:
+    def unpark(self, tenant: TenantConfig, sid: str, shared: Path) -> Session | None:
         """Take a parked session from ``shared/<tenant>/`` (None if there is none: another
-        node may have taken it first; the claim is an atomic rename, so only one does)."""
+        node may have taken it first; the claim is an atomic rename, so only one does),
+        counted against the tenant's bounds here (QuotaExceeded leaves it parked)."""
         if not _SAFE.match(sid):
             return None
-        folder = shared / tenant
+        folder = shared / tenant.name
         claim = folder / f"{sid}.json.claimed-{os.getpid()}-{time.monotonic_ns()}"
         try:
             os.rename(folder / f"{sid}.json", claim)
         except FileNotFoundError:
             return None
+        reserved: Session | None = None
         try:
             meta = json.loads(claim.read_text())
-            if meta.get("id") != sid or meta.get("tenant") != tenant:
+            if meta.get("id") != sid or meta.get("tenant") != tenant.name:
                 raise ImageError("the parked description names another session")
             s = _from_meta(meta)
+            self.table.reserve(tenant, s.limits)
+            reserved = s
             with s.lock:
                 self._revive(s, folder)
-        except (OSError, ValueError, KeyError, TypeError, MemexError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, MemexError, QuotaExceeded) as exc:
+            if reserved is not None:
+                self.table.release(tenant.name, reserved.limits)
             with contextlib.suppress(OSError):
                 os.rename(claim, folder / f"{sid}.json")  # left for another try
-            if isinstance(exc, MemexError):
+            if isinstance(exc, MemexError | QuotaExceeded):
                 raise
             raise SandboxLost(f"the parked session cannot be read back: {exc}") from exc
         self.table.add(s)
+        self.table.release(tenant.name, s.limits)
         self.changed(s)  # kept in this node's state_dir from now on (when durable)
         for leftover in (claim, folder / f"{sid}.image", folder / f"{sid}.files"):
             with contextlib.suppress(OSError):
                 leftover.unlink()
-        LOG.info(json.dumps({"event": "unpark", "tenant": tenant, "session": sid,
+        LOG.info(json.dumps({"event": "unpark", "tenant": tenant.name, "session": sid,
                              "turns": s.turns}))
         return s
 

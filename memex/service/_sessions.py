@@ -115,28 +115,38 @@ class SessionTable:
         self._checkpoints: dict[str, collections.OrderedDict[str, Any]] = {}
         self._reserved: collections.Counter[str] = collections.Counter()
         self._reserved_memory: collections.Counter[str] = collections.Counter()
+        self._reserved_disk: collections.Counter[str] = collections.Counter()
 
     # ---- admission ----------------------------------------------------------------------
-    def reserve(self, tenant: TenantConfig, memory: int) -> None:
-        """Count a session about to be made against the tenant's bounds, or refuse it."""
+    def reserve(self, tenant: TenantConfig, limits: Limits) -> None:
+        """Count a session about to be made (or taken from another node) against the
+        tenant's bounds, or refuse it; ``release`` once it is in the table or failed."""
+        name = tenant.name
         with self._lock:
-            live = [s for s in self._sessions.values() if s.tenant == tenant.name]
-            count = len(live) + self._reserved[tenant.name]
+            live = [s for s in self._sessions.values() if s.tenant == name]
+            count = len(live) + self._reserved[name]
             if tenant.max_sessions is not None and count >= tenant.max_sessions:
-                raise QuotaExceeded(f"tenant {tenant.name!r} holds {count} sessions, its "
+                raise QuotaExceeded(f"tenant {name!r} holds {count} sessions, its "
                                     f"bound is {tenant.max_sessions}: close one first")
-            used = sum(s.limits.memory for s in live) + \
-                self._reserved_memory[tenant.name]
-            if tenant.max_memory is not None and used + memory > tenant.max_memory:
-                raise QuotaExceeded(f"tenant {tenant.name!r} would hold {used + memory} bytes "
-                                    f"of session memory, its bound is {tenant.max_memory}")
-            self._reserved[tenant.name] += 1
-            self._reserved_memory[tenant.name] += memory
+            for what, bound, used, more in (
+                    ("session memory", tenant.max_memory,
+                     sum(s.limits.memory for s in live) + self._reserved_memory[name],
+                     limits.memory),
+                    ("disk", tenant.max_disk,
+                     sum(s.limits.disk_bytes for s in live) + self._reserved_disk[name],
+                     limits.disk_bytes)):
+                if bound is not None and used + more > bound:
+                    raise QuotaExceeded(f"tenant {name!r} would hold {used + more} bytes of "
+                                        f"{what}, its bound is {bound}")
+            self._reserved[name] += 1
+            self._reserved_memory[name] += limits.memory
+            self._reserved_disk[name] += limits.disk_bytes
 
-    def release(self, tenant: str, memory: int) -> None:
+    def release(self, tenant: str, limits: Limits) -> None:
         with self._lock:
             self._reserved[tenant] -= 1
-            self._reserved_memory[tenant] -= memory
+            self._reserved_memory[tenant] -= limits.memory
+            self._reserved_disk[tenant] -= limits.disk_bytes
 
     # ---- sessions -----------------------------------------------------------------------
     def add(self, session: Session) -> None:

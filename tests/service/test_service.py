@@ -108,6 +108,11 @@ def test_quota_and_ceilings(memex_server: Any) -> None:
         with pytest.raises(ConfigError, match="may not mount"):
             small.open(limits=Limits(memory=256 << 20, timeout=10),
                        mounts=[Mount(host_path=str(REPO), guest_path="/data")])
+        big_disk = small.open(limits=Limits(memory=256 << 20, timeout=10, disk_bytes=768 << 20))
+        with pytest.raises(ServiceError, match="bytes of disk, its bound is 1073741824") as e:
+            small.open(limits=Limits(memory=256 << 20, timeout=10))  # 768 + 512 MiB > 1 GiB
+        assert e.value.status == 429
+        big_disk.close()
         ok = Limits(memory=256 << 20, timeout=10)
         one, two = small.open(limits=ok), small.open(limits=ok)
         r = raw(memex_server, "POST", "/v1/sessions", key="small",
