@@ -20,6 +20,8 @@ from typing import Any
 import httpx2
 import pytest
 from conftest import start_server  # type: ignore[import-not-found]
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import connect
 
 from memex import (
     BackendBusy,
@@ -410,3 +412,22 @@ def test_max_running_bounds_a_tenants_concurrent_turns(tmp_path: Path) -> None:
                 assert second.run("1 + 1").value == "2"  # free again
     finally:
         served.stop()
+
+
+def test_the_door_websocket_refuses_bad_keys_and_malformed_frames(memex_server: Any) -> None:
+    a = Client(memex_server.url, memex_server.keys["a"])
+    sid = a.create()["id"]
+    ws_url = "ws" + memex_server.url[4:] + f"/v1/sessions/{sid}/door"
+    for headers in ({}, {"Authorization": "Bearer wrong-key-wrong-key"},
+                    {"Authorization": f"Bearer {memex_server.keys['b']}"}):  # not b's session
+        with pytest.raises(InvalidStatus):
+            connect(ws_url, additional_headers=headers, proxy=None, open_timeout=10)
+    ws = connect(ws_url, additional_headers={"Authorization": f"Bearer {memex_server.keys['a']}"},
+                 proxy=None, open_timeout=10)
+    assert ws.recv(timeout=10) == b"\x91\xa5ready"
+    ws.send(b"\xc1 not msgpack")  # a frame outside the protocol closes the connection
+    with pytest.raises(ConnectionClosed) as closed:
+        ws.recv(timeout=10)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1003
+    assert a.run(sid, "1 + 1")["result"]["value"] == "2"  # the session is unharmed
+    a.close_session(sid)
