@@ -237,10 +237,13 @@ def test_a_client_killed_mid_tool_call_fails_the_call_cleanly(memex_server: Any)
     proc.send_signal(signal.SIGKILL)
     proc.wait(30)
     a = Client(memex_server.url, memex_server.keys["a"])
-    start = time.monotonic()
     out = a.run(sid, "x, 'y' in globals()")  # waits for the stranded turn, which was killed
     assert out["result"]["value"] == "(1, False)", out
-    assert time.monotonic() - start < 20  # the guest did not hang until its 10 s deadline+
+    runs = [json.loads(x) for x in memex_server.log.read_text().splitlines()
+            if x.startswith("{") and f'"session": "{sid}"' in x and '"event": "run"' in x]
+    # the stranded turn ended because its client went away, not at its 10 s deadline
+    assert [(r["status"], r["limit"]) for r in runs] == [
+        ("ok", None), ("ok", None), ("killed", "cancelled"), ("ok", None)], runs
     a.close_session(sid)
 
 
@@ -353,7 +356,7 @@ def test_output_streams_in_order_while_the_turn_runs(memex_server: Any) -> None:
         heard: list[tuple[float, str, str]] = []
         start = time.monotonic()
         r = sb.run("import sys, time\nfor i in range(4):\n    print('line', i, flush=True)\n"
-                   "    sys.stderr.write(f'err {i}\\n')\n    time.sleep(0.25)\n'done'",
+                   "    sys.stderr.write(f'err {i}\\n')\n    time.sleep(0.5)\n'done'",
                    on_output=lambda stream, text: heard.append(
                        (time.monotonic() - start, stream, text)))
         end = time.monotonic() - start
@@ -361,7 +364,7 @@ def test_output_streams_in_order_while_the_turn_runs(memex_server: Any) -> None:
             t for _, s, t in heard if s == "stdout")
         assert [t for _, s, t in heard if s == "stdout"] == [f"line {i}\n" for i in range(4)]
         assert [t for _, s, t in heard if s == "stderr"] == [f"err {i}\n" for i in range(4)]
-        assert heard[0][0] < end - 0.5  # the first line arrived well before the turn ended
+        assert heard[0][0] < end - 1.0  # the first line arrived well before the turn ended
         # a guest error and a stopped turn are results on the stream too
         r = sb.run("print('before')\n1/0", on_output=lambda *_: None)
         assert r.exception is not None and r.exception.type == "ZeroDivisionError"
