@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import Served, launch, start_server  # type: ignore[import-not-found]
+from served import Served, launch, start_server
 
 from memex import SandboxLost, ServiceError, TurnStatus
 from memex.backends import Client, get_backend

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import start_server  # type: ignore[import-not-found]
+from served import start_server
 
 from memex import ConfigError, Door
 from memex.backends import get_backend

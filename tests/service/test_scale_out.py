@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import launch, start_server  # type: ignore[import-not-found]
+from served import launch, start_server
 
 from memex import SandboxClosed, ServiceError
 from memex.backends import Client, get_backend

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx2
 import pytest
-from conftest import start_server  # type: ignore[import-not-found]
+from served import start_server
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 

@@ -1,0 +1,76 @@
+"""A real `memex serve` process on 127.0.0.1 for the tests that need one (tests/conftest.py's
+``memex_server`` fixture, tests/service). A module of its own, imported as ``served``, because
+the name ``conftest`` is taken by every folder's conftest.py."""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from memex.service import hash_key
+
+DEFAULT_TIMEOUT = 10.0  # the warm sandboxes' turn deadline, as tests/conftest.py's default
+
+
+@dataclass
+class Served:
+    """A `memex serve` process: its URL, an API key per tenant, its config and its log."""
+
+    url: str
+    keys: dict[str, str]
+    config: Path
+    log: Path
+    proc: subprocess.Popen[bytes]
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(30)
+        return self.proc.returncode
+
+
+def tenant_table(name: str, key: str, extra: str = "") -> str:
+    return f'[tenants.{name}]\nkeys = ["{hash_key(key)}"]\n{extra}\n'
+
+
+def start_server(folder: Path, tenants: dict[str, str], server: str = "", port: int = 0
+                 ) -> Served:
+    """Start `memex serve` with a tenant per ``tenants`` entry (name -> extra TOML lines),
+    a fresh key each, on ``port`` (0: a free one); wait until it says where it serves."""
+    folder.mkdir(parents=True, exist_ok=True)
+    keys = {name: secrets.token_urlsafe(24) for name in tenants}
+    config = folder / "serve.toml"
+    config.write_text(f"[server]\nport = {port}\nworkers = 2\n"
+                      f"warm_timeout = {DEFAULT_TIMEOUT}\n{server}\n"
+                      + "".join(tenant_table(n, keys[n], extra) for n, extra in tenants.items()))
+    return launch(config, keys)
+
+
+def launch(config: Path, keys: dict[str, str]) -> Served:
+    """Run `memex serve --config config` (again, for a restart) and wait for its URL."""
+    log = config.with_name(f"serve-{time.monotonic_ns()}.log")
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "memex", "serve", "--config",
+                                 str(config)], stdout=out, stderr=out,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        found = re.search(r"serving (http://127\.0\.0\.1:\d+)", log.read_text())
+        if found:
+            return Served(url=found.group(1), keys=keys, config=config, log=log, proc=proc)
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError(f"memex serve did not start:\n{log.read_text()}")
