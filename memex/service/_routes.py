@@ -1,0 +1,287 @@
+"""The API's routes, version 1 (docs/service.md): each answers from the app's
+:class:`~._service.Service` for the tenant whose key the request carries."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Request, Response, WebSocket, WebSocketDisconnect
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from ..backends import ProcessSandbox
+from ..errors import SandboxError
+from ..runtime_wasm import GuestFile, Sandbox, SandboxAPI, TurnResult
+from ._config import TenantConfig
+from ._http import ApiError
+from ._models import (
+    API_VERSION,
+    CheckpointOut,
+    CreateSession,
+    ErrorBody,
+    FileList,
+    FileOut,
+    RestoreIn,
+    RunIn,
+    RunOut,
+    SessionList,
+    SessionOut,
+)
+from ._service import AUDIT, Service, quota_error
+from ._sessions import QuotaExceeded, Session
+
+__all__ = ["router"]
+
+V1 = f"/{API_VERSION}"
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody} for status in (401, 404, 422, 429)}
+
+router = APIRouter()
+
+
+def _key_of(headers: Any) -> str | None:
+    auth = str(headers.get("authorization", ""))
+    return auth[7:] if auth[:7].lower() == "bearer " else None
+
+
+def _service_of(request: Request) -> Service:
+    svc: Service = request.app.state.service
+    return svc
+
+
+def _tenant_of(request: Request) -> TenantConfig:
+    """The tenant whose API key the request carries (401 otherwise)."""
+    tenant = _service_of(request).keys.lookup(_key_of(request.headers))
+    if tenant is None:
+        raise ApiError(401, "unauthorized", "a valid API key is required "
+                       "(Authorization: Bearer <key>)", headers={"WWW-Authenticate": "Bearer"})
+    request.state.tenant = tenant.name
+    return tenant
+
+
+Svc = Annotated[Service, Depends(_service_of)]
+Tenant = Annotated[TenantConfig, Depends(_tenant_of)]
+
+
+# ---- health -------------------------------------------------------------------------------
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/readyz", responses={503: {"model": ErrorBody}})
+async def readyz(svc: Svc) -> JSONResponse:
+    if not svc.ready:
+        return ApiError(503, "not_ready", "the backend is not running").response()
+    return JSONResponse({"status": "ready", "sessions": sum(svc.table.counts().values()),
+                         "config_error": svc.keys.last_error})
+
+
+@router.get("/metrics")
+async def metrics(svc: Svc) -> Response:
+    svc.metrics.sessions(svc.table.counts())
+    return Response(svc.metrics.render(), media_type=svc.metrics.content_type)
+
+
+# ---- sessions -----------------------------------------------------------------------------
+@router.post(f"{V1}/sessions", status_code=201, responses=_ERRORS)
+async def create(body: CreateSession, tenant: Tenant, svc: Svc) -> SessionOut:
+    return svc.out(await svc.blocking(svc.make_session, tenant, body))
+
+
+@router.get(f"{V1}/sessions", responses=_ERRORS)
+async def list_sessions(tenant: Tenant, svc: Svc) -> SessionList:
+    return SessionList(sessions=[svc.out(s) for s in svc.table.of(tenant.name)])
+
+
+@router.get(f"{V1}/sessions/{{sid}}", responses=_ERRORS)
+async def get_session(sid: str, tenant: Tenant, svc: Svc) -> SessionOut:
+    return svc.out(svc.session_of(tenant, sid))
+
+
+@router.delete(f"{V1}/sessions/{{sid}}", status_code=204, responses=_ERRORS)
+async def close(sid: str, tenant: Tenant, svc: Svc) -> Response:
+    s = svc.table.pop(tenant.name, sid)
+    if s is None:
+        raise ApiError(404, "not_found", f"no session {sid!r}")
+    if s.sandbox is not None:
+        await svc.blocking(s.sandbox.close)
+    svc.keeper.forget(s)
+    AUDIT.info(json.dumps({"event": "close", "tenant": tenant.name, "session": sid,
+                           "turns": s.turns}))
+    return Response(status_code=204)
+
+
+@router.post(f"{V1}/sessions/{{sid}}/fork", status_code=201, responses=_ERRORS)
+async def fork(sid: str, tenant: Tenant, svc: Svc) -> SessionOut:
+    s = svc.session_of(tenant, sid)
+    try:
+        return svc.out(await svc.blocking(svc.on(s, svc.fork_of(s, tenant))))
+    except QuotaExceeded as exc:
+        raise quota_error(exc) from None
+
+
+@router.post(f"{V1}/sessions/{{sid}}/park", status_code=204, responses=_ERRORS)
+async def park(sid: str, tenant: Tenant, svc: Svc) -> Response:
+    s = svc.session_of(tenant, sid)
+    await svc.blocking(svc.keeper.park, s, svc.shared())
+    return Response(status_code=204)
+
+
+@router.post(f"{V1}/sessions/{{sid}}/unpark", status_code=201, responses=_ERRORS)
+async def unpark(sid: str, tenant: Tenant, svc: Svc) -> SessionOut:
+    folder = svc.shared()
+    try:
+        s: Session | None = await svc.blocking(svc.keeper.unpark, tenant, sid, folder)
+    except QuotaExceeded as exc:
+        raise quota_error(exc) from None
+    if s is None:
+        raise ApiError(404, "not_found", f"no parked session {sid!r}")
+    return svc.out(s)
+
+
+# ---- turns --------------------------------------------------------------------------------
+@router.post(f"{V1}/sessions/{{sid}}/run", response_model=RunOut, responses=_ERRORS)
+async def run(sid: str, body: RunIn, tenant: Tenant, svc: Svc) -> Response:
+    s = svc.session_of(tenant, sid)
+    r: TurnResult = await svc.blocking(svc.on(s, svc.turn_of(s, tenant, body)))
+    # the hot path: encoded once, not validated again against RunOut
+    return Response(json.dumps(svc.answer_of(s, tenant, body, r)),
+                    media_type="application/json")
+
+
+@router.post(f"{V1}/sessions/{{sid}}/run/stream", responses={
+    **_ERRORS, 200: {"content": {"text/event-stream": {}}, "description":
+                     "server-sent events: output {stream, text} as the guest writes, then "
+                     "result (the body of /run) or error (an error body)"}})
+async def run_stream(sid: str, body: RunIn, tenant: Tenant, svc: Svc) -> StreamingResponse:
+    s = svc.session_of(tenant, sid)
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+
+    def emit(stream: str, text: str) -> None:
+        loop.call_soon_threadsafe(events.put_nowait, ("output", {"stream": stream,
+                                                                 "text": text}))
+
+    async def drive() -> None:
+        try:
+            r: TurnResult = await svc.blocking(svc.on(s, svc.turn_of(s, tenant, body, emit)))
+            await events.put(("result", svc.answer_of(s, tenant, body, r)))
+        except ApiError as exc:
+            await events.put(("error", exc.body()))
+        except Exception as exc:
+            logging.getLogger("memex.service").exception("streamed turn failed")
+            await events.put(("error", ApiError(500, "internal", "internal error "
+                                                f"({type(exc).__name__})").body()))
+
+    # the turn finishes even if the client goes away (as on /run); only its events drop
+    task = asyncio.ensure_future(drive())
+    svc.streaming.add(task)  # held until done (the loop keeps only a weak reference)
+    task.add_done_callback(svc.streaming.discard)
+
+    async def sse() -> AsyncIterator[str]:
+        while True:
+            kind, data = await events.get()
+            yield f"event: {kind}\ndata: {json.dumps(data)}\n\n"
+            if kind != "output":
+                break
+        await task
+
+    return StreamingResponse(sse(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-store"})
+
+
+# ---- checkpoints --------------------------------------------------------------------------
+@router.post(f"{V1}/sessions/{{sid}}/checkpoints", status_code=201, responses=_ERRORS)
+async def checkpoint(sid: str, tenant: Tenant, svc: Svc) -> CheckpointOut:
+    s = svc.session_of(tenant, sid)
+    cp = await svc.blocking(svc.on(s, lambda sb: sb.checkpoint()))
+    return CheckpointOut(checkpoint=svc.table.hold(tenant, cp))
+
+
+@router.post(f"{V1}/sessions/{{sid}}/restore", status_code=204, responses=_ERRORS)
+async def restore(sid: str, body: RestoreIn, tenant: Tenant, svc: Svc) -> Response:
+    s = svc.session_of(tenant, sid)
+    cp = svc.table.checkpoint(tenant.name, body.checkpoint)
+    if cp is None:
+        raise ApiError(404, "not_found", f"no checkpoint {body.checkpoint!r} (unknown, "
+                       "released, or past the tenant's max_checkpoints)")
+
+    def put_back(sb: SandboxAPI[Any]) -> None:
+        sb.restore(cp)
+        svc.keeper.changed(s)
+
+    await svc.blocking(svc.on(s, put_back))
+    return Response(status_code=204)
+
+
+@router.delete(f"{V1}/checkpoints/{{cid}}", status_code=204, responses=_ERRORS)
+async def drop_checkpoint(cid: str, tenant: Tenant, svc: Svc) -> Response:
+    if not svc.table.drop_checkpoint(tenant.name, cid):
+        raise ApiError(404, "not_found", f"no checkpoint {cid!r}")
+    return Response(status_code=204)
+
+
+# ---- files --------------------------------------------------------------------------------
+@router.get(f"{V1}/sessions/{{sid}}/files", responses=_ERRORS)
+async def read_file(sid: str, path: Annotated[str, Query()], tenant: Tenant, svc: Svc
+                    ) -> Response:
+    s = svc.session_of(tenant, sid)
+    data = await svc.blocking(svc.on(s, lambda sb: sb.read_file(path)))
+    cap = svc.config.max_body_bytes
+    if len(data) > cap:
+        raise ApiError(413, "too_large", f"{path} is {len(data)} bytes; responses are capped "
+                       f"at {cap}")
+    return Response(data, media_type="application/octet-stream")
+
+
+@router.get(f"{V1}/sessions/{{sid}}/files/list", responses=_ERRORS)
+async def list_files(sid: str, tenant: Tenant, svc: Svc,
+                     path: Annotated[str, Query()] = "/tmp",
+                     limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000) -> FileList:
+    s = svc.session_of(tenant, sid)
+
+    def listing(sb: SandboxAPI[Any]) -> list[GuestFile]:
+        if not isinstance(sb, Sandbox | ProcessSandbox):
+            raise SandboxError(f"the {svc.backend().name} backend cannot list files")
+        return sb.list_files(path, limit=limit)
+
+    found: list[GuestFile] = await svc.blocking(svc.on(s, listing))
+    return FileList(files=[FileOut(name=f.name, path=f.path, kind=f.kind, size=f.size)
+                           for f in found])
+
+
+@router.put(f"{V1}/sessions/{{sid}}/files", status_code=204, responses=_ERRORS)
+async def write_file(sid: str, request: Request, path: Annotated[str, Query()],
+                     tenant: Tenant, svc: Svc) -> Response:
+    s = svc.session_of(tenant, sid)
+    data = await request.body()
+    await svc.blocking(svc.on(s, lambda sb: sb.write_file(path, data)))
+    return Response(status_code=204)
+
+
+# ---- the door -----------------------------------------------------------------------------
+@router.websocket(f"{V1}/sessions/{{sid}}/door")
+async def door(ws: WebSocket, sid: str) -> None:
+    svc: Service = ws.app.state.service
+    tenant = svc.keys.lookup(_key_of(ws.headers))
+    s = svc.table.get(tenant.name, sid) if tenant is not None else None
+    if s is None:
+        await ws.close(code=4401 if tenant is None else 4404)
+        return
+    await ws.accept()
+    token = s.door.attach(ws.send_bytes, asyncio.get_running_loop())
+    try:
+        await ws.send_bytes(b"\x91\xa5ready")  # msgpack ["ready"]
+        while True:
+            data = await ws.receive_bytes()
+            if not s.door.answer(data):
+                await ws.close(code=1003)
+                break
+    except (WebSocketDisconnect, RuntimeError, KeyError):
+        pass
+    finally:
+        s.door.detach(token)

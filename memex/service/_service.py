@@ -1,0 +1,240 @@
+"""The state of one ``memex serve`` process and what its routes do with it: the tenants' keys,
+the session table, the backend, the keeper of saves, the turn gate, the metrics, and the
+operations a route hands to the bounded thread pool (``threads``), so the event loop only
+moves bytes and a session's door WebSocket keeps answering while its turn runs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+
+from ..backends import Backend, ProcessSandbox, TenantQuota, get_backend
+from ..backends.worker import limits_to_wire, result_to_wire
+from ..errors import ConfigError, MemexError
+from ..host_tools import Egress, EgressRecord
+from ..runtime_wasm import Limits, Mount, OutputListener, Sandbox, SandboxAPI, TurnResult
+from ._config import KeyRing, ServiceConfig, TenantConfig
+from ._door import ClientDoor
+from ._durable import Keeper
+from ._http import ApiError, translate
+from ._metrics import Metrics
+from ._models import CreateSession, RunIn, SessionOut
+from ._sessions import QuotaExceeded, Session, SessionTable, TurnGate, new_session_id
+
+__all__ = ["AUDIT", "Service"]
+
+AUDIT = logging.getLogger("memex.service.audit")
+
+
+def _default_backend(config: ServiceConfig) -> Backend:
+    if config.backend == "pool":
+        quotas = {t.name: TenantQuota(turns_per_second=t.turns_per_second, queued=t.queued,
+                                      burst=max(1, int(t.turns_per_second or 1)))
+                  for t in config.tenants.values()}
+        return get_backend("pool", workers=config.workers, warm=config.warm,
+                           limits=Limits(timeout=config.warm_timeout),
+                           preload=config.preload, quotas=quotas,
+                           max_sandboxes=config.max_sandboxes, acquire_timeout=10.0)
+    if config.backend == "subprocess":
+        return get_backend("subprocess", workers=config.workers)
+    return get_backend(config.backend)
+
+
+def quota_error(exc: QuotaExceeded) -> ApiError:
+    return ApiError(429, "quota", str(exc), headers={"Retry-After": str(exc.retry_after)})
+
+
+class Service:
+    """Everything a route of one app needs (``request.app.state.service``)."""
+
+    def __init__(self, config: ServiceConfig, backend: Backend | None = None) -> None:
+        self.config = config
+        self.keys = KeyRing(config)
+        self.table = SessionTable()
+        self.metrics = Metrics()
+        self.gate = TurnGate()
+        self.streaming: set[asyncio.Future[None]] = set()  # streamed turns, held until done
+        self._limiter = anyio.CapacityLimiter(config.threads)
+        self._given = backend
+        self._backend: Backend | None = None
+        self.keeper = Keeper(self.table, self.backend, state_dir=config.state_dir,
+                             save_interval=config.save_interval, idle_evict=config.idle_evict,
+                             on_open=self.serve_egress)
+
+    # ---- life -----------------------------------------------------------------------------
+    def backend(self) -> Backend:
+        if self._backend is None:
+            self._backend = self._given if self._given is not None else \
+                _default_backend(self.config)
+        return self._backend
+
+    @property
+    def ready(self) -> bool:
+        return self._backend is not None and not self._backend.closed
+
+    async def start(self) -> None:
+        await anyio.to_thread.run_sync(self.backend)
+        loaded = await anyio.to_thread.run_sync(self.keeper.load)
+        if loaded:
+            AUDIT.info(json.dumps({"event": "restart", "sessions": loaded}))
+        self.keeper.start()
+
+    async def stop(self) -> None:
+        sessions = self.table.drain()
+        saved = await anyio.to_thread.run_sync(self.keeper.stop, sessions)
+        AUDIT.info(json.dumps({"event": "shutdown", "closed": len(sessions), "saved": saved}))
+        await anyio.to_thread.run_sync(self.backend().close)
+
+    # ---- helpers for routes -----------------------------------------------------------------
+    async def blocking(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on the bounded pool; a MemEx error becomes its typed answer."""
+        try:
+            return await anyio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+        except MemexError as exc:
+            raise translate(exc) from exc
+
+    def on(self, s: Session, fn: Callable[[SandboxAPI[Any]], Any]) -> Callable[[], Any]:
+        """``fn(sandbox)`` with the session's sandbox, opened again if it was evicted."""
+        def call() -> Any:
+            with self.keeper.using(s) as sb:
+                return fn(sb)
+        return call
+
+    def session_of(self, tenant: TenantConfig, sid: str) -> Session:
+        s = self.table.get(tenant.name, sid)
+        if s is None:
+            raise ApiError(404, "not_found", f"no session {sid!r}")
+        return s  # last_used moves with uses of its sandbox (Keeper.using), not lookups
+
+    def shared(self) -> Path:
+        if self.config.shared_dir is None:
+            raise ApiError(409, "not_configured", "this server has no shared_dir to move "
+                           "sessions between nodes through (docs/service.md)")
+        return self.config.shared_dir
+
+    @staticmethod
+    def out(s: Session) -> SessionOut:
+        return SessionOut(**s.info(), limits=limits_to_wire(s.limits))
+
+    def serve_egress(self, s: Session, sb: SandboxAPI[Any]) -> None:
+        """The tenant's egress policy on the session's door (server-side: the client cannot
+        stand in for it); its decisions go to the audit log."""
+        tenant = self.keys.tenants().get(s.tenant)
+        if tenant is None or tenant.egress is None:
+            return
+        if s.egress is None:
+            def record(rec: EgressRecord) -> None:
+                d = rec.to_dict()
+                AUDIT.info(json.dumps({"event": "egress", "tenant": s.tenant, "session": s.id,
+                                       **{k: d.get(k) for k in (
+                                           "method", "url", "decision", "rule", "outcome",
+                                           "reason", "status", "request_bytes",
+                                           "response_bytes")}}))
+            s.egress = Egress(tenant.egress, label=f"{s.tenant}/{s.id}", on_record=record)
+        s.egress.attach(sb, install=False)  # a fresh guest routes urllib to the door already
+
+    # ---- sessions ---------------------------------------------------------------------------
+    def make_session(self, tenant: TenantConfig, body: CreateSession) -> Session:
+        """A new session within the tenant's ceiling, grants and quotas (blocking)."""
+        try:  # no limits: those of the warm sandboxes
+            limits = Limits(**body.limits) if body.limits is not None else \
+                Limits(timeout=self.config.warm_timeout)
+        except TypeError as exc:
+            raise ConfigError(f"limits: {exc}") from None
+        tenant.check_limits(limits)
+        mounts = []
+        for m in body.mounts:
+            host = Path(m.host).resolve()
+            tenant.check_mount(host, m.writable)
+            mounts.append(Mount(host_path=host, guest_path=m.guest, writable=m.writable,
+                                links=m.links))
+        try:
+            self.table.reserve(tenant, limits)
+        except QuotaExceeded as exc:
+            raise quota_error(exc) from None
+        try:
+            door = ClientDoor()
+            sb = self.backend().open(limits=limits, mounts=mounts, preload=body.preload,
+                                     door=door, env=body.env, tenant=tenant.name)
+            s = Session(id=new_session_id(), tenant=tenant.name, sandbox=sb, door=door,
+                        limits=limits, mounts=tuple(mounts), preload=tuple(body.preload),
+                        env=body.env)
+            try:
+                self.serve_egress(s, sb)
+            except MemexError:
+                sb.close()
+                raise
+            self.table.add(s)
+            self.keeper.changed(s)  # saved (when durable) like any changed session
+        finally:
+            self.table.release(tenant.name, limits)
+        AUDIT.info(json.dumps({"event": "create", "tenant": tenant.name, "session": s.id,
+                               "memory": limits.memory, "timeout": limits.timeout,
+                               "mounts": [str(m.host_path) for m in mounts]}))
+        return s
+
+    def fork_of(self, s: Session, tenant: TenantConfig) -> Callable[[SandboxAPI[Any]], Session]:
+        def fork(sb: SandboxAPI[Any]) -> Session:
+            self.table.reserve(tenant, s.limits)
+            try:
+                child = sb.fork()  # its door is the parent's (shared, see ClientDoor)
+                c = Session(id=new_session_id(), tenant=tenant.name, sandbox=child,
+                            door=s.door, parent=s.id, limits=s.limits, mounts=s.mounts,
+                            preload=s.preload, env=s.env, turn_base=s.turns - child.turns,
+                            egress=s.egress)  # a fork shares its door, hence its egress
+                self.table.add(c)
+                self.keeper.changed(c)
+                return c
+            finally:
+                self.table.release(tenant.name, s.limits)
+        return fork
+
+    # ---- turns ------------------------------------------------------------------------------
+    def turn_of(self, s: Session, tenant: TenantConfig, body: RunIn,
+                emit: OutputListener | None = None) -> Callable[[SandboxAPI[Any]], TurnResult]:
+        """One turn of ``body`` in the session, within the tenant's ``max_running``;
+        ``emit(stream, text)`` hears its output as it is written."""
+        def turn(sb: SandboxAPI[Any]) -> TurnResult:
+            with self.gate.turn(tenant):
+                self.keeper.turn_begins(s)
+                try:
+                    return _run(sb, body, emit)
+                finally:
+                    self.keeper.changed(s)
+        return turn
+
+    def answer_of(self, s: Session, tenant: TenantConfig, body: RunIn, r: TurnResult
+                  ) -> dict[str, Any]:
+        """The body of a turn's answer; counted and audited."""
+        self.metrics.turn(tenant.name, r)
+        if AUDIT.isEnabledFor(logging.INFO):  # one line per turn: built only when kept
+            event: dict[str, Any] = {"event": "run", "tenant": tenant.name, "session": s.id,
+                                     "status": r.status.value, "limit": r.limit,
+                                     "seconds": round(r.duration, 4),
+                                     "code_bytes": len(body.code)}
+            if self.config.log_code:
+                event["code"] = body.code
+            AUDIT.info(json.dumps(event))
+        answer: dict[str, Any] = {"result": result_to_wire(r), "turns": s.turns}
+        if s.notice is not None:  # said once, on the first answer after a restore
+            answer["restored"], s.notice = s.notice, None
+        return answer
+
+
+def _run(sb: SandboxAPI[Any], body: RunIn, emit: OutputListener | None) -> TurnResult:
+    if emit is None:
+        return sb.run(body.code, timeout=body.timeout, filename=body.filename)
+    if isinstance(sb, Sandbox | ProcessSandbox):  # they hear output as it is written
+        return sb.run(body.code, timeout=body.timeout, filename=body.filename, on_output=emit)
+    r = sb.run(body.code, timeout=body.timeout, filename=body.filename)
+    for stream, text in (("stdout", r.stdout), ("stderr", r.stderr)):
+        if text:
+            emit(stream, text)  # a backend that cannot stream: all of it at the end
+    return r
