@@ -31,17 +31,15 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 for p in (ROOT, ROOT / "bench"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-from _fmt import fmt  # noqa: E402  (bench/ is on sys.path when a script runs)
+from _fmt import fmt, sample  # noqa: E402  (bench/ is on sys.path when a script runs)
 
 from memex import Limits, Sandbox  # noqa: E402
 from memex.backends import get_backend  # noqa: E402
@@ -91,15 +89,6 @@ def start_server(folder: Path, clients: int) -> tuple[subprocess.Popen[bytes], s
     raise SystemExit(f"memex serve did not start:\n{log.read_text()}")
 
 
-def timed(fn: Callable[[], Any], n: int) -> list[float]:
-    out = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t)
-    return out
-
-
 def row(label: str, xs: list[float], target: str = "") -> None:
     print(f"  {label:44s} p50 {fmt(statistics.median(xs)):>9s}  p99 {fmt(pct(xs, .99)):>9s}"
           f"  {target}")
@@ -126,13 +115,13 @@ def main() -> None:
             print(f"a trivial cell ('1'), {trivial_n} each:")
             with Sandbox(limits=lim) as sb:
                 sb.run("1")
-                inproc = timed(lambda: sb.run("1"), trivial_n)
+                inproc = sample(lambda: sb.run("1"), trivial_n)
             with pool.open(limits=lim) as ps:
                 ps.run("1")
-                direct = timed(lambda: ps.run("1"), trivial_n)
+                direct = sample(lambda: ps.run("1"), trivial_n)
             with remote["quiet"].open(limits=lim) as rs:
                 rs.run("1")
-                served = timed(lambda: rs.run("1"), trivial_n)
+                served = sample(lambda: rs.run("1"), trivial_n)
             row("in-process Sandbox", inproc)
             row("pool backend, this process", direct)
             row("memex serve (RemoteBackend)", served)
@@ -185,7 +174,7 @@ def main() -> None:
             def quiet_run() -> list[float]:
                 with remote["quiet"].open(limits=lim) as s, ToolHost([bump]).attach(s):
                     s.run("import pandas as pd")
-                    return timed(lambda: s.run(CELL), n_quiet)
+                    return sample(lambda: s.run(CELL), n_quiet)
 
             alone = quiet_run()
             stop = threading.Event()

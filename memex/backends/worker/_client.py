@@ -102,15 +102,9 @@ class ProcessCheckpoint:
     def to_bytes(self) -> bytes:
         """The guest state as one self-describing blob (``checkpoint_to_bytes``: all-zero
         chunks skipped), to keep on disk or move to another machine."""
-        fds: list[int] = []
-        try:
-            for fd in self.fds():
-                fds.append(os.dup(fd))
-        except BaseException:
-            for fd in fds:
-                os.close(fd)
-            raise
-        return checkpoint_to_bytes(checkpoint_from_fds(fds, dict(self._meta)))
+        copy = self.dup()  # handed over whole: checkpoint_from_fds owns the copies
+        fds, copy._fds = copy._fds, []
+        return checkpoint_to_bytes(checkpoint_from_fds(fds, copy._meta))
 
     @classmethod
     def from_bytes(cls, blob: bytes | bytearray | memoryview) -> ProcessCheckpoint:
