@@ -124,10 +124,35 @@ class Keeper:
             sb = s.sandbox
         try:
             yield sb
+        except SandboxLost as exc:  # its worker died: back from the last save, if there is one
+            turn = self._fall_back(s, sb, str(exc))
+            if turn is None:
+                raise
+            raise SandboxLost(f"{exc}; the next request opens its last save (turn {turn})"
+                              ) from exc
         finally:
             with s.lock:
                 s.running -= 1
             s.last_used = time.time()
+
+    def _fall_back(self, s: Session, sb: SandboxAPI[Any], why: str) -> int | None:
+        """The sandbox is gone for good; the next use opens the last save (saying what was
+        lost): the turn it holds. With no save the session stays lost (None)."""
+        with s.lock:
+            if s.sandbox is not sb:
+                return s.saved_turns if s.sandbox is None and s.lost is None else None
+            s.sandbox = None
+            if self.root is None or s.saved_turns is None:
+                s.lost = why
+                return None
+            lost = max(0, s.turn_base + sb.turns - s.saved_turns)
+            s.turn_base, s.saved_gen = s.saved_turns, s.gen
+            s.notice = {"from_turn": s.saved_turns, "lost_turns": lost,
+                        "files_kept": s.files_kept, "saved_at": s.saved_at,
+                        "reason": f"its sandbox was lost ({why})"}
+        LOG.info(json.dumps({"event": "fall_back", "tenant": s.tenant, "session": s.id,
+                             "from_turn": s.saved_turns, "why": why}))
+        return s.saved_turns
 
     def turn_begins(self, s: Session) -> None:
         if self.root is not None:

@@ -5,6 +5,7 @@ Real `memex serve` processes on 127.0.0.1, restarted on the same port and state 
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import threading
@@ -155,3 +156,35 @@ def test_a_save_that_cannot_be_read_back_is_lost_not_an_error(tmp_path: Path) ->
         assert [s["id"] for s in a.sessions()] == [good]
     finally:
         again.stop()
+
+
+def workers_of(pid: int) -> list[int]:
+    """The child processes of ``pid`` (the pool's workers of a server)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def test_a_dead_worker_falls_back_to_the_last_save(tmp_path: Path) -> None:
+    served = durable(tmp_path, "save_interval = 0")
+    try:
+        a = Client(served.url, served.keys["a"])
+        sid = a.create()["id"]
+        a.run(sid, "x = 1")
+        a.run(sid, "x += 1")
+        wait_saved(a, sid, 2)
+        for pid in workers_of(served.proc.pid):
+            os.kill(pid, signal.SIGKILL)
+        with pytest.raises(SandboxLost, match=r"the next request opens its last save \(turn 2"):
+            a.run(sid, "x")
+        out = a.run(sid, "x")
+        assert out["result"]["value"] == "2"
+        assert out["restored"]["from_turn"] == 2 and "lost" in out["restored"]["reason"]
+    finally:
+        served.stop()
