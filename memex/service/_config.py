@@ -187,6 +187,9 @@ def parse_config(data: Mapping[str, Any], *, path: Path | None = None) -> Servic
     server = _typed("[server]", data.get("server", {}), dict)
     _known("[server]", server, set(_SERVER_KEYS))
     opts = {k: _typed(f"[server] {k}", v, _SERVER_KEYS[k]) for k, v in server.items()}
+    if opts.get("backend", "pool") not in ("pool", "subprocess", "inprocess"):
+        raise ConfigError(f"[server] backend must be pool, subprocess or inprocess, got "
+                          f"{opts['backend']!r}")
     if "warm_timeout" in opts:
         opts["warm_timeout"] = float(opts["warm_timeout"])
     base = path.parent if path is not None else Path.cwd()

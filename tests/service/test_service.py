@@ -315,6 +315,9 @@ def test_config_errors_name_the_problem(tmp_path: Path) -> None:
     cases = {
         "[server]\nport = 'x'\n": "port must be int",
         "[server]\nnope = 1\n": "unknown keys ['nope']",
+        "[server]\nbackend = 'ray'\n": "backend must be pool, subprocess or inprocess",
+        "[server]\nsave_interval = -1\n": "save_interval must be >= 0",
+        "[tenants.'a/b']\nkeys = []\n": "a tenant name is",
         "[tenants.a]\nkeys = ['plain-key']\n": "not sha256",
         "[tenants.a]\nkeys = []\n[tenants.a.ceiling]\nmemroy = 1\n": "unknown keys ['memroy']",
         "[tenants.a]\nmax_sessions = true\n": "max_sessions must be",
