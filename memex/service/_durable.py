@@ -36,7 +36,7 @@ import msgpack
 
 from ..backends import Backend, ProcessCheckpoint, ProcessSandbox
 from ..backends.worker import limits_from_wire, limits_to_wire, mounts_from_wire, mounts_to_wire
-from ..errors import ImageError, MemexError, SandboxLost
+from ..errors import ImageError, MemexError, SandboxError, SandboxLost
 from ..runtime_wasm import Sandbox, SandboxAPI, checkpoint_from_bytes, checkpoint_to_bytes
 from ._config import TenantConfig
 from ._door import ClientDoor
@@ -116,7 +116,8 @@ class Keeper:
     def using(self, s: Session) -> Iterator[SandboxAPI[Any]]:
         """The session's sandbox, opened again first if it was evicted or the server
         restarted; never evicted while in use."""
-        with s.lock:
+        with s.cond:
+            s.cond.wait_for(lambda: not s.saving)  # an image and its files from one moment
             if s.sandbox is None:
                 self._revive(s)
             assert s.sandbox is not None
@@ -131,9 +132,26 @@ class Keeper:
             raise SandboxLost(f"{exc}; the next request opens its last save (turn {turn})"
                               ) from exc
         finally:
-            with s.lock:
+            with s.cond:
                 s.running -= 1
+                s.cond.notify_all()
             s.last_used = time.time()
+
+    @contextlib.contextmanager
+    def _alone(self, s: Session, wait: float) -> Iterator[bool]:
+        """Whether the session's sandbox is ours alone (no use running, none starting) within
+        ``wait`` seconds; while it is, uses wait."""
+        with s.cond:
+            if not s.cond.wait_for(lambda: s.running == 0 and not s.saving, wait):
+                yield False
+                return
+            s.saving = True
+        try:
+            yield True
+        finally:
+            with s.cond:
+                s.saving = False
+                s.cond.notify_all()
 
     def _fall_back(self, s: Session, sb: SandboxAPI[Any], why: str) -> int | None:
         """The sandbox is gone for good; the next use opens the last save (saying what was
@@ -169,24 +187,21 @@ class Keeper:
         assert self.root is not None
         return self.root / s.tenant / f"{s.id}{suffix}"
 
-    def save(self, s: Session) -> bool:
-        """Save the session's state if it changed since its last save; True if saved."""
+    def save(self, s: Session, wait: float = 0.0) -> bool:
+        """Save the session's state if it changed since its last save, once no use of it is
+        running (waiting up to ``wait`` seconds); True if saved."""
         if self.root is None:
             return False
-        with s.lock:
+        with self._alone(s, wait) as alone:
             sb, gen = s.sandbox, s.gen
-            if sb is None or gen == s.saved_gen:
+            if not alone or sb is None or gen == s.saved_gen:
                 return False
-            s.running += 1
-        try:
-            turns = self._write(s, sb, self.root / s.tenant)
-        except (MemexError, OSError) as exc:
-            LOG.info(json.dumps({"event": "save_failed", "tenant": s.tenant, "session": s.id,
-                                 "error": f"{type(exc).__name__}: {exc}"}))
-            return False
-        finally:
-            with s.lock:
-                s.running -= 1
+            try:
+                turns = self._write(s, sb, self.root / s.tenant)
+            except (MemexError, OSError) as exc:
+                LOG.info(json.dumps({"event": "save_failed", "tenant": s.tenant,
+                                     "session": s.id, "error": f"{type(exc).__name__}: {exc}"}))
+                return False
         s.saved_gen, s.saved_turns, s.saved_at = gen, turns, time.time()
         return True
 
@@ -288,11 +303,11 @@ class Keeper:
             with s.lock:
                 if s.sandbox is None:
                     self._revive(s)
-            deadline = time.monotonic() + s.limits.timeout + 30
-            while s.running and time.monotonic() < deadline:  # a turn in flight finishes
-                time.sleep(0.01)
-            assert s.sandbox is not None
-            turns = self._write(s, s.sandbox, shared / s.tenant)
+            with self._alone(s, s.limits.timeout + 30) as alone:  # a turn in flight ends
+                if not alone:
+                    raise SandboxError("the session stayed in use; it was not parked")
+                assert s.sandbox is not None
+                turns = self._write(s, s.sandbox, shared / s.tenant)
         except BaseException:
             self.table.add(s)
             raise
@@ -393,7 +408,7 @@ class Keeper:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(30)
-        saved = sum(1 for s in sessions if self.save(s))
+        saved = sum(1 for s in sessions if self.save(s, wait=30.0))
         for s in sessions:
             if s.sandbox is not None:
                 with contextlib.suppress(MemexError):

@@ -48,6 +48,10 @@ class Session:
     lost: str | None = None  # why the session cannot be brought back
     egress: Any = None  # the tenant's Egress serving this session's door (shared by forks)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    saving: bool = False  # a save is reading the sandbox: uses wait for it to end
+
+    def __post_init__(self) -> None:
+        self.cond = threading.Condition(self.lock)  # running and saving change under it
 
     @property
     def turns(self) -> int:
