@@ -32,6 +32,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.config is None:
         raise ConfigError("memex serve needs --config serve.toml (docs/service.md)")
     config = load_config(args.config)
+    if args.check:
+        print(f"{args.config}: ok, backend {config.backend} with {config.workers} worker(s), "
+              f"state {'in ' + str(config.state_dir) if config.state_dir else 'not kept'}")
+        for t in config.tenants.values():
+            bounds = ", ".join(f"{k} {v}" for k, v in (
+                ("sessions", t.max_sessions), ("memory", t.max_memory), ("disk", t.max_disk),
+                ("running", t.max_running), ("turns/s", t.turns_per_second)) if v is not None)
+            print(f"  tenant {t.name}: {len(t.keys)} key(s); {bounds or 'no bounds'}; "
+                  f"ceiling {dict(t.ceiling) or 'none'}; {len(t.mounts)} mount grant(s); "
+                  f"egress {'policy' if t.egress is not None else 'none'}")
+        return 0
     changes = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     config = dataclasses.replace(config, **changes)
     if not config.tenants:
@@ -52,6 +63,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--config", metavar="FILE", help="serve.toml: server settings and tenants")
     p.add_argument("--host", help="address to bind (default from the config: 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (0: any free one; default 8000)")
+    p.add_argument("--check", action="store_true",
+                   help="read the config, print what it sets, and exit (no server)")
     p.add_argument("--hash-key", action="store_true",
                    help="read an API key on stdin and print the sha256: form for the config")
     p.set_defaults(func=cmd_serve)

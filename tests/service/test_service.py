@@ -335,6 +335,21 @@ def test_config_errors_name_the_problem(tmp_path: Path) -> None:
         load_config(f)
 
 
+def test_check_command_reads_the_config_and_serves_nothing(tmp_path: Path) -> None:
+    cfg = tmp_path / "serve.toml"
+    cfg.write_text(f"[tenants.acme]\nkeys = ['{hash_key('k' * 20)}']\nmax_sessions = 3\n"
+                   "[tenants.acme.ceiling]\nmemory = 536870912\n")
+    out = subprocess.run([sys.executable, "-m", "memex", "serve", "--config", str(cfg),
+                          "--check"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "ok, backend pool" in out.stdout
+    assert "tenant acme: 1 key(s); sessions 3; ceiling {'memory': 536870912}" in out.stdout
+    cfg.write_text("[server]\nport = 'x'\n")
+    out = subprocess.run([sys.executable, "-m", "memex", "serve", "--config", str(cfg),
+                          "--check"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "port must be int" in out.stderr
+
+
 def test_hash_key_command() -> None:
     out = subprocess.run([sys.executable, "-m", "memex", "serve", "--hash-key"],
                          input="a-long-enough-api-key\n", capture_output=True, text=True,
