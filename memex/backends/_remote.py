@@ -27,7 +27,7 @@ import msgpack
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 from websockets.sync.client import ClientConnection, connect
 
-from ..errors import BackendBusy, ConfigError, SandboxClosed, SandboxError, ServiceError
+from ..errors import ConfigError, SandboxClosed, SandboxError, ServiceError
 from ..runtime_wasm import (
     Door,
     GuestFile,
@@ -198,8 +198,6 @@ def _raise_body(body: Any, status: int, what: str) -> NoReturn:
     except (KeyError, TypeError):
         raise ServiceError(f"{what}: HTTP {status} without an error body",
                            status=status) from None
-    if name == "BackendBusy":  # the pool's, or the tenant's running turns: retry later
-        raise BackendBusy(str(reason or "busy"), message)
     if isinstance(name, str) and name != "ServiceError":
         exc = error_from_wire([name, message, reason])
         if type(exc).__name__ == name:  # a MemEx class this client knows

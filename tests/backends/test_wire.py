@@ -34,7 +34,7 @@ from memex.backends.worker import (
     result_from_wire,
     result_to_wire,
 )
-from memex.errors import ImageError, SandboxError, SandboxLost
+from memex.errors import BackendBusy, ImageError, SandboxError, SandboxLost
 from memex.runtime_wasm import (
     checkpoint_from_bytes,
     checkpoint_from_fds,
@@ -175,11 +175,13 @@ def test_limits_and_mounts_round_trip(tmp_path: Any) -> None:
 
 @pytest.mark.parametrize("exc", [SandboxClosed("idle timeout"), SandboxLost("worker died"),
                                  GuestFileError("/x is not under /tmp"),
-                                 ConfigError("bad"), ImageError("torn")])
+                                 ConfigError("bad"), ImageError("torn"),
+                                 BackendBusy("queue_full", "the queue is full")])
 def test_errors_keep_their_class_and_message(exc: Exception) -> None:
     back = error_from_wire(msgpack.unpackb(msgpack.packb(error_to_wire(exc))))
     assert type(back) is type(exc)
     assert str(back) == str(exc)
+    assert getattr(back, "reason", None) == getattr(exc, "reason", None)
 
 
 @pytest.mark.parametrize("item", [["KeyError", "k", None], ["os", "x", None], "junk",

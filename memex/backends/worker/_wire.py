@@ -25,7 +25,7 @@ from typing import Any
 import msgpack
 
 from ... import errors
-from ...errors import MemexError, SandboxClosed, SandboxError, SandboxLost
+from ...errors import BackendBusy, MemexError, SandboxClosed, SandboxError, SandboxLost
 from ...runtime_wasm import GuestException, Limits, Mount, TurnResult, TurnStatus
 
 __all__ = [
@@ -259,6 +259,8 @@ def error_from_wire(item: Any) -> MemexError:
     try:
         if issubclass(cls, SandboxClosed | SandboxLost):
             return cls(str(reason))
+        if issubclass(cls, BackendBusy):
+            return cls(str(reason or "busy"), message)
         made: MemexError = cls(message)
     except TypeError:
         made = SandboxError(f"{name}: {message}")
