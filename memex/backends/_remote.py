@@ -98,6 +98,11 @@ class Client:
     def health(self) -> dict[str, Any]:
         return dict(self.json("GET", "/readyz"))
 
+    def tools(self) -> list[dict[str, Any]]:
+        """The operator's tools for this tenant (``definition``, ``returns``, ``catalogue``):
+        ``ToolSet.from_service(client.tools())`` offers them to a model."""
+        return list(self.json("GET", "/v1/tools")["tools"])
+
     def sessions(self) -> list[dict[str, Any]]:
         return list(self.json("GET", "/v1/sessions")["sessions"])
 

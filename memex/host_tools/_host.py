@@ -264,9 +264,10 @@ class ToolHost:
             self.install(sandbox)
         return self
 
-    def install(self, sandbox: SandboxAPI[Any]) -> None:
-        """(Re)install the stub module; run again after changing the tool set."""
-        r = sandbox.run(self.tools.install_source(), filename="<memex-tools-install>")
+    def install(self, sandbox: SandboxAPI[Any], *, pin: bool = False) -> None:
+        """(Re)install the stub module; run again after changing the tool set. ``pin=True``:
+        later installs keep these tools (:meth:`ToolSet.install_source`)."""
+        r = sandbox.run(self.tools.install_source(pin=pin), filename="<memex-tools-install>")
         if r.status is not TurnStatus.OK:
             what = (f"{r.exception.type}: {r.exception.message}" if r.exception
                     else f"{r.status.value} ({r.limit})")

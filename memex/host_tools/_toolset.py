@@ -5,6 +5,7 @@ catalogue for a system prompt, and the ``tools.list`` answer."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import keyword
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Protocol, overload
 
-from ..errors import ConfigError, ToolDefinitionError
+from ..errors import ConfigError, ServiceError, ToolDefinitionError
 from ._params import ToolParam
 from ._tool import NO_RETURN, Tool
 from ._types import (
@@ -64,6 +65,16 @@ class _Stub:
     doc: str
 
 
+def _served_elsewhere(definition: Mapping[str, Any]) -> Callable[..., Any]:
+    name = definition.get("function", definition).get("name", "?")
+
+    def handler(**_: Any) -> Any:
+        raise ServiceError(
+            f"tool {name!r} runs on the memex serve service: call it from a guest of one of "
+            "its sessions")
+    return handler
+
+
 def _literal_doc(text: str) -> str:
     if '"""' not in text and "\\" not in text and not text.endswith('"'):
         return '"""' + text + '"""'
@@ -93,6 +104,24 @@ class ToolSet:
         self._resources = list(resources)
         for t in tools:
             self.add(t)
+
+    @classmethod
+    def from_service(cls, entries: Iterable[Mapping[str, Any]]) -> ToolSet:
+        """The tools a ``memex serve`` operator runs for the tenant (``Client.tools()``), as
+        a set to offer a model next to this process's own tools: the guest stubs and the
+        prompt's catalogue are theirs, and the server answers their calls (their handlers
+        here only say so, if ever called outside a remote session)."""
+        tools = []
+        for entry in entries:
+            if not isinstance(entry, Mapping) or not isinstance(entry.get("definition"),
+                                                                 Mapping):
+                raise ToolDefinitionError("a service tool entry is {definition, returns, "
+                                          f"catalogue}}, got {entry!r:.80}")
+            t = Tool.from_openai(entry["definition"], _served_elsewhere(entry["definition"]))
+            returns = entry.get("returns")
+            tools.append(dataclasses.replace(t, returns_doc=returns) if isinstance(
+                returns, str) and returns else t)
+        return cls(tools)
 
     @classmethod
     def from_mcp(cls, command: str | None = None, *, args: Sequence[str] = (),
@@ -269,24 +298,40 @@ class ToolSet:
                 f"__all__ = {[*exports, *_ERRORS, 'ALIASES']!r}", ""]
         return "\n".join(out)
 
-    def install_source(self) -> str:
+    def install_source(self, *, pin: bool = False) -> str:
         """A cell that installs :meth:`guest_module` as ``sys.modules['tools']``, binds
         ``tools`` and each tool and record class in ``__main__`` (dropping the names a
-        previous install bound) and leaves nothing else behind."""
+        previous install bound) and leaves nothing else behind.
+
+        ``pin=True`` makes these tools a layer that every later install keeps under its own
+        (a service operator's tools stay when a client installs its own); a later tool of
+        the same name replaces a pinned one."""
         return (
-            "def __memex_install_tools__(src):\n"
+            "def __memex_install_tools__(src, pin):\n"
             "    import sys, types, __main__\n"
             "    old = sys.modules.get('tools')\n"
             "    for n in getattr(old, '__main_exports__', ()):\n"
             "        if getattr(__main__, n, None) is getattr(old, n, None):\n"
             "            delattr(__main__, n)\n"
+            "    base = src if pin else getattr(old, '__memex_pinned__', None)\n"
             "    m = types.ModuleType('tools')\n"
+            "    keep, doc, alias = (), None, {}\n"
+            "    if base is not None and not pin:\n"
+            "        exec(compile(base, '<memex-tools-pinned>', 'exec'), m.__dict__)\n"
+            "        keep, doc, alias = m.__main_exports__, m.__doc__, m.ALIASES\n"
             "    exec(compile(src, '<memex-tools>', 'exec'), m.__dict__)\n"
+            "    if keep:\n"
+            "        m.__main_exports__ = tuple(dict.fromkeys(keep + m.__main_exports__))\n"
+            "        m.__all__ = list(dict.fromkeys(m.__all__ + list(keep)))\n"
+            "        m.ALIASES = {**alias, **m.ALIASES}\n"
+            "        m.__doc__ = (m.__doc__ or '') + '\\n\\n' + (doc or '')\n"
+            "    if base is not None:\n"
+            "        m.__memex_pinned__ = base\n"
             "    sys.modules['tools'] = m\n"
             "    __main__.tools = m\n"
             "    for n in m.__main_exports__:\n"
             "        setattr(__main__, n, getattr(m, n))\n"
-            f"__memex_install_tools__({self.guest_module()!r})\n"
+            f"__memex_install_tools__({self.guest_module()!r}, {pin!r})\n"
             "del __memex_install_tools__\n"
         )
 

@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ..host_tools import EgressPolicy
+from ..host_tools import EgressPolicy, ToolSet
 from ..runtime_wasm import Limits
+from ._tools import load_tools
 
 __all__ = ["KeyRing", "MountGrant", "ServiceConfig", "TenantConfig", "hash_key", "load_config"]
 
@@ -68,6 +69,7 @@ class TenantConfig:
     ceiling: Mapping[str, Any] = field(default_factory=dict)
     mounts: tuple[MountGrant, ...] = ()
     egress: EgressPolicy | None = None  # the network its guests get (None: only the client's)
+    tools: ToolSet | None = None  # operator tools its guests call, run in the server (_tools)
 
     def check_limits(self, limits: Limits) -> None:
         """Refuse limits above this tenant's ceiling (an unbounded value above any bound)."""
@@ -132,7 +134,7 @@ def _tenant(name: str, t: Any, base: Path) -> TenantConfig:
     _typed(where, t, dict)
     _known(where, t, {"keys", "max_sessions", "max_memory", "max_disk", "max_checkpoints",
                       "turns_per_second", "max_running", "queued", "ceiling", "mounts",
-                      "egress"})
+                      "egress", "tools"})
     keys = tuple(_typed(f"{where} keys[]", k, str) for k in _typed(f"{where} keys",
                                                                       t.get("keys", []), list))
     for k in keys:
@@ -159,6 +161,9 @@ def _tenant(name: str, t: Any, base: Path) -> TenantConfig:
             egress = EgressPolicy.load(policy_path)
         except ConfigError as exc:
             raise ConfigError(f"{where} egress: {exc}") from exc
+    specs = _typed(f"{where} tools", t.get("tools", []), list)
+    tools = load_tools(f"{where} tools", [_typed(f"{where} tools[]", x, str) for x in specs],
+                       base, name)
     opt_int = (int, type(None))
     tps = t.get("turns_per_second")
     return TenantConfig(
@@ -171,7 +176,7 @@ def _tenant(name: str, t: Any, base: Path) -> TenantConfig:
             _typed(f"{where} turns_per_second", tps, (int, float))),
         max_running=_typed(f"{where} max_running", t.get("max_running"), opt_int),
         queued=_typed(f"{where} queued", t.get("queued", 16), int),
-        ceiling=ceiling, mounts=tuple(grants), egress=egress)
+        ceiling=ceiling, mounts=tuple(grants), egress=egress, tools=tools)
 
 
 _SERVER_KEYS: dict[str, Any] = {

@@ -26,7 +26,7 @@ import asyncio
 import concurrent.futures
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
 import msgpack
@@ -40,6 +40,15 @@ DOOR_GRACE = 5.0
 itself; this covers only a client that stopped answering without disconnecting)."""
 
 Send = Callable[[bytes], Coroutine[Any, Any, None]]
+
+
+_TOOL_OPS = frozenset({"tools.call", "tools.batch", "tools.list"})
+_HERE, _THERE, _LIST = object(), object(), object()
+
+
+def _pack(obj: Any) -> bytes:
+    out: bytes = msgpack.packb(obj, use_bin_type=True)
+    return out
 
 
 class _Gone:
@@ -63,6 +72,7 @@ class ClientDoor(Door):
         self._conns: dict[int, tuple[Send, asyncio.AbstractEventLoop]] = {}
         self._busy: dict[int, int] = {}
         self._pending: dict[int, tuple[int, concurrent.futures.Future[Any]]] = {}
+        self._tools: frozenset[str] = frozenset()
 
     @property
     def attached(self) -> bool:
@@ -103,20 +113,101 @@ class ClientDoor(Door):
             entry[1].set_result(msg)
         return True
 
-    def _local(self, frame: bytes) -> bool:
-        """The frame asks for an op the server serves itself (the tenant's egress): those
-        are never forwarded, so a client cannot answer in the operator's place."""
+    def serve_tools(self, names: Iterable[str]) -> None:
+        """Tool calls to these names are the server's (an operator's ToolHost registered on
+        this door answers them); every other tool call still goes to the client."""
+        self._tools = frozenset(names)
+
+    def _route(self, frame: bytes) -> Any:
+        """``_HERE`` for a frame the server answers (the tenant's egress, an operator tool),
+        ``_THERE`` for the client's, or ``(request, here_indexes)`` for a tool batch that
+        holds both kinds of call, or ``_LIST`` for ``tools.list`` when both serve tools."""
         if not self.ops:
-            return False
+            return _THERE
         try:
             req = msgpack.unpackb(frame, raw=False, strict_map_key=False)
         except Exception:
-            return False
-        return isinstance(req, dict) and req.get("op") in self.ops
+            return _THERE
+        op = req.get("op") if isinstance(req, dict) else None
+        if op not in self.ops:
+            return _THERE
+        if op not in _TOOL_OPS:
+            return _HERE
+        if op == "tools.list":
+            return _LIST
+        args = req.get("args")
+        if not isinstance(args, list) or not args:
+            return _HERE  # malformed: the operator's host answers with a typed error
+        if op == "tools.call":
+            return _HERE if args[0] in self._tools or not self._ever else _THERE
+        calls = args[0]
+        if not isinstance(calls, list) or not all(isinstance(c, list) and len(c) == 3
+                                                  for c in calls):
+            return _HERE
+        here = [i for i, c in enumerate(calls) if isinstance(c[1], str) and c[1] in self._tools]
+        if len(here) == len(calls) or not self._ever:
+            return _HERE
+        return (req, here) if here else _THERE
 
     def dispatch(self, frame: bytes, deadline: float = float("inf")) -> bytes:
-        if self._local(frame):
+        route = self._route(frame)
+        if route is _HERE:
             return super().dispatch(frame, deadline)
+        if route is _LIST:
+            return self._list(frame, deadline)
+        if isinstance(route, tuple):
+            return self._split(route[0], route[1], deadline)
+        return self._forward(frame, deadline)
+
+    def _list(self, frame: bytes, deadline: float) -> bytes:
+        """``tools.list``: the operator's tools, then the client's (when it serves any)."""
+        mine = msgpack.unpackb(super().dispatch(frame, deadline), raw=False)
+        if not self._ever or not mine.get("ok"):
+            return _pack(mine)
+        theirs = msgpack.unpackb(self._forward(frame, deadline), raw=False)
+        if theirs.get("ok") and isinstance(theirs.get("value"), list):
+            seen = {d.get("name") for d in mine["value"] if isinstance(d, dict)}
+            mine["value"] += [d for d in theirs["value"]
+                              if isinstance(d, dict) and d.get("name") not in seen]
+        return _pack(mine)
+
+    def _split(self, req: dict[str, Any], here: list[int], deadline: float) -> bytes:
+        """A ``tools.batch`` with operator and client calls: each part goes to its side at
+        once, and the answers come back in the order the guest sent the calls."""
+        calls = req["args"][0]
+        mark = set(here)
+        parts = ([calls[i] for i in here], [c for i, c in enumerate(calls) if i not in mark])
+
+        def frame(part: list[Any]) -> bytes:
+            return _pack({**req, "args": [part], "kwargs": {}})
+
+        box: dict[str, Any] = {}
+
+        def local() -> None:
+            try:
+                box["reply"] = super(ClientDoor, self).dispatch(frame(parts[0]), deadline)
+            except GuestKilled as exc:
+                box["killed"] = exc
+
+        worker = threading.Thread(target=local, name="memex-door-split", daemon=True)
+        worker.start()
+        try:
+            theirs = msgpack.unpackb(self._forward(frame(parts[1]), deadline), raw=False)
+        finally:
+            worker.join()
+        if "killed" in box:
+            raise box["killed"]
+        mine = msgpack.unpackb(box["reply"], raw=False)
+        for reply in (mine, theirs):
+            if not reply.get("ok") or not isinstance(reply.get("value"), list) or len(
+                    reply["value"]) != len(parts[0] if reply is mine else parts[1]):
+                reply["id"] = req.get("id")
+                return _pack(reply)  # the whole batch failed
+        ours, others = iter(mine["value"]), iter(theirs["value"])
+        merged = [next(ours) if i in mark else next(others) for i in range(len(calls))]
+        return _pack({"v": 1, "id": req.get("id"), "ok": True, "value": merged})
+
+    def _forward(self, frame: bytes, deadline: float) -> bytes:
         finite = deadline != float("inf")
         fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
         with self._lock:

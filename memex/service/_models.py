@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["API_VERSION", "CheckpointOut", "CreateSession", "ErrorBody", "ErrorDetail",
            "FileList", "FileOut", "MountIn", "RestoreIn", "RunIn", "RunOut", "SessionList",
-           "SessionOut"]
+           "SessionOut", "ToolList", "ToolOut"]
 
 API_VERSION = "v1"
 
@@ -99,3 +99,15 @@ class ErrorDetail(BaseModel):
 
 class ErrorBody(BaseModel):
     error: ErrorDetail
+
+
+class ToolOut(BaseModel):
+    definition: dict[str, Any] = Field(description="the OpenAI function definition (name, "
+                                       "description, JSON Schema of the parameters)")
+    returns: str = Field("", description="what the tool returns, in words")
+    catalogue: str = Field("", description="its line in the guest's help(tools)")
+
+
+class ToolList(BaseModel):
+    tools: list[ToolOut] = Field(description="the operator's tools for this tenant: its "
+                                 "guests call them, and the server runs them")

@@ -29,9 +29,12 @@ from ._models import (
     RunOut,
     SessionList,
     SessionOut,
+    ToolList,
+    ToolOut,
 )
 from ._service import AUDIT, Service, quota_error
 from ._sessions import QuotaExceeded, Session
+from ._tools import describe_tools
 
 __all__ = ["router"]
 
@@ -86,6 +89,13 @@ async def metrics(svc: Svc) -> Response:
     return Response(svc.metrics.render(), media_type=svc.metrics.content_type)
 
 
+# ---- operator tools -----------------------------------------------------------------------
+@router.get(f"{V1}/tools", responses=_ERRORS)
+async def tools(tenant: Tenant) -> ToolList:
+    """The tools the operator serves to this tenant's guests (docs/service.md)."""
+    return ToolList(tools=[ToolOut(**d) for d in describe_tools(tenant.tools)])
+
+
 # ---- sessions -----------------------------------------------------------------------------
 @router.post(f"{V1}/sessions", status_code=201, responses=_ERRORS)
 async def create(body: CreateSession, tenant: Tenant, svc: Svc) -> SessionOut:
@@ -110,6 +120,7 @@ async def close(sid: str, tenant: Tenant, svc: Svc) -> Response:
     if s.sandbox is not None:
         await svc.blocking(s.sandbox.close)
     svc.keeper.forget(s)
+    svc.release_door(s)
     AUDIT.info(json.dumps({"event": "close", "tenant": tenant.name, "session": sid,
                            "turns": s.turns}))
     return Response(status_code=204)
@@ -128,6 +139,7 @@ async def fork(sid: str, tenant: Tenant, svc: Svc) -> SessionOut:
 async def park(sid: str, tenant: Tenant, svc: Svc) -> Response:
     s = svc.session_of(tenant, sid)
     await svc.blocking(svc.keeper.park, s, svc.shared())
+    svc.release_door(s)
     return Response(status_code=204)
 
 

@@ -18,7 +18,7 @@ import anyio.to_thread
 from ..backends import Backend, ProcessSandbox, TenantQuota, get_backend
 from ..backends.worker import limits_to_wire, result_to_wire
 from ..errors import ConfigError, MemexError
-from ..host_tools import Egress, EgressRecord
+from ..host_tools import Egress, EgressRecord, ToolCallRecord, ToolHost
 from ..runtime_wasm import Limits, Mount, OutputListener, Sandbox, SandboxAPI, TurnResult
 from ._config import KeyRing, ServiceConfig, TenantConfig
 from ._door import ClientDoor
@@ -66,7 +66,7 @@ class Service:
         self._backend: Backend | None = None
         self.keeper = Keeper(self.table, self.backend, state_dir=config.state_dir,
                              save_interval=config.save_interval, idle_evict=config.idle_evict,
-                             on_open=self.serve_egress)
+                             on_open=self.serve_door)
 
     # ---- life -----------------------------------------------------------------------------
     def backend(self) -> Backend:
@@ -123,11 +123,37 @@ class Service:
     def out(s: Session) -> SessionOut:
         return SessionOut(**s.info(), limits=limits_to_wire(s.limits))
 
-    def serve_egress(self, s: Session, sb: SandboxAPI[Any]) -> None:
+    def serve_door(self, s: Session, sb: SandboxAPI[Any]) -> None:
+        """What the server itself answers on the session's door: the tenant's egress policy
+        and its operator tools (the client can stand in for neither)."""
+        tenant = self.keys.tenants().get(s.tenant)
+        if tenant is None:
+            return
+        self.serve_egress(s, sb, tenant)
+        self.serve_tools(s, tenant)
+
+    def serve_tools(self, s: Session, tenant: TenantConfig) -> None:
+        """The tenant's operator tools on the session's door; each call is audited."""
+        if tenant.tools is None or s.tools is not None:
+            return
+        def record(rec: ToolCallRecord) -> None:
+            AUDIT.info(json.dumps({"event": "tool", "tenant": s.tenant, "session": s.id,
+                                   "tool": rec.tool, "outcome": rec.outcome,
+                                   "seconds": round(rec.duration, 4)}))
+        s.tools = ToolHost(tenant.tools, on_call=record)
+        s.tools.register(s.door)
+        s.door.serve_tools(tenant.tools.names)
+
+    def release_door(self, s: Session) -> None:
+        """Stop the session's operator-tool host once no session in the table shares its
+        door (a fork shares its parent's)."""
+        if s.tools is not None and not any(o.door is s.door for o in self.table.all()):
+            s.tools.close()
+
+    def serve_egress(self, s: Session, sb: SandboxAPI[Any], tenant: TenantConfig) -> None:
         """The tenant's egress policy on the session's door (server-side: the client cannot
         stand in for it); its decisions go to the audit log."""
-        tenant = self.keys.tenants().get(s.tenant)
-        if tenant is None or tenant.egress is None:
+        if tenant.egress is None:
             return
         if s.egress is None:
             def record(rec: EgressRecord) -> None:
@@ -167,7 +193,10 @@ class Service:
                         limits=limits, mounts=tuple(mounts), preload=tuple(body.preload),
                         env=body.env)
             try:
-                self.serve_egress(s, sb)
+                self.serve_door(s, sb)
+                if s.tools is not None:  # the guest's module ``tools``, kept under the client's
+                    s.tools.install(sb, pin=True)
+                    s.turn_base -= 1  # that cell is not one of the client's turns
             except MemexError:
                 sb.close()
                 raise
@@ -188,7 +217,7 @@ class Service:
                 c = Session(id=new_session_id(), tenant=tenant.name, sandbox=child,
                             door=s.door, parent=s.id, limits=s.limits, mounts=s.mounts,
                             preload=s.preload, env=s.env, turn_base=s.turns - child.turns,
-                            egress=s.egress)  # a fork shares its door, hence its egress
+                            egress=s.egress, tools=s.tools)  # a fork shares its door
                 self.table.add(c)
                 self.keeper.changed(c)
                 return c

@@ -47,6 +47,7 @@ class Session:
     notice: dict[str, Any] | None = None  # how much a restore lost, for the next answer
     lost: str | None = None  # why the session cannot be brought back
     egress: Any = None  # the tenant's Egress serving this session's door (shared by forks)
+    tools: Any = None  # the ToolHost of the tenant's operator tools on that door (shared too)
     lock: threading.Lock = field(default_factory=threading.Lock)
     saving: bool = False  # a save is reading the sandbox: uses wait for it to end
 

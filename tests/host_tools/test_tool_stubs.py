@@ -16,7 +16,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from memex import Limits, Sandbox, TurnStatus
-from memex.errors import ToolInstallError
+from memex.errors import ServiceError, ToolDefinitionError, ToolInstallError
 from memex.host_tools import Tool, ToolHost, ToolSet
 
 Eval = Callable[[Sandbox, str], Any]
@@ -263,3 +263,42 @@ def test_failed_install_is_a_tool_install_error(make_sandbox: Callable[..., Sand
     with pytest.raises(ToolInstallError, match="installing the tools module"):
         ToolHost([nap]).attach(sb)
 
+
+
+def test_a_pinned_install_stays_under_later_ones(make_sandbox: Callable[..., Sandbox],
+                                                guest_eval: Eval) -> None:
+    """``pin=True`` (a service operator's tools): every later install keeps its tools, its
+    record classes and its help text; a later tool of the same name replaces the pinned one,
+    and a third install still holds the pinned layer, not the second one's tools."""
+    sb = make_sandbox()
+    r = sb.run(ToolSet([get_forecast, scale]).install_source(pin=True))
+    assert r.status is TurnStatus.OK, r
+    sb.run(ToolSet([nap, Tool.from_function(grid, name="scale")]).install_source())
+    assert guest_eval(sb, "(sorted(n for n in ('get_forecast', 'scale', 'nap', 'Forecast')"
+                          " if n in globals()), tools.scale.__doc__.split(chr(10))[0],"
+                          " 'Forecast for a city' in tools.__doc__)") == (
+        ["Forecast", "get_forecast", "nap", "scale"], (grid.__doc__ or "").split("\n")[0],
+        True)
+    sb.run(ToolSet([fail]).install_source())
+    assert guest_eval(sb, "sorted(n for n in ('get_forecast', 'scale', 'nap', 'fail') "
+                          "if n in globals())") == ["fail", "get_forecast", "scale"]
+    assert guest_eval(sb, "tools.scale.__doc__.split(chr(10))[0]") == (
+        scale.__doc__ or "").split("\n")[0]
+    assert guest_eval(sb, "sorted(n for n in list(globals()) if n.startswith('__memex'))") == []
+
+
+def test_tools_from_a_service_description() -> None:
+    """``ToolSet.from_service``: what ``GET /v1/tools`` sends becomes stubs and catalogue
+    lines the model is shown; their handlers only say where the tool runs."""
+    served = ToolSet([get_forecast, grid])
+    entries = [{"definition": t.to_openai(), "returns": t.returns_doc, "catalogue": ""}
+               for t in served]
+    again = ToolSet.from_service(entries)
+    assert again.names == served.names
+    assert [p.name for p in again["get_forecast"].params][:2] == ["city", "days"]
+    assert "Forecast for a city." in again.catalogue()
+    compile(again.install_source(), "<install>", "exec")
+    with pytest.raises(ServiceError, match="runs on the memex serve service"):
+        again["grid"].handler(rows=1, cols=1)
+    with pytest.raises(ToolDefinitionError, match="service tool entry"):
+        ToolSet.from_service([{"catalogue": "x"}])
