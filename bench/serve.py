@@ -6,8 +6,9 @@
 A real ``memex serve`` process (pool backend, 2 workers, pandas preloaded) on 127.0.0.1, and
 in this process the same pool backend and an in-process sandbox as baselines. Printed:
 
-* a trivial cell (``1``): in-process, the pool directly, and the service (RemoteBackend); the
-  service's overhead is its p50 minus the pool's (target <= 1.5 ms);
+* a trivial cell (``1``): in-process, the pool directly, and the service (RemoteBackend, whose
+  turns go over the turns WebSocket, and plain ``POST /run``); the service's overhead is
+  RemoteBackend's p50 minus the pool's (target <= 1.5 ms);
 * a session create + close from the warm pool, direct vs through the service (target: create
   <= 10 ms p50; the service's create includes opening the door WebSocket);
 * 50 concurrent clients x 20 cells (a pandas computation and one client-side tool call each):
@@ -122,9 +123,12 @@ def main() -> None:
             with remote["quiet"].open(limits=lim) as rs:
                 rs.run("1")
                 served = sample(lambda: rs.run("1"), trivial_n)
+                http = remote["quiet"].client
+                over_http = sample(lambda: http.run(rs.id, "1"), trivial_n)
             row("in-process Sandbox", inproc)
             row("pool backend, this process", direct)
-            row("memex serve (RemoteBackend)", served)
+            row("memex serve (RemoteBackend: turns socket)", served)
+            row("memex serve (POST /run, Client.run)", over_http)
             overhead = statistics.median(served) - statistics.median(direct)
             print(f"  {'service overhead (p50 serve - p50 pool)':44s}     {fmt(overhead):>9s}"
                   f"                  target <= 1.5 ms")

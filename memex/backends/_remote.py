@@ -279,6 +279,47 @@ class _DoorLink:
             self._ws.close()
 
 
+class _TurnLink:
+    """This handle's turns WebSocket (``/v1/sessions/{id}/turns``): a turn is one message
+    each way on the calling thread, without HTTP's parsing, routing and headers per turn."""
+
+    def __init__(self, client: Client, sid: str) -> None:
+        self.sid = sid
+        self._ws: ClientConnection = connect(
+            "ws" + client.url[4:] + f"/v1/sessions/{sid}/turns",
+            additional_headers={"Authorization": f"Bearer {client.api_key}"},
+            open_timeout=client.timeout, max_size=None, compression=None, proxy=None)
+        self.broken = False
+
+    def run(self, fields: dict[str, Any], wait: float) -> dict[str, Any]:
+        what = f"the turn of session {self.sid}"
+        try:
+            self._ws.send(msgpack.packb(["run", fields], use_bin_type=True))
+            data = self._ws.recv(timeout=wait)
+            msg = msgpack.unpackb(data, raw=False)
+        except TimeoutError as exc:
+            self.close()  # its answer, if it comes, would be read as the next turn's
+            raise ServiceError(f"{what}: the service did not answer in time") from exc
+        except (ConnectionClosed, OSError) as exc:
+            self.close()
+            raise ServiceError(f"{what}: the connection to the service broke: {exc}") from exc
+        except (ValueError, TypeError, msgpack.UnpackException) as exc:
+            self.close()
+            raise ServiceError(f"{what}: an answer outside the API: {exc}") from exc
+        if isinstance(msg, list) and len(msg) == 2 and msg[0] == "result" and isinstance(
+                msg[1], dict):
+            return msg[1]
+        if isinstance(msg, list) and len(msg) == 3 and msg[0] == "error":
+            _raise_body(msg[2], int(msg[1]), what)
+        self.close()
+        raise ServiceError(f"{what}: an answer outside the API: {msg!r:.80}")
+
+    def close(self) -> None:
+        self.broken = True
+        with contextlib.suppress(Exception):
+            self._ws.close()
+
+
 class RemoteSandbox:
     """A sandbox held by the service: the ``SandboxAPI`` of ``memex.Sandbox``, with the same
     results, errors and limits. ``checkpoint()`` returns a :class:`RemoteCheckpoint`."""
@@ -292,6 +333,7 @@ class RemoteSandbox:
         self._lock = threading.RLock()
         self._closed: str | None = None
         self._link: _DoorLink | None = None  # opened by the first turn that may need it
+        self._turns: _TurnLink | None = None  # opened by the first turn
         self.restored: dict[str, Any] | None = info.get("restored")
         """Set when the service brought this session back from a save (after a restart or an
         idle eviction): ``from_turn``, ``lost_turns``, ``files_kept``, ``reason``."""
@@ -305,6 +347,19 @@ class RemoteSandbox:
         if self._link is None and (self.door.ops or type(self.door).dispatch
                                    is not Door.dispatch):
             self._link = _DoorLink(self._backend.client, self.id, self.door)
+
+    def _turn_link(self) -> _TurnLink | None:
+        """The turns socket, (re)opened as needed; None when it cannot be opened: then the
+        turn goes over ``POST .../run``, which says why (a closed session, a refused key, an
+        unreachable service) or runs it."""
+        if self._turns is not None and self._turns.broken:
+            self._turns = None
+        if self._turns is None:
+            try:
+                self._turns = _TurnLink(self._backend.client, self.id)
+            except (WebSocketException, OSError, TimeoutError):
+                return None
+        return self._turns
 
     @property
     def closed(self) -> bool:
@@ -329,7 +384,15 @@ class RemoteSandbox:
             self._ensure_link()
             self.turns += 1  # counted while the turn runs, as tools see it (then the server's)
             client = self._backend.client
-            if on_output is None:
+            link = self._turn_link() if on_output is None else None
+            if link is not None:
+                try:
+                    out = link.run({"code": code, "timeout": timeout, "filename": filename},
+                                   budget + _GRACE)
+                finally:
+                    if self._closed is not None:  # closed while this turn ran
+                        self._drop_turns()
+            elif on_output is None:
                 out = client.run(self.id, code, timeout=timeout, filename=filename,
                                  wait=budget + _GRACE)
             else:
@@ -389,6 +452,7 @@ class RemoteSandbox:
             self._check_open()
             self._backend.client.park(self.id)
             self._closed = "parked for another node"
+            self._drop_turns()
         if self._link is not None:
             self._link.close()
         self._backend._forget(self)
@@ -407,7 +471,17 @@ class RemoteSandbox:
         finally:
             if self._link is not None:
                 self._link.close()
+            if self._lock.acquire(blocking=False):  # else the running turn closes it, once
+                try:                                # its answer (cancelled) has come
+                    self._drop_turns()
+                finally:
+                    self._lock.release()
             self._backend._forget(self)
+
+    def _drop_turns(self) -> None:
+        if self._turns is not None:
+            self._turns.close()
+            self._turns = None
 
     def __enter__(self) -> RemoteSandbox:
         return self

@@ -9,8 +9,10 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
+import msgpack
 from fastapi import APIRouter, Depends, Query, Request, Response, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import ValidationError
 
 from ..backends import ProcessSandbox
 from ..errors import SandboxError
@@ -50,14 +52,16 @@ def _key_of(headers: Any) -> str | None:
     return auth[7:] if auth[:7].lower() == "bearer " else None
 
 
-def _service_of(request: Request) -> Service:
+# Both dependencies are coroutines: FastAPI runs a plain ``def`` dependency on its thread pool,
+# which costs two thread hops on every request for a few microseconds of work.
+async def _service_of(request: Request) -> Service:
     svc: Service = request.app.state.service
     return svc
 
 
-def _tenant_of(request: Request) -> TenantConfig:
+async def _tenant_of(request: Request) -> TenantConfig:
     """The tenant whose API key the request carries (401 otherwise)."""
-    tenant = _service_of(request).keys.lookup(_key_of(request.headers))
+    tenant = (await _service_of(request)).keys.lookup(_key_of(request.headers))
     if tenant is None:
         raise ApiError(401, "unauthorized", "a valid API key is required "
                        "(Authorization: Bearer <key>)", headers={"WWW-Authenticate": "Bearer"})
@@ -273,6 +277,56 @@ async def write_file(sid: str, request: Request, path: Annotated[str, Query()],
     data = await request.body()
     await svc.blocking(svc.on(s, lambda sb: sb.write_file(path, data)))
     return Response(status_code=204)
+
+
+# ---- turns over a WebSocket ---------------------------------------------------------------
+@router.websocket(f"{V1}/sessions/{{sid}}/turns")
+async def turns(ws: WebSocket, sid: str) -> None:
+    """``/run`` without HTTP's cost per turn: msgpack ``["run", {code, timeout?, filename?}]``
+    in, ``["result", <the body of /run>]`` or ``["error", status, <error body>]`` out, one
+    turn at a time. The key is checked again on every message, as on every request."""
+    svc: Service = ws.app.state.service
+    key = _key_of(ws.headers)
+    tenant = svc.keys.lookup(key)
+    if tenant is None or svc.table.get(tenant.name, sid) is None:
+        await ws.close(code=4401 if tenant is None else 4404)
+        return
+    await ws.accept()
+    try:
+        while True:
+            data = await ws.receive_bytes()
+            await ws.send_bytes(await _turn_message(svc, key, sid, data))
+    except (WebSocketDisconnect, RuntimeError, KeyError):
+        pass  # a turn under way when its client left still ends, as on /run
+
+
+async def _turn_message(svc: Service, key: str | None, sid: str, data: bytes) -> bytes:
+    try:
+        tenant = svc.keys.lookup(key)
+        if tenant is None:
+            raise ApiError(401, "unauthorized", "the key of this connection is no longer valid")
+        if len(data) > svc.config.max_body_bytes:
+            raise ApiError(413, "too_large", "request bodies are capped at "
+                           f"{svc.config.max_body_bytes} bytes")
+        try:
+            kind, fields = msgpack.unpackb(data, raw=False)
+            if kind != "run":
+                raise ValueError(f"unknown message {kind!r}")
+            body = RunIn.model_validate(fields)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise ApiError(422, "invalid_request", f"{where}: {first['msg']}") from None
+        except (ValueError, TypeError, msgpack.UnpackException) as exc:
+            raise ApiError(422, "invalid_request", "a turn message is msgpack "
+                           f"['run', {{code, timeout?, filename?}}]: {exc}") from None
+        s = svc.session_of(tenant, sid)
+        r: TurnResult = await svc.blocking(svc.on(s, svc.turn_of(s, tenant, body)))
+        out: bytes = msgpack.packb(["result", svc.answer_of(s, tenant, body, r)],
+                                   use_bin_type=True)
+    except ApiError as exc:
+        out = msgpack.packb(["error", exc.status, exc.body()], use_bin_type=True)
+    return out
 
 
 # ---- the door -----------------------------------------------------------------------------
