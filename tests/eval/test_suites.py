@@ -111,3 +111,30 @@ def test_bulletins_corpus_tools_and_tasks(tmp_path: Path) -> None:
     later = [read(h["id"]) for h in search(f"{month} revised {region}")]
     assert any(f"- {month}: {region} unemployment rate revised from" in x and
                f"to {final.reference['rate']:.1f}%." in x for x in later)
+
+
+def test_bulletins_nested_table_answers_its_questions(tmp_path: Path) -> None:
+    """Table 3 nests branches two levels under Services; a branch question's reference is
+    the row of that branch in that month's bulletin, and the levels add up (to rounding)."""
+    ws = _build("bulletins", 0, tmp_path)
+    read = _tool(ws, "read")
+    branch = [t for t in ws.tasks if t.tags == ("branch",)]
+    assert len(branch) == 4 and all(t.id == f"branch_{k}" for k, t in zip(
+        range(len(ws.tasks) - 3, len(ws.tasks) + 1), branch, strict=True))
+    months = {m: i for i, m in enumerate(
+        ["January", "February", "March", "April", "May", "June", "July", "August",
+         "September", "October", "November", "December"], start=1)}
+    for t in branch:
+        name = t.question.split(" in ")[1].split(" (")[0]
+        month, year = t.question.split(") in ")[1].split(",")[0].split()
+        text = read(f"MSB-{year}-{months[month]:02d}")
+        table = text[text.index("Table 3."):text.index("Footnotes")]
+        rows = {line.split("|")[0].strip().removeprefix("of which: "):
+                float(line.split("|")[1].replace(",", ""))
+                for line in table.splitlines()[3:] if "|" in line}
+        assert rows[name] == t.reference["employed"]
+        assert abs(rows["Public services"] + rows["Private services"]
+                   - rows["Services (all branches)"]) <= 0.15
+        assert abs(rows["Health"] + rows["Education"] - rows["Public services"]) <= 0.15
+        assert rows["Services (all branches)"] == float(
+            text.split("Services         |")[1].split()[0].replace(",", ""))

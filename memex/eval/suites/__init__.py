@@ -37,8 +37,8 @@ SUITES = MappingProxyType({
                     "tables, preliminary vs revised figures), funnels and cohorts"),
     "bulletins": Suite(
         name="bulletins", build=_deferred("memex.eval.suites._bulletins", "eval"),  # type: ignore[arg-type]
-        description="32 questions over 150 generated monthly statistical bulletins "
-                    "(merged-header tables, footnotes, later issues revising figures): "
+        description="36 questions over 150 generated monthly statistical bulletins "
+                    "(merged-header and nested tables, footnotes, later issues revising figures): "
                     "search, read and arithmetic over several documents"),
     "big-outputs": Suite(
         name="big-outputs", build=_deferred("memex.eval.suites._big_outputs", "examples"),  # type: ignore[arg-type]

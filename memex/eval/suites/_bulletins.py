@@ -1,12 +1,15 @@
 """The ``bulletins`` suite: grounded reading over a corpus larger than any context.
 
 150 generated monthly statistical bulletins (January 2013 to June 2025), each a text with a
-two-line (merged) header table of regional labour figures, a sector table, footnotes, and a
-section revising figures published in earlier issues. Tools: ``search(query)`` (the best
-matching bulletins, a snippet each) and ``read(bulletin_id)`` (one bulletin's full text).
-32 questions per seed from six templates, each needing one to twelve bulletins and often
+two-line (merged) header table of regional labour figures, a sector table, a nested table
+(services employment by branch: rows within rows, each level indented under its total),
+footnotes, and a section revising figures published in earlier issues. Tools:
+``search(query)`` (the best matching bulletins, a snippet each) and ``read(bulletin_id)``
+(one bulletin's full text).
+36 questions per seed from seven templates, each needing one to twelve bulletins and often
 arithmetic: the figure as last revised (a later issue must be found), the first published
-one, a change between two months, a quarter's mean, the month of a year's peak.
+one, a change between two months, a quarter's mean, the month of a year's peak, a count,
+and a branch's employment read from the nested table.
 """
 
 from __future__ import annotations
@@ -24,6 +27,11 @@ __all__ = ["build", "make_corpus"]
 
 REGIONS = ["North", "South", "East", "West", "Central"]
 SECTORS = ["Manufacturing", "Construction", "Retail", "Services"]
+# The nested table's branches of Services: (name, parent, depth); shares drift per month.
+BRANCHES = [("Public services", None, 1), ("Health", "Public services", 2),
+            ("Education", "Public services", 2), ("Private services", None, 1),
+            ("Finance", "Private services", 2), ("Hospitality", "Private services", 2),
+            ("Transport", "Private services", 2)]
 MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August",
           "September", "October", "November", "December"]
 N = 150
@@ -73,14 +81,41 @@ def make_corpus(seed: int) -> tuple[dict[str, str], dict[str, Any]]:
                 new = round(final[(i, r)] + rng.choice([-0.3, -0.2, -0.1, 0.1, 0.2, 0.3]), 1)
                 revisions.setdefault(at, []).append((i, r, final[(i, r)], new))
                 final[(i, r)] = new
-    texts = {m.id: _text(i, m, months, first, emp, cpi, revisions.get(i, []), rng)
+    branch = _branches(seed, emp)
+    texts = {m.id: _text(i, m, months, first, emp, cpi, revisions.get(i, []), rng,
+                         branch)
              for i, m in enumerate(months)}
-    return texts, {"first": first, "final": final, "emp": emp, "cpi": cpi, "months": months}
+    return texts, {"first": first, "final": final, "emp": emp, "cpi": cpi, "months": months,
+                   "branch": branch}
+
+
+def _branches(seed: int, emp: dict[tuple[int, str], float]) -> dict[tuple[int, str], float]:
+    """(month index, branch) -> thousands employed: Services split in two, each half split
+    again, by shares drifting month to month (a random stream of its own, so the rest of the
+    corpus does not depend on this table)."""
+    rng = random.Random(f"bulletins-branches-{seed}")
+    top = rng.uniform(0.3, 0.45)
+    inner = {p: [rng.uniform(0.5, 1.5) for n, q, _ in BRANCHES if q == p]
+             for p in ("Public services", "Private services")}
+    out: dict[tuple[int, str], float] = {}
+    for i in range(N):
+        top = min(0.6, max(0.2, top + rng.gauss(0, 0.005)))
+        total = emp[(i, "Services")]
+        parts = {"Public services": total * top, "Private services": total * (1 - top)}
+        for p, weights in inner.items():
+            for k in range(len(weights)):
+                weights[k] = max(0.1, weights[k] * (1 + rng.gauss(0, 0.02)))
+            kids = [n for n, q, _ in BRANCHES if q == p]
+            for n, w in zip(kids, weights, strict=True):
+                out[(i, n)] = round(parts[p] * w / sum(weights), 1)
+            out[(i, p)] = round(parts[p], 1)
+    return out
 
 
 def _text(i: int, m: _Month, months: list[_Month], rates: dict[tuple[int, str], float],
           emp: dict[tuple[int, str], float], cpi: dict[int, float],
-          revisions: list[tuple[int, str, float, float]], rng: random.Random) -> str:
+          revisions: list[tuple[int, str, float, float]], rng: random.Random,
+          branch: dict[tuple[int, str], float]) -> str:
     pub = months[i + 1].name if i + 1 < N else f"{MONTHS[(m.month) % 12]} {m.year + 1}"
     up = sum(rates[(i, r)] < rates.get((i - 1, r), 99) for r in REGIONS)
     lines = [
@@ -104,6 +139,12 @@ def _text(i: int, m: _Month, months: list[_Month], rates: dict[tuple[int, str], 
     lines += ["", "Table 2. Employment by sector (thousands) [b]",
               "Sector           | Employed     ", "-----------------+--------------"]
     lines += [f"{s:<17}| {emp[(i, s)]:>12,.1f}" for s in SECTORS]
+    lines += ["", "Table 3. Services employment by branch (thousands) [b]",
+              "Branch                        | Employed     ",
+              "------------------------------+--------------",
+              f"{'Services (all branches)':<30}| {emp[(i, 'Services')]:>12,.1f}"]
+    lines += [f"{'  ' * depth + ('of which: ' if depth > 1 else '') + name:<30}| "
+              f"{branch[(i, name)]:>12,.1f}" for name, _, depth in BRANCHES]
     lines += ["", "Footnotes", "[a] Consumer price figure provisional.",
               "[b] Seasonally adjusted; figures may not sum due to rounding.", ""]
     lines.append("Revisions to earlier issues")
@@ -213,6 +254,13 @@ def _tasks(seed: int, facts: dict[str, Any]) -> tuple[EvalTask, ...]:
         add("count", f"In how many regions did unemployment fall in {months[i].name}, "
             "according to that month's bulletin?", "regions", "integer",
             sum(first[(i, r)] < first[(i - 1, r)] for r in REGIONS))
+    branch = facts["branch"]
+    for _ in range(4):  # after the others: the earlier templates' tasks keep their ids
+        i = rng.randrange(N)
+        name, parent, _ = rng.choice([b for b in BRANCHES if b[2] == 2])
+        add("branch", f"How many thousand people were employed in {name} ({parent.lower()}) "
+            f"in {months[i].name}, according to that month's bulletin? One decimal.",
+            "employed", "number", branch[(i, name)], grader="numeric", tolerance=1e-6)
     return tuple(out)
 
 
