@@ -258,7 +258,7 @@ def _tasks(seed: int, facts: dict[str, Any]) -> tuple[EvalTask, ...]:
     for _ in range(4):  # after the others: the earlier templates' tasks keep their ids
         i = rng.randrange(N)
         name, parent, _ = rng.choice([b for b in BRANCHES if b[2] == 2])
-        add("branch", f"How many thousand people were employed in {name} ({parent.lower()}) "
+        add("branch", f"How many thousand people were employed in {name} ({str(parent).lower()}) "
             f"in {months[i].name}, according to that month's bulletin? One decimal.",
             "employed", "number", branch[(i, name)], grader="numeric", tolerance=1e-6)
     return tuple(out)
