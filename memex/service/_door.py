@@ -162,7 +162,7 @@ class ClientDoor(Door):
     def _list(self, frame: bytes, deadline: float) -> bytes:
         """``tools.list``: the operator's tools, then the client's (when it serves any)."""
         mine = msgpack.unpackb(super().dispatch(frame, deadline), raw=False)
-        if not self._ever or not mine.get("ok"):
+        if not self._conns or not mine.get("ok"):  # no client to add its own tools
             return _pack(mine)
         theirs = msgpack.unpackb(self._forward(frame, deadline), raw=False)
         if theirs.get("ok") and isinstance(theirs.get("value"), list):

@@ -89,6 +89,9 @@ class Service:
     async def stop(self) -> None:
         sessions = self.table.drain()
         saved = await anyio.to_thread.run_sync(self.keeper.stop, sessions)
+        for s in sessions:
+            if s.tools is not None:
+                s.tools.close()  # idempotent: forks share their parent's host
         AUDIT.info(json.dumps({"event": "shutdown", "closed": len(sessions), "saved": saved}))
         await anyio.to_thread.run_sync(self.backend().close)
 
