@@ -19,10 +19,13 @@ from pathlib import Path
 
 import httpx2
 import pytest
+from pydantic import BaseModel
 from served import Served, launch, start_server
 
-from memex import ConfigError, ServiceError, TurnStatus
+from memex import ConfigError, Limits, ServiceError, TurnStatus
 from memex.backends import Client, get_backend
+from memex.executor import MemexAgent
+from memex.executor.llm import LLMClient, ScriptedLLM
 from memex.host_tools import ToolHost, ToolSet
 from memex.service import load_config
 
@@ -240,3 +243,30 @@ def test_a_good_tool_entry_loads(tmp_path: Path) -> None:
     config.write_text('[tenants.a]\nkeys = []\ntools = ["ops_tools.py:search"]\n')
     one = load_config(config).tenants["a"].tools  # a single Tool is a set of one
     assert one is not None and one.names == ("search",)
+
+
+class Found(BaseModel):
+    title: str
+    pid: int
+
+
+def test_an_agent_offers_and_calls_operator_tools(ops_server: Served) -> None:
+    """MemexAgent on RemoteBackend with ``ToolSet.from_service``: the model is shown the
+    operator's tools beside the client's, and its code calls both."""
+    def local_pid() -> int:
+        """The process id of the client."""
+        return os.getpid()
+
+    script = ["Searching.\n```python\nhit = search('alpha', limit=1)[0]\nprint(hit.title)\n```",
+              "```python\nsubmit(title=hit.title, pid=server_pid() + 0 * local_pid())\n```"]
+    backend = get_backend("remote", url=ops_server.url, api_key=ops_server.keys["a"])
+    tools = ToolSet([local_pid]) | ToolSet.from_service(backend.client.tools())
+    with backend, ScriptedLLM(script) as srv:
+        llm = LLMClient("scripted", base_url=srv.base_url, max_retries=0, timeout=30)
+        with MemexAgent(model=llm, tools=tools, submit=Found, backend=backend,
+                        limits=Limits(timeout=20)) as agent:
+            r = agent.run("find alpha")
+    assert r.answer == Found(title="alpha #0", pid=ops_server.proc.pid), r
+    system = srv.requests[0].messages[0]["content"]
+    assert "search(query: str, limit: int = 3)" in system and "local_pid()" in system
+    assert "alpha #0" in r.trajectory.steps[0].observation
