@@ -10,7 +10,7 @@ in this process the same pool backend and an in-process sandbox as baselines. Pr
   turns go over the turns WebSocket, and plain ``POST /run``); the service's overhead is
   RemoteBackend's p50 minus the pool's (target <= 1.5 ms);
 * a session create + close from the warm pool, direct vs through the service (target: create
-  <= 10 ms p50; the service's create includes opening the door WebSocket);
+  <= 10 ms p50; the service's create is its HTTP call; the sockets open with the first turn);
 * 50 concurrent clients x 20 cells (a pandas computation and one client-side tool call each):
   throughput and p50/p99 per cell;
 * a quiet tenant's cell p99 alone, then while a noisy tenant floods the service from 8
@@ -145,7 +145,7 @@ def main() -> None:
                     s.close()
                     time.sleep(0.01)  # let the pool warm a replacement, as between real uses
             row("pool backend open", creates["pool"])
-            row("memex serve create (HTTP + door WebSocket)", creates["serve"],
+            row("memex serve create (POST /v1/sessions)", creates["serve"],
                 "target p50 <= 10 ms")
             pool.close()
 
