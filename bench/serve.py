@@ -8,7 +8,8 @@ in this process the same pool backend and an in-process sandbox as baselines. Pr
 
 * a trivial cell (``1``): in-process, the pool directly, and the service (RemoteBackend, whose
   turns go over the turns WebSocket, and plain ``POST /run``); the service's overhead is
-  RemoteBackend's p50 minus the pool's (target <= 1.5 ms);
+  RemoteBackend's p50 minus the pool's (target <= 1.5 ms), and the CPU time a turn costs
+  in the server process and in the client on each path;
 * a session create + close from the warm pool, direct vs through the service (target: create
   <= 10 ms p50; the service's create is its HTTP call; the sockets open with the first turn);
 * 50 concurrent clients x 20 cells (a pandas computation and one client-side tool call each):
@@ -32,6 +33,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -90,6 +92,18 @@ def start_server(folder: Path, clients: int) -> tuple[subprocess.Popen[bytes], s
     raise SystemExit(f"memex serve did not start:\n{log.read_text()}")
 
 
+def cpu_per(pid: int, fn: Callable[[], object], n: int) -> tuple[float, float]:
+    """CPU seconds per call of ``fn``: in process ``pid`` (the server) and in this one."""
+    def server() -> float:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    a, b = server(), time.process_time()
+    for _ in range(n):
+        fn()
+    return (server() - a) / n, (time.process_time() - b) / n
+
+
 def row(label: str, xs: list[float], target: str = "") -> None:
     print(f"  {label:44s} p50 {fmt(statistics.median(xs)):>9s}  p99 {fmt(pct(xs, .99)):>9s}"
           f"  {target}")
@@ -125,6 +139,9 @@ def main() -> None:
                 served = sample(lambda: rs.run("1"), trivial_n)
                 http = remote["quiet"].client
                 over_http = sample(lambda: http.run(rs.id, "1"), trivial_n)
+                cpu = {"turns socket": cpu_per(proc.pid, lambda: rs.run("1"), trivial_n),
+                       "POST /run": cpu_per(proc.pid, lambda: http.run(rs.id, "1"),
+                                            trivial_n)}
             row("in-process Sandbox", inproc)
             row("pool backend, this process", direct)
             row("memex serve (RemoteBackend: turns socket)", served)
@@ -134,6 +151,9 @@ def main() -> None:
                   f"                  target <= 1.5 ms")
             overall = statistics.median(served) - statistics.median(inproc)
             print(f"  {'overhead over in-process (p50 serve - p50)':44s}     {fmt(overall):>9s}")
+            for path, (server_s, client_s) in cpu.items():
+                print(f"  {'CPU per turn, ' + path + ': server / client':44s}     "
+                      f"{fmt(server_s):>9s} / {fmt(client_s)}")
 
             print(f"\nsession create (+ close), warm pool, {create_n} each:")
             creates: dict[str, list[float]] = {"pool": [], "serve": []}
