@@ -46,6 +46,8 @@ __all__ = ["Client", "RemoteBackend", "RemoteCheckpoint", "RemoteSandbox"]
 
 _LOG = logging.getLogger("memex.client")
 _GRACE = 30.0  # seconds past a turn's deadline the client waits for the answer
+_SOCKET_CELL_CHARS = 1 << 20  # larger cells go over POST /run: its body cap answers 413, where
+# a message past the server's WebSocket frame bound would only break the socket
 
 
 class Client:
@@ -384,7 +386,8 @@ class RemoteSandbox:
             self._ensure_link()
             self.turns += 1  # counted while the turn runs, as tools see it (then the server's)
             client = self._backend.client
-            link = self._turn_link() if on_output is None else None
+            small = len(code) < _SOCKET_CELL_CHARS
+            link = self._turn_link() if on_output is None and small else None
             if link is not None:
                 try:
                     out = link.run({"code": code, "timeout": timeout, "filename": filename},

@@ -114,6 +114,11 @@ def test_an_oversized_turn_is_refused(tmp_path: Any) -> None:
                 sb.run("x = '" + "a" * 5000 + "'")
             assert err.value.status == 413
             assert sb.run("1 + 1").value == "2"
+            assert access_paths(served).count(f"/v1/sessions/{sb.id}/run") == 0
+            with pytest.raises(ServiceError, match="capped at 4096 bytes"):  # a big cell
+                sb.run("x = '" + "a" * (1 << 20) + "'")                 # goes over HTTP
+            assert access_paths(served).count(f"/v1/sessions/{sb.id}/run") == 1
+            assert sb.run("2 + 2").value == "4"
             sb.close()
     finally:
         served.stop()
