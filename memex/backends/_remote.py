@@ -1,7 +1,9 @@
 """The remote backend: sandboxes held by a ``memex serve`` service, reached over HTTP
 (:class:`Client`, httpx) with the guest's door carried over one WebSocket per handle (opened
 by the first turn once the door has a handler), so a host tool the guest calls runs in *this*
-process, as on every other backend.
+process, as on every other backend. A handle's turns go over a second WebSocket (the turns
+socket: one msgpack message each way, a fraction of an HTTP request's cost), or over
+``POST .../run`` when they stream output, are large, or the socket cannot be opened.
 
 ``get_backend("remote", url=..., api_key=...)`` gives a :class:`RemoteBackend`; its handles are
 :class:`RemoteSandbox` (the ``SandboxAPI``), checkpoints :class:`RemoteCheckpoint` (ids the
@@ -311,7 +313,8 @@ class _TurnLink:
         if isinstance(msg, list) and len(msg) == 2 and msg[0] == "result" and isinstance(
                 msg[1], dict):
             return msg[1]
-        if isinstance(msg, list) and len(msg) == 3 and msg[0] == "error":
+        if isinstance(msg, list) and len(msg) == 3 and msg[0] == "error" and isinstance(
+                msg[1], int):
             _raise_body(msg[2], int(msg[1]), what)
         self.close()
         raise ServiceError(f"{what}: an answer outside the API: {msg!r:.80}")
