@@ -107,6 +107,7 @@ class ServiceConfig:
     save_interval: float = 30.0  # seconds between saves of a changed session (0: every turn)
     idle_evict: float | None = None  # seconds idle before a session is saved and evicted
     shared_dir: Path | None = None  # where sessions are parked for another node to take
+    metrics_keys: tuple[str, ...] = ()  # key hashes /metrics asks for (none: open to all)
     tenants: Mapping[str, TenantConfig] = field(default_factory=dict)
     path: Path | None = None
 
@@ -127,6 +128,25 @@ def _known(where: str, table: Mapping[str, Any], keys: set[str]) -> None:
         raise ConfigError(f"{where}: unknown keys {unknown} (known: {sorted(keys)})")
 
 
+def _check_hashes(where: str, keys: tuple[str, ...]) -> None:
+    for k in keys:
+        if not (k.startswith("sha256:") and len(k) == 71
+                and all(c in "0123456789abcdef" for c in k[7:])):
+            raise ConfigError(f"{where}: {k[:12]!r}... is not sha256:<64 hex digits> "
+                              "(store `memex serve --hash-key` output, never the key)")
+
+
+def key_matches(stored: tuple[str, ...], key: str | None) -> bool:
+    """Whether ``key`` hashes to one of ``stored`` (every hash compared, in constant time)."""
+    if not key:
+        return False
+    presented = "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+    found = False
+    for h in stored:
+        found |= hmac.compare_digest(h, presented)
+    return found
+
+
 def _tenant(name: str, t: Any, base: Path) -> TenantConfig:
     where = f"[tenants.{name}]"
     if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name) or name in (".", ".."):
@@ -137,11 +157,7 @@ def _tenant(name: str, t: Any, base: Path) -> TenantConfig:
                       "egress", "tools"})
     keys = tuple(_typed(f"{where} keys[]", k, str) for k in _typed(f"{where} keys",
                                                                       t.get("keys", []), list))
-    for k in keys:
-        if not (k.startswith("sha256:") and len(k) == 71
-                and all(c in "0123456789abcdef" for c in k[7:])):
-            raise ConfigError(f"{where} keys: {k[:12]!r}... is not sha256:<64 hex digits> "
-                              "(store `memex serve --hash-key` output, never the key)")
+    _check_hashes(f"{where} keys", keys)
     ceiling = dict(_typed(f"{where}.ceiling", t.get("ceiling", {}), dict))
     _known(f"[tenants.{name}.ceiling]", ceiling, _LIMIT_FIELDS)
     for k, v in ceiling.items():
@@ -183,7 +199,7 @@ _SERVER_KEYS: dict[str, Any] = {
     "host": str, "port": int, "backend": str, "workers": int, "warm": int, "max_sandboxes": int,
     "warm_timeout": (int, float), "max_body_bytes": int, "threads": int, "access_log": bool,
     "log_code": bool, "preload": list, "state_dir": str, "shared_dir": str,
-    "save_interval": (int, float), "idle_evict": (int, float)}
+    "save_interval": (int, float), "idle_evict": (int, float), "metrics_keys": list}
 
 
 def parse_config(data: Mapping[str, Any], *, path: Path | None = None) -> ServiceConfig:
@@ -206,6 +222,10 @@ def parse_config(data: Mapping[str, Any], *, path: Path | None = None) -> Servic
             opts[k] = float(opts[k])
             if opts[k] < 0:
                 raise ConfigError(f"[server] {k} must be >= 0, got {opts[k]!r}")
+    if "metrics_keys" in opts:
+        opts["metrics_keys"] = tuple(_typed("[server] metrics_keys[]", k, str)
+                                     for k in opts["metrics_keys"])
+        _check_hashes("[server] metrics_keys", opts["metrics_keys"])
     if "preload" in opts:
         opts["preload"] = tuple(_typed("[server] preload[]", m, str) for m in opts["preload"])
     tenants = {n: _tenant(n, t, base)

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from ..backends import ProcessSandbox
 from ..errors import SandboxError
 from ..runtime_wasm import GuestFile, Sandbox, SandboxAPI, TurnResult
-from ._config import TenantConfig
+from ._config import TenantConfig, key_matches
 from ._http import ApiError
 from ._models import (
     API_VERSION,
@@ -87,8 +87,12 @@ async def readyz(svc: Svc) -> JSONResponse:
                          "config_error": svc.keys.last_error})
 
 
-@router.get("/metrics")
-async def metrics(svc: Svc) -> Response:
+@router.get("/metrics", responses={401: {"model": ErrorBody}})
+async def metrics(request: Request, svc: Svc) -> Response:
+    if svc.config.metrics_keys and not key_matches(svc.config.metrics_keys,
+                                                   _key_of(request.headers)):
+        raise ApiError(401, "unauthorized", "/metrics asks for one of [server] metrics_keys "
+                       "(Authorization: Bearer <key>)", headers={"WWW-Authenticate": "Bearer"})
     svc.metrics.sessions(svc.table.counts())
     return Response(svc.metrics.render(), media_type=svc.metrics.content_type)
 

@@ -452,3 +452,23 @@ def test_the_door_websocket_refuses_bad_keys_and_malformed_frames(memex_server: 
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1003
     assert a.run(sid, "1 + 1")["result"]["value"] == "2"  # the session is unharmed
     a.close_session(sid)
+
+
+def test_metrics_can_ask_for_a_key(tmp_path: Path) -> None:
+    """With ``[server] metrics_keys``, /metrics answers only a scraper holding one of them;
+    a tenant's key is not one. A key that is not stored hashed is a config error."""
+    scraper = "scraper-key-0123456789"
+    served = start_server(tmp_path, {"a": ""},
+                          server=f'metrics_keys = ["{hash_key(scraper)}"]')
+    try:
+        for key in (None, served.keys["a"], "wrong-key-wrong-key"):
+            r = raw(served, "GET", "/metrics", key=key)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized"
+        r = raw(served, "GET", "/metrics", key=scraper)
+        assert r.status_code == 200 and "memex_sessions" in r.text
+    finally:
+        served.stop()
+    bad = tmp_path / "bad.toml"
+    bad.write_text(f'[server]\nmetrics_keys = ["{scraper}"]\n')
+    with pytest.raises(ConfigError, match=r"metrics_keys.*not sha256"):
+        load_config(bad)
