@@ -170,6 +170,10 @@ class Client:
     def drop_checkpoint(self, checkpoint: str) -> None:
         self.request("DELETE", f"/v1/checkpoints/{checkpoint}")
 
+    def share_checkpoint(self, checkpoint: str) -> None:
+        """Write a held checkpoint to the nodes' shared folder (any node restores it)."""
+        self.request("POST", f"/v1/checkpoints/{checkpoint}/share")
+
     def read_file(self, sid: str, path: str) -> bytes:
         return self.request("GET", f"/v1/sessions/{sid}/files", params={"path": path}).content
 
@@ -541,6 +545,15 @@ class RemoteBackend(Backend):
         if self._closed:
             raise SandboxClosed("the remote backend was closed")
         return self._adopt(self.client.unpark(sid), door if door is not None else Door())
+
+    def share(self, checkpoint: RemoteCheckpoint) -> RemoteCheckpoint:
+        """Write a checkpoint this node holds to the nodes' shared folder and return it: a
+        handle on any node of the service restores it by id (``RemoteCheckpoint(id, turns)``
+        names it there)."""
+        if not isinstance(checkpoint, RemoteCheckpoint):
+            raise ConfigError("share takes a RemoteCheckpoint from checkpoint()")
+        self.client.share_checkpoint(checkpoint.id)
+        return checkpoint
 
     def _adopt(self, info: dict[str, Any], door: Door) -> RemoteSandbox:
         try:

@@ -319,6 +319,44 @@ class Keeper:
                              "turns": turns}))
         return turns
 
+    def share_checkpoint(self, tenant: str, cid: str, checkpoint: Any, shared: Path) -> None:
+        """Write a held checkpoint to ``shared/<tenant>/checkpoints/<cid>``, where any node's
+        restore of that id finds it (:meth:`shared_checkpoint`)."""
+        folder = shared / tenant / "checkpoints"
+        folder.mkdir(parents=True, exist_ok=True)
+        _atomic_write(folder / cid, _to_bytes(checkpoint))
+        LOG.info(json.dumps({"event": "share_checkpoint", "tenant": tenant,
+                             "checkpoint": cid}))
+
+    def shared_checkpoint(self, tenant: str, cid: str, shared: Path | None) -> Any | None:
+        """A checkpoint another node shared under this id for the tenant, read back (None if
+        there is none); one that cannot be read is an ImageError."""
+        if shared is None or not _SAFE.match(cid):
+            return None
+        try:
+            blob = (shared / tenant / "checkpoints" / cid).read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise ImageError(f"the shared checkpoint {cid!r} cannot be read: {exc}") from exc
+        try:
+            return ProcessCheckpoint.from_bytes(blob) if self.backend().name != \
+                "inprocess" else checkpoint_from_bytes(blob)
+        except (ImageError, ValueError) as exc:
+            raise ImageError(f"the shared checkpoint {cid!r} cannot be read back: {exc}"
+                             ) from exc
+
+    @staticmethod
+    def unshare_checkpoint(tenant: str, cid: str, shared: Path | None) -> bool:
+        """Remove a shared checkpoint; whether there was one."""
+        if shared is None or not _SAFE.match(cid):
+            return False
+        try:
+            (shared / tenant / "checkpoints" / cid).unlink()
+        except FileNotFoundError:
+            return False
+        return True
+
     def unpark(self, tenant: TenantConfig, sid: str, shared: Path) -> Session | None:
         """Take a parked session from ``shared/<tenant>/`` (None if there is none: another
         node may have taken it first; the claim is an atomic rename, so only one does),

@@ -225,12 +225,16 @@ async def checkpoint(sid: str, tenant: Tenant, svc: Svc) -> CheckpointOut:
 @router.post(f"{V1}/sessions/{{sid}}/restore", status_code=204, responses=_ERRORS)
 async def restore(sid: str, body: RestoreIn, tenant: Tenant, svc: Svc) -> Response:
     s = svc.session_of(tenant, sid)
-    cp = svc.table.checkpoint(tenant.name, body.checkpoint)
-    if cp is None:
-        raise ApiError(404, "not_found", f"no checkpoint {body.checkpoint!r} (unknown, "
-                       "released, or past the tenant's max_checkpoints)")
+    cid = body.checkpoint
 
     def put_back(sb: SandboxAPI[Any]) -> None:
+        cp = svc.table.checkpoint(tenant.name, cid)
+        if cp is None:  # one another node shared, read on first use and held here
+            cp = svc.keeper.shared_checkpoint(tenant.name, cid, svc.config.shared_dir)
+            if cp is None:
+                raise ApiError(404, "not_found", f"no checkpoint {cid!r} (unknown, released, "
+                               "or past the tenant's max_checkpoints)")
+            svc.table.hold(tenant, cp, cid)
         sb.restore(cp)
         svc.keeper.changed(s)
 
@@ -240,8 +244,23 @@ async def restore(sid: str, body: RestoreIn, tenant: Tenant, svc: Svc) -> Respon
 
 @router.delete(f"{V1}/checkpoints/{{cid}}", status_code=204, responses=_ERRORS)
 async def drop_checkpoint(cid: str, tenant: Tenant, svc: Svc) -> Response:
-    if not svc.table.drop_checkpoint(tenant.name, cid):
+    held = svc.table.drop_checkpoint(tenant.name, cid)
+    shared = await svc.blocking(svc.keeper.unshare_checkpoint, tenant.name, cid,
+                                svc.config.shared_dir)
+    if not (held or shared):
         raise ApiError(404, "not_found", f"no checkpoint {cid!r}")
+    return Response(status_code=204)
+
+
+@router.post(f"{V1}/checkpoints/{{cid}}/share", status_code=204, responses=_ERRORS)
+async def share_checkpoint(cid: str, tenant: Tenant, svc: Svc) -> Response:
+    """Write a held checkpoint to the nodes' shared folder: a restore of its id on any node
+    of the tenant then finds it there (docs/service.md, Scaling out)."""
+    shared = svc.shared()
+    cp = svc.table.checkpoint(tenant.name, cid)
+    if cp is None:
+        raise ApiError(404, "not_found", f"no checkpoint {cid!r} held on this node")
+    await svc.blocking(svc.keeper.share_checkpoint, tenant.name, cid, cp, shared)
     return Response(status_code=204)
 
 

@@ -191,10 +191,10 @@ class SessionTable:
             return dict(collections.Counter(s.tenant for s in self._sessions.values()))
 
     # ---- checkpoints --------------------------------------------------------------------
-    def hold(self, tenant: TenantConfig, checkpoint: Any) -> str:
-        """Keep a checkpoint for the tenant; its id. Past ``max_checkpoints`` the oldest
-        is released."""
-        cid = "c_" + secrets.token_urlsafe(12)
+    def hold(self, tenant: TenantConfig, checkpoint: Any, cid: str | None = None) -> str:
+        """Keep a checkpoint for the tenant (under ``cid``: one another node shared); its
+        id. Past ``max_checkpoints`` the oldest is released."""
+        cid = cid or "c_" + secrets.token_urlsafe(12)
         with self._lock:
             held = self._checkpoints.setdefault(tenant.name, collections.OrderedDict())
             held[cid] = checkpoint

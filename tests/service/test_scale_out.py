@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from served import launch, start_server
 
-from memex import SandboxClosed, ServiceError
-from memex.backends import Client, get_backend
+from memex import ImageError, SandboxClosed, ServiceError
+from memex.backends import Client, RemoteCheckpoint, get_backend
 from memex.host_tools import ToolHost
 
 
@@ -104,3 +104,54 @@ def test_a_node_without_a_shared_folder_says_so(memex_server: object) -> None:
     assert err.value.status == 409 and err.value.code == "not_configured"
     assert a.run(sid, "1 + 1")["result"]["value"] == "2"  # still here, untouched
     a.close_session(sid)
+
+
+def test_a_checkpoint_shared_on_one_node_restores_on_another(tmp_path: Path) -> None:
+    """A held checkpoint lives in its node's memory until shared: then any node's restore of
+    its id reads it from the shared folder. Another tenant cannot restore it, a corrupt
+    copy is a typed error, and dropping it removes the shared copy too."""
+    shared = tmp_path / "shared"
+    a_node = start_server(tmp_path / "a", {"t": "", "u": ""}, server=f"shared_dir = '{shared}'")
+    (tmp_path / "b").mkdir()
+    b_config = tmp_path / "b" / "serve.toml"
+    b_config.write_text(a_node.config.read_text())
+    b_node = launch(b_config, a_node.keys)
+    try:
+        on_a = get_backend("remote", url=a_node.url, api_key=a_node.keys["t"])
+        on_b = get_backend("remote", url=b_node.url, api_key=a_node.keys["t"])
+        sa, sb = on_a.open(), on_b.open()
+        sa.run("import numpy as np\nx = np.arange(6)\nkept = 'from a'")
+        cp = sa.checkpoint()
+        with pytest.raises(ServiceError) as err:  # not shared yet: B does not know it
+            sb.restore(RemoteCheckpoint(cp.id, cp.turns))
+        assert err.value.status == 404
+        assert on_a.share(cp) is cp
+        sb.restore(RemoteCheckpoint(cp.id, cp.turns))
+        assert sb.run("int(x.sum()), kept").value == "(15, 'from a')"
+        sb.run("kept = 'changed on b'")
+        sb.restore(RemoteCheckpoint(cp.id, cp.turns))  # now held on B too
+        assert sb.run("kept").value == "'from a'"
+        u = get_backend("remote", url=b_node.url, api_key=a_node.keys["u"])
+        su = u.open()
+        with pytest.raises(ServiceError) as err:  # another tenant's id is not its own
+            su.restore(RemoteCheckpoint(cp.id, cp.turns))
+        assert err.value.status == 404
+        # a corrupt shared copy is answered with a typed error, and nothing breaks
+        other = sa.checkpoint()
+        on_a.share(other)
+        (shared / "t" / "checkpoints" / other.id).write_bytes(b"not an image")
+        with pytest.raises(ImageError, match="cannot be read back"):  # the server's class
+            sb.restore(RemoteCheckpoint(other.id, other.turns))
+        assert sb.run("kept").value == "'from a'"
+        Client(a_node.url, a_node.keys["t"]).drop_checkpoint(cp.id)
+        assert not (shared / "t" / "checkpoints" / cp.id).exists()
+        with pytest.raises(ServiceError) as err:  # only a checkpoint held here is shared
+            Client(a_node.url, a_node.keys["t"]).share_checkpoint("c_nothing")
+        assert err.value.status == 404
+        for h in (sa, sb, su):
+            h.close()
+        for b in (on_a, on_b, u):
+            b.close()
+    finally:
+        a_node.stop()
+        b_node.stop()
