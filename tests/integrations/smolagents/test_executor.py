@@ -141,7 +141,9 @@ def test_same_semantics_on_other_backends(backend: str) -> None:
     script = [code("df = sales('west')\nn = len(df)"),
               code("while True: n += 1"),
               code("final_answer(n)")]
-    with ScriptedLLM(script) as srv, MemexExecutor(limits=Limits(timeout=2),
+    # pandas is preloaded outside any deadline: only the loop is meant to meet the 2 s one
+    # (under load, importing it for the first cell's DataFrame took longer than that)
+    with ScriptedLLM(script) as srv, MemexExecutor(limits=Limits(timeout=2), preload=("pandas",),
                                                    backend=backend) as ex:
         agent = CodeAgent(tools=[sales], model=model(srv), executor=ex, max_steps=4)
         assert agent.run("Rows?") == 3
