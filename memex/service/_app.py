@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..backends import Backend
 from ._config import ServiceConfig
-from ._http import Access, ApiError, BodyCap
+from ._http import Access, ApiError, BodyCap, invalid_request
 from ._models import API_VERSION
 from ._routes import router
 from ._service import Service
@@ -55,10 +55,7 @@ def create_app(config: ServiceConfig, *, backend: Backend | None = None) -> Fast
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        return ApiError(422, "invalid_request",
-                        f"{where}: {first.get('msg', 'invalid request')}").response()
+        return invalid_request(exc.errors()).response()
 
     @app.exception_handler(Exception)
     async def _internal(_: Request, exc: Exception) -> JSONResponse:

@@ -36,7 +36,7 @@ def hash_key(key: str) -> str:
     """The form an API key is stored in: ``sha256:<64 hex digits>``."""
     if not isinstance(key, str) or len(key) < 16:
         raise ConfigError("an API key is a str of at least 16 characters")
-    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+    return _digest(key)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,11 +136,15 @@ def _check_hashes(where: str, keys: tuple[str, ...]) -> None:
                               "(store `memex serve --hash-key` output, never the key)")
 
 
+def _digest(key: str) -> str:
+    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+
+
 def key_matches(stored: tuple[str, ...], key: str | None) -> bool:
     """Whether ``key`` hashes to one of ``stored`` (every hash compared, in constant time)."""
     if not key:
         return False
-    presented = "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+    presented = _digest(key)
     found = False
     for h in stored:
         found |= hmac.compare_digest(h, presented)
@@ -298,7 +302,7 @@ class KeyRing:
         if not key:
             return None
         self._refresh()
-        presented = "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+        presented = _digest(key)
         found = None
         for tenant in self._tenants.values():
             for stored in tenant.keys:

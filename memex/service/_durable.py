@@ -242,8 +242,7 @@ class Keeper:
             files_path = folder / f"{s.id}.files"
             files: dict[str, bytes] = msgpack.unpackb(files_path.read_bytes(), raw=False) \
                 if files_path.exists() else {}
-            cp: Any = ProcessCheckpoint.from_bytes(blob) if self.backend().name != \
-                "inprocess" else checkpoint_from_bytes(blob)
+            cp = self._from_bytes(blob)
         except (OSError, ImageError, ValueError, msgpack.UnpackException) as exc:
             s.lost = f"its saved state cannot be read back: {exc}"
             raise SandboxLost(s.lost) from exc
@@ -319,6 +318,12 @@ class Keeper:
                              "turns": turns}))
         return turns
 
+    def _from_bytes(self, blob: bytes) -> Any:
+        """A checkpoint of this server's backend from its saved bytes (``_to_bytes``)."""
+        if self.backend().name == "inprocess":
+            return checkpoint_from_bytes(blob)
+        return ProcessCheckpoint.from_bytes(blob)
+
     def share_checkpoint(self, tenant: str, cid: str, checkpoint: Any, shared: Path) -> None:
         """Write a held checkpoint to ``shared/<tenant>/checkpoints/<cid>``, where any node's
         restore of that id finds it (:meth:`shared_checkpoint`)."""
@@ -340,8 +345,7 @@ class Keeper:
         except OSError as exc:
             raise ImageError(f"the shared checkpoint {cid!r} cannot be read: {exc}") from exc
         try:
-            return ProcessCheckpoint.from_bytes(blob) if self.backend().name != \
-                "inprocess" else checkpoint_from_bytes(blob)
+            return self._from_bytes(blob)
         except (ImageError, ValueError) as exc:
             raise ImageError(f"the shared checkpoint {cid!r} cannot be read back: {exc}"
                              ) from exc

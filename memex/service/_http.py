@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi.responses import JSONResponse
@@ -22,7 +23,8 @@ from ..errors import (
 )
 from ._metrics import Metrics
 
-__all__ = ["Access", "ApiError", "BodyCap", "TooLarge", "translate"]
+__all__ = ["Access", "ApiError", "BodyCap", "TooLarge", "invalid_request", "too_large",
+           "translate"]
 
 ACCESS = logging.getLogger("memex.service.access")
 
@@ -42,6 +44,17 @@ class ApiError(Exception):
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def invalid_request(errors: Sequence[Any]) -> ApiError:
+    """422 for a body that does not fit its schema, naming the first error (pydantic's)."""
+    first = errors[0] if errors else {}
+    where = ".".join(str(p) for p in first.get("loc", ()))
+    return ApiError(422, "invalid_request", f"{where}: {first.get('msg', 'invalid request')}")
+
+
+def too_large(cap: int) -> ApiError:
+    return ApiError(413, "too_large", f"request bodies are capped at {cap} bytes")
 
 
 def translate(exc: MemexError) -> ApiError:
@@ -74,9 +87,9 @@ class BodyCap:
             await self.app(scope, receive, send)
             return
         declared = dict(scope.get("headers") or []).get(b"content-length")
-        too_large = ApiError(413, "too_large", f"request bodies are capped at {self.cap} bytes")
+        refused = too_large(self.cap)
         if declared is not None and declared.isdigit() and int(declared) > self.cap:
-            await too_large.response()(scope, receive, send)
+            await refused.response()(scope, receive, send)
             return
         seen = 0
 
@@ -91,7 +104,7 @@ class BodyCap:
         try:
             await self.app(scope, counted, send)
         except TooLarge:
-            await too_large.response()(scope, receive, send)
+            await refused.response()(scope, receive, send)
 
 
 class TooLarge(Exception):

@@ -18,7 +18,7 @@ from ..backends import ProcessSandbox
 from ..errors import SandboxError
 from ..runtime_wasm import GuestFile, Sandbox, SandboxAPI, TurnResult
 from ._config import TenantConfig, key_matches
-from ._http import ApiError
+from ._http import ApiError, invalid_request, too_large
 from ._models import (
     API_VERSION,
     CheckpointOut,
@@ -166,10 +166,8 @@ async def unpark(sid: str, tenant: Tenant, svc: Svc) -> SessionOut:
 # ---- turns --------------------------------------------------------------------------------
 @router.post(f"{V1}/sessions/{{sid}}/run", response_model=RunOut, responses=_ERRORS)
 async def run(sid: str, body: RunIn, tenant: Tenant, svc: Svc) -> Response:
-    s = svc.session_of(tenant, sid)
-    r: TurnResult = await svc.blocking(svc.on(s, svc.turn_of(s, tenant, body)))
     # the hot path: encoded once, not validated again against RunOut
-    return Response(json.dumps(svc.answer_of(s, tenant, body, r)),
+    return Response(json.dumps(await svc.run_turn(tenant, sid, body)),
                     media_type="application/json")
 
 
@@ -329,23 +327,18 @@ async def _turn_message(svc: Service, key: str | None, sid: str, data: bytes) ->
         if tenant is None:
             raise ApiError(401, "unauthorized", "the key of this connection is no longer valid")
         if len(data) > svc.config.max_body_bytes:
-            raise ApiError(413, "too_large", "request bodies are capped at "
-                           f"{svc.config.max_body_bytes} bytes")
+            raise too_large(svc.config.max_body_bytes)
         try:
             kind, fields = msgpack.unpackb(data, raw=False)
             if kind != "run":
                 raise ValueError(f"unknown message {kind!r}")
             body = RunIn.model_validate(fields)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            raise ApiError(422, "invalid_request", f"{where}: {first['msg']}") from None
+            raise invalid_request(exc.errors()) from None
         except (ValueError, TypeError, msgpack.UnpackException) as exc:
             raise ApiError(422, "invalid_request", "a turn message is msgpack "
                            f"['run', {{code, timeout?, filename?}}]: {exc}") from None
-        s = svc.session_of(tenant, sid)
-        r: TurnResult = await svc.blocking(svc.on(s, svc.turn_of(s, tenant, body)))
-        out: bytes = msgpack.packb(["result", svc.answer_of(s, tenant, body, r)],
+        out: bytes = msgpack.packb(["result", await svc.run_turn(tenant, sid, body)],
                                    use_bin_type=True)
     except ApiError as exc:
         out = msgpack.packb(["error", exc.status, exc.body()], use_bin_type=True)

@@ -242,6 +242,13 @@ class Service:
                     self.keeper.changed(s)
         return turn
 
+    async def run_turn(self, tenant: TenantConfig, sid: str, body: RunIn) -> dict[str, Any]:
+        """One turn of ``body`` in the tenant's session ``sid``: the body of ``/run``'s
+        answer (the turns socket sends the same)."""
+        s = self.session_of(tenant, sid)
+        r: TurnResult = await self.blocking(self.on(s, self.turn_of(s, tenant, body)))
+        return self.answer_of(s, tenant, body, r)
+
     def answer_of(self, s: Session, tenant: TenantConfig, body: RunIn, r: TurnResult
                   ) -> dict[str, Any]:
         """The body of a turn's answer; counted and audited."""
