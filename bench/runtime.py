@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import functools
 import gc
+import mmap
 import os
 import shutil
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -38,6 +41,7 @@ if str(ROOT) not in sys.path:
 
 from _fmt import TOUCH_1MIB, ballast, fmt  # noqa: E402  (bench/ is on sys.path when a script runs)
 
+import memex.runtime_wasm._lz4 as _lz4  # noqa: E402  (patched for the codec's baseline)
 from memex.runtime_wasm import Door, Limits, Sandbox, dirty_tracking  # noqa: E402
 from memex.runtime_wasm._dirty import TRACKER  # noqa: E402  (switched off for the baseline)
 
@@ -326,6 +330,8 @@ def _bench_image_size(mib: int, n: int) -> None:
                 return lb.close
 
             add("images", f"load() to first result, {size}", timed(load_first, n))
+            if sb.memory_bytes > 48 << 20:
+                _bench_codec_baseline(sb, path, size, n)
         if mib > 48:
             moved = sb._runner.call(lambda: sb._require().memory_address()) != base
             add("images", "sanity: guest memory base after growth",
@@ -334,6 +340,63 @@ def _bench_image_size(mib: int, n: int) -> None:
         held.clear()
         sb.close()
 
+
+
+@contextlib.contextmanager
+def _plain_lz4() -> Iterator[None]:
+    """The codec as ``lz4.block`` gives it: bytes in and out (a copy each way), one thread."""
+    saved = _lz4._C, _lz4.PARALLEL_MIN
+    _lz4._C, _lz4.PARALLEL_MIN = None, 1 << 62
+    try:
+        yield
+    finally:
+        _lz4._C, _lz4.PARALLEL_MIN = saved
+
+
+def _decoded_bytes(path: Path) -> int:
+    """How many bytes of memory the runs of a saved image decode to."""
+    blob = path.read_bytes()
+    _, _, hlen = struct.unpack_from("<8sII", blob)
+    pos, total = 16 + hlen, 0
+    while pos < len(blob) - 8:
+        _, n, stored, _ = struct.unpack_from("<QIII", blob, pos)
+        pos += struct.calcsize("<QIII") + stored
+        total += n
+    return total
+
+
+def _bench_codec_baseline(sb: Sandbox, path: Path, size: str, n: int) -> None:
+    with _plain_lz4():
+        add("images", f"save() of {size}", timed(lambda: sb.save(path), n),
+            "lz4.block, one thread (baseline)")
+
+        def load_first() -> Callable[[], None]:
+            lb = Sandbox.load(path, rollback=False)
+            lb.run("1")
+            return lb.close
+
+        add("images", f"load() to first result, {size}", timed(load_first, n),
+            "lz4.block, one thread (baseline)")
+    decoded = _decoded_bytes(path)
+
+    def fault_in() -> None:
+        # the floor of a load: every page the runs decode to, written once in a new memfd
+        fd = os.memfd_create("floor", os.MFD_CLOEXEC)
+        os.ftruncate(fd, decoded)
+        m = mmap.mmap(fd, decoded)
+        try:
+            buf = (ctypes.c_char * decoded).from_buffer(m)
+            base = ctypes.addressof(buf)
+            _lz4.parallel_map(
+                lambda off: ctypes.memset(base + off, 1, min(1 << 20, decoded - off)),
+                range(0, decoded, 1 << 20), decoded)
+            del buf
+        finally:
+            m.close()
+            os.close(fd)
+
+    add("floor", f"write {decoded >> 20} MiB of new memfd pages, every core",
+        timed(fault_in, n), "what a load's pages cost before any decompression")
 
 
 @contextlib.contextmanager

@@ -15,6 +15,7 @@ import ctypes
 import errno
 import mmap
 import os
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from ..errors import ImageError
@@ -24,7 +25,7 @@ from ._dirty import Runs
 if TYPE_CHECKING:
     from ._instance import Instance
 
-__all__ = ["MemoryImage"]
+__all__ = ["MemoryImage", "mapped"]
 
 _CHUNK = 1 << 20
 _MAX_DEPTH = 8  # deltas above a flat root before they are merged into one
@@ -34,6 +35,8 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
                        ctypes.c_int, ctypes.c_long]
 _libc.mmap.restype = ctypes.c_void_p
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.munmap.restype = ctypes.c_int
 _PROT_RW = mmap.PROT_READ | mmap.PROT_WRITE
 _MAP_PRIVATE = mmap.MAP_PRIVATE
 _MAP_FIXED = 0x10
@@ -164,23 +167,34 @@ class MemoryImage:
         return cls(fd, size)
 
     @classmethod
-    def delta_from_runs(cls, root: MemoryImage, size: int,
-                        runs: list[tuple[int, bytes]]) -> MemoryImage:
-        """A delta on ``root`` holding ``runs`` (page-aligned offset, bytes): a saved session
-        loaded on top of the warm image it was saved on."""
+    def from_runs(cls, size: int, runs: Sequence[tuple[int, int]],
+                  fill: Callable[[list[int]], None], *,
+                  root: MemoryImage | None = None) -> MemoryImage:
+        """An image of a ``size``-byte memory whose ``runs`` (page-aligned offset, bytes)
+        ``fill`` writes, given the address of each run in the new image's mapped file: a
+        flat image (zeros elsewhere), or with ``root`` a delta on it holding just the runs
+        (how a saved session loads on the warm image it was saved on). The bytes go
+        straight into the image: no copy is made on the way."""
+        used = sum(n for _, n in runs)
+        fd = cls._new_fd(size if root is None else max(used, _PAGE))
         pages: dict[int, int] = {}
-        used = sum(len(data) for _, data in runs)
-        fd = cls._new_fd(max(used, _PAGE))
-        at = 0
         try:
-            for off, data in runs:
-                os.pwrite(fd, data, at)
-                for k in range(len(data) // _PAGE):
-                    pages[off // _PAGE + k] = at + k * _PAGE
-                at += len(data)
+            with mapped(fd, size if root is None else max(used, _PAGE), write=True) as base:
+                if root is None:
+                    fill([base + off for off, _ in runs])
+                else:
+                    at, where = 0, []
+                    for off, n in runs:
+                        where.append(base + at)
+                        for k in range(n // _PAGE):
+                            pages[off // _PAGE + k] = at + k * _PAGE
+                        at += n
+                    fill(where)
         except BaseException:
             os.close(fd)
             raise
+        if root is None:
+            return cls(fd, size)
         return cls(fd, size, parent=root, pages=pages)
 
     # ---- deltas ---------------------------------------------------------------------------
@@ -352,6 +366,21 @@ class MemoryImage:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self.close()
+
+
+@contextlib.contextmanager
+def mapped(fd: int, size: int, *, offset: int = 0, write: bool = False) -> Iterator[int]:
+    """The address of ``size`` bytes of ``fd`` from ``offset`` (page-aligned), mapped shared
+    for as long as the block runs: for the C code that reads or writes an image in place."""
+    prot = mmap.PROT_READ | (mmap.PROT_WRITE if write else 0)
+    addr = _libc.mmap(None, size, prot, mmap.MAP_SHARED, fd, offset)
+    if addr in (None, _MAP_FAILED):
+        err = ctypes.get_errno()
+        raise ImageError(f"cannot map a memory image: {os.strerror(err)}")
+    try:
+        yield addr
+    finally:
+        _libc.munmap(addr, size)
 
 
 def _pages_of(runs: Runs) -> dict[int, int]:

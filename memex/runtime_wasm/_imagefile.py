@@ -11,6 +11,7 @@ copies the saved pages in. Any damage (a cut, a flipped byte, a header that lies
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import json
 import os
@@ -24,7 +25,8 @@ import lz4.block
 from ..errors import ImageError
 from ._cache import atomic_write
 from ._dirty import PAGE
-from ._image import MemoryImage
+from ._image import MemoryImage, mapped
+from ._lz4 import compress_at, decompress_into, parallel_map
 
 __all__ = ["ImageInfo", "open_raw_image", "read_image_file", "write_image_file",
            "write_raw_image"]
@@ -51,10 +53,13 @@ def write_image_file(path: Path, img: MemoryImage, binary_sha256: str,
                      meta: dict[str, object], *, portable: bool = False) -> int:
     """Write ``img`` to ``path`` (atomically); returns the file size."""
     base = None if portable else img.root.origin
-    if base is not None:
-        body, count = _pack(_changed_runs(img))
-    else:
-        body, count = _whole(img)
+    runs = _changed_runs(img) if base is not None else _whole_runs(img)
+    body: list[bytes] = []
+    count = 0
+    for off, n, packed in runs:
+        if packed:
+            body += [_RUN.pack(off, n, len(packed), zlib.crc32(packed)), packed]
+            count += 1
     header = json.dumps({"binary_sha256": binary_sha256, "memory_size": img.size,
                          "base": base, "codec": "lz4", "runs": count,
                          "meta": meta}).encode()
@@ -63,45 +68,61 @@ def write_image_file(path: Path, img: MemoryImage, binary_sha256: str,
     return len(blob)
 
 
-def _pack(runs: list[tuple[int, bytes]]) -> tuple[list[bytes], int]:
-    body: list[bytes] = []
-    for off, data in runs:
-        packed = lz4.block.compress(data, store_size=False)
-        body += [_RUN.pack(off, len(data), len(packed), zlib.crc32(packed)), packed]
-    return body, len(runs)
+def _changed_runs(img: MemoryImage) -> list[tuple[int, int, bytes]]:
+    """The pages the deltas above the root hold (the newest copy of each), as compressed runs
+    of at most 1 MiB, read in place from the layers' files."""
+    extents = img.newest_extents()
+    sizes = {fd: os.fstat(fd).st_size for _, fd, _, _ in extents}
+    with contextlib.ExitStack() as stack:
+        base = {fd: stack.enter_context(mapped(fd, size)) for fd, size in sizes.items() if size}
+        todo = [(page * PAGE + k, base[fd] + at + k, min(_RUN_MAX, n - k))
+                for page, fd, at, n in extents for k in range(0, n, _RUN_MAX)]
+        packed = parallel_map(lambda t: compress_at(t[1], t[2]), todo,
+                              sum(t[2] for t in todo))
+    return [(off, n, p) for (off, _, n), p in zip(todo, packed, strict=True)]
 
 
-def _changed_runs(img: MemoryImage) -> list[tuple[int, bytes]]:
-    """The pages the deltas above the root hold (the newest copy of each), as runs of at
-    most 1 MiB, read a stretch at a time."""
-    runs: list[tuple[int, bytes]] = []
-    for page, fd, at, n in img.newest_extents():
-        for k in range(0, n, _RUN_MAX):
-            runs.append((page * PAGE + k, os.pread(fd, min(_RUN_MAX, n - k), at + k)))
-    return runs
-
-
-def _whole(img: MemoryImage) -> tuple[list[bytes], int]:
-    """Every non-zero megabyte of the memory. Compressing a megabyte costs less than testing
-    it for zeros in Python, and an all-zero one compresses to one known block: skipped."""
-    view = img.view()
+def _whole_runs(img: MemoryImage) -> list[tuple[int, int, bytes]]:
+    """Every megabyte of the memory, compressed (an all-zero one as b"", to be left out),
+    read in place: from the chain's root where no delta above it has a page in that
+    megabyte, else from a copy with the newest pages laid over the root's."""
+    root = img.root
+    overlays: dict[int, list[tuple[int, int, int, int]]] = {}
+    for page, fd, at, n in img.newest_extents() if img.is_delta else []:
+        off, end = page * PAGE, page * PAGE + n
+        while off < end:
+            chunk = off // _RUN_MAX
+            k = min(end, (chunk + 1) * _RUN_MAX) - off
+            overlays.setdefault(chunk, []).append((off - chunk * _RUN_MAX, fd, at, k))
+            at += k
+            off += k
     zeros: dict[int, bytes] = {}
-    body: list[bytes] = []
-    count = 0
-    try:
-        for off in range(0, img.size, _RUN_MAX):
-            chunk = view[off : off + _RUN_MAX]
-            packed = lz4.block.compress(chunk, store_size=False)
-            n = len(chunk)
+    with mapped(root.fd, root.size, offset=root.file_offset) as rbase:
+
+        def one(off: int) -> bytes:
+            n = min(_RUN_MAX, img.size - off)
+            over = overlays.get(off // _RUN_MAX)
+            if over is None and off + n <= root.size:
+                packed = compress_at(rbase + off, n)
+            else:
+                buf = ctypes.create_string_buffer(n)
+                have = max(0, min(n, root.size - off))
+                if have:
+                    ctypes.memmove(buf, rbase + off, have)
+                view = memoryview(buf).cast("B")
+                for into, fd, at, k in over or ():
+                    if os.preadv(fd, [view[into : into + k]], at) != k:
+                        raise ImageError("short read saving a memory image")
+                del view
+                packed = compress_at(ctypes.addressof(buf), n)
             if n not in zeros:
                 zeros[n] = lz4.block.compress(bytes(n), store_size=False)
-            if packed == zeros[n]:
-                continue
-            body += [_RUN.pack(off, n, len(packed), zlib.crc32(packed)), packed]
-            count += 1
-    finally:
-        del view
-    return body, count
+            return b"" if packed == zeros[n] else packed
+
+        offs = range(0, img.size, _RUN_MAX)
+        packed = parallel_map(one, offs, img.size)
+    return [(off, min(_RUN_MAX, img.size - off), p)
+            for off, p in zip(offs, packed, strict=True)]
 
 
 def read_image_file(path: Path, binary_sha256: str,
@@ -140,28 +161,47 @@ def read_image_file(path: Path, binary_sha256: str,
     if not blob.endswith(_END):
         raise ImageError(f"{path} is truncated (no end marker)")
     body = memoryview(blob)[_HEADER.size + hlen : len(blob) - len(_END)]
-    runs = _v3_runs(path, body, size) if version == 3 else _v2_runs(path, body, size)
-    if len(runs) != count:
-        raise ImageError(f"{path} is truncated or corrupt ({len(runs)} of {count} runs)")
     meta = header.get("meta") if isinstance(header.get("meta"), dict) else {}
     info = ImageInfo(binary_sha256=sha, memory_size=size, meta=meta)
-    if base_name is None:
-        return MemoryImage.from_chunks(size, runs), info
-    if not isinstance(base_name, str) or not callable(base):
-        raise ImageError(f"{path} has a corrupt header (base {base_name!r})")
-    root = base(base_name)
-    if not isinstance(root, MemoryImage):
-        raise ImageError(
-            f"{path} was saved on top of warm image {base_name}, which this machine does not "
-            f"have (it was built elsewhere or by another MemEx version); load it where it was "
-            f"saved, or save it with portable=True")
-    if root.size > size:
-        raise ImageError(f"{path} is smaller than the warm image it was saved on")
-    return MemoryImage.delta_from_runs(root, size, runs), info
+    if version == 2:
+        chunks = _v2_runs(path, body, size)
+        if len(chunks) != count:
+            raise ImageError(f"{path} is truncated or corrupt ({len(chunks)} of {count} runs)")
+        return MemoryImage.from_chunks(size, chunks), info
+    runs = _v3_runs(path, body, size)
+    if len(runs) != count:
+        raise ImageError(f"{path} is truncated or corrupt ({len(runs)} of {count} runs)")
+    root = None
+    if base_name is not None:
+        if not isinstance(base_name, str) or not callable(base):
+            raise ImageError(f"{path} has a corrupt header (base {base_name!r})")
+        root = base(base_name)
+        if not isinstance(root, MemoryImage):
+            raise ImageError(
+                f"{path} was saved on top of warm image {base_name}, which this machine does "
+                f"not have (it was built elsewhere or by another MemEx version); load it where "
+                f"it was saved, or save it with portable=True")
+        if root.size > size:
+            raise ImageError(f"{path} is smaller than the warm image it was saved on")
+
+    def fill(where: list[int]) -> None:
+        def one(i: int) -> None:
+            off, n, packed = runs[i]
+            try:
+                decompress_into(packed, where[i], n)
+            except ValueError as exc:
+                raise ImageError(f"{path} is corrupt: the run at offset {off}: {exc}") from exc
+
+        parallel_map(one, range(len(runs)), sum(n for _, n, _ in runs))
+
+    image = MemoryImage.from_runs(size, [(off, n) for off, n, _ in runs], fill, root=root)
+    return image, info
 
 
-def _v3_runs(path: Path, body: memoryview, size: int) -> list[tuple[int, bytes]]:
-    runs: list[tuple[int, bytes]] = []
+def _v3_runs(path: Path, body: memoryview, size: int) -> list[tuple[int, int, memoryview]]:
+    """The runs (offset, bytes, LZ4 block), every head and checksum checked before any is
+    decompressed."""
+    runs: list[tuple[int, int, memoryview]] = []
     pos = 0
     while pos < len(body):
         if pos + _RUN.size > len(body):
@@ -176,13 +216,7 @@ def _v3_runs(path: Path, body: memoryview, size: int) -> list[tuple[int, bytes]]
         pos += stored
         if zlib.crc32(packed) != crc:
             raise ImageError(f"{path} is corrupt: the run at offset {off} fails its checksum")
-        try:
-            data = lz4.block.decompress(packed, uncompressed_size=n)
-        except lz4.block.LZ4BlockError as exc:
-            raise ImageError(f"{path} is corrupt: the run at offset {off}: {exc}") from exc
-        if len(data) != n:
-            raise ImageError(f"{path} is corrupt: the run at offset {off} has the wrong size")
-        runs.append((off, data))
+        runs.append((off, n, packed))
     return runs
 
 
