@@ -84,7 +84,7 @@ def audit(out: str | Path, *, llm: LLMClient, limit: int | None = None, max_turn
     """Audit the failed rollouts of the run folder ``out`` not audited yet (at most
     ``limit``), appending each verdict to ``out/audit.jsonl``; returns the new verdicts."""
     folder = Path(out)
-    results = [r for r in load_results(folder) if not r.correct]
+    results = [r for r in load_results(folder) if not (r.correct or r.endpoint_failed)]
     seen = {v.trajectory for v in load_audit(folder)} if (folder / AUDIT).exists() else set()
     todo = [r for r in results if r.trajectory not in seen][:limit]
     if not todo:

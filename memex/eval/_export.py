@@ -20,14 +20,16 @@ EXPORT_FORMATS = ("chat-jsonl",)
 def export_rollouts(out: str | Path, *, fmt: str = "chat-jsonl", suite: str | None = None,
                     model: str | None = None, space: str | None = None,
                     correct: bool | None = None) -> Iterator[dict[str, Any]]:
-    """The run folder's rollouts that pass the filters, as chat records."""
+    """The run folder's rollouts that pass the filters, as chat records (not those whose
+    model endpoint failed: they have no outcome to reward)."""
     if fmt not in EXPORT_FORMATS:
         raise ConfigError(f"export formats are {', '.join(EXPORT_FORMATS)}, got {fmt!r}")
     folder = Path(out)
     results = load_results(folder)
     trajectories = {t.id: t for t in load_trajectories(folder / TRAJECTORIES)}
     for r in results:
-        if ((suite is not None and r.suite != suite) or (model is not None and r.model != model)
+        if (r.endpoint_failed or (suite is not None and r.suite != suite)
+                or (model is not None and r.model != model)
                 or (space is not None and r.space != space)
                 or (correct is not None and r.correct != correct)):
             continue

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import ConfigError
-from ._results import RolloutResult
+from ._results import RolloutResult, latest
 
 __all__ = ["FORMATS", "Summary", "format_summaries", "pareto_plot", "summarise", "wilson"]
 
@@ -42,6 +42,7 @@ class Summary:
     cost: float | None
     tokens_per_correct: float | None
     submitted: int
+    endpoint_errors: int = 0  # rollouts left out because the model endpoint failed
 
 
 def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
@@ -59,12 +60,28 @@ def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
 def summarise(results: Iterable[RolloutResult],
               prices: Mapping[str, tuple[float, float]] | None = None) -> list[Summary]:
     """Group results by suite, model, action space and variant. ``prices`` (model -> USD
-    per 1M input and output tokens) overrides the cost recorded with the rollouts."""
+    per 1M input and output tokens) overrides the cost recorded with the rollouts. A
+    rollout whose model endpoint failed counts only in ``endpoint_errors``: it says nothing
+    about the model."""
     groups: dict[tuple[str, str, str, str], list[RolloutResult]] = {}
-    for r in results:
-        groups.setdefault((r.suite, r.model, r.space, r.variant), []).append(r)
+    failed: dict[tuple[str, str, str, str], int] = {}
+    for r in latest(results):
+        key = (r.suite, r.model, r.space, r.variant)
+        if r.endpoint_failed:
+            failed[key] = failed.get(key, 0) + 1
+            groups.setdefault(key, [])
+        else:
+            groups.setdefault(key, []).append(r)
     out = []
     for (suite, model, space, variant), rs in sorted(groups.items()):
+        errors = failed.get((suite, model, space, variant), 0)
+        if not rs:
+            out.append(Summary(
+                suite=suite, model=model, space=space, variant=variant, rollouts=0,
+                correct=0, accuracy=0.0, ci_low=0.0, ci_high=1.0, prompt_tokens=0.0,
+                completion_tokens=0.0, llm_calls=0.0, tool_calls=0.0, seconds=0.0, cost=None,
+                tokens_per_correct=None, submitted=0, endpoint_errors=errors))
+            continue
         n = len(rs)
         k = sum(r.correct for r in rs)
         lo, hi = wilson(k, n)
@@ -79,7 +96,7 @@ def summarise(results: Iterable[RolloutResult],
             llm_calls=_mean(r.llm_calls for r in rs), tool_calls=_mean(r.tool_calls for r in rs),
             seconds=_mean(r.seconds for r in rs), cost=sum(known) if known else None,
             tokens_per_correct=tokens / k if k else None,
-            submitted=sum(r.end_reason == "submitted" for r in rs)))
+            submitted=sum(r.end_reason == "submitted" for r in rs), endpoint_errors=errors))
     return out
 
 
@@ -97,7 +114,7 @@ def _cost(r: RolloutResult, prices: Mapping[str, tuple[float, float]] | None) ->
 
 _COLUMNS = ("suite", "model", "space", "variant", "rollouts", "correct", "accuracy", "ci_low",
             "ci_high", "prompt_tokens", "completion_tokens", "llm_calls", "tool_calls",
-            "seconds", "cost", "tokens_per_correct", "submitted")
+            "seconds", "cost", "tokens_per_correct", "submitted", "endpoint_errors")
 
 
 def format_summaries(rows: list[Summary], fmt: str = "md") -> str:
@@ -124,6 +141,11 @@ def format_summaries(rows: list[Summary], fmt: str = "md") -> str:
             f"{r.accuracy:.0%} ({r.ci_low:.0%}-{r.ci_high:.0%}) | {r.prompt_tokens:,.0f} | "
             f"{r.completion_tokens:,.0f} | {r.llm_calls:.1f} | {r.tool_calls:.1f} | "
             f"{r.seconds:.1f} | {cost} | {tpc} |")
+    errors = sum(r.endpoint_errors for r in rows)
+    if errors:
+        lines.append(f"\n{errors} rollout{'s' if errors != 1 else ''} not counted: the model "
+                     "endpoint failed (run the same `memex eval run` again to run "
+                     f"{'them' if errors != 1 else 'it'})")
     return "\n".join(lines) + "\n"
 
 
@@ -157,6 +179,7 @@ def pareto_plot(rows: list[Summary], path: str | Path, *, width: int = 800,
         import matplotlib.pyplot as plt
     except ImportError as exc:
         raise ConfigError("the Pareto plot needs matplotlib: pip install 'memex[eval]'") from exc
+    rows = [r for r in rows if r.rollouts]  # a group whose every endpoint call failed
     if not rows:
         raise ConfigError("no results to plot")
     priced = all(r.cost is not None for r in rows) and any(r.cost for r in rows)

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from ..errors import ConfigError
 
-__all__ = ["RESULTS", "TRAJECTORIES", "JsonlFile", "RolloutResult", "load_results",
+__all__ = ["RESULTS", "TRAJECTORIES", "JsonlFile", "RolloutResult", "latest", "load_results",
            "read_jsonl"]
 
 T = TypeVar("T")
@@ -58,6 +58,13 @@ class RolloutResult:
     def tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
+    @property
+    def endpoint_failed(self) -> bool:
+        """The model endpoint failed (``llm_error``: unreachable, timing out, answering
+        errors after the client's retries): the rollout says nothing about the model, so it
+        is not counted and a later run of the same command runs it again."""
+        return self.end_reason == "llm_error"
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["tags"] = list(self.tags)
@@ -74,12 +81,23 @@ class RolloutResult:
         return cls(**kw)
 
 
-def load_results(path: str | Path) -> list[RolloutResult]:
-    """Every result in a results file (or a run folder holding ``results.jsonl``). A line
-    cut short by a run that died mid-write is skipped; any other bad line is an error."""
+def load_results(path: str | Path, *, every: bool = False) -> list[RolloutResult]:
+    """The results in a results file (or a run folder holding ``results.jsonl``): one per
+    rollout, its latest line (a rollout whose endpoint failed is run again by the next run,
+    which appends a second line), or with ``every`` each line as written. A line cut short
+    by a run that died mid-write is skipped; any other bad line is an error."""
     p = Path(path)
-    return read_jsonl(p / RESULTS if p.is_dir() else p, RolloutResult.from_dict,
-                      "eval result")
+    found = read_jsonl(p / RESULTS if p.is_dir() else p, RolloutResult.from_dict,
+                       "eval result")
+    return found if every else latest(found)
+
+
+def latest(results: Iterable[RolloutResult]) -> list[RolloutResult]:
+    """The last result of each rollout (by ``key``), in the order rollouts first appear."""
+    by_key: dict[tuple[str, str, str, str, int, str], RolloutResult] = {}
+    for r in results:
+        by_key[r.key] = r
+    return list(by_key.values())
 
 
 def read_jsonl(p: Path, parse: Callable[[dict[str, Any]], T], what: str) -> list[T]:

@@ -1,7 +1,9 @@
 """``run_eval``: every (seed, task, action space) of a suite as a rollout of the same agent
 (one prompt core, the same tools and aids: only the action space differs), ``concurrency``
 at a time on one backend, graded and appended as each finishes. Rollouts already in the
-results file are skipped, so a stopped run resumes where it stopped and none runs twice."""
+results file are skipped, so a stopped run resumes where it stopped and none runs twice;
+a rollout whose model endpoint failed is not counted as done, and a run whose endpoint fails
+``ENDPOINT_FAILURES`` rollouts in a row stops rather than record the rest as failures."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..backends import Backend, get_backend
-from ..errors import ConfigError
+from ..errors import ConfigError, LLMError
 from ..executor import Aids, Budget, MemexAgent, Rollout, TrajectoryWriter
 from ..executor.llm import LLMClient
 from ..runtime_wasm import Limits
@@ -22,11 +24,14 @@ from ._judge import judge as judge_answer
 from ._results import RESULTS, TRAJECTORIES, JsonlFile, RolloutResult, load_results
 from ._suite import EvalTask, Suite, Workspace
 
-__all__ = ["EvalRun", "Job", "run_eval"]
+__all__ = ["ENDPOINT_FAILURES", "EvalRun", "Job", "run_eval"]
 
 SPACES = ("code", "tools")
 # what a rollout's tool calls do not count: the answer, and code run as a call
 _NOT_TOOLS = ("submit", "python_exec")
+ENDPOINT_FAILURES = 3
+"""Rollouts in a row whose model endpoint failed (with none finishing in between) after
+which a run stops: an endpoint that is down would otherwise fail every rollout left."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,7 +71,12 @@ def run_eval(
     ``memex eval report``). ``backend`` is a backend name (made here, ``concurrency``
     workers, closed at the end) or a Backend of the caller's. ``progress(result, done,
     total)`` is called after each rollout. ``judge`` is the model that grades tasks whose
-    grader is ``judge`` (none: such tasks are refused before anything runs)."""
+    grader is ``judge`` (none: such tasks are refused before anything runs).
+
+    A rollout whose endpoint failed (``RolloutResult.endpoint_failed``) is written but not
+    counted: the next run of the same folder runs it again. After ``ENDPOINT_FAILURES`` of
+    them in a row the run stops with :class:`~memex.errors.LLMError`; what finished is on
+    disk."""
     bad = [s for s in spaces if s not in SPACES]
     if bad or not spaces:
         raise ConfigError(f"action spaces are {SPACES}, got {list(spaces)}")
@@ -78,7 +88,7 @@ def run_eval(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     model = str(llm.model)
-    done = {r.key for r in _earlier(out)}
+    done = {r.key for r in _earlier(out) if not r.endpoint_failed}
     with contextlib.ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="memex-eval-")))
         plan: list[tuple[Job, Workspace]] = []
@@ -111,7 +121,7 @@ def run_eval(
         runner = _Runner(suite=suite, llm=llm, model=model, variant=variant,
                          aids=aids or Aids(), budget=budget or Budget(max_turns=8),
                          limits=limits or Limits(timeout=60), backend=be, judge=judge)
-        ran = _run_all(plan, runner, concurrency, results, trajectories, progress)
+        ran = _run_all(plan, runner, concurrency, results, trajectories, progress, out)
     every = tuple(r for r in _earlier(out)
                   if r.suite == suite.name and r.model == model and r.variant == variant)
     return EvalRun(out=out, results=every, ran=ran, skipped=skipped)
@@ -179,13 +189,15 @@ class _Runner:
 
 def _run_all(plan: list[tuple[Job, Workspace]], runner: _Runner, concurrency: int,
              results: JsonlFile, trajectories: TrajectoryWriter,
-             progress: Callable[[RolloutResult, int, int], None] | None) -> int:
+             progress: Callable[[RolloutResult, int, int], None] | None, out: Path) -> int:
     """Run the plan ``concurrency`` at a time; each result is written as it comes. An
-    interrupt (Ctrl-C) stops starting new rollouts, waits for none, and re-raises: what
-    finished is on disk."""
+    interrupt (Ctrl-C), or an endpoint that failed ``ENDPOINT_FAILURES`` rollouts in a row
+    (LLMError), stops starting new rollouts, waits for none, and raises: what finished is on
+    disk."""
     if not plan:
         return 0
     done = 0
+    failing = 0  # endpoint failures since the last rollout that ran to an outcome
     pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="memex-eval")
     pending: set[Future[tuple[RolloutResult, Rollout]]] = set()
     queue = list(reversed(plan))
@@ -202,6 +214,13 @@ def _run_all(plan: list[tuple[Job, Workspace]], runner: _Runner, concurrency: in
                 done += 1
                 if progress is not None:
                     progress(result, done, len(plan))
+                failing = failing + 1 if result.endpoint_failed else 0
+                if failing >= ENDPOINT_FAILURES:
+                    raise LLMError(
+                        f"the model endpoint failed {failing} rollouts in a row, so the run "
+                        f"stopped (last: {result.error}). Those rollouts are not counted: "
+                        f"fix the endpoint and run the same command again to run them and "
+                        f"the rest; finished rollouts are in {out}")
     finally:
         for fut in pending:
             fut.cancel()

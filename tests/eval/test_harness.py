@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from memex.cli import main as cli
-from memex.errors import ConfigError
+from memex.errors import ConfigError, LLMError
 from memex.eval import (
     SUITES,
     EvalTask,
@@ -32,7 +32,13 @@ from memex.eval import (
     summarise,
     wilson,
 )
-from memex.executor.llm import LLMClient, ScriptedLLM, ScriptedReply, ScriptedToolCall
+from memex.executor.llm import (
+    LLMClient,
+    ScriptedError,
+    ScriptedLLM,
+    ScriptedReply,
+    ScriptedToolCall,
+)
 from memex.host_tools import tool
 
 
@@ -139,6 +145,61 @@ def test_a_stopped_run_resumes_without_running_a_rollout_twice(srv: ScriptedLLM,
     other = run_eval(SUITE, llm=client(srv), out=tmp_path, seeds=[0], spaces=["code"],
                      variant="no_example", backend="inprocess")
     assert other.ran == 2 and {r.variant for r in other.results} == {"no_example"}
+
+
+def _dead_endpoint() -> str:
+    """A 127.0.0.1 address nothing listens on (the port was just free)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}/v1"
+
+
+def test_an_endpoint_that_is_down_stops_the_run_and_loses_nothing(
+        srv: ScriptedLLM, tmp_path: Path) -> None:
+    dead = LLMClient("scripted", base_url=_dead_endpoint(), max_retries=0, timeout=5)
+    with pytest.raises(LLMError, match="failed 3 rollouts in a row") as err:
+        run_eval(SUITE, llm=dead, out=tmp_path, seeds=[0, 1], backend="inprocess")
+    assert str(tmp_path) in str(err.value)
+    written = load_results(tmp_path)
+    assert len(written) == 3 and all(r.endpoint_failed for r in written)
+    rows = summarise(written)  # nothing about the model: no rollout counted
+    assert [(r.rollouts, r.endpoint_errors) for r in rows] == [(0, 2), (0, 1)]
+    assert "3 rollouts not counted: the model endpoint failed" in format_summaries(rows)
+    with pytest.raises(ConfigError, match="no results"):
+        pareto_plot(rows, tmp_path / "p.png")
+    assert audit(tmp_path, llm=dead) == []  # no model failure to classify
+    assert list(export_rollouts(tmp_path)) == []
+    # the endpoint is back: the same command runs every rollout, the failed ones included
+    run = run_eval(SUITE, llm=client(srv), out=tmp_path, seeds=[0, 1], backend="inprocess")
+    assert run.ran == 8 and run.skipped == 0 and len(run.results) == 8
+    assert not any(r.endpoint_failed for r in run.results)
+    assert len(load_results(tmp_path, every=True)) == 11  # the failed lines stay on record
+    assert len(load_results(tmp_path)) == 8
+    assert [(r.rollouts, r.correct, r.endpoint_errors)
+            for r in summarise(load_results(tmp_path, every=True))] == [(4, 2, 0), (4, 2, 0)]
+
+
+def test_an_endpoint_failing_now_and_then_is_left_out_of_the_figures(tmp_path: Path) -> None:
+    def flaky(body: dict[str, Any]) -> ScriptedReply | ScriptedError | str:
+        if "largest" in _task(body) and not body.get("tools"):
+            return ScriptedError(status=500, message="overloaded")
+        return model(body)
+
+    with ScriptedLLM(flaky) as s:
+        llm = LLMClient("scripted", base_url=s.base_url, max_retries=0, timeout=30)
+        run = run_eval(SUITE, llm=llm, out=tmp_path, seeds=[0, 1, 2], spaces=["code"],
+                       backend="inprocess")
+    assert run.ran == 6
+    failed = [r for r in run.results if r.endpoint_failed]
+    assert [r.task for r in failed] == ["max"] * 3
+    assert all("500" in (r.error or "") for r in failed)
+    (row,) = summarise(run.results)
+    assert (row.rollouts, row.correct, row.endpoint_errors) == (3, 3, 3)
+    assert row.accuracy == 1.0
+    assert len(list(export_rollouts(tmp_path))) == 3
 
 
 def test_the_report_matches_the_results(srv: ScriptedLLM, tmp_path: Path) -> None:
