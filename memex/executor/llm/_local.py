@@ -284,6 +284,13 @@ runpy.run_module("llama_cpp.server", run_name="__main__", alter_sys=True)
 """
 
 
+def _signal_name(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -321,9 +328,10 @@ class LocalModel:
     """A local model served by llama.cpp's OpenAI-compatible server on 127.0.0.1.
 
     ``start()`` (or entering the ``with`` block) fetches the weights when missing and ``fetch``
-    is true, verifies them, starts the server and waits until ``/v1/models`` answers; it raises
-    :class:`LocalModelError` with the server's log tail if the server dies or stays silent for
-    ``startup_timeout`` seconds. ``close()`` stops it and is idempotent. ``base_url`` and
+    is true, verifies them, starts the server and waits until ``/v1/models`` answers and a
+    first one-token completion comes back; it raises :class:`LocalModelError` with the
+    server's log tail if the server dies (naming the signal: a build that cannot run on this
+    CPU dies on its first completion) or stays silent for ``startup_timeout`` seconds. ``close()`` stops it and is idempotent. ``base_url`` and
     ``alias`` (the model name to request) configure any OpenAI client; :meth:`client` makes an
     :class:`~memex.executor.LLMClient` for it.
     """
@@ -439,7 +447,41 @@ class LocalModel:
             except (urllib.error.URLError, OSError):
                 pass
             time.sleep(0.25)
+        self._first_completion(proc, log_path, start)
         self.start_seconds = time.monotonic() - start
+
+    def _first_completion(self, proc: subprocess.Popen[bytes], log_path: Path,
+                          start: float) -> None:
+        """One token of a chat completion before the server counts as started: a llama.cpp
+        build that cannot run on this CPU (AMX instructions in a VM that refuses them, say)
+        answers ``/v1/models`` and then dies on its first real request, which would otherwise
+        surface much later as an unreachable endpoint."""
+        body = json.dumps({"model": self.alias, "max_tokens": 1, "temperature": 0,
+                           "messages": [{"role": "user", "content": "Say OK."}]}).encode()
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/v1/chat/completions", data=body,
+            headers={"Content-Type": "application/json"})
+        left = max(self.startup_timeout - (time.monotonic() - start), 30.0)
+        try:
+            with urllib.request.urlopen(req, timeout=left) as resp:
+                json.loads(resp.read())
+            return
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            failure = f"{type(exc).__name__}: {exc}"
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=1.0)
+        code = proc.poll()
+        tail = _tail(log_path)
+        self.close()
+        if code is not None and code < 0:
+            raise LocalModelError(
+                f"the llama.cpp server died of {_signal_name(-code)} on its first completion "
+                f"request: its build does not run on this machine (a llama.cpp compiled with "
+                f"-march=native uses AMX where the CPU lists it, and some VMs refuse it). "
+                f"Rebuild it without: pip cache remove llama_cpp_python, then ./build.sh "
+                f"demo (it builds with AMX off on x86_64). Its log ends with:\n{tail}")
+        raise LocalModelError(f"the llama.cpp server answered /v1/models but not a first "
+                              f"completion ({failure}); its log ends with:\n{tail}")
 
     def log_tail(self, lines: int = 30) -> str:
         """The last lines of the server's log ("" before start and after close)."""

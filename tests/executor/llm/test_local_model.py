@@ -240,6 +240,21 @@ class H(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        how = os.environ.get("FAKE_COMPLETION", "ok")
+        if how == "crash":  # what a llama.cpp built for instructions this CPU refuses does
+            import signal
+            os.kill(os.getpid(), signal.SIGSEGV)
+        if how == "error":
+            self.send_error(500, "model not loaded")
+            return
+        data = json.dumps({"choices": [{"index": 0, "finish_reason": "length", "message": {
+            "role": "assistant", "content": "OK"}}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 print("fake server listening", flush=True)
 HTTPServer((args.host, int(args.port)), H).serve_forever()
 '''
@@ -337,6 +352,24 @@ def test_server_that_dies_gives_its_log_tail(tiny_model: tuple[ModelSpec, Path],
     with pytest.raises(LocalModelError, match=r"(?s)exited with code 3.*bad magic"):
         lm.start()
     assert not lm.running
+    lm.close()
+
+
+@pytest.mark.parametrize("how", ["crash", "error"])
+def test_a_server_that_fails_its_first_completion_is_not_started(
+        how: str, fake_python: Path, tiny_model: tuple[ModelSpec, Path],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that answers /v1/models but dies (a build this CPU cannot run) or errs on a
+    completion fails start() with the cause, not the first rollout as an unreachable
+    endpoint."""
+    spec, cache = tiny_model
+    monkeypatch.setenv("FAKE_COMPLETION", how)
+    lm = LocalModel(spec, cache_dir=cache, python=str(fake_python), startup_timeout=60)
+    want = (r"(?s)died of SIGSEGV on its first completion.*pip cache remove.*listening"
+            if how == "crash" else r"(?s)not a first completion \(HTTPError.*500.*listening")
+    with pytest.raises(LocalModelError, match=want):
+        lm.start()
+    assert not lm.running and lm.pid is not None and gone(lm.pid)
     lm.close()
 
 
