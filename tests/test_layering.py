@@ -42,6 +42,13 @@ ALLOWED_PRIVATE: dict[str, dict[str, str]] = {
         "memex.runtime_wasm._dirty.TRACKER": "switched off for the whole-copy baseline rows",
         "memex.runtime_wasm._lz4": "plain lz4.block on one thread, for the codec's baseline",
     },
+    "tests/runtime_wasm/test_capi.py": {
+        "memex.runtime_wasm._capi": "the C API binding's errors, traps and version check",
+        "memex.runtime_wasm._engine.engine": "an engine to compile small test modules on",
+        "memex.runtime_wasm._ffi.RawFunc": "calls into a test module through the hot path",
+        "memex.runtime_wasm._ffi.set_epoch_deadline": "a test store's epoch deadline",
+        "memex.runtime_wasm._signals.ensure": "what every turn does before entering wasm",
+    },
     "tests/runtime_wasm/test_image_codec.py": {
         "memex.runtime_wasm._lz4": "the codec's fallback, threads and C calls, unit-tested",
     },

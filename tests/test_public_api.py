@@ -210,7 +210,10 @@ def test_import_memex_loads_only_errors_and_the_runtime() -> None:
 
 
 HEAVY = ["anyio", "httpx", "httpx2", "jsonschema", "numpy", "openai", "pandas", "pydantic",
-         "pydantic_core", "rich", "yaml"]
+         "pydantic_core", "rich", "yaml",
+         # the runtime binds wasmtime's library itself (runtime_wasm/_capi.py): wasmtime-py's
+         # Python layer is ~25 ms of import; msgpack waits for the first door frame
+         "wasmtime", "msgpack", "zipfile"]
 
 
 @pytest.mark.parametrize("code", [
@@ -226,6 +229,17 @@ def test_the_runtime_and_memex_run_load_no_heavy_module(code: str) -> None:
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          timeout=120, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_memex_run_imports_no_other_command() -> None:
+    loaded = _loaded_after("from memex.cli import main; main(['run', '-c', 'pass'])")
+    assert "memex.cli" in loaded
+    probe = ("import sys\nfrom memex.cli import main; main(['run', '-c', 'pass'])\n"
+             "print(sorted(m for m in sys.modules if m.startswith('memex.cli._')))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "['memex.cli._common', 'memex.cli._main', " \
+        "'memex.cli._run']"
 
 
 def test_a_lazy_name_loads_its_layer() -> None:

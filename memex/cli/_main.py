@@ -6,27 +6,13 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import importlib
 import os
 import sys
 import threading
 import traceback
 from collections.abc import Sequence
 from typing import NoReturn
-
-from . import (
-    _agent,
-    _eval,
-    _kernel,
-    _mcp,
-    _model,
-    _policy,
-    _prepare,
-    _repl,
-    _run,
-    _selftest,
-    _serve,
-    _trajectory,
-)
 
 __all__ = ["build_parser", "main", "run"]
 
@@ -35,17 +21,26 @@ Run `memex prepare` once per machine (./build.sh does), then `memex run`, `memex
 `memex agent`; `memex selftest` checks the sandbox's containment on this machine."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+COMMANDS = ("prepare", "run", "repl", "agent", "eval", "trajectory", "model", "policy", "mcp",
+            "serve", "kernel", "selftest")
+"""The subcommands, in the order ``memex --help`` lists them; ``memex X`` is the module
+``memex.cli._X``, which adds its parser with ``add_parser``."""
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``memex`` parser: of every command, or with ``command`` of that one alone (its
+    module is the only one imported: ``memex run -c pass`` does not pay for the others)."""
     parser = argparse.ArgumentParser(prog="memex", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in (_prepare, _run, _repl, _agent, _eval, _trajectory, _model, _policy, _mcp,
-                   _serve, _kernel, _selftest):
-        module.add_parser(sub)
+    for name in COMMANDS if command is None else (command,):
+        importlib.import_module(f"{__package__}._{name}").add_parser(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    first = argv[0] if argv else None
+    args = build_parser(first if first in COMMANDS else None).parse_args(argv)
     from ..errors import MemexError
 
     try:

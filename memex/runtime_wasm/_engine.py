@@ -11,17 +11,15 @@ naming ``memex prepare``.
 from __future__ import annotations
 
 import hashlib
-import platform
+import os
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import wasmtime
-
 from ..errors import ModuleCacheMissing, SetupError
-from . import _ffi
+from . import _capi, _signals
 from ._artifacts import Artifacts, find_artifacts
 from ._cache import atomic_write, cache_dir, file_lock
 
@@ -44,7 +42,7 @@ ASYNC_STACK = 16 << 20  # wasmtime requires async_stack_size >= max_wasm_stack
 TICK_SECONDS = 0.005  # epoch tick: deadline precision
 
 _LOCK = threading.Lock()
-_ENGINES: dict[Flavour, wasmtime.Engine] = {}
+_ENGINES: dict[Flavour, int] = {}  # engine handles, alive as long as the process
 _MODULES: dict[Flavour, LoadedModule] = {}
 _TICKER: threading.Thread | None = None
 
@@ -59,33 +57,29 @@ def _settings(flavour: Flavour) -> dict[str, object]:
     }
 
 
-def _config(flavour: Flavour) -> wasmtime.Config:
-    s = _settings(flavour)
-    cfg = wasmtime.Config()
-    cfg.consume_fuel = bool(s["consume_fuel"])
-    cfg.epoch_interruption = True
-    cfg.wasm_exceptions = True
-    # Must precede max_wasm_stack: an 8 MiB wasm stack with the default async stack makes
-    # Engine() abort the process. wasmtime-py exposes this setting only privately.
-    _ffi.set_async_stack_size(cfg, ASYNC_STACK)
-    cfg.max_wasm_stack = WASM_STACK
-    return cfg
-
-
-def engine(flavour: Flavour) -> wasmtime.Engine:
+def engine(flavour: Flavour) -> int:
+    """The engine handle of a flavour (made once per process)."""
     with _LOCK:
         eng = _ENGINES.get(flavour)
         if eng is None:
-            eng = _ENGINES[flavour] = wasmtime.Engine(_config(flavour))
+            s = _settings(flavour)
+            try:
+                eng = _ENGINES[flavour] = _capi.new_engine(
+                    fuel=bool(s["consume_fuel"]), epochs=True, exceptions=True,
+                    max_wasm_stack=WASM_STACK, async_stack=ASYNC_STACK)
+            except _capi.WasmError as exc:
+                raise SetupError(f"wasmtime refused the {flavour} engine: {exc}") from exc
+            _signals.capture()  # the trap handlers the first engine installed
         _start_ticker()
         return eng
 
 
 def _tick() -> None:
+    increment = _capi.increment_epoch
     while True:
         time.sleep(TICK_SECONDS)
         for eng in tuple(_ENGINES.values()):
-            eng.increment_epoch()
+            increment(eng)
 
 
 def _start_ticker() -> None:
@@ -99,22 +93,10 @@ def ticks_for(seconds: float) -> int:
     return max(1, int(seconds / TICK_SECONDS + 0.999))
 
 
-def _wasmtime_version() -> str:
-    """wasmtime-py's version from its dist-info folder name (importlib.metadata costs ~40 ms of
-    import time, which `memex run` cannot afford)."""
-    site = Path(wasmtime.__file__).resolve().parent.parent
-    found = sorted(p.name for p in site.glob("wasmtime-*.dist-info"))
-    if len(found) == 1:
-        return found[0].removeprefix("wasmtime-").removesuffix(".dist-info")
-    from importlib.metadata import version
-
-    return version("wasmtime")
-
-
 def _key(flavour: Flavour, arts: Artifacts) -> str:
     parts = [
-        f"wasmtime={_wasmtime_version()}",
-        f"machine={platform.machine()}",
+        f"wasmtime={_capi.wasmtime_version()}",
+        f"machine={os.uname().machine}",
         f"binary={arts.snapshot_sha256}",
         *(f"{k}={v}" for k, v in sorted(_settings(flavour).items())),
     ]
@@ -129,7 +111,7 @@ def module_path(flavour: Flavour, arts: Artifacts | None = None) -> Path:
 @dataclass(frozen=True, kw_only=True)
 class LoadedModule:
     flavour: Flavour
-    module: wasmtime.Module
+    module: int  # the module handle, alive as long as the process
     artifacts: Artifacts
     path: Path
 
@@ -149,8 +131,8 @@ def load_module(flavour: Flavour) -> LoadedModule:
         )
     eng = engine(flavour)
     try:
-        module = wasmtime.Module.deserialize_file(eng, str(path))
-    except wasmtime.WasmtimeError as exc:
+        module = _capi.deserialize_module(eng, path)
+    except _capi.WasmError as exc:
         raise SetupError(
             f"the cached module {path} cannot be loaded ({exc}); delete it and run `memex prepare`"
         ) from exc
@@ -174,9 +156,12 @@ def compile_module(flavour: Flavour) -> tuple[Path, bool]:
             return path, False
         eng = engine(flavour)
         try:
-            module = wasmtime.Module(eng, arts.snapshot.read_bytes())
-            data = module.serialize()
-        except wasmtime.WasmtimeError as exc:
+            module = _capi.compile_module(eng, arts.snapshot.read_bytes())
+            try:
+                data = _capi.serialize_module(module)
+            finally:
+                _capi.module_delete(module)  # the machine code of a whole CPython
+        except _capi.WasmError as exc:
             raise SetupError(f"compiling {arts.snapshot} failed: {exc}") from exc
         atomic_write(path, data)
         return path, True

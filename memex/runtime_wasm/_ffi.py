@@ -1,9 +1,6 @@
-"""The engine seam: the only module of MemEx that touches wasmtime-py's private API.
-
-wasmtime-py's public ``Func.__call__`` re-reads the function type, converts every value through
-``Val`` objects and allocates fresh arrays on each call, and its host-function trampoline does the
-same in reverse (plus a process-wide exception slot shared by all threads). A turn crosses that
-boundary several times, so the hot path goes through the C API directly:
+"""The engine seam: calls into guests, their memory, and the host imports they call, on the
+wasmtime C API that ``_capi`` binds. A turn crosses this boundary several times, so every
+crossing is a raw call on reused buffers:
 
 * exports are called with ``wasmtime_func_call_unchecked`` on a reused ``wasmtime_val_raw_t``
   buffer (only i32 arguments and results are needed);
@@ -21,12 +18,8 @@ boundary several times, so the hot path goes through the C API directly:
   (``wasmtime_store_epoch_deadline_callback``), which extends the deadline or stops the guest:
   that is how a turn is cancelled from another thread and how its wall-clock deadline is kept.
 
-Short accessor calls go through a ``PyDLL`` view of the same library so that they keep the GIL
-(releasing it for a sub-microsecond call invites a switch to another thread); calls that run
-wasm release it.
-
-A wasmtime-py upgrade is checked here: :func:`check` runs at import and names every private
-symbol that moved.
+Short accessor calls keep the GIL (releasing it for a sub-microsecond call invites a switch to
+another thread); calls that run wasm release it.
 """
 
 from __future__ import annotations
@@ -39,8 +32,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
 
-import wasmtime
-from wasmtime import _ffi as _w
+from . import _capi
+from ._capi import EXTERN_FUNC, Extern, WasmError, fn
 
 __all__ = [
     "WASI_FILE_IMPORTS",
@@ -48,18 +41,17 @@ __all__ = [
     "MemoryRef",
     "RawFunc",
     "WasiCall",
+    "WasmError",
     "bind_target",
-    "context_address",
     "enter",
     "get_fuel",
     "instance_pre",
     "leave",
     "new_output_key",
+    "output_callback",
     "release_output_keys",
-    "set_async_stack_size",
     "set_epoch_deadline",
     "set_fuel",
-    "set_outputs",
     "unbind_target",
     "wasi_calls",
     "watch_epochs",
@@ -71,105 +63,41 @@ _string_at = ctypes.string_at
 _memmove = ctypes.memmove
 
 # ---- raw prototypes -------------------------------------------------------------------------
-_CDLL = _w.dll  # releases the GIL around each call
-_PYDLL = ctypes.PyDLL(str(_w.filename), handle=_w.dll._handle)  # keeps it
-
-
-def _proto(lib: ctypes.CDLL, name: str, restype: Any, *argtypes: Any) -> Any:
-    fn = lib[name]  # a fresh function object: wasmtime-py's own prototypes stay untouched
-    fn.restype = restype
-    fn.argtypes = list(argtypes)
-    return fn
-
-
-_func_call_unchecked = _proto(
-    _CDLL, "wasmtime_func_call_unchecked", _c_void_p,
-    _c_void_p, _c_void_p, _c_void_p, _c_size_t, _c_void_p,
-)
+_func_call_unchecked = fn("wasmtime_func_call_unchecked", _c_void_p, _c_void_p, _c_void_p,
+                          _c_void_p, _c_size_t, _c_void_p, gil=False)
 # The same entry point keeping the GIL: for the engine's quick WASI calls made from a host
 # import (fd_tell, fd_close...: releasing and retaking the GIL would cost more than the call).
-_func_call_unchecked_gil = _proto(
-    _PYDLL, "wasmtime_func_call_unchecked", _c_void_p,
-    _c_void_p, _c_void_p, _c_void_p, _c_size_t, _c_void_p,
-)
-_memory_data = _proto(_PYDLL, "wasmtime_memory_data", _c_void_p, _c_void_p, _c_void_p)
-_memory_data_size = _proto(_PYDLL, "wasmtime_memory_data_size", _c_size_t, _c_void_p, _c_void_p)
-_caller_context = _proto(_PYDLL, "wasmtime_caller_context", _c_void_p, _c_void_p)
-_set_epoch_deadline = _proto(
-    _PYDLL, "wasmtime_context_set_epoch_deadline", None, _c_void_p, ctypes.c_uint64
-)
-_set_fuel = _proto(_PYDLL, "wasmtime_context_set_fuel", _c_void_p, _c_void_p, ctypes.c_uint64)
-_get_fuel = _proto(_PYDLL, "wasmtime_context_get_fuel", _c_void_p, _c_void_p, _c_void_p)
-_trap_new = _proto(_PYDLL, "wasmtime_trap_new", _c_void_p, ctypes.c_char_p, _c_size_t)
-_error_new = _proto(_PYDLL, "wasmtime_error_new", _c_void_p, ctypes.c_char_p)
-_store_epoch_callback = _proto(
-    _PYDLL, "wasmtime_store_epoch_deadline_callback", None,
-    _c_void_p, _c_void_p, _c_void_p, _c_void_p,
-)
-_define_unchecked = _proto(
-    _PYDLL, "wasmtime_linker_define_func_unchecked", _c_void_p,
-    _c_void_p, ctypes.c_char_p, _c_size_t, ctypes.c_char_p, _c_size_t, _c_void_p, _c_void_p,
-    _c_void_p, _c_void_p,
-)
-_set_stdout_custom = _proto(
-    _PYDLL, "wasi_config_set_stdout_custom", None, _c_void_p, _c_void_p, _c_void_p, _c_void_p
-)
-_set_stderr_custom = _proto(
-    _PYDLL, "wasi_config_set_stderr_custom", None, _c_void_p, _c_void_p, _c_void_p, _c_void_p
-)
-
-_TRAP_PTR = ctypes.POINTER(_w.wasm_trap_t)
-_ERROR_PTR = ctypes.POINTER(_w.wasmtime_error_t)
-
-
-def check() -> None:
-    """Fail at import, naming what moved, if this wasmtime-py lacks a private name used here."""
-    missing = [
-        name for holder, name in (
-            (_w, "wasm_trap_t"), (_w, "wasmtime_error_t"), (_w, "filename"), (_w, "dll"),
-            (wasmtime.Store, "_context"), (wasmtime.Trap, "_from_ptr"),
-            (wasmtime.WasmtimeError, "_from_ptr"), (wasmtime.Linker, "ptr"),
-            (wasmtime.FuncType, "ptr"), (wasmtime.WasiConfig, "ptr"),
-            (wasmtime.Linker, "instantiate_pre"), (wasmtime.Config, "ptr"),
-            (_w, "wasmtime_config_async_stack_size_set"), (wasmtime.Store, "ptr"),
-            (_w, "wasmtime_store_epoch_deadline_callback"), (_w, "wasmtime_error_new"),
-        ) if not hasattr(holder, name)
-    ]
-    if missing:  # pragma: no cover - only on an incompatible wasmtime-py
-        raise ImportError(f"memex's wasmtime seam needs wasmtime-py 49.x; missing: {missing}")
-
-
-check()
+_func_call_unchecked_gil = fn("wasmtime_func_call_unchecked", _c_void_p, _c_void_p, _c_void_p,
+                              _c_void_p, _c_size_t, _c_void_p)
+_memory_data = fn("wasmtime_memory_data", _c_void_p, _c_void_p, _c_void_p)
+_memory_data_size = fn("wasmtime_memory_data_size", _c_size_t, _c_void_p, _c_void_p)
+_caller_context = fn("wasmtime_caller_context", _c_void_p, _c_void_p)
+_set_epoch_deadline = fn("wasmtime_context_set_epoch_deadline", None, _c_void_p,
+                         ctypes.c_uint64)
+_set_fuel = fn("wasmtime_context_set_fuel", _c_void_p, _c_void_p, ctypes.c_uint64)
+_get_fuel = fn("wasmtime_context_get_fuel", _c_void_p, _c_void_p, _c_void_p)
+_trap_new = fn("wasmtime_trap_new", _c_void_p, ctypes.c_char_p, _c_size_t)
+_error_new = fn("wasmtime_error_new", _c_void_p, ctypes.c_char_p)
+_store_epoch_callback = fn("wasmtime_store_epoch_deadline_callback", None,
+                           _c_void_p, _c_void_p, _c_void_p, _c_void_p)
+_define_unchecked = fn("wasmtime_linker_define_func_unchecked", _c_void_p,
+                       _c_void_p, ctypes.c_char_p, _c_size_t, ctypes.c_char_p, _c_size_t,
+                       _c_void_p, _c_void_p, _c_void_p, _c_void_p)
 
 
 # ---- errors ---------------------------------------------------------------------------------
 def _raise_from(error: int | None, trap: int | None) -> None:
-    """Raise the wasmtime-py exception owning ``trap`` (preferred) or ``error``; both are
-    consumed (freed when the exception object goes away)."""
-    raised: BaseException | None = None
+    """Raise the :class:`WasmError` of ``trap`` (preferred) or ``error``; both are freed."""
+    raised: WasmError | None = None
     if error:
-        raised = wasmtime.WasmtimeError._from_ptr(ctypes.cast(error, _ERROR_PTR))
+        raised = _capi.take_error(error)
     if trap:
-        raised = wasmtime.Trap._from_ptr(ctypes.cast(trap, _TRAP_PTR))
+        raised = _capi.take_trap(trap)
     assert raised is not None
     raise raised
 
 
-# ---- engines --------------------------------------------------------------------------------
-def set_async_stack_size(cfg: wasmtime.Config, size: int) -> None:
-    """``Config.async_stack_size``, which wasmtime-py exposes only privately; wasmtime requires
-    it to be at least ``max_wasm_stack`` (set it first, or ``Engine()`` aborts the process)."""
-    _w.wasmtime_config_async_stack_size_set(cfg.ptr(), size)
-
-
 # ---- stores ---------------------------------------------------------------------------------
-def context_address(store: wasmtime.Store) -> int:
-    """The store's context pointer as an int: its identity for the host imports."""
-    value = ctypes.cast(store._context(), _c_void_p).value
-    assert value is not None
-    return int(value)
-
-
 def set_epoch_deadline(ctx: int, ticks: int) -> None:
     _set_epoch_deadline(ctx, ticks)
 
@@ -196,9 +124,9 @@ class RawFunc:
 
     __slots__ = ("_buf", "_bufaddr", "_func", "_funcaddr", "_nslots", "_trap", "_trapaddr")
 
-    def __init__(self, func: wasmtime.Func, nparams: int) -> None:
+    def __init__(self, func: Extern, nparams: int) -> None:
         self._func = func  # keeps the handle alive
-        self._funcaddr = ctypes.addressof(func._func)
+        self._funcaddr = func.item
         self._nslots = max(nparams, 1)
         self._buf = (ctypes.c_uint64 * (2 * self._nslots))()  # wasmtime_val_raw_t is 16 bytes
         self._bufaddr = ctypes.addressof(self._buf)
@@ -208,7 +136,7 @@ class RawFunc:
     def call1(self, ctx: int, a: int) -> int:
         """Call with one argument on the store context ``ctx`` (a store's, or a caller's
         inside a host import); returns the i32 result as a signed int. Raises
-        ``wasmtime.Trap`` or ``wasmtime.WasmtimeError``."""
+        :class:`WasmError` for a trap or an engine error."""
         buf = self._buf
         buf[0] = a & 0xFFFFFFFF
         return self._finish(ctx, buf)
@@ -242,10 +170,10 @@ class MemoryRef:
 
     __slots__ = ("_addr", "_ctx", "_mem", "base", "size")
 
-    def __init__(self, memory: wasmtime.Memory, ctx: int) -> None:
+    def __init__(self, memory: Extern, ctx: int) -> None:
         self._mem = memory
         self._ctx = ctx
-        self._addr = ctypes.addressof(memory._memory)
+        self._addr = memory.item
         self.base = 0
         self.size = 0
         self.refresh()
@@ -446,7 +374,7 @@ _epoch_callback = _EPOCH_CALLBACK(_on_epoch_deadline)
 _EPOCH_CALLBACK_ADDR = ctypes.cast(_epoch_callback, _c_void_p).value
 
 
-def watch_epochs(store: wasmtime.Store, ctx: int) -> None:
+def watch_epochs(store: int, ctx: int) -> None:
     """Make reaching ``store``'s epoch deadline call ``epoch_deadline()`` on the target bound
     to ``ctx`` (its context address, see :func:`bind_target`) instead of trapping: the target
     extends the deadline or raises, which stops the guest (the exception is parked in
@@ -454,54 +382,54 @@ def watch_epochs(store: wasmtime.Store, ctx: int) -> None:
     process-wide and its data is ``ctx`` itself (no finalizer; wasmtime drops the registration
     with the store). A store reaching its deadline with no bound target (after
     :func:`unbind_target`) traps."""
-    store_ptr = ctypes.cast(store.ptr(), _c_void_p).value
-    _store_epoch_callback(store_ptr, _EPOCH_CALLBACK_ADDR, ctx, None)
+    _store_epoch_callback(store, _EPOCH_CALLBACK_ADDR, ctx, None)
 
 
-_PRE: dict[tuple[int, bool], tuple[wasmtime.Module, wasmtime.Linker, Any]] = {}
+_PRE: dict[tuple[int, bool], int] = {}
 _PRE_LOCK = threading.Lock()
+_KINDS = {"i32": _capi.WASM_I32, "i64": _capi.WASM_I64}
 
 
-def instance_pre(engine: wasmtime.Engine, module: wasmtime.Module, *,
-                 guard_files: bool = True) -> Any:
-    """A ``wasmtime.InstancePre`` of ``module`` with WASI and MemEx's host imports, built once
-    per module (the imports are store-independent: they dispatch on the caller's store).
-    ``guard_files=False`` leaves the WASI file functions unshadowed: no disk quota, link rule
-    or descriptor cap (only for measuring what they cost, in bench/runtime.py)."""
+def instance_pre(engine: int, module: int, *, guard_files: bool = True) -> int:
+    """The ``wasmtime_instance_pre_t*`` of ``module`` with WASI and MemEx's host imports,
+    built once per module for the process (the imports are store-independent: they dispatch
+    on the caller's store). ``guard_files=False`` leaves the WASI file functions unshadowed:
+    no disk quota, link rule or descriptor cap (only for measuring what they cost, in
+    bench/runtime.py)."""
     with _PRE_LOCK:
-        hit = _PRE.get((id(module), guard_files))
-        if hit is not None and hit[0] is module:
-            return hit[2]
-        linker = wasmtime.Linker(engine)
-        linker.allow_shadowing = True
-        linker.define_wasi()
-        kinds = {"i32": wasmtime.ValType.i32(), "i64": wasmtime.ValType.i64()}
+        hit = _PRE.get((module, guard_files))
+        if hit is not None:
+            return hit
+        linker = _capi.new_linker(engine, shadowing=True)
+        _capi.define_wasi(linker)
         for (mod, name, _m, _u, params), cb in zip(_IMPORTS, _CALLBACKS, strict=True):
             if not guard_files and name in WASI_FILE_IMPORTS:
                 continue
-            ty = wasmtime.FuncType([kinds[p] for p in params], [kinds["i32"]])
+            ty = _capi.functype([_KINDS[p] for p in params], [_capi.WASM_I32])
             mb, nb = mod.encode(), name.encode()
-            err = _define_unchecked(
-                ctypes.cast(linker.ptr(), _c_void_p).value, mb, len(mb), nb, len(nb),
-                ctypes.cast(ty.ptr(), _c_void_p).value, ctypes.cast(cb, _c_void_p).value,
-                None, ctypes.cast(_no_finalizer, _c_void_p).value,
-            )
+            try:
+                err = _define_unchecked(linker, mb, len(mb), nb, len(nb), ty,
+                                        ctypes.cast(cb, _c_void_p).value, None,
+                                        ctypes.cast(_no_finalizer, _c_void_p).value)
+            finally:
+                _capi.functype_delete(ty)
             if err:
                 _raise_from(err, None)
-        pre = linker.instantiate_pre(module)
-        _PRE[(id(module), guard_files)] = (module, linker, pre)
+        pre = _PRE[(module, guard_files)] = _capi.instantiate_pre(linker, module)
         return pre
 
 
-_BASE_LINKERS: dict[int, tuple[wasmtime.Engine, wasmtime.Linker, wasmtime.Module]] = {}
+_RELAYS: dict[int, tuple[int, int]] = {}
+_RELAYED = (*WASI_FILE_IMPORTS.items(), *_EXTRA_ORIGINALS.items())
 
 
 def _relay_wat() -> str:
     """A module that re-exports the guest's memory and calls the engine's WASI functions from
     wasm: those functions read and write the *calling instance's* exported memory, so the host
-    cannot call them directly (they fail with "missing required memory export")."""
+    cannot call them directly (they fail with "missing required memory export"). Its imports
+    are the functions of ``_RELAYED`` in order, then the memory."""
     imports, funcs = [], []
-    for name, params in (*WASI_FILE_IMPORTS.items(), *_EXTRA_ORIGINALS.items()):
+    for name, params in _RELAYED:
         sig = f"(param {' '.join(params)}) (result i32)"
         imports.append(f'(import "{_WASI}" "{name}" (func ${name} {sig}))')
         gets = " ".join(f"local.get {i}" for i in range(len(params)))
@@ -510,16 +438,16 @@ def _relay_wat() -> str:
         + ' (export "memory" (memory 0)) ' + " ".join(funcs) + ")"
 
 
-def _relay_parts(engine: wasmtime.Engine) -> tuple[wasmtime.Linker, wasmtime.Module]:
+def _relay_parts(engine: int) -> tuple[int, int]:
+    """(a linker defining WASI, the relay module) of ``engine``, made once."""
     with _PRE_LOCK:
-        hit = _BASE_LINKERS.get(id(engine))
-        if hit is not None and hit[0] is engine:
-            return hit[1], hit[2]
-        linker = wasmtime.Linker(engine)
-        linker.define_wasi()
-        module = wasmtime.Module(engine, _relay_wat())
-        _BASE_LINKERS[id(engine)] = (engine, linker, module)
-        return linker, module
+        hit = _RELAYS.get(engine)
+        if hit is None:
+            linker = _capi.new_linker(engine)
+            _capi.define_wasi(linker)
+            module = _capi.compile_module(engine, _capi.wat_to_wasm(_relay_wat()))
+            hit = _RELAYS[engine] = (linker, module)
+        return hit
 
 
 class WasiCall:
@@ -530,12 +458,12 @@ class WasiCall:
     __slots__ = ("_buf", "_bufaddr", "_call", "_func", "_funcaddr", "_masks", "_nslots",
                  "_trap", "_trapaddr")
 
-    def __init__(self, func: wasmtime.Func, params: tuple[str, ...], *, io: bool) -> None:
+    def __init__(self, func: Extern, params: tuple[str, ...], *, io: bool) -> None:
         self._func = func
         # I/O that may take a while releases the GIL (holding it through a 1 MiB write cost
         # a third more in bench/runtime.py's disk rows); the rest keeps it.
         self._call = _func_call_unchecked if io else _func_call_unchecked_gil
-        self._funcaddr = ctypes.addressof(func._func)
+        self._funcaddr = func.item
         self._masks = tuple(0xFFFFFFFF if p == "i32" else 0xFFFFFFFFFFFFFFFF for p in params)
         self._nslots = max(len(params), 1)
         self._buf = (ctypes.c_uint64 * (2 * self._nslots))()
@@ -555,27 +483,16 @@ class WasiCall:
         return int(buf[0] & 0xFFFFFFFF)
 
 
-def wasi_calls(engine: wasmtime.Engine, store: wasmtime.Store,
-               memory: wasmtime.Memory) -> dict[str, WasiCall]:
+def wasi_calls(engine: int, ctx: int, memory: Extern) -> dict[str, WasiCall]:
     """The engine's own implementations of the shadowed WASI file functions (and ``fd_tell``)
-    acting on ``memory`` in ``store`` (which must have its WASI configuration), called
-    through a relay instance (see :func:`_relay_wat`)."""
+    acting on ``memory`` in the store ``ctx`` (which must have its WASI configuration),
+    called through a relay instance (see :func:`_relay_wat`)."""
     linker, module = _relay_parts(engine)
-    externs: list[Any] = []
-    for imp in module.imports:
-        if imp.module == _WASI:
-            assert imp.name is not None
-            externs.append(linker.get(store, _WASI, imp.name))
-        else:
-            externs.append(memory)
-    relay = wasmtime.Instance(store, module, externs)
-    exports = relay.exports(store)
-    out: dict[str, WasiCall] = {}
-    for name, params in (*WASI_FILE_IMPORTS.items(), *_EXTRA_ORIGINALS.items()):
-        func = exports[name]
-        assert isinstance(func, wasmtime.Func)
-        out[name] = WasiCall(func, params, io=name in _SLOW_CALLS)
-    return out
+    imports = [_capi.linker_get(linker, ctx, _WASI, name) for name, _ in _RELAYED]
+    relay = _capi.instance_new(ctx, module, [*imports, memory])
+    return {name: WasiCall(_capi.export(ctx, relay, name, EXTERN_FUNC), params,
+                           io=name in _SLOW_CALLS)
+            for name, params in _RELAYED}
 
 
 # ---- stdout / stderr ------------------------------------------------------------------------
@@ -607,10 +524,10 @@ def release_output_keys(keys: tuple[int, ...]) -> None:
         _OUTPUTS.pop(key, None)
 
 
-def set_outputs(wasi: wasmtime.WasiConfig, stdout_key: int, stderr_key: int) -> None:
-    """Send the guest's stdout/stderr to the sinks registered under the two keys."""
-    ptr = ctypes.cast(wasi.ptr(), _c_void_p).value
+def output_callback(key: int) -> tuple[int, int, int]:
+    """(callback, data, finalizer) addresses for ``_capi.wasi_config``'s stdout or stderr:
+    the guest's writes go to the sink registered under ``key``."""
     cb = ctypes.cast(_output, _c_void_p).value
     fin = ctypes.cast(_no_finalizer, _c_void_p).value
-    _set_stdout_custom(ptr, cb, stdout_key, fin)
-    _set_stderr_custom(ptr, cb, stderr_key, fin)
+    assert cb is not None and fin is not None
+    return cb, key, fin

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import os
 import shutil
 import tempfile
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -71,6 +71,8 @@ def mpl_data_dir(arts: Artifacts) -> Path | None:
     """matplotlib's data, extracted from the inner ``mpl-data.zip`` of the stdlib zip."""
 
     def build(tmp: Path) -> None:
+        import zipfile  # once per machine (memex prepare): not on every start's import path
+
         with zipfile.ZipFile(arts.stdlib_zip) as outer:
             try:
                 inner_bytes = outer.read("matplotlib/mpl-data.zip")
@@ -91,12 +93,12 @@ def mpl_data_dir(arts: Artifacts) -> Path | None:
 
 
 def _bundle_sources() -> list[tuple[str, Path]]:
-    import msgpack
-
     files: list[tuple[str, Path]] = []
     for path in sorted((_GUEST_SRC / "memex_guest").rglob("*.py")):
         files.append((f"memex_guest/{path.relative_to(_GUEST_SRC / 'memex_guest')}", path))
-    mp = Path(msgpack.__file__).resolve().parent
+    spec = importlib.util.find_spec("msgpack")  # found, not imported: start-up pays no import
+    assert spec is not None and spec.origin is not None, "msgpack is a dependency of memex"
+    mp = Path(spec.origin).resolve().parent
     for path in sorted(mp.glob("*.py")):
         files.append((f"msgpack/{path.name}", path))
     return files

@@ -28,10 +28,9 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import wasmtime
-
 from ..errors import GuestStartError
-from . import _ffi
+from . import _capi, _ffi, _signals
+from ._capi import EXTERN_FUNC, EXTERN_MEMORY, TrapCode, WasmError
 from ._disk import DiskLedger, GuestFiles
 from ._engine import TICK_SECONDS, LoadedModule, engine, ticks_for
 from ._output import StreamCapture
@@ -124,37 +123,32 @@ class Instance:
         )
         weakref.finalize(self, _ffi.release_output_keys, self._out_keys)
         eng = engine(loaded.flavour)
+        self._store = 0
         try:
             pre = _ffi.instance_pre(eng, loaded.module, guard_files=spec.guard_files)
-            self.store = wasmtime.Store(eng)
-            self.store.set_limits(memory_size=spec.memory_limit)
-            self._ctx = ctx = _ffi.context_address(self.store)
+            self._store, self._ctx = _capi.new_store(eng, memory_limit=spec.memory_limit)
+            ctx = self._ctx
             if self._metered:
                 _ffi.set_fuel(ctx, 1 << 62)
             _ffi.set_epoch_deadline(ctx, 1 << 40)
-            wasi = wasmtime.WasiConfig()
-            wasi.argv = [spec.argv0]
-            wasi.env = [list(kv) for kv in spec.env]
-            for host, guest, writable in spec.preopens:
-                wasi.preopen_dir(host, guest, writable)
-            _ffi.set_outputs(wasi, *self._out_keys)
-            self.store.set_wasi(wasi)
-            store = self.store
+            _capi.wasi_config(ctx, argv=[spec.argv0], env=spec.env, preopens=spec.preopens,
+                              stdout=_ffi.output_callback(self._out_keys[0]),
+                              stderr=_ffi.output_callback(self._out_keys[1]))
             self.files = GuestFiles(disk if disk is not None else _unlimited(), spec.preopens,
                                     lambda: self._mem,
-                                    lambda: _ffi.wasi_calls(eng, store, self.memory), ctx)
+                                    lambda: _ffi.wasi_calls(eng, ctx, self.memory), ctx)
             for name in _ffi.WASI_FILE_IMPORTS:  # the trampolines look them up by name
                 setattr(self, name, getattr(self.files, name))
             _ffi.bind_target(ctx, self)
-            _ffi.watch_epochs(self.store, ctx)
-            self.instance = pre.instantiate(self.store)
-            exports = self.instance.exports(self.store)
-            self.memory: wasmtime.Memory = exports["memory"]
+            _ffi.watch_epochs(self._store, ctx)
+            instance = _capi.instantiate(pre, ctx)
+            self.memory = _capi.export(ctx, instance, "memory", EXTERN_MEMORY)
             self._mem = _ffi.MemoryRef(self.memory, ctx)
-            self._turn_fn = _ffi.RawFunc(exports["turn"], 2)
-            self._alloc = _ffi.RawFunc(exports["host_alloc"], 1)
-            self._alloc_nested = _ffi.RawFunc(exports["host_alloc"], 1)
-        except (wasmtime.WasmtimeError, wasmtime.Trap) as exc:
+            alloc = _capi.export(ctx, instance, "host_alloc", EXTERN_FUNC)
+            self._turn_fn = _ffi.RawFunc(_capi.export(ctx, instance, "turn", EXTERN_FUNC), 2)
+            self._alloc = _ffi.RawFunc(alloc, 1)
+            self._alloc_nested = _ffi.RawFunc(alloc, 1)
+        except WasmError as exc:
             self.close()
             raise GuestStartError(f"could not instantiate the guest: {exc}") from exc
         except BaseException:
@@ -174,8 +168,8 @@ class Instance:
         if size > have:
             pages = (size - have + 65535) // 65536
             try:
-                self.memory.grow(self.store, pages)
-            except wasmtime.WasmtimeError as exc:
+                _capi.memory_grow(self._ctx, self.memory.item, pages)
+            except WasmError as exc:
                 raise GuestStartError(f"could not grow the guest memory: {exc}") from exc
 
     # ---- running ------------------------------------------------------------------------
@@ -187,6 +181,7 @@ class Instance:
         with the source, or answers the driver's ``begin`` control request."""
         if not self.alive:
             raise GuestStartError("instance is dead")
+        _signals.ensure()  # a guest's trap must not kill the host (see _signals)
         self._cell = cell
         self._report = None
         self.pending = None
@@ -214,7 +209,7 @@ class Instance:
         except GuestKilled as exc:
             self.alive = False
             out.trap, out.limit = exc.detail, exc.limit
-        except (wasmtime.Trap, wasmtime.WasmtimeError) as exc:
+        except WasmError as exc:
             self.alive = False
             self._trapped(out, exc, span)
         finally:
@@ -223,7 +218,7 @@ class Instance:
             if metered:
                 try:
                     out.fuel_used = budget - _ffi.get_fuel(ctx)
-                except wasmtime.WasmtimeError:
+                except WasmError:
                     out.fuel_used = None
             self.deadline = float("inf")
         if out.limit == "deadline" and time.monotonic() < deadline and self.cancel.is_set():
@@ -242,9 +237,10 @@ class Instance:
         cause = self.pending if self.pending is not None else exc
         if isinstance(cause, GuestKilled):
             out.trap, out.limit = cause.detail, cause.limit
-        elif isinstance(cause, wasmtime.ExitTrap):
-            out.trap, out.limit, out.exit_code = f"process exit {cause.code}", "exit", cause.code
-        elif isinstance(cause, (wasmtime.Trap, wasmtime.WasmtimeError)):
+        elif isinstance(cause, WasmError) and cause.exit_code is not None:
+            code = cause.exit_code
+            out.trap, out.limit, out.exit_code = f"process exit {code}", "exit", code
+        elif isinstance(cause, WasmError):
             out.limit = _classify(cause)
             out.trap = _describe(cause, out.limit, budget)
         elif isinstance(cause, Exception):
@@ -393,11 +389,11 @@ class Instance:
         files = self.__dict__.pop("files", None)
         if files is not None:
             files.close_all()
-        for name in ("instance", "_turn_fn", "_alloc", "_alloc_nested", "_mem", "memory"):
+        for name in ("_turn_fn", "_alloc", "_alloc_nested", "_mem", "memory"):
             self.__dict__.pop(name, None)
-        store = self.__dict__.pop("store", None)
-        if store is not None:
-            store.close()
+        store, self._store = self._store, 0
+        if store:
+            _capi.store_delete(store)
         _ffi.release_output_keys(self._out_keys)
 
 
@@ -432,14 +428,14 @@ def _describe(exc: Exception, limit: str, budget: float) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
-def _classify(exc: Exception) -> str:
-    code = getattr(exc, "trap_code", None)
+def _classify(exc: WasmError) -> str:
+    code = exc.trap_code
     text = str(exc).lower()
-    if code == wasmtime.TrapCode.INTERRUPT or "interrupt" in text:
+    if code == TrapCode.INTERRUPT or "interrupt" in text:
         return "deadline"
-    if code == wasmtime.TrapCode.OUT_OF_FUEL or "fuel" in text:
+    if code == TrapCode.OUT_OF_FUEL or "fuel" in text:
         return "fuel"
-    if code == wasmtime.TrapCode.STACK_OVERFLOW or "stack overflow" in text:
+    if code == TrapCode.STACK_OVERFLOW or "stack overflow" in text:
         return "stack"
     if "memory" in text and ("grow" in text or "limit" in text):
         return "memory"

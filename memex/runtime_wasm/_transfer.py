@@ -18,11 +18,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import msgpack
-
 from ..errors import ConfigError, ImageError
 from ._dirty import PAGE
-from ._door import Door
+from ._door import Door, _msgpack
 from ._image import MemoryImage
 from ._records import Limits, Mount
 from ._sandbox import Checkpoint, Sandbox
@@ -141,7 +139,7 @@ def checkpoint_to_bytes(cp: Checkpoint, *, level: int = 1) -> bytes:
             body += [_ENTRY.pack(off, len(data)), data]
     finally:
         del view
-    head: bytes = msgpack.packb({"size": img.size, "turns": cp.turns,
+    head: bytes = _msgpack().packb({"size": img.size, "turns": cp.turns,
                                  "key": _key_to_wire(cp._owner_key)}, use_bin_type=True)
     return b"".join([_MAGIC, struct.pack("<I", len(head)), head, *body])
 
@@ -155,7 +153,7 @@ def checkpoint_from_bytes(blob: bytes | bytearray | memoryview) -> Checkpoint:
     if 12 + hlen > len(data):
         raise ImageError("checkpoint blob truncated in its header")
     try:
-        meta = msgpack.unpackb(data[12: 12 + hlen], raw=False)
+        meta = _msgpack().unpackb(data[12: 12 + hlen], raw=False)
         size, turns = int(meta["size"]), int(meta["turns"])
         key = _key_from_wire(meta["key"])
     except ImageError:

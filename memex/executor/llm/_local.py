@@ -331,8 +331,9 @@ class LocalModel:
     is true, verifies them, starts the server and waits until ``/v1/models`` answers and a
     first one-token completion comes back; it raises :class:`LocalModelError` with the
     server's log tail if the server dies (naming the signal: a build that cannot run on this
-    CPU dies on its first completion) or stays silent for ``startup_timeout`` seconds. ``close()`` stops it and is idempotent. ``base_url`` and
-    ``alias`` (the model name to request) configure any OpenAI client; :meth:`client` makes an
+    CPU dies on its first completion) or stays silent for ``startup_timeout`` seconds.
+    ``close()`` stops it and is idempotent. ``base_url`` and ``alias`` (the model name to
+    request) configure any OpenAI client; :meth:`client` makes an
     :class:`~memex.executor.LLMClient` for it.
     """
 
