@@ -3,6 +3,8 @@ itself cleanly for idle/lifetime), and a trapped turn is rolled back."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 
@@ -348,3 +350,29 @@ def test_infinite_timeout_is_rejected_or_honoured() -> None:
     with Sandbox(limits=lim) as sb:
         r = sb.run("6 * 7")
         assert r.value == "42"
+
+
+TRAP_AFTER_DISPLACED_HANDLERS = """
+import faulthandler, signal, warnings
+from memex import Sandbox
+with Sandbox() as sb:
+    sb.run("x = 5")
+    faulthandler.enable()  # displaces wasmtime's SIGILL/SIGFPE/SIGSEGV handlers
+    signal.signal(signal.SIGSEGV, lambda *a: None)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        r = sb.run("import os; os.abort()")  # wasm `unreachable`: SIGILL
+        again = sb.run("import os; os.abort()")
+    print(r.status.value, r.limit, r.rolled_back, again.status.value, sb.run("x").value)
+    print(len(seen), "displaced wasmtime's trap handler" in str(seen[0].message))
+"""
+
+
+def test_a_guest_trap_does_not_kill_a_host_whose_handlers_were_displaced() -> None:
+    """A signal handler installed after the first engine (here faulthandler, as test runners
+    and applications enable it, and a Python SIGSEGV handler) used to turn a guest's
+    os.abort() into the death of the whole host process."""
+    out = subprocess.run([sys.executable, "-c", TRAP_AFTER_DISPLACED_HANDLERS],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.splitlines() == ["killed trap True killed 5", "1 True"]
