@@ -42,6 +42,7 @@ if str(ROOT) not in sys.path:
 from _fmt import TOUCH_1MIB, ballast, fmt  # noqa: E402  (bench/ is on sys.path when a script runs)
 
 import memex.runtime_wasm._lz4 as _lz4  # noqa: E402  (patched for the codec's baseline)
+import memex.runtime_wasm._sandbox as _sandbox  # noqa: E402  (patched for the eager load)
 from memex.runtime_wasm import Door, Limits, Sandbox, dirty_tracking  # noqa: E402
 from memex.runtime_wasm._dirty import TRACKER  # noqa: E402  (switched off for the baseline)
 
@@ -377,26 +378,87 @@ def _bench_codec_baseline(sb: Sandbox, path: Path, size: str, n: int) -> None:
 
         add("images", f"load() to first result, {size}", timed(load_first, n),
             "lz4.block, one thread (baseline)")
+    with _eager_load():
+
+        def eager_first() -> Callable[[], None]:
+            lb = Sandbox.load(path, rollback=False)
+            lb.run("1")
+            return lb.close
+
+        add("images", f"load() to first result, {size}", timed(eager_first, n),
+            "into the image's memfd, then copied into the guest (baseline)")
+    cold: dict[str, list[float]] = {"pending": [], "eager": []}
+    for _ in range(n + 1):  # interleaved, so both see one machine
+        for mode, out in cold.items():
+            done = subprocess.run([sys.executable, "-c", _COLD_LOAD, str(path), mode],
+                                  capture_output=True, text=True, check=True)
+            out.append(float(done.stdout.split()[-1]))
+    add("images", f"load() to first result, {size}, in a fresh process", cold["pending"],
+        "its first load (warm image and module already open)")
+    add("images", f"load() to first result, {size}, in a fresh process", cold["eager"],
+        "into the image's memfd, then copied into the guest (baseline)")
     decoded = _decoded_bytes(path)
 
-    def fault_in() -> None:
-        # the floor of a load: every page the runs decode to, written once in a new memfd
+    def fill(base: int) -> None:
+        _lz4.parallel_map(lambda off: ctypes.memset(base + off, 1, min(1 << 20, decoded - off)),
+                          range(0, decoded, 1 << 20), decoded)
+
+    def memfd_pages() -> None:
+        # every page the runs decode to, written once in a new memfd (a pass of the old load)
         fd = os.memfd_create("floor", os.MFD_CLOEXEC)
         os.ftruncate(fd, decoded)
         m = mmap.mmap(fd, decoded)
         try:
             buf = (ctypes.c_char * decoded).from_buffer(m)
-            base = ctypes.addressof(buf)
-            _lz4.parallel_map(
-                lambda off: ctypes.memset(base + off, 1, min(1 << 20, decoded - off)),
-                range(0, decoded, 1 << 20), decoded)
+            fill(ctypes.addressof(buf))
             del buf
         finally:
             m.close()
             os.close(fd)
 
+    def fresh_pages() -> None:
+        # the same pages as fresh anonymous memory, huge where allowed (what a load writes)
+        m = mmap.mmap(-1, decoded + (2 << 20))
+        try:
+            buf = (ctypes.c_char * (decoded + (2 << 20))).from_buffer(m)
+            base = (ctypes.addressof(buf) + (2 << 20) - 1) & ~((2 << 20) - 1)
+            m.madvise(mmap.MADV_HUGEPAGE, base - ctypes.addressof(buf), decoded)
+            fill(base)
+            del buf
+        finally:
+            m.close()
+
     add("floor", f"write {decoded >> 20} MiB of new memfd pages, every core",
-        timed(fault_in, n), "what a load's pages cost before any decompression")
+        timed(memfd_pages, n), "a pass of the old load, before any decompression")
+    add("floor", f"write {decoded >> 20} MiB of fresh anonymous pages, every core",
+        timed(fresh_pages, n), "what a load writes now (huge pages where the kernel allows)")
+
+
+_COLD_LOAD = """import functools, sys, time
+from pathlib import Path
+from memex.runtime_wasm import Sandbox
+import memex.runtime_wasm._sandbox as S
+Sandbox().close()  # the engine, module and warm image open, as in a process running sandboxes
+if sys.argv[2] == "eager":
+    S.read_image_file = functools.partial(S.read_image_file, pending=False)
+t = time.perf_counter()
+sb = Sandbox.load(Path(sys.argv[1]), rollback=False)
+sb.run("1")
+print(time.perf_counter() - t)
+sb.close()
+"""
+
+
+@contextlib.contextmanager
+def _eager_load() -> Iterator[None]:
+    """Loads as before pending images: every run decompressed into the image's memfd, which
+    the restore then copies into the guest (two passes over the memory)."""
+    read = _sandbox.read_image_file
+    _sandbox.read_image_file = functools.partial(read, pending=False)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        _sandbox.read_image_file = read  # type: ignore[assignment]
 
 
 @contextlib.contextmanager

@@ -15,6 +15,7 @@ import ctypes
 import errno
 import mmap
 import os
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -37,10 +38,17 @@ _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_
 _libc.mmap.restype = ctypes.c_void_p
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _libc.munmap.restype = ctypes.c_int
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_libc.madvise.restype = ctypes.c_int
 _PROT_RW = mmap.PROT_READ | mmap.PROT_WRITE
 _MAP_PRIVATE = mmap.MAP_PRIVATE
 _MAP_FIXED = 0x10
 _MAP_FAILED = ctypes.c_void_p(-1).value
+_MADV_HUGEPAGE = 14
+_FRESH_MIN = 2 << 20  # stretches a load writes whole get fresh (huge) pages from this size up
+
+Fill = Callable[[list[int]], None]
+"""Writes each run of a pending image at the address given for it (see ``from_runs``)."""
 
 
 class MemoryImage:
@@ -57,8 +65,9 @@ class MemoryImage:
     (which that instance holds as private copies, so its own view never changes).
     """
 
-    __slots__ = ("__weakref__", "_fd", "_flat", "_frozen", "_offset", "_origin", "_pages",
-                 "_parent", "_used", "_view_map", "depth", "size")
+    __slots__ = ("__weakref__", "_fd", "_fill", "_fill_at", "_fill_lock", "_flat", "_frozen",
+                 "_offset", "_origin", "_pages", "_parent", "_runs", "_used", "_view_map",
+                 "_written_into", "depth", "size")
 
     def __init__(self, fd: int, size: int, *, parent: MemoryImage | None = None,
                  pages: dict[int, int] | None = None, offset: int = 0,
@@ -74,6 +83,13 @@ class MemoryImage:
         self._flat: MemoryImage | None = None  # a flat copy of a delta, made on demand
         self._frozen = False
         self.depth: int = 0 if parent is None else parent.depth + 1
+        # A pending image (a load): its file is written by ``_fill`` when first needed, and
+        # restoring it writes the runs straight into the instance instead (see restore_into).
+        self._fill: Fill | None = None
+        self._runs: list[tuple[int, int]] = []  # (memory offset, bytes) of each run
+        self._fill_at: list[int] = []  # where each run goes in this image's file
+        self._fill_lock: threading.Lock | None = None
+        self._written_into = False  # a pending image was restored once by writing its runs
 
     @property
     def origin(self) -> str | None:
@@ -82,6 +98,7 @@ class MemoryImage:
 
     @property
     def fd(self) -> int:
+        self._materialize()
         return self._fd
 
     @property
@@ -167,35 +184,61 @@ class MemoryImage:
         return cls(fd, size)
 
     @classmethod
-    def from_runs(cls, size: int, runs: Sequence[tuple[int, int]],
-                  fill: Callable[[list[int]], None], *,
-                  root: MemoryImage | None = None) -> MemoryImage:
+    def from_runs(cls, size: int, runs: Sequence[tuple[int, int]], fill: Fill, *,
+                  root: MemoryImage | None = None, pending: bool = False) -> MemoryImage:
         """An image of a ``size``-byte memory whose ``runs`` (page-aligned offset, bytes)
         ``fill`` writes, given the address of each run in the new image's mapped file: a
         flat image (zeros elsewhere), or with ``root`` a delta on it holding just the runs
         (how a saved session loads on the warm image it was saved on). The bytes go
-        straight into the image: no copy is made on the way."""
+        straight into the image: no copy is made on the way.
+
+        ``pending``: the file is written only when something needs it (a fork, a rollback, a
+        save); restoring the image first (a load) writes the runs straight into the new
+        instance's memory instead, on fresh pages (see :meth:`restore_into`), so that a load
+        costs one pass over the memory, not two."""
         used = sum(n for _, n in runs)
         fd = cls._new_fd(size if root is None else max(used, _PAGE))
         pages: dict[int, int] = {}
-        try:
-            with mapped(fd, size if root is None else max(used, _PAGE), write=True) as base:
-                if root is None:
-                    fill([base + off for off, _ in runs])
-                else:
-                    at, where = 0, []
-                    for off, n in runs:
-                        where.append(base + at)
-                        for k in range(n // _PAGE):
-                            pages[off // _PAGE + k] = at + k * _PAGE
-                        at += n
-                    fill(where)
-        except BaseException:
-            os.close(fd)
-            raise
-        if root is None:
-            return cls(fd, size)
-        return cls(fd, size, parent=root, pages=pages)
+        at_list: list[int] = []
+        at = 0
+        for off, n in runs:
+            if root is None:
+                at_list.append(off)
+            else:
+                at_list.append(at)
+                for k in range(n // _PAGE):
+                    pages[off // _PAGE + k] = at + k * _PAGE
+                at += n
+        img = cls(fd, size) if root is None else cls(fd, size, parent=root, pages=pages)
+        img._fill, img._runs, img._fill_at = fill, list(runs), at_list
+        img._fill_lock = threading.Lock()
+        if not pending:
+            try:
+                img._materialize()
+            except BaseException:
+                img.close()
+                raise
+        return img
+
+    @property
+    def pending(self) -> bool:
+        """Its file is not written yet (a load that nothing has forked, rolled back to or
+        saved)."""
+        return self._fill is not None
+
+    def _materialize(self) -> None:
+        """Write a pending image's file (once; any thread)."""
+        if self._fill is None or self._fill_lock is None:
+            return
+        with self._fill_lock:
+            fill = self._fill
+            if fill is None:
+                return
+            length = os.fstat(self._fd).st_size
+            with mapped(self._fd, length, write=True) as base:
+                fill([base + at for at in self._fill_at])
+            self._fill = None
+            self._runs, self._fill_at = [], []
 
     # ---- deltas ---------------------------------------------------------------------------
     def derive(self, inst: Instance, runs: Runs) -> MemoryImage:
@@ -283,7 +326,13 @@ class MemoryImage:
         return self._flat
 
     def chain(self) -> list[MemoryImage]:
-        """The flat root first, then every delta up to this image."""
+        """The flat root first, then every delta up to this image (each file written)."""
+        chain = self._layers()
+        for layer in chain:
+            layer._materialize()
+        return chain
+
+    def _layers(self) -> list[MemoryImage]:
         chain: list[MemoryImage] = []
         img: MemoryImage | None = self
         while img is not None:
@@ -312,8 +361,16 @@ class MemoryImage:
 
     # ---- restore --------------------------------------------------------------------------
     def restore_into(self, inst: Instance) -> None:
-        """Make ``inst`` (a fresh, idle instance of the same binary) hold this image."""
-        chain = self.chain()
+        """Make ``inst`` (a fresh, idle instance of the same binary) hold this image. A
+        pending image's runs are written straight into the instance's memory (the image's
+        own file stays unwritten until something needs it)."""
+        chain = self._layers()
+        # The first restore of a pending image (the load itself) writes its runs into the
+        # instance; a later one (a fork, a rollback) maps its file, written by then.
+        pending = self if self._fill is not None and not self._written_into else None
+        for layer in chain:
+            if layer is not pending:
+                layer._materialize()
         root = chain[0]
         inst.grow_to(self.size)
         if inst.memory_size() < self.size:
@@ -321,14 +378,34 @@ class MemoryImage:
                 f"memory size mismatch restoring an image ({inst.memory_size()} < {self.size})"
             )
         dst = inst.memory_address()
-        got = _libc.mmap(dst, root.size, _PROT_RW, _MAP_PRIVATE | _MAP_FIXED, root._fd,
-                         root._offset)
-        if got != dst:  # mapping refused (e.g. a seccomp policy): let the kernel copy instead
-            _read_into(root._fd, dst, root._offset, root.size)
+        if root is pending:  # a flat image: zeros wherever its runs do not write
+            _fresh_pages(dst, root.size, zero_fallback=True)
+        else:
+            got = _libc.mmap(dst, root.size, _PROT_RW, _MAP_PRIVATE | _MAP_FIXED, root._fd,
+                             root._offset)
+            if got != dst:  # mapping refused (e.g. a seccomp policy): the kernel copies
+                _read_into(root._fd, dst, root._offset, root.size)
         for layer in chain[1:]:
             assert layer._pages is not None
-            for page, at, n in _extents(layer._pages):
-                _read_into(layer._fd, dst + page * _PAGE, at, n)
+            if layer is not pending:
+                for page, at, n in _extents(layer._pages):
+                    _read_into(layer._fd, dst + page * _PAGE, at, n)
+        if pending is not None:
+            pending._write_runs_into(dst)
+            pending._written_into = True
+
+    def _write_runs_into(self, dst: int) -> None:
+        """A pending image's runs, written into the memory at ``dst``: each stretch of at
+        least 2 MiB that the runs cover whole is first replaced by fresh zero pages, huge
+        where the kernel allows (so its pages are neither copied from what was mapped below
+        nor faulted in one by one), the rest written in place."""
+        fill = self._fill
+        assert fill is not None
+        if self._parent is not None:  # a flat image's memory is all fresh already
+            for start, n in _stretches_of(self._runs):
+                if n >= _FRESH_MIN:
+                    _fresh_pages(dst + start, n, zero_fallback=False)
+        fill([dst + off for off, _ in self._runs])
 
     def _mapped(self) -> mmap.mmap:
         if self._view_map is None:
@@ -349,6 +426,7 @@ class MemoryImage:
             self._view_map = None
 
     def close(self) -> None:
+        self._fill = None  # a pending image's source (the loaded file's bytes) goes too
         if self._flat is not None:
             self._flat.close()
             self._flat = None
@@ -408,6 +486,29 @@ def _stretches(pairs: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
                 out[-1] = (p0, a0, n0 + _PAGE)
                 continue
         out.append((page, at, _PAGE))
+    return out
+
+
+def _fresh_pages(addr: int, n: int, *, zero_fallback: bool) -> None:
+    """Replace ``[addr, addr + n)`` with fresh zero pages, huge ones where the kernel allows
+    (a fault per 2 MiB instead of per 4 KiB). Where mapping is refused (a seccomp policy, a
+    limit on mappings), ``zero_fallback`` zeroes the memory in place; otherwise it is left
+    as it is (its caller overwrites it whole)."""
+    got = _libc.mmap(addr, n, _PROT_RW, _MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_FIXED, -1, 0)
+    if got == addr:
+        _libc.madvise(addr, n, _MADV_HUGEPAGE)  # advice: where THP is off, no harm done
+    elif zero_fallback:
+        ctypes.memset(addr, 0, n)
+
+
+def _stretches_of(runs: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """(offset, bytes) runs joined where one ends where the next begins."""
+    out: list[tuple[int, int]] = []
+    for off, n in sorted(runs):
+        if out and out[-1][0] + out[-1][1] == off:
+            out[-1] = (out[-1][0], out[-1][1] + n)
+        else:
+            out.append((off, n))
     return out
 
 

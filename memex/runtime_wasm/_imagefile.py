@@ -125,10 +125,13 @@ def _whole_runs(img: MemoryImage) -> list[tuple[int, int, bytes]]:
             for off, p in zip(offs, packed, strict=True)]
 
 
-def read_image_file(path: Path, binary_sha256: str,
-                    base: object = None) -> tuple[MemoryImage, ImageInfo]:
+def read_image_file(path: Path, binary_sha256: str, base: object = None, *,
+                    pending: bool = False) -> tuple[MemoryImage, ImageInfo]:
     """The image saved in ``path``. ``base(name)`` finds a warm image by the name a save
-    recorded (None when this machine has none); a save on a base it cannot find is refused."""
+    recorded (None when this machine has none); a save on a base it cannot find is refused.
+    Every run's head and checksum is checked here; ``pending`` leaves the decompression to
+    the image's first use (a load's restore decompresses straight into the new instance,
+    where a run that does not decode is the same ImageError)."""
     try:
         blob = Path(path).read_bytes()
     except OSError as exc:
@@ -194,14 +197,16 @@ def read_image_file(path: Path, binary_sha256: str,
 
         parallel_map(one, range(len(runs)), sum(n for _, n, _ in runs))
 
-    image = MemoryImage.from_runs(size, [(off, n) for off, n, _ in runs], fill, root=root)
+    image = MemoryImage.from_runs(size, [(off, n) for off, n, _ in runs], fill, root=root,
+                                  pending=pending)
     return image, info
 
 
 def _v3_runs(path: Path, body: memoryview, size: int) -> list[tuple[int, int, memoryview]]:
     """The runs (offset, bytes, LZ4 block), every head and checksum checked before any is
-    decompressed."""
+    decompressed (the checksums on every core: zlib releases the GIL for them)."""
     runs: list[tuple[int, int, memoryview]] = []
+    crcs: list[int] = []
     pos = 0
     while pos < len(body):
         if pos + _RUN.size > len(body):
@@ -212,11 +217,13 @@ def _v3_runs(path: Path, body: memoryview, size: int) -> list[tuple[int, int, me
             raise ImageError(f"{path} is truncated or corrupt (run past the end)")
         if off % PAGE or n % PAGE or not 0 < n <= _RUN_MAX or off + n > size:
             raise ImageError(f"{path} has a run outside the memory (offset {off}, {n} bytes)")
-        packed = body[pos : pos + stored]
+        runs.append((off, n, body[pos : pos + stored]))
+        crcs.append(crc)
         pos += stored
-        if zlib.crc32(packed) != crc:
+    sums = parallel_map(lambda run: zlib.crc32(run[2]), runs, len(body))
+    for (off, _, _), want, got in zip(runs, crcs, sums, strict=True):
+        if got != want:
             raise ImageError(f"{path} is corrupt: the run at offset {off} fails its checksum")
-        runs.append((off, n, packed))
     return runs
 
 

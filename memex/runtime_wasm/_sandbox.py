@@ -546,7 +546,7 @@ class Sandbox:
         loaded = load_module("metered" if limits.metered else "plain")
         sha = loaded.artifacts.snapshot_sha256
         img, info = read_image_file(Path(path), sha,
-                                    base=lambda name: warm_image_named(name, sha))
+                                    base=lambda name: warm_image_named(name, sha), pending=True)
         want = info.meta.get("guest_paths")
         sb_env = env if env is not None else info.meta.get("env")
         have = ["/usr/local/lib", "/memex"]
@@ -559,9 +559,13 @@ class Sandbox:
                 raise ImageError(f"{path} was saved with mounts at {have_mounts}; "
                                  f"load() was given {given}")
         del have
-        return cls(limits=limits, mounts=mounts, door=door,
-                   env=sb_env if isinstance(sb_env, dict) else None, rollback=rollback,
-                   _image=img)
+        try:
+            return cls(limits=limits, mounts=mounts, door=door,
+                       env=sb_env if isinstance(sb_env, dict) else None, rollback=rollback,
+                       _image=img)
+        except BaseException:
+            img.close()  # a run that does not decode surfaces here: nothing is kept open
+            raise
 
     # ---- files ----------------------------------------------------------------------------
     def _host_path(self, guest_path: str, *, write: bool) -> Path:

@@ -214,6 +214,51 @@ def test_save_and_load_of_a_delta(make_sandbox: MakeSandbox, tracking: str,
         loaded.close()
 
 
+@pytest.mark.parametrize("portable", [False, True])
+def test_a_loaded_session_is_whole_on_every_path(make_sandbox: MakeSandbox, tracking: str,
+                                                 portable: bool, tmp_path: Path) -> None:
+    """A load writes the saved pages straight into the new guest and leaves its image
+    unwritten until something needs it: a fork, a rollback after a trap, a checkpoint
+    restored, a save, a move to another process, and each sees the loaded state."""
+    from memex.runtime_wasm import checkpoint_from_fds, checkpoint_to_fds
+
+    sb = make_sandbox(rollback=False)
+    sb.run(SETUP + "buf[-1] = 7\nbig = bytearray(range(256)) * (40 << 12)")  # grows: 10 MiB
+    sb.run(_step(3))
+    want = _digest(sb)
+    sb.save(tmp_path / "s.memex", portable=portable)
+    sb.close()
+
+    def load() -> Sandbox:
+        return Sandbox.load(tmp_path / "s.memex")
+
+    with load() as a:  # the first turn after a load
+        assert _digest(a) == want
+        assert a.run("bytes(big[-4:]), len(big)").value == repr((bytes([252, 253, 254, 255]),
+                                                                  256 * (40 << 12)))
+    with load() as b:  # a fork before any turn, then both go their own way
+        fork = b.fork()
+        b.run(_step(4))
+        assert _digest(fork) == want and _digest(b) != want
+        fork.close()
+    with load() as c:  # a trap in the first turn rolls back to the loaded state
+        r = c.run("state['n'] = -1\nwhile True: pass", timeout=0.5)
+        assert r.limit == "deadline" and r.rolled_back
+        assert _digest(c) == want
+        cp = c.checkpoint()
+        c.run(_step(5))
+        c.restore(cp)
+        assert _digest(c) == want
+        c.save(tmp_path / "again.memex")
+        fds, meta = checkpoint_to_fds(cp)
+        moved = checkpoint_from_fds(fds, meta)
+        with c.fork() as d:
+            d.restore(moved)
+            assert _digest(d) == want
+    with Sandbox.load(tmp_path / "again.memex") as e:
+        assert _digest(e) == want
+
+
 def test_a_watch_that_lost_its_memory_says_so() -> None:
     """A memory that moved or was remapped is never reported as unwritten."""
     size = 16 * PAGE
