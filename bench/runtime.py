@@ -218,7 +218,7 @@ def bench_new_sandbox(q: bool) -> None:
         sb.run("1")
         return sb.close
 
-    add("memex", "new Sandbox() to first result", timed(first, 5 if q else 15, warmup=1),
+    add("memex", "new Sandbox() to first result", timed(first, 40 if q else 200, warmup=5),
         "close() not timed")
 
 

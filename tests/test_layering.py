@@ -94,6 +94,8 @@ ALLOWED_PRIVATE: dict[str, dict[str, str]] = {
         "memex.runtime_wasm._warm": "an empty warm-image folder, to build and damage images in",
         "memex.runtime_wasm._imagefile.open_raw_image": "raw image files, damaged on purpose",
         "memex.runtime_wasm._imagefile.write_raw_image": "raw image files, damaged on purpose",
+        "memex.runtime_wasm._image.MemoryImage": "a warm image's learned first-turn pages, "
+                                                 "switched off to count the faults they save",
     },
     "tests/runtime_wasm/test_incremental_images.py": {
         "memex.runtime_wasm._dirty": "the page tracker itself, and switching it off to test "

@@ -45,6 +45,8 @@ _MAP_PRIVATE = mmap.MAP_PRIVATE
 _MAP_FIXED = 0x10
 _MAP_FAILED = ctypes.c_void_p(-1).value
 _MADV_HUGEPAGE = 14
+_MADV_POPULATE_WRITE = 23  # Linux 5.14
+_HOT_MAX = 2 << 20
 _FRESH_MIN = 2 << 20  # stretches a load writes whole get fresh (huge) pages from this size up
 
 Fill = Callable[[list[int]], None]
@@ -66,8 +68,8 @@ class MemoryImage:
     """
 
     __slots__ = ("__weakref__", "_fd", "_fill", "_fill_at", "_fill_lock", "_flat", "_frozen",
-                 "_offset", "_origin", "_pages", "_parent", "_runs", "_used", "_view_map",
-                 "_written_into", "depth", "size")
+                 "_hot", "_offset", "_origin", "_pages", "_parent", "_runs", "_used",
+                 "_view_map", "_written_into", "depth", "size")
 
     def __init__(self, fd: int, size: int, *, parent: MemoryImage | None = None,
                  pages: dict[int, int] | None = None, offset: int = 0,
@@ -90,6 +92,7 @@ class MemoryImage:
         self._fill_at: list[int] = []  # where each run goes in this image's file
         self._fill_lock: threading.Lock | None = None
         self._written_into = False  # a pending image was restored once by writing its runs
+        self._hot: tuple[tuple[int, int], ...] = ()  # see learn_hot
 
     @property
     def origin(self) -> str | None:
@@ -219,6 +222,15 @@ class MemoryImage:
                 img.close()
                 raise
         return img
+
+    def learn_hot(self, runs: Runs) -> None:
+        """Remember what the first turn of a guest restored from this (root) image wrote,
+        if it was small: later restores write those pages in one ``madvise`` per stretch
+        before the guest runs (the driver's own working set, ~160 scattered pages), where
+        the turn would take a copy-on-write fault for each (on this VM a fault costs ~2 us;
+        a first result ~0.25 ms sooner)."""
+        if not self._hot and self._pages is None and sum(n for _, n in runs) <= _HOT_MAX:
+            self._hot = tuple(runs)
 
     @property
     def pending(self) -> bool:
@@ -385,6 +397,8 @@ class MemoryImage:
                              root._offset)
             if got != dst:  # mapping refused (e.g. a seccomp policy): the kernel copies
                 _read_into(root._fd, dst, root._offset, root.size)
+            for off, n in root._hot:
+                _libc.madvise(dst + off, n, _MADV_POPULATE_WRITE)  # unsupported: no harm
         for layer in chain[1:]:
             assert layer._pages is not None
             if layer is not pending:

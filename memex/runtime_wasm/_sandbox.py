@@ -230,6 +230,8 @@ class Sandbox:
         runs = self._watch.take(inst.memory_address(), inst.memory_size())
         if runs is None:
             self._ref = self._watch = None
+        elif self.turns == 1 and self._ref is self._base:
+            self._ref.learn_hot(runs)  # what a first turn writes: prefaulted from now on
         return runs
 
     def _bootstrap(self, inst: Instance) -> None:
