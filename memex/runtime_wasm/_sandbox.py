@@ -6,9 +6,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
-import posixpath
 import shutil
-import stat
 import tempfile
 import threading
 import time
@@ -19,12 +17,12 @@ from typing import Any
 
 from ..errors import (
     ConfigError,
-    GuestFileError,
     GuestStartError,
     ImageError,
     SandboxClosed,
     SandboxError,
 )
+from . import _hostfiles
 from ._dirty import TRACKER, MemoryWatch, Runs
 from ._disk import DiskLedger, DiskPlace
 from ._door import Door, serving_door
@@ -570,93 +568,21 @@ class Sandbox:
             raise
 
     # ---- files ----------------------------------------------------------------------------
-    def _host_path(self, guest_path: str, *, write: bool) -> Path:
-        if not isinstance(guest_path, str) or not guest_path.startswith("/"):
-            raise GuestFileError(f"guest path must be absolute, got {guest_path!r}")
-        norm = posixpath.normpath(guest_path)
-        best: tuple[str, str, bool] | None = None
-        for host, guest, writable in self._spec.preopens:
-            if guest in (GUEST_LIB, GUEST_BUNDLE) or guest.startswith(GUEST_LIB + "/"):
-                continue
-            if (norm == guest or norm.startswith(guest + "/")) and (
-                best is None or len(guest) > len(best[1])
-            ):
-                best = (host, guest, writable)
-        if best is None:
-            raise GuestFileError(f"{guest_path} is not under /tmp or a mount")
-        host, guest, writable = best
-        if write and not writable:
-            raise GuestFileError(f"{guest_path} is on a read-only mount")
-        root = Path(host).resolve()
-        rel = posixpath.relpath(norm, guest)
-        target = (root / rel).resolve()
-        if target != root and root not in target.parents:
-            raise GuestFileError(f"{guest_path} escapes its mount")
-        return target
-
     def read_file(self, guest_path: str) -> bytes:
         """Read a file the guest wrote (under /tmp or a mount)."""
         self._check_open()
-        target = self._host_path(guest_path, write=False)
-        try:
-            return target.read_bytes()
-        except OSError as exc:
-            raise GuestFileError(f"cannot read {guest_path}: {exc.strerror}") from exc
+        return _hostfiles.read_file(self._spec.preopens, guest_path)
 
     def list_files(self, guest_path: str = "/tmp", *, limit: int = 10_000) -> list[GuestFile]:
         """The entries of a folder under /tmp or a mount, sorted by name, at most ``limit``
         (links are listed as links, never followed)."""
         self._check_open()
-        target = self._host_path(guest_path, write=False)
-        base = posixpath.normpath(guest_path)
-        out: list[GuestFile] = []
-        try:
-            with os.scandir(target) as it:
-                for entry in it:
-                    if entry.is_symlink():
-                        kind, size = "link", 0
-                    elif entry.is_dir(follow_symlinks=False):
-                        kind, size = "dir", 0
-                    else:
-                        kind, size = "file", entry.stat(follow_symlinks=False).st_size
-                    out.append(GuestFile(name=entry.name, path=posixpath.join(base, entry.name),
-                                         kind=kind, size=size))
-                    if len(out) >= limit:
-                        break
-        except NotADirectoryError as exc:
-            raise GuestFileError(f"{guest_path} is not a folder") from exc
-        except OSError as exc:
-            raise GuestFileError(f"cannot list {guest_path}: {exc.strerror}") from exc
-        return sorted(out, key=lambda f: f.name)
+        return _hostfiles.list_files(self._spec.preopens, guest_path, limit)
 
     def write_file(self, guest_path: str, data: bytes) -> None:
         """Place a file where the guest can read it (under /tmp or a writable mount)."""
         self._check_open()
-        target = self._host_path(guest_path, write=True)
-        disk = self._disk
-        try:
-            old: os.stat_result | None = target.lstat()
-        except OSError:
-            old = None
-        missing = 0  # folders write_file will create
-        parent = target.parent
-        while not parent.exists():
-            missing += 1
-            parent = parent.parent
-        was = old.st_size if old is not None and stat.S_ISREG(old.st_mode) else 0
-        new_entries = missing + (old is None)
-        if not disk.fits(len(data) - was, new_entries):
-            raise GuestFileError(f"cannot write {guest_path}: the sandbox's disk quota "
-                                 f"(Limits.disk_bytes / disk_files) would be exceeded")
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data)
-            st = target.stat()
-        except OSError as exc:
-            disk.rescan()  # a partial write: count what is there
-            raise GuestFileError(f"cannot write {guest_path}: {exc.strerror}") from exc
-        disk.set_size((st.st_dev, st.st_ino), st.st_size)
-        disk.add_entries(new_entries)
+        _hostfiles.write_file(self._spec.preopens, self._disk, guest_path, data)
 
     # ---- lifecycle ----------------------------------------------------------------------
     def close(self) -> None:
