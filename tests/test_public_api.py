@@ -105,10 +105,10 @@ PINNED: dict[str, list[str]] = {
     ],
     "memex.eval": [
         "EXPORT_FORMATS", "FAILURE_KINDS", "FORMATS", "GRADERS", "SUITES", "AuditVerdict",
-        "EvalRun", "EvalTask", "FailureClass", "RolloutResult", "Suite", "Summary", "Workspace",
-        "audit", "export_rollouts", "format_summaries", "grade", "load_audit", "load_results",
-        "load_suite", "load_tasks", "normalise_text", "pareto_plot", "run_eval", "summarise",
-        "wilson",
+        "EvalRun", "EvalTask", "FailureClass", "RolloutResult", "Suite", "Summary", "TaskCell",
+        "Workspace", "audit", "by_task", "export_rollouts", "format_by_task",
+        "format_summaries", "grade", "load_audit", "load_results", "load_suite", "load_tasks",
+        "normalise_text", "pareto_plot", "run_eval", "summarise", "wilson",
     ],
     "memex.eval.suites": [
         "SUITES",

@@ -164,6 +164,8 @@ def _prices(specs: list[str]) -> dict[str, tuple[float, float]]:
 def cmd_report(args: argparse.Namespace) -> int:
     from ..eval import (
         FAILURE_KINDS,
+        by_task,
+        format_by_task,
         format_summaries,
         load_audit,
         load_results,
@@ -177,6 +179,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise ConfigError(f"{args.dir} holds no results yet")
     rows = summarise(results, prices)
     sys.stdout.write(format_summaries(rows, args.format))
+    if args.by_task:
+        sys.stdout.write(("\n" if args.format == "md" else "")
+                         + format_by_task(by_task(results), args.format))
     audit_file = os.path.join(args.dir, "audit.jsonl")
     if args.format == "md" and os.path.exists(audit_file):
         verdicts = load_audit(audit_file)
@@ -260,6 +265,8 @@ def add_parser(sub: Any) -> None:
     rep = esub.add_parser("report", help="accuracy, tokens, calls, cost per model x space")
     rep.add_argument("dir")
     rep.add_argument("--format", choices=("md", "json", "csv"), default="md")
+    rep.add_argument("--by-task", action="store_true",
+                     help="also each task's correct/rollouts per action space x variant")
     rep.add_argument("--plot", default=None, help="Pareto plot PNG path (default "
                      "DIR/pareto.png; 'none' for no plot)")
     rep.add_argument("--price", action="append", default=[], metavar="MODEL=IN,OUT",

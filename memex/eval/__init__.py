@@ -12,7 +12,17 @@ in ``suites``.
 from ._audit import FAILURE_KINDS, AuditVerdict, FailureClass, audit, load_audit
 from ._export import EXPORT_FORMATS, export_rollouts
 from ._grade import GRADERS, grade, normalise_text
-from ._report import FORMATS, Summary, format_summaries, pareto_plot, summarise, wilson
+from ._report import (
+    FORMATS,
+    Summary,
+    TaskCell,
+    by_task,
+    format_by_task,
+    format_summaries,
+    pareto_plot,
+    summarise,
+    wilson,
+)
 from ._results import RolloutResult, load_results
 from ._runner import EvalRun, run_eval
 from ._suite import EvalTask, Suite, Workspace, load_suite, load_tasks
@@ -31,9 +41,12 @@ __all__ = [
     "RolloutResult",
     "Suite",
     "Summary",
+    "TaskCell",
     "Workspace",
     "audit",
+    "by_task",
     "export_rollouts",
+    "format_by_task",
     "format_summaries",
     "grade",
     "load_audit",

@@ -15,7 +15,8 @@ from pathlib import Path
 from ..errors import ConfigError
 from ._results import RolloutResult, latest
 
-__all__ = ["FORMATS", "Summary", "format_summaries", "pareto_plot", "summarise", "wilson"]
+__all__ = ["FORMATS", "Summary", "TaskCell", "by_task", "format_by_task", "format_summaries",
+           "pareto_plot", "summarise", "wilson"]
 
 FORMATS = ("md", "json", "csv")
 
@@ -147,6 +148,64 @@ def format_summaries(rows: list[Summary], fmt: str = "md") -> str:
                      "endpoint failed (run the same `memex eval run` again to run "
                      f"{'them' if errors != 1 else 'it'})")
     return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskCell:
+    """How one task went in one suite x model x action space x variant: ``correct`` of
+    ``rollouts`` (its seeds; a rollout whose endpoint failed is not counted)."""
+
+    suite: str
+    model: str
+    space: str
+    variant: str
+    task: str
+    correct: int
+    rollouts: int
+
+
+def by_task(results: Iterable[RolloutResult]) -> list[TaskCell]:
+    """Each task's tally per suite, model, action space and variant, in the order tasks
+    first appear: where two spaces or two variants differ, task by task."""
+    cells: dict[tuple[str, str, str, str, str], list[int]] = {}
+    for r in latest(results):
+        if r.endpoint_failed:
+            continue
+        tally = cells.setdefault((r.suite, r.model, r.space, r.variant, r.task), [0, 0])
+        tally[0] += r.correct
+        tally[1] += 1
+    return [TaskCell(suite=k[0], model=k[1], space=k[2], variant=k[3], task=k[4],
+                     correct=c, rollouts=n) for k, (c, n) in cells.items()]
+
+
+def format_by_task(cells: list[TaskCell], fmt: str = "md") -> str:
+    """Markdown: one table per suite (and model), a row per task and a column per action
+    space x variant, each cell ``correct/rollouts``; JSON or CSV: one record per cell."""
+    if fmt not in FORMATS:
+        raise ConfigError(f"report formats are {', '.join(FORMATS)}, got {fmt!r}")
+    if fmt == "json":
+        return json.dumps([asdict(c) for c in cells], indent=2)
+    if fmt == "csv":
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        names = ("suite", "model", "space", "variant", "task", "correct", "rollouts")
+        w.writerow(names)
+        for c in cells:
+            w.writerow([getattr(c, n) for n in names])
+        return buf.getvalue()
+    out: list[str] = []
+    for suite, model in dict.fromkeys((c.suite, c.model) for c in cells):
+        mine = [c for c in cells if (c.suite, c.model) == (suite, model)]
+        cols = sorted({(c.space, c.variant) for c in mine},
+                      key=lambda sv: (sv[0], sv[1] != "default", sv[1]))
+        tasks = list(dict.fromkeys(c.task for c in mine))
+        at = {(c.task, c.space, c.variant): f"{c.correct}/{c.rollouts}" for c in mine}
+        head = "| task | " + " | ".join(f"{s} {v}" for s, v in cols) + " |"
+        out += [f"{suite} · {model}", "", head, "|" + "---|" * (len(cols) + 1)]
+        out += ["| " + t + " | " + " | ".join(at.get((t, s, v), "-") for s, v in cols) + " |"
+                for t in tasks]
+        out.append("")
+    return "\n".join(out)
 
 
 def _x(r: Summary, priced: bool) -> float:

@@ -21,7 +21,9 @@ from memex.eval import (
     Suite,
     Workspace,
     audit,
+    by_task,
     export_rollouts,
+    format_by_task,
     format_summaries,
     load_audit,
     load_results,
@@ -232,6 +234,31 @@ def test_the_report_matches_the_results(srv: ScriptedLLM, tmp_path: Path) -> Non
     assert matplotlib.image.imread(png).shape[:2] == (400, 640)
     with pytest.raises(ConfigError, match="no results"):
         pareto_plot([], tmp_path / "q.png")
+
+
+def test_the_report_by_task_matches_the_results(srv: ScriptedLLM, tmp_path: Path) -> None:
+    run_eval(SUITE, llm=client(srv), out=tmp_path, seeds=[0, 1, 2], backend="inprocess")
+    run_eval(SUITE, llm=client(srv), out=tmp_path, seeds=[0, 1], spaces=["code"],
+             variant="again", backend="inprocess")
+    results = load_results(tmp_path)
+    cells = by_task(results)
+    for c in cells:
+        mine = [r for r in results if (r.space, r.variant, r.task) == (c.space, c.variant, c.task)]
+        assert (c.correct, c.rollouts) == (sum(r.correct for r in mine), len(mine))
+    assert {(c.space, c.variant, c.task): f"{c.correct}/{c.rollouts}" for c in cells} == {
+        ("code", "default", "sum"): "3/3", ("code", "default", "max"): "0/3",
+        ("tools", "default", "sum"): "3/3", ("tools", "default", "max"): "0/3",
+        ("code", "again", "sum"): "2/2", ("code", "again", "max"): "0/2"}
+    md = format_by_task(cells)
+    assert "| task | code default | code again | tools default |" in md
+    assert "| sum | 3/3 | 2/2 | 3/3 |" in md and "| max | 0/3 | 0/2 | 0/3 |" in md
+    assert len(json.loads(format_by_task(cells, "json"))) == 6
+    assert format_by_task(cells, "csv").splitlines()[0] == \
+        "suite,model,space,variant,task,correct,rollouts"
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert cli(["eval", "report", str(tmp_path), "--by-task", "--plot", "none"]) == 0
+    assert "| sum | 3/3 | 2/2 | 3/3 |" in out.getvalue()
 
 
 def test_wilson_interval() -> None:
