@@ -96,8 +96,8 @@ PINNED: dict[str, list[str]] = {
     ],
     "memex.executor.loops": [
         "NO_OUTPUT", "TextToolCall", "TurnContext", "TurnSession", "bound_text", "code_turn",
-        "cut_after_code", "extract_code", "extract_tool_calls", "render_observation", "tools_turn",
-        "trim_traceback",
+        "cut_after_code", "defined_by_later", "extract_code", "extract_tool_calls", "missing_name",
+        "render_observation", "tools_turn", "trim_traceback",
     ],
     "memex.executor.spawn": [
         "FAILURE_KINDS", "GuestObject", "Node", "SpawnRefused", "SpawnTree", "StartRollout",

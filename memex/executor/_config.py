@@ -48,7 +48,9 @@ class Aids:
     the user's side, is left out of the context; pandas prints frames up to 160 characters
     wide instead of folding their columns into "..."; in tool calling, a submit that comes in
     the same reply as other calls is not run (its arguments were written before their
-    results existed)."""
+    results existed); in code, a one-statement block that fails on a name a later block of
+    the same reply defines (``submit({"count": count})`` above the block computing
+    ``count``) runs again after that block instead of stopping the reply."""
 
     example: bool = True
     example_from_tools: bool = True  # the example uses the rollout's tools and answer shape
@@ -57,6 +59,7 @@ class Aids:
     cut_after_code: bool = True  # drop a reply's text after its last code block
     wide_tables: bool = True  # pandas prints frames up to 160 characters wide, not folded
     hold_blind_submit: bool = True  # tool calling: a submit after other calls in one reply waits
+    defer_forward_use: bool = True  # a block using a name a later block defines runs after it
     nudge: bool = True
     repeat_note: bool = True
     preview_variables: bool = True

@@ -234,3 +234,59 @@ def test_a_long_value_in_a_schema_error_is_shortened() -> None:
     obs = r.trajectory.steps[0].observation
     assert "answer.count: <pandas.Series: 0        0...> is not of type 'integer'" in obs, obs
     assert "499" not in obs
+
+
+def blocks(*codes: str) -> str:
+    return "Running.\n" + "\n".join(f"```python\n{c}\n```" for c in codes)
+
+
+def test_a_block_using_a_name_a_later_block_defines_runs_after_it() -> None:
+    early = blocks("# first compute worst_segment\nsubmit({'conversion': conv, "
+                   "'worst_segment': worst_segment})",
+                   "df = sql('q')\nconv = dict(zip(df.segment, df.rate))\nprint(len(conv))",
+                   "worst_segment = min(conv, key=conv.get)")
+    with ScriptedLLM([early]) as srv:
+        r = agent(srv).run("t")
+    step = r.trajectory.steps[0]
+    assert r.end_reason == "submitted" and r.answer.worst_segment == "a"
+    assert step.status == "submitted" and len(r.trajectory.steps) == 1
+    assert "[block 1] [it uses conv before block 2 defines it: run again after block 2]" \
+        in step.observation
+    assert "[block 2]\n2" in step.observation
+    # again after block 2 it fails on worst_segment, which block 3 defines: after block 3
+    assert "[block 1, again after block 2] [it uses worst_segment before block 3 defines " \
+        "it: run again after block 3]" in step.observation
+    assert "[block 1, again after block 3]\n[answer accepted]" in step.observation
+    assert "NameError" not in step.observation
+    assert step.code == (step.code[0], step.code[1], step.code[0], step.code[3],
+                         step.code[0])
+    with ScriptedLLM([early]) as srv:  # off: the reply stops at its first block
+        r = agent(srv, budget=Budget(max_turns=1), aids=Aids(defer_forward_use=False)).run("t")
+    step = r.trajectory.steps[0]
+    assert step.status == "error" and len(step.code) == 1
+    assert "[2 later block(s) not run]" in step.observation
+
+
+def test_a_deferred_submit_runs_right_after_the_block_that_defines_its_value() -> None:
+    early = blocks("submit({'conversion': conv, 'worst_segment': 'a'})",
+                   "df = sql('q')\nconv = dict(zip(df.segment, df.rate))",
+                   "print('not reached')")
+    with ScriptedLLM([early]) as srv:
+        r = agent(srv).run("t")
+    step = r.trajectory.steps[0]
+    assert r.answer.conversion == {"a": 0.25, "b": 0.5} and step.status == "submitted"
+    assert "[block 1, again after block 2]\n[answer accepted]" in step.observation
+    assert "not reached" not in step.observation
+
+
+@pytest.mark.parametrize("first", [
+    "x = 1\nsubmit({'conversion': conv, 'worst_segment': 'a'})",  # two statements
+    "submit({'conversion': conv, 'worst_segment': 'a'})",          # nothing later defines it
+])
+def test_a_block_is_not_deferred_when_running_it_again_could_differ(first: str) -> None:
+    later = "print('later')" if "x = 1" not in first else "conv = {'a': 1.0}"
+    with ScriptedLLM([blocks(first, later)]) as srv:
+        r = agent(srv, budget=Budget(max_turns=1)).run("t")
+    step = r.trajectory.steps[0]
+    assert step.status == "error" and "NameError" in step.observation
+    assert "run again" not in step.observation and len(step.code) == 1

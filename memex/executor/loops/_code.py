@@ -8,12 +8,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...runtime_wasm import TurnStatus
+from ...runtime_wasm import GuestException, TurnStatus
 from .._prompt import NUDGE, PYTHON_TOOL, REPEAT, STOP
 from .._trajectory import Step
 from ..llm import Completion
 from ._context import TurnContext, TurnSession
 from ._observe import bound_text, render_observation
+from ._order import defined_by_later, missing_name
 from ._parse import cut_after_code, extract_code
 
 __all__ = ["code_turn"]
@@ -64,29 +65,55 @@ class _Ran:
     outputs: list[str] = field(default_factory=list)
     status: str = "ok"
     error: str | None = None
-    ran: int = 0
+    code: list[str] = field(default_factory=list)  # the blocks that ran, in the order they ran
     seconds: float = 0.0
 
 
 def _run_blocks(ctx: TurnContext, session: TurnSession, blocks: list[str]) -> _Ran:
-    """Run the blocks in order, stopping at the first that fails or submits."""
+    """Run the blocks in order, stopping at the first that fails or submits; a block that
+    fails on a name a later block defines runs again after that block
+    (``Aids.defer_forward_use``)."""
     out = _Ran()
     t1 = time.monotonic()
-    for i, code in enumerate(blocks):
-        r = session.run(code, timeout=ctx.turn_timeout())
-        out.ran += 1
+    queue = list(range(len(blocks)))
+    again: dict[int, int] = {}  # a deferred block -> the block it runs after
+    while queue:
+        i = queue.pop(0)
+        r = session.run(blocks[i], timeout=ctx.turn_timeout())
+        out.code.append(blocks[i])
+        label = f"block {i + 1}" + (f", again after block {again[i] + 1}" if i in again else "")
         text = render_observation(r, limit=ctx.observation_chars)
-        out.outputs.append(text if len(blocks) == 1 else f"[block {i + 1}]\n{text}")
         if r.status is not TurnStatus.OK:
+            j = _defer(ctx, blocks, i, r.exception)
+            if j is not None and j in queue:  # j has not run: each deferral moves i later
+                again[i] = j
+                queue.insert(queue.index(j) + 1, i)
+                out.outputs.append(f"[{label}] [it uses {_name(r.exception)} before "
+                                   f"block {j + 1} defines it: run again after block {j + 1}]")
+                continue
+            out.outputs.append(text if len(blocks) == 1 else f"[{label}]\n{text}")
             out.status = "killed" if r.status is TurnStatus.KILLED else "error"
             out.error = r.exception.type if r.exception else (r.limit or r.status.value)
-            if i + 1 < len(blocks):
-                out.outputs.append(f"[{len(blocks) - i - 1} later block(s) not run]")
+            if queue:
+                out.outputs.append(f"[{len(queue)} later block(s) not run]")
             break
+        out.outputs.append(text if len(blocks) == 1 else f"[{label}]\n{text}")
         if session.submitted:
             break
     out.seconds = time.monotonic() - t1
     return out
+
+
+def _name(exc: GuestException | None) -> str | None:
+    return missing_name(exc.type, exc.message) if exc is not None else None
+
+
+def _defer(ctx: TurnContext, blocks: list[str], i: int,
+           exc: GuestException | None) -> int | None:
+    """The later block after which ``blocks[i]``, failed on a name not defined yet, runs
+    again; None when it is not deferred."""
+    name = _name(exc) if ctx.aids.defer_forward_use else None
+    return defined_by_later(blocks, i, name) if name else None
 
 
 def code_turn(ctx: TurnContext, session: TurnSession) -> Step:
@@ -139,7 +166,7 @@ def code_turn(ctx: TurnContext, session: TurnSession) -> Step:
     if repeated and ctx.aids.repeat_note:
         body = f"{REPEAT}\n{body}"
         if status == "ok":  # stuck after a result: say how that result would be submitted
-            offer = ctx.submit_hint(blocks[:ran.ran])
+            offer = ctx.submit_hint(ran.code)
             body += f"\n{offer}" if offer else ""
         status = "repeated" if status == "ok" else status
     obs = "Output:\n" + body + ctx.reminder(rejected=status == "rejected")
@@ -150,6 +177,6 @@ def code_turn(ctx: TurnContext, session: TurnSession) -> Step:
     else:
         ctx.messages.append({"role": "user", "content": obs})
     return Step(index=index, reply=reply, action="native_code" if calls else "code",
-                code=tuple(blocks[:ran.ran]), observation=obs, status=status,
+                code=tuple(ran.code), observation=obs, status=status,
                 tool_calls=tool_calls, exec_seconds=ran.seconds, error=error,
                 new_variables=tuple(n for n, _ in new_vars), **usage)
