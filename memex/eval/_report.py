@@ -8,9 +8,10 @@ import csv
 import io
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from ..errors import ConfigError
 from ._results import RolloutResult, latest
@@ -118,19 +119,28 @@ _COLUMNS = ("suite", "model", "space", "variant", "rollouts", "correct", "accura
             "seconds", "cost", "tokens_per_correct", "submitted", "endpoint_errors")
 
 
-def format_summaries(rows: list[Summary], fmt: str = "md") -> str:
-    """The table as Markdown (for people), JSON or CSV (for tools)."""
+def _machine(records: Sequence[Any], columns: Sequence[str], fmt: str) -> str | None:
+    """``records`` as JSON or CSV (``columns`` in order); None for Markdown, which each
+    table writes its own way. An unknown format is refused."""
     if fmt not in FORMATS:
         raise ConfigError(f"report formats are {', '.join(FORMATS)}, got {fmt!r}")
     if fmt == "json":
-        return json.dumps([asdict(r) for r in rows], indent=2)
+        return json.dumps([asdict(r) for r in records], indent=2)
     if fmt == "csv":
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")
-        w.writerow(_COLUMNS)
-        for r in rows:
-            w.writerow([getattr(r, c) for c in _COLUMNS])
+        w.writerow(columns)
+        for r in records:
+            w.writerow([getattr(r, c) for c in columns])
         return buf.getvalue()
+    return None
+
+
+def format_summaries(rows: list[Summary], fmt: str = "md") -> str:
+    """The table as Markdown (for people), JSON or CSV (for tools)."""
+    machine = _machine(rows, _COLUMNS, fmt)
+    if machine is not None:
+        return machine
     head = ("| suite | model | space | variant | correct | accuracy (95% CI) | prompt tok | "
             "completion tok | LLM calls | tool calls | wall s | cost $ | tokens/correct |")
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
@@ -181,18 +191,10 @@ def by_task(results: Iterable[RolloutResult]) -> list[TaskCell]:
 def format_by_task(cells: list[TaskCell], fmt: str = "md") -> str:
     """Markdown: one table per suite (and model), a row per task and a column per action
     space x variant, each cell ``correct/rollouts``; JSON or CSV: one record per cell."""
-    if fmt not in FORMATS:
-        raise ConfigError(f"report formats are {', '.join(FORMATS)}, got {fmt!r}")
-    if fmt == "json":
-        return json.dumps([asdict(c) for c in cells], indent=2)
-    if fmt == "csv":
-        buf = io.StringIO()
-        w = csv.writer(buf, lineterminator="\n")
-        names = ("suite", "model", "space", "variant", "task", "correct", "rollouts")
-        w.writerow(names)
-        for c in cells:
-            w.writerow([getattr(c, n) for n in names])
-        return buf.getvalue()
+    machine = _machine(cells, ("suite", "model", "space", "variant", "task", "correct",
+                               "rollouts"), fmt)
+    if machine is not None:
+        return machine
     out: list[str] = []
     for suite, model in dict.fromkeys((c.suite, c.model) for c in cells):
         mine = [c for c in cells if (c.suite, c.model) == (suite, model)]

@@ -82,38 +82,32 @@ def _run_blocks(ctx: TurnContext, session: TurnSession, blocks: list[str]) -> _R
         r = session.run(blocks[i], timeout=ctx.turn_timeout())
         out.code.append(blocks[i])
         label = f"block {i + 1}" + (f", again after block {again[i] + 1}" if i in again else "")
+        failed = r.status is not TurnStatus.OK
+        name = _missing(r.exception) if failed and ctx.aids.defer_forward_use else None
+        j = defined_by_later(blocks, i, name) if name else None
+        if name and j is not None and j in queue:  # j has not run: each deferral moves i on
+            again[i] = j
+            queue.insert(queue.index(j) + 1, i)
+            out.outputs.append(f"[{label}] [it uses {name} before block {j + 1} defines it: "
+                               f"run again after block {j + 1}]")
+            continue
         text = render_observation(r, limit=ctx.observation_chars)
-        if r.status is not TurnStatus.OK:
-            j = _defer(ctx, blocks, i, r.exception)
-            if j is not None and j in queue:  # j has not run: each deferral moves i later
-                again[i] = j
-                queue.insert(queue.index(j) + 1, i)
-                out.outputs.append(f"[{label}] [it uses {_name(r.exception)} before "
-                                   f"block {j + 1} defines it: run again after block {j + 1}]")
-                continue
-            out.outputs.append(text if len(blocks) == 1 else f"[{label}]\n{text}")
+        out.outputs.append(text if len(blocks) == 1 else f"[{label}]\n{text}")
+        if failed:
             out.status = "killed" if r.status is TurnStatus.KILLED else "error"
             out.error = r.exception.type if r.exception else (r.limit or r.status.value)
             if queue:
                 out.outputs.append(f"[{len(queue)} later block(s) not run]")
             break
-        out.outputs.append(text if len(blocks) == 1 else f"[{label}]\n{text}")
         if session.submitted:
             break
     out.seconds = time.monotonic() - t1
     return out
 
 
-def _name(exc: GuestException | None) -> str | None:
+def _missing(exc: GuestException | None) -> str | None:
+    """The name a failed block's NameError says is not defined yet, if that is how it failed."""
     return missing_name(exc.type, exc.message) if exc is not None else None
-
-
-def _defer(ctx: TurnContext, blocks: list[str], i: int,
-           exc: GuestException | None) -> int | None:
-    """The later block after which ``blocks[i]``, failed on a name not defined yet, runs
-    again; None when it is not deferred."""
-    name = _name(exc) if ctx.aids.defer_forward_use else None
-    return defined_by_later(blocks, i, name) if name else None
 
 
 def code_turn(ctx: TurnContext, session: TurnSession) -> Step:

@@ -47,35 +47,24 @@ def _one_statement(code: str) -> bool:
 
 
 def _bound(code: str) -> set[str]:
-    """The names a block binds in the session's namespace (its top level, and the bodies
-    of its top-level ``if``/``for``/``while``/``with``/``try``)."""
+    """The names a block binds in the session's namespace: every name it stores to, at any
+    depth, outside the bodies of the functions, classes, lambdas and comprehensions it
+    defines (their own scopes), plus the names those definitions and its imports bind."""
     try:
-        body = ast.parse(code).body
+        tree = ast.parse(code)
     except (SyntaxError, ValueError):
         return set()
     out: set[str] = set()
-    todo: list[ast.stmt] = list(body)
+    todo: list[ast.AST] = [tree]
     while todo:
-        node = todo.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            out.add(node.name)
-            continue
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            out.update((a.asname or a.name).partition(".")[0] for a in node.names)
-            continue
-        targets: list[ast.expr] = []
-        if isinstance(node, ast.Assign):
-            targets = list(node.targets)
-        elif isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.For, ast.AsyncFor)):
-            targets = [node.target]
-        elif isinstance(node, (ast.With, ast.AsyncWith)):
-            targets = [it.optional_vars for it in node.items if it.optional_vars is not None]
-        for t in targets:
-            out.update(n.id for n in ast.walk(t)
-                       if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store))
-        out.update(n.target.id for n in ast.walk(node) if isinstance(n, ast.NamedExpr))
-        for field in ("body", "orelse", "finalbody"):
-            todo.extend(getattr(node, field, None) or [])
-        for handler in getattr(node, "handlers", None) or []:
-            todo.extend(handler.body)
+        for node in ast.iter_child_nodes(todo.pop()):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                out.add(node.name)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                out.update((a.asname or a.name).partition(".")[0] for a in node.names)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                out.add(node.id)
+            elif not isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp,
+                                       ast.GeneratorExp)):
+                todo.append(node)
     return out
