@@ -47,9 +47,11 @@ _WAITING = {"x86_64": ("7", "23", "270", "271"), "aarch64": ("72", "73")}
 
 
 def _interrupt_at_prompt(child: pexpect.spawn) -> None:
-    """Ctrl-C once the REPL waits for a key. readline prints the prompt before it starts
-    waiting (select), and a SIGINT that lands between the two is only seen at the next key,
-    in CPython's own REPL as well: on a loaded machine the test met that window."""
+    """Ctrl-C once the REPL waits for a key, then its next prompt. readline prints the prompt
+    before it starts waiting (select), and a SIGINT that lands between the two is only seen
+    at the next key, in CPython's own REPL as well. That window does not explain every lost
+    Ctrl-C seen in full runs (two, 120 s with no output, not reproduced alone): when the
+    prompt does not come, the failure carries each thread's signal state to find out why."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         with open(f"/proc/{child.pid}/syscall") as f:  # the main thread's system call
@@ -57,6 +59,24 @@ def _interrupt_at_prompt(child: pexpect.spawn) -> None:
                 break
         time.sleep(0.01)
     child.sendintr()
+    try:
+        child.expect_exact(">>> ")
+    except pexpect.TIMEOUT as exc:
+        raise AssertionError(f"no prompt after Ctrl-C; threads:\n{_threads(child.pid)}") from exc
+
+
+def _threads(pid: int) -> str:
+    """Each thread's signal masks, wait channel and system call, from /proc."""
+    keys = ("SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")
+    out = []
+    for task in sorted(Path(f"/proc/{pid}/task").iterdir()):
+        status = dict(line.split(":\t", 1) for line in (task / "status").read_text().splitlines()
+                      if ":\t" in line)
+        out.append(f"{task.name} {(task / 'comm').read_text().strip()} "
+                   + " ".join(f"{k}={status.get(k, '?').strip()}" for k in keys)
+                   + f" wchan={(task / 'wchan').read_text()} "
+                   + f"syscall={(task / 'syscall').read_text().split()[0]}")
+    return "\n".join(out)
 
 
 def _cell(child: pexpect.spawn, *lines: str) -> str:
@@ -98,15 +118,12 @@ def test_ctrl_c_interrupts_a_running_cell_and_keeps_the_session(repl: pexpect.sp
 
 def test_ctrl_c_at_a_prompt_discards_the_input_like_python(repl: pexpect.spawn) -> None:
     _interrupt_at_prompt(repl)
-    repl.expect_exact(">>> ")
     assert "KeyboardInterrupt" in repl.before
     _interrupt_at_prompt(repl)  # a second one at the empty prompt: the same, and the REPL stays
-    repl.expect_exact(">>> ")
     assert "KeyboardInterrupt" in repl.before
     repl.sendline("if True:")
     repl.expect_exact("... ")
     _interrupt_at_prompt(repl)  # at a continuation prompt: the unfinished statement is dropped
-    repl.expect_exact(">>> ")
     assert _cell(repl, "print('still here')").split("\n")[1] == "still here"
 
 
