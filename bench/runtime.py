@@ -43,8 +43,9 @@ from _fmt import TOUCH_1MIB, ballast, fmt  # noqa: E402  (bench/ is on sys.path 
 
 import memex.runtime_wasm._lz4 as _lz4  # noqa: E402  (patched for the codec's baseline)
 import memex.runtime_wasm._sandbox as _sandbox  # noqa: E402  (patched for the eager load)
-from memex.runtime_wasm import Door, Limits, Sandbox, dirty_tracking  # noqa: E402
+from memex.runtime_wasm import Door, Limits, Sandbox, dirty_tracking, module_path  # noqa: E402
 from memex.runtime_wasm._dirty import TRACKER  # noqa: E402  (switched off for the baseline)
+from memex.runtime_wasm._engine import ASYNC_STACK, WASM_STACK  # noqa: E402  (the floor's engine)
 
 Row = tuple[str, str, str, str]  # section, what, value, note
 ROWS: list[Row] = []
@@ -553,16 +554,25 @@ def bench_cli(q: bool) -> None:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     subprocess.run(cmd, check=True, capture_output=True, env=env)
     base = [sys.executable, "-c", "pass"]
+    floor_cmd = [sys.executable, str(ROOT / "bench" / "_start_floor.py"),
+                 str(module_path("plain")), str(WASM_STACK), str(ASYNC_STACK)]
+    subprocess.run(floor_cmd, check=True, capture_output=True, env=env)
     runs: list[float] = []
     floor: list[float] = []
-    for _ in range(10 if q else 30):  # interleaved with the floor, so both see one machine
-        for out, c in ((runs, cmd), (floor, base)):
+    engine_floor: list[float] = []
+    # interleaved, so all three see one machine
+    for _ in range(10 if q else 30):
+        for out, c in ((runs, cmd), (floor, base), (engine_floor, floor_cmd)):
             t = time.perf_counter()
             subprocess.run(c, check=True, capture_output=True, env=env)
             out.append(time.perf_counter() - t)
-    ratio = statistics.median(runs) / statistics.median(floor)
+    py = statistics.median(floor)
+    ratio = statistics.median(runs) / py
     add("memex", "`memex run -c pass` (fresh process)", runs,
-        f"{ratio:.1f}x `python -c pass` ({fmt(statistics.median(floor))}) in the same loop")
+        f"{ratio:.1f}x `python -c pass` ({fmt(py)}) in the same loop")
+    add("floor", "fresh process: engine library + engine + module mapped", engine_floor,
+        f"{statistics.median(engine_floor) / py:.1f}x `python -c pass`; no memex import, "
+        "no instance, no turn (bench/_start_floor.py)")
 
 
 def bench_rss(q: bool) -> None:
