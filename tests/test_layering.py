@@ -40,6 +40,8 @@ ALLOWED_CYCLES: dict[tuple[str, ...], str] = {}
 ALLOWED_PRIVATE: dict[str, dict[str, str]] = {
     "bench/runtime.py": {
         "memex.runtime_wasm._dirty.TRACKER": "switched off for the whole-copy baseline rows",
+        "memex.runtime_wasm._engine.ASYNC_STACK": "the start-up floor's engine settings",
+        "memex.runtime_wasm._engine.WASM_STACK": "the start-up floor's engine settings",
         "memex.runtime_wasm._lz4": "plain lz4.block on one thread, for the codec's baseline",
         "memex.runtime_wasm._sandbox": "loads decompressed eagerly, for the load's baseline",
     },
