@@ -50,7 +50,10 @@ class Aids:
     the same reply as other calls is not run (its arguments were written before their
     results existed); in code, a one-statement block that fails on a name a later block of
     the same reply defines (``submit({"count": count})`` above the block computing
-    ``count``) runs again after that block instead of stopping the reply."""
+    ``count``) runs again after that block instead of stopping the reply; in code, a tool
+    (or ``submit``) that a reply rebinds (``orders = orders()``: every later call then fails)
+    is put back after the reply, its value kept as ``orders_result``, and the observation
+    says so."""
 
     example: bool = True
     example_from_tools: bool = True  # the example uses the rollout's tools and answer shape
@@ -60,6 +63,7 @@ class Aids:
     wide_tables: bool = True  # pandas prints frames up to 160 characters wide, not folded
     hold_blind_submit: bool = True  # tool calling: a submit after other calls in one reply waits
     defer_forward_use: bool = True  # a block using a name a later block defines runs after it
+    keep_tool_names: bool = True  # a tool a reply rebinds comes back; the value moves
     nudge: bool = True
     repeat_note: bool = True
     preview_variables: bool = True

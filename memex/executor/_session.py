@@ -119,6 +119,8 @@ class AgentSession:
         self._vars: list[tuple[str, str]] = []
         self.door.register("agent.input", self._op_input, inline=True)
         self.door.register("agent.vars", self._op_vars, inline=True)
+        self.door.register("agent.kept", self._op_kept, inline=True)
+        self._kept: list[tuple[str, str]] = []
         self.host = ToolHost(self.toolset, budget=tool_budget, gate=gate, on_call=on_call)
         if spawn is not None:
             spawn.bind(self)
@@ -165,6 +167,20 @@ class AgentSession:
     def _op_vars(self, items: Any) -> None:
         if isinstance(items, list):
             self._vars = [(a[:100], b[:200]) for a, b in
+                          (x for x in items if isinstance(x, list) and len(x) == 2)
+                          if isinstance(a, str) and isinstance(b, str)][:50]
+
+    def keep_tools(self) -> list[tuple[str, str]]:
+        """Put back under its name each tool (or ``submit``, or ``tools``) that the last
+        blocks rebound or deleted: (the tool's name, the name the value assigned to it now
+        has, or "" when it was deleted). See ``Aids.keep_tool_names``."""
+        self._kept = []
+        r = self.sandbox.run("__memex_keep_tools__()", filename="<memex-agent-tools>")
+        return self._kept if r.status is TurnStatus.OK else []
+
+    def _op_kept(self, items: Any) -> None:
+        if isinstance(items, list):
+            self._kept = [(a[:100], b[:120]) for a, b in
                           (x for x in items if isinstance(x, list) and len(x) == 2)
                           if isinstance(a, str) and isinstance(b, str)][:50]
 

@@ -290,3 +290,36 @@ def test_a_block_is_not_deferred_when_running_it_again_could_differ(first: str) 
     step = r.trajectory.steps[0]
     assert step.status == "error" and "NameError" in step.observation
     assert "run again" not in step.observation and len(step.code) == 1
+
+
+def test_a_tool_a_reply_rebinds_comes_back_and_its_value_moves() -> None:
+    replies = [
+        py("sql = sql('q')\nprint(len(sql))"),              # the tool's name bound to its result
+        py("df = sql('q2')\nprint(type(sql_result).__name__, len(df))"),
+        py("list_tables_result = 'mine'\nlist_tables = 7\nsql = 5\nsubmit = None"),
+        py("print(sql_result, list_tables_result, list_tables_result2, list_tables())\n"
+           "del list_tables"),
+        py("submit({'conversion': dict(zip(df.segment, df.rate)), 'worst_segment': 'a'})"),
+    ]
+    with ScriptedLLM(replies) as srv:
+        r = agent(srv).run("t")
+    assert r.end_reason == "submitted" and r.answer.conversion == {"a": 0.25, "b": 0.5}
+    obs = [s.observation for s in r.trajectory.steps]
+    assert "[sql is a tool, so it stays one: the value this reply assigned to it is now " \
+        "sql_result]" in obs[0]
+    assert "DataFrame 2" in obs[1] and "is a tool" not in obs[1]
+    # a later value replaces the one moved before; a name the model made is not overwritten
+    assert "now sql_result]" in obs[2] and "now list_tables_result2]" in obs[2]
+    assert "[submit is a tool, so it stays one: the value this reply assigned to it is now " \
+        "submit_result]" in obs[2]
+    assert "5 mine 7 ['segments']" in obs[3]
+    assert "[list_tables is a tool, so it is back]" in obs[3]
+
+
+def test_without_keep_tool_names_a_rebound_tool_stays_its_value() -> None:
+    replies = [py("sql = sql('q')\nprint(len(sql))"), py("df = sql('q2')")]
+    with ScriptedLLM(replies) as srv:
+        r = agent(srv, budget=Budget(max_turns=2), aids=Aids(keep_tool_names=False)).run("t")
+    obs = [s.observation for s in r.trajectory.steps]
+    assert "is a tool" not in obs[0]
+    assert "TypeError" in obs[1] and "not callable" in obs[1]

@@ -133,5 +133,33 @@ def __memex_agent_prelude__(input_names, submit_doc, record_types, hooks=None, e
     def report():
         door.request("agent.vars", [new_variables()], {}, False)
 
+    # The tools, submit() and the ``tools`` namespace as bound now: a reply that rebinds one
+    # (``orders = orders()``) keeps its value under another name, and the tool comes back.
+    ns = g.get("tools")
+    protected = {n: g[n] for n in getattr(ns, "__main_exports__", ()) if n in g}
+    protected["submit"] = submit
+    if ns is not None:
+        protected["tools"] = ns
+    moved = set()  # the names keep_tools() made: a later value may replace theirs
+
+    def keep_tools():
+        out = []
+        for name, tool in protected.items():
+            v = g.get(name, missing)
+            if v is tool:
+                continue
+            g[name] = tool
+            if v is missing:
+                out.append([name, ""])
+                continue
+            new, k = name + "_result", 2
+            while new in g and new not in moved and g[new] is not v:
+                new, k = "%s_result%d" % (name, k), k + 1
+            g[new] = v
+            moved.add(new)
+            out.append([name, new])
+        door.request("agent.kept", [out], {}, False)
+
     new_variables()  # everything present now (tools, inputs, submit) is not new
     g["__memex_new_variables__"] = report
+    g["__memex_keep_tools__"] = keep_tools

@@ -110,6 +110,13 @@ def _missing(exc: GuestException | None) -> str | None:
     return missing_name(exc.type, exc.message) if exc is not None else None
 
 
+def _kept(name: str, new: str) -> str:
+    """The note for a tool the reply rebound (``Aids.keep_tool_names``)."""
+    if not new:
+        return f"[{name} is a tool, so it is back]"
+    return f"[{name} is a tool, so it stays one: the value this reply assigned to it is now {new}]"
+
+
 def code_turn(ctx: TurnContext, session: TurnSession) -> Step:
     native = ctx.native_code
     kwargs: dict[str, Any] = {"tools": [PYTHON_TOOL], "tool_choice": "auto"} if native else {}
@@ -143,6 +150,8 @@ def code_turn(ctx: TurnContext, session: TurnSession) -> Step:
         status = "submitted"
     elif any(tc.name == "submit" and tc.outcome != "ok" for tc in tool_calls):
         status = "rejected"
+    if ctx.aids.keep_tool_names and not session.submitted:
+        outputs.extend(_kept(name, new) for name, new in session.keep_tools())
     hint = ctx.explain(status, error, "\n".join(outputs))
     if hint:
         outputs.append(hint)
