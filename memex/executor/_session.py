@@ -165,10 +165,7 @@ class AgentSession:
         return self._vars
 
     def _op_vars(self, items: Any) -> None:
-        if isinstance(items, list):
-            self._vars = [(a[:100], b[:200]) for a, b in
-                          (x for x in items if isinstance(x, list) and len(x) == 2)
-                          if isinstance(a, str) and isinstance(b, str)][:50]
+        self._vars = _str_pairs(items, 100, 200)
 
     def keep_tools(self) -> list[tuple[str, str]]:
         """Put back under its name each tool (or ``submit``, or ``tools``) that the last
@@ -179,10 +176,7 @@ class AgentSession:
         return self._kept if r.status is TurnStatus.OK else []
 
     def _op_kept(self, items: Any) -> None:
-        if isinstance(items, list):
-            self._kept = [(a[:100], b[:120]) for a, b in
-                          (x for x in items if isinstance(x, list) and len(x) == 2)
-                          if isinstance(a, str) and isinstance(b, str)][:50]
+        self._kept = _str_pairs(items, 100, 120)
 
     @property
     def submitted(self) -> bool:
@@ -211,6 +205,16 @@ class AgentSession:
         if self.sandbox is not None:
             self.sandbox.close()
         self.host.close()
+
+
+def _str_pairs(items: Any, first: int, second: int) -> list[tuple[str, str]]:
+    """Up to 50 pairs of strings from what the guest sent (a list of 2-lists), each string cut
+    to its bound; anything else in it is skipped."""
+    if not isinstance(items, list):
+        return []
+    pairs = (x for x in items if isinstance(x, list) and len(x) == 2)
+    return [(a[:first], b[:second]) for a, b in pairs
+            if isinstance(a, str) and isinstance(b, str)][:50]
 
 
 def prelude_cells(input_names: list[str], spawn: Any = None, *, explain: bool = True,

@@ -323,3 +323,20 @@ def test_without_keep_tool_names_a_rebound_tool_stays_its_value() -> None:
     obs = [s.observation for s in r.trajectory.steps]
     assert "is a tool" not in obs[0]
     assert "TypeError" in obs[1] and "not callable" in obs[1]
+
+
+def test_what_the_guest_reports_of_kept_tools_is_checked_and_bounded() -> None:
+    # the model's code can replace the guest's reporter: the host takes only [str, str] pairs
+    fake = ("import memex_guest.door as door\n"
+            "def __memex_keep_tools__():\n"
+            "    door.request('agent.kept', [[['sql', 1], 'junk', ['x' * 500, 'y'], "
+            "['a', 'b', 'c']]], {}, False)")
+    replies = [py(fake), py("def __memex_keep_tools__():\n"
+                            "    door.request('agent.kept', ['not a list of pairs'], {}, False)")]
+    with ScriptedLLM(replies) as srv:
+        r = agent(srv, budget=Budget(max_turns=2)).run("t")
+    first, second = (s.observation for s in r.trajectory.steps)
+    assert f"[{'x' * 100} is a tool, so it stays one: the value this reply assigned to it is " \
+        "now y]" in first
+    assert first.count("is a tool") == 1 and "is a tool" not in second
+    assert r.end_reason == "max_turns"
