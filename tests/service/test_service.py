@@ -291,9 +291,8 @@ def test_access_and_audit_logs_name_the_tenant_and_not_the_code(memex_server: An
     sid = a.create()["id"]
     a.run(sid, "token = 'do-not-log-me'")
     a.close_session(sid)
-    time.sleep(0.2)
-    lines = [json.loads(x) for x in memex_server.log.read_text().splitlines()
-             if x.startswith("{")]
+    log = memex_server.wait_for_log(f'"path": "/v1/sessions/{sid}/run"')
+    lines = [json.loads(x) for x in log.splitlines() if x.startswith("{")]
     runs = [x for x in lines if x.get("event") == "run" and x.get("session") == sid]
     assert runs and runs[0]["tenant"] == "a" and runs[0]["status"] == "ok"
     assert "do-not-log-me" not in memex_server.log.read_text()
