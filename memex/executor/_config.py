@@ -32,28 +32,28 @@ class Budget:
 
 @dataclass(frozen=True, kw_only=True)
 class Aids:
-    """Help for small models, each switchable so its effect can be measured
-    (bench/agent.py, ``memex eval``): a worked example in the prompt (built from the
-    rollout's real tools and answer shape), a nudge after a reply with no code, a
-    note when a reply repeats an earlier one verbatim, a preview of the variables a block
-    created, a reminder to submit when few turns remain, stop sequences that cut a reply
-    where the model starts writing the output it imagines its code will print, and
-    re-asking (seeded, at ``repeat_temperature``) when a reply repeats an earlier failed one: at
-    temperature 0 a small model copies its failing block turn after turn, and every copy
-    left in the context makes the next one likelier, so a repeat is asked again before it
-    runs and only a fresh reply (or the last try) enters the context. Errors are explained
-    (a NameError with the names that do exist; a rejected submit with the type each field
-    got and how to convert it); a submit rejected on the last turn gets one more turn; the
-    text after a reply's last code block, which never runs and is often the model writing
-    the user's side, is left out of the context; pandas prints frames up to 160 characters
-    wide instead of folding their columns into "..."; in tool calling, a submit that comes in
-    the same reply as other calls is not run (its arguments were written before their
-    results existed); in code, a one-statement block that fails on a name a later block of
-    the same reply defines (``submit({"count": count})`` above the block computing
-    ``count``) runs again after that block instead of stopping the reply; in code, a tool
-    (or ``submit``) that a reply rebinds (``orders = orders()``: every later call then fails)
-    is put back after the reply, its value kept as ``orders_result``, and the observation
-    says so."""
+    """Help for small models, each switchable so its effect can be measured (bench/agent.py,
+    ``memex eval``): a worked example in the prompt (built from the rollout's real tools
+    and answer shape), a nudge after a reply with no code, a note when a reply repeats an
+    earlier one verbatim, a preview of the variables a block created, a reminder to submit
+    when few turns remain, stop sequences that cut a reply where the model starts writing
+    the output it imagines its code will print, and re-asking (seeded, at
+    ``repeat_temperature``) when a reply repeats an earlier failed one: at temperature 0 a
+    small model copies its failing block turn after turn, and every copy left in the
+    context makes the next one likelier, so a repeat is asked again before it runs and only
+    a fresh reply (or the last try) enters the context. Errors are explained (a NameError
+    with the names that do exist; a tool used as if it were its result with how to call it;
+    a rejected submit with the type each field got and how to convert it); a submit
+    rejected on the last turn gets one more turn; the text after a reply's last code block,
+    which never runs and is often the model writing the user's side, is left out of the
+    context; pandas prints frames up to 160 characters wide instead of folding their
+    columns into "..."; in tool calling, a submit that comes in the same reply as other
+    calls is not run (its arguments were written before their results existed); in code, a
+    one-statement block that fails on a name a later block of the same reply defines
+    (``submit({"count": count})`` above the block computing ``count``) runs again after
+    that block instead of stopping the reply; in code, a tool (or ``submit``) that a reply
+    rebinds (``orders = orders()``: every later call then fails) is put back after the
+    reply, its value kept as ``orders_result``, and the observation says so."""
 
     example: bool = True
     example_from_tools: bool = True  # the example uses the rollout's tools and answer shape

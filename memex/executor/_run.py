@@ -179,10 +179,14 @@ class Run:
             frames = [f"{n}: {d}" for n, d in self.variables.items() if d.startswith("DataFrame")]
             return (f"[a key that does not exist. Your DataFrames: {'; '.join(frames[-5:])}]"
                     if frames else "")
+        aliases = a.tools.aliases
+        if error in ("TypeError", "AttributeError") and "'function' object" in text:
+            name = _tool_as_data(text, [aliases.get(n, n) for n in a.tools.names])
+            return (f"[{name} is a tool, not its result: call it, keep what it returns "
+                    f"(result = {name}(...)) and use that]") if name else ""
         m = _NAME_ERROR.search(text) if error == "NameError" else None
         if m is None:
             return ""
-        aliases = a.tools.aliases
         tools = ", ".join(f"{aliases.get(n, n)}()" for n in a.tools.names)
         names = [n for n in self.variables if n != m.group(1)]
         have = f"; your variables: {', '.join(names[-20:])}" if names else ""
@@ -387,6 +391,18 @@ class Run:
         before["content"] = (f"{before.get('content') or ''}\n\n[{REMOVED}: code that was then "
                              f"written again word for word; {outcome}.]")
         self.messages[at - 1] = before
+
+
+def _tool_as_data(text: str, tools: list[str]) -> str | None:
+    """The tool a traceback's source lines use as if it were its result (``orders[...]``,
+    ``orders.head()``, ``for o in orders``): a name not followed by a call."""
+    for line in text.splitlines():
+        if not line.startswith("    ") or line.lstrip().startswith(("File ", "~", "^")):
+            continue
+        for name in tools:
+            if re.search(rf"\b{re.escape(name)}\b(?!\s*\()", line):
+                return name
+    return None
 
 
 def _assigned(blocks: list[str]) -> list[str]:

@@ -340,3 +340,23 @@ def test_what_the_guest_reports_of_kept_tools_is_checked_and_bounded() -> None:
         "now y]" in first
     assert first.count("is a tool") == 1 and "is a tool" not in second
     assert r.end_reason == "max_turns"
+
+
+@pytest.mark.parametrize(("code", "name"), [
+    ("rows = sql[sql['rate'] > 0]", "sql"),             # 'function' object is not subscriptable
+    ("top = sql.head()", "sql"),                         # ... has no attribute 'head'
+    ("x = 1\nfor t in list_tables:\n    print(t)", "list_tables"),  # ... is not iterable
+    ("def f():\n    pass\nprint(f[0])", None),            # not a tool: no hint
+    ("def f():\n    pass\nprint(sql('q'), f[0])", None),  # the tool is called on that line
+])
+def test_a_tool_used_as_its_own_result_is_explained(code: str, name: str | None) -> None:
+    hint = (f"[{name} is a tool, not its result: call it, keep what it returns "
+            f"(result = {name}(...)) and use that]")
+    for explain in (True, False):
+        with ScriptedLLM([py(code)]) as srv:
+            r = agent(srv, budget=Budget(max_turns=1),
+                      aids=Aids(explain_errors=explain)).run("t")
+        obs = r.trajectory.steps[0].observation
+        assert "'function' object" in obs, obs
+        assert (hint in obs) is (explain and name is not None), obs
+        assert name is not None or "is a tool, not" not in obs
