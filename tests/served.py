@@ -29,11 +29,11 @@ class Served:
     log: Path
     proc: subprocess.Popen[bytes]
 
-    def wait_for_log(self, text: str, timeout: float = 10.0) -> str:
-        """The log once a line holds ``text`` (or ``timeout`` passed): the server writes a
-        request's access line after its answer, so a client can read the log before it."""
+    def wait_for_log(self, text: str, count: int = 1, timeout: float = 10.0) -> str:
+        """The log once ``count`` lines hold ``text`` (or ``timeout`` passed): the server writes
+        a request's access line after its answer, so a client can read the log before it."""
         deadline = time.monotonic() + timeout
-        while text not in (log := self.log.read_text()) and time.monotonic() < deadline:
+        while (log := self.log.read_text()).count(text) < count and time.monotonic() < deadline:
             time.sleep(0.02)
         return log
 

@@ -6,7 +6,6 @@ falls back to HTTP when the socket cannot be opened. A real server on 127.0.0.1.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -43,12 +42,9 @@ def access_paths(served: Served) -> list[str]:
 
 
 def logged(served: Served, path: str, at_least: int) -> int:
-    """How many access-log lines name ``path``, once there are ``at_least`` (or 10 s passed):
-    the server writes a request's line after its answer, so a client may read the log first."""
-    deadline = time.monotonic() + 10
-    while (n := access_paths(served).count(path)) < at_least and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return n
+    """How many access-log lines name ``path``, once there are ``at_least`` (or 10 s passed)."""
+    served.wait_for_log(f'"path": "{path}"', count=at_least)
+    return access_paths(served).count(path)
 
 
 def test_remote_turns_go_over_the_socket_with_the_same_answers(memex_server: Served) -> None:
