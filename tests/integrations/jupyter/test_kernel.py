@@ -118,10 +118,10 @@ def test_interrupt_cancels_the_cell_and_keeps_the_session(
     km, kc = kernel
     run(kc, "counter = 7")
     threading.Timer(1.0, km.interrupt_kernel).start()
-    start = time.monotonic()
     reply, _ = run(kc, "while True:\n    counter += 1")
+    # the interrupt, not the 5 s time limit (that one is a MemexLimit)
     assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt"
-    assert time.monotonic() - start < 4.5  # the interrupt, not the 5 s time limit
+    assert "interrupt" in reply["evalue"]
     _, msgs = run(kc, "counter")  # rolled back to the end of the previous cell
     assert msgs[-1]["content"]["data"]["text/plain"] == "7"
 
