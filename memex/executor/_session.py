@@ -156,24 +156,27 @@ class AgentSession:
         result: TurnResult = self.sandbox.run(code, timeout=timeout)
         return result
 
-    def new_variables(self) -> list[tuple[str, str]]:
-        """Names the last blocks bound or rebound, with a short description each."""
-        self._vars = []
-        r = self.sandbox.run("__memex_new_variables__()", filename="<memex-agent-vars>")
-        if r.status is not TurnStatus.OK:
-            return []
-        return self._vars
+    def after_turn(self, *, keep_tools: bool, variables: bool
+                   ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+        """What the guest reports after a turn, in one guest call (one round trip a turn):
+
+        - kept tools: each tool (or ``submit``, or ``tools``) the last blocks rebound or
+          deleted is put back under its name, as (the tool's name, the name the value assigned
+          to it now has, or "" when it was deleted); see ``Aids.keep_tool_names``;
+        - new variables: the names the last blocks bound or rebound (a moved value's new name
+          among them), with a short description each.
+
+        Each report is taken as the guest sends it (checked by ``_str_pairs``); one whose
+        reporter the model's code broke is empty and the other still comes."""
+        self._kept, self._vars = [], []
+        cells = ([_guarded("__memex_keep_tools__()")] if keep_tools else []) \
+            + ([_guarded("__memex_new_variables__()")] if variables else [])
+        if cells:
+            self.sandbox.run("".join(cells), filename="<memex-agent-after-turn>")
+        return self._kept, self._vars
 
     def _op_vars(self, items: Any) -> None:
         self._vars = _str_pairs(items, 100, 200)
-
-    def keep_tools(self) -> list[tuple[str, str]]:
-        """Put back under its name each tool (or ``submit``, or ``tools``) that the last
-        blocks rebound or deleted: (the tool's name, the name the value assigned to it now
-        has, or "" when it was deleted). See ``Aids.keep_tool_names``."""
-        self._kept = []
-        r = self.sandbox.run("__memex_keep_tools__()", filename="<memex-agent-tools>")
-        return self._kept if r.status is TurnStatus.OK else []
 
     def _op_kept(self, items: Any) -> None:
         self._kept = _str_pairs(items, 100, 120)
@@ -205,6 +208,12 @@ class AgentSession:
         if self.sandbox is not None:
             self.sandbox.close()
         self.host.close()
+
+
+def _guarded(call: str) -> str:
+    """A statement whose failure (the model's code may have replaced the function) stops
+    only itself."""
+    return f"try:\n    {call}\nexcept Exception:\n    pass\n"
 
 
 def _str_pairs(items: Any, first: int, second: int) -> list[tuple[str, str]]:

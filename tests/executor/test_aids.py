@@ -342,6 +342,23 @@ def test_what_the_guest_reports_of_kept_tools_is_checked_and_bounded() -> None:
     assert r.end_reason == "max_turns"
 
 
+def test_a_broken_reporter_loses_only_its_own_report() -> None:
+    # both reports come from one guest call after the turn; the model's code can break either
+    def observe(code: str) -> tuple[str, tuple[str, ...]]:
+        with ScriptedLLM([py(code)]) as srv:
+            step = agent(srv, budget=Budget(max_turns=1)).run("t").trajectory.steps[0]
+        return step.observation, step.new_variables
+
+    obs, new = observe("def __memex_keep_tools__():\n    raise ValueError('broken')\n"
+                       "sql = sql('q')")
+    assert "is a tool" not in obs and "sql: DataFrame" in obs and "sql" in new
+    obs, new = observe("def __memex_new_variables__():\n    raise ValueError('broken')\n"
+                       "list_tables = 3\nrows = 4")
+    assert "[list_tables is a tool, so it stays one: the value this reply assigned to it is " \
+        "now list_tables_result]" in obs
+    assert "new variables" not in obs and new == ()
+
+
 @pytest.mark.parametrize(("code", "name"), [
     ("rows = sql[sql['rate'] > 0]", "sql"),             # 'function' object is not subscriptable
     ("top = sql.head()", "sql"),                         # ... has no attribute 'head'

@@ -150,18 +150,15 @@ def code_turn(ctx: TurnContext, session: TurnSession) -> Step:
         status = "submitted"
     elif any(tc.name == "submit" and tc.outcome != "ok" for tc in tool_calls):
         status = "rejected"
-    if ctx.aids.keep_tool_names and not session.submitted:
-        outputs.extend(_kept(name, new) for name, new in session.keep_tools())
-    hint = ctx.explain(status, error, "\n".join(outputs))
+    restored, new_vars = ([], []) if session.submitted else session.after_turn(
+        keep_tools=ctx.aids.keep_tool_names, variables=ctx.aids.preview_variables)
+    outputs.extend(_kept(name, new) for name, new in restored)
+    hint = ctx.explain(status, error, "\n".join(outputs))  # from the names known before it
     if hint:
         outputs.append(hint)
-    new_vars: list[tuple[str, str]] = []
-    if ctx.aids.preview_variables and not session.submitted:
-        new_vars = session.new_variables()
+    if new_vars:
         ctx.variables.update(new_vars)
-        if new_vars:
-            outputs.append("[new variables: " + "; ".join(f"{n}: {d}" for n, d in new_vars)
-                           + "]")
+        outputs.append("[new variables: " + "; ".join(f"{n}: {d}" for n, d in new_vars) + "]")
     if not repeated:
         ctx.remember(key, _outcome(status, error, outputs), assistant,
                      failed=status in ("error", "rejected") and error not in _TIMEOUTS)
