@@ -169,10 +169,9 @@ class AgentSession:
         Each report is taken as the guest sends it (checked by ``_str_pairs``); one whose
         reporter the model's code broke is empty and the other still comes."""
         self._kept, self._vars = [], []
-        cells = ([_guarded("__memex_keep_tools__()")] if keep_tools else []) \
-            + ([_guarded("__memex_new_variables__()")] if variables else [])
-        if cells:
-            self.sandbox.run("".join(cells), filename="<memex-agent-after-turn>")
+        cell = (_REPORT_KEPT if keep_tools else "") + (_REPORT_VARIABLES if variables else "")
+        if cell:
+            self.sandbox.run(cell, filename="<memex-agent-after-turn>")
         return self._kept, self._vars
 
     def _op_vars(self, items: Any) -> None:
@@ -210,10 +209,9 @@ class AgentSession:
         self.host.close()
 
 
-def _guarded(call: str) -> str:
-    """A statement whose failure (the model's code may have replaced the function) stops
-    only itself."""
-    return f"try:\n    {call}\nexcept Exception:\n    pass\n"
+# Each report stops only itself if it fails (the model's code may have replaced its function).
+_REPORT_KEPT = "try:\n    __memex_keep_tools__()\nexcept Exception:\n    pass\n"
+_REPORT_VARIABLES = "try:\n    __memex_new_variables__()\nexcept Exception:\n    pass\n"
 
 
 def _str_pairs(items: Any, first: int, second: int) -> list[tuple[str, str]]:
