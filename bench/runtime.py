@@ -22,6 +22,7 @@ import contextlib
 import ctypes
 import functools
 import gc
+import json
 import mmap
 import os
 import shutil
@@ -650,18 +651,137 @@ def bench_disk(q: bool) -> None:
     """The cost of disk accounting (runtime_wasm/_disk.py) on write-heavy cells: the same cell
     in a sandbox whose WASI file calls are shadowed (quotas on) and one where they are not."""
     limits = Limits(timeout=120, disk_bytes=1 << 30, disk_files=20_000)
-    n = 2 if q else 7  # 10,000 files take seconds per run: few repetitions when quick
+    n = 3 if q else 7  # 10,000 files take seconds per run: few repetitions when quick
     for what, code in (("write 200 MiB in 1 MiB chunks", _BIG),
                        ("create 10,000 files of 100 bytes", _SMALL)):
         with Sandbox(limits=limits, rollback=False) as on, \
                 Sandbox(limits=limits, rollback=False, _guard_files=False) as off:
+            # one untimed run each first: the first 200 MiB a process writes costs ~10x the
+            # later ones here whichever sandbox writes it (the filesystem, not the quotas)
+            guest_us(off, code), guest_us(on, code)
             a, b = [], []
-            for _ in range(n):  # interleaved, so both see the same machine
-                a.append(guest_us(on, code) / 1000)
-                b.append(guest_us(off, code) / 1000)
+            for i in range(n):  # interleaved, each first in turn, so both see the same machine
+                if i % 2:
+                    b.append(guest_us(off, code) / 1000)
+                    a.append(guest_us(on, code) / 1000)
+                else:
+                    a.append(guest_us(on, code) / 1000)
+                    b.append(guest_us(off, code) / 1000)
         ma, mb = statistics.median(a), statistics.median(b)
         add("disk", f"{what}, quotas on", a, f"{(ma / mb - 1) * 100:+.1f}% vs off")
         add("disk", f"{what}, quotas off (baseline)", b)
+
+
+# ---- hostile guests (SECURITY.md, the runtime's own bookkeeping) -------------------------------
+def _allocated(paths: list[Path], skip: set[tuple[int, int]]) -> int:
+    """Bytes of disk the regular files under ``paths`` hold, each inode once, leaving out the
+    inodes in ``skip`` (the parent's, which forks share)."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for root in paths:
+        for dirpath, _dirs, files in os.walk(root):
+            for name in files:
+                st = os.lstat(os.path.join(dirpath, name))
+                key = (st.st_dev, st.st_ino)
+                if key not in seen and key not in skip:
+                    seen.add(key)
+                    total += st.st_blocks * 512
+    return total
+
+
+def bench_hostile(q: bool) -> None:
+    """Forks of a sandbox holding 400 MiB in /tmp (copy-on-write scratch), beside an empty
+    one and beside what copying the scratch costs; a 16 MiB worst-case door frame, decoded
+    under the door's cost cap and, as before, by plain msgpack (each in a fresh process)."""
+    from memex.runtime_wasm import scratch_dir
+
+    n = 5 if q else 15
+    lim = Limits(timeout=120, disk_bytes=1 << 30)
+    with Sandbox(limits=lim) as empty, Sandbox(limits=lim) as full:
+        r = full.run("chunk = b'x' * (1 << 20)\nwith open('/tmp/data', 'wb') as f:\n"
+                     "    for _ in range(400): f.write(chunk)\n")
+        if not r.ok:
+            raise RuntimeError(str(r.exception))
+        sync(empty)
+        sync(full)
+
+        def fork_of(sb: Sandbox) -> Callable[[], Callable[[], None]]:
+            def go() -> Callable[[], None]:
+                fk = sb.fork()
+                fk.run("1")
+                return fk.close
+            return go
+
+        a, b = [], []
+        for _ in range(n):  # interleaved
+            a += timed(fork_of(empty), 1)
+            b += timed(fork_of(full), 1)
+        ratio = statistics.median(b) / statistics.median(a)
+        add("hostile", "fork() to first result, empty /tmp", a)
+        add("hostile", "fork() to first result, 400 MiB in /tmp", b,
+            f"{ratio:.2f}x the empty one (target <= 1.5x)")
+        src = scratch_dir(full)
+        copies: list[float] = []
+        for _ in range(3 if q else 5):
+            with tempfile.TemporaryDirectory() as tmp:
+                t = time.perf_counter()
+                shutil.copytree(src, Path(tmp) / "copy")
+                copies.append(time.perf_counter() - t)
+        add("hostile", "baseline: copying that /tmp (what fork() did)", copies)
+        parent = {(st.st_dev, st.st_ino) for st in
+                  (os.lstat(p) for p in src.rglob("*") if p.is_file())}
+        forks = [full.fork() for _ in range(6)]
+        try:
+            written = _allocated([scratch_dir(f) for f in forks], parent)
+            add("hostile", "disk written by 6 such forks before they write",
+                f"{written / 2**20:.2f} MiB",
+                f"a copy each would write {6 * 400} MiB; the family counts "
+                f"{forks[0].run('1').disk_bytes >> 20} MiB")
+            forks[0].run("open('/tmp/data', 'r+b').write(b'!')")
+            written = _allocated([scratch_dir(f) for f in forks], parent)
+            add("hostile", "... after one of them writes one byte to the file",
+                f"{written / 2**20:.0f} MiB", "that fork's own copy (copy-up on first write)")
+        finally:
+            for f in forks:
+                f.close()
+    for how in ("bounded", "plain"):
+        _door_frame_row(how)
+
+
+_FRAME_PROBE = """
+import json, resource, sys, time
+sys.path.insert(0, {root!r})
+import msgpack
+from memex.runtime_wasm import Door
+n = 16 << 20
+frame = b'\\xdd' + (255).to_bytes(4, 'big') + (b'\\xdd' + (65535).to_bytes(4, 'big')
+                                              + b'\\x90' * 65535) * 255
+def hwm():
+    for line in open('/proc/self/status'):
+        if line.startswith('VmHWM:'):
+            return int(line.split()[1]) * 1024
+before = hwm()
+t = time.perf_counter()
+if {how!r} == 'bounded':
+    out = msgpack.unpackb(Door().dispatch(frame))['error']['kind']
+else:
+    out = 'decoded %d values' % sum(map(len, msgpack.unpackb(frame)))
+print(json.dumps([time.perf_counter() - t, hwm() - before, out, len(frame)]))
+"""
+
+
+def _door_frame_row(how: str) -> None:
+    code = _FRAME_PROBE.format(root=str(ROOT), how=how)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=300)
+    if p.returncode != 0:
+        raise RuntimeError(p.stderr[-300:])
+    secs, grew, out, size = json.loads(p.stdout)
+    label = ("door.dispatch under the cost cap" if how == "bounded"
+             else "baseline: plain msgpack.unpackb (before)")
+    add("hostile", f"16 MiB frame of 16M empty arrays, {label}", float(secs),
+        f"host memory +{grew / 2**20:.0f} MiB; {out}; {size / 2**20:.1f} MiB frame"
+        + ("; target <= 50 ms and <= 64 MiB" if how == "bounded" else ""))
 
 
 # ---- main -----------------------------------------------------------------------------------
@@ -682,6 +802,7 @@ def main() -> None:
         ("memex", "turns", bench_turns),
         ("memex", "door", bench_door),
         ("disk", "disk", bench_disk),
+        ("hostile", "hostile", bench_hostile),
         ("images", "images", bench_images),
         ("images", "incremental", bench_incremental),
         ("memex", "cli", bench_cli),

@@ -43,13 +43,13 @@ PINNED: dict[str, list[str]] = {
         "SetupError", "ToolDefinitionError", "ToolInstallError",
     ],
     "memex.runtime_wasm": [
-        "Artifacts", "Checkpoint", "Door", "DoorCall", "DoorContext", "DoorError",
+        "Artifacts", "Checkpoint", "DecodeCost", "Door", "DoorCall", "DoorContext", "DoorError",
         "GuestException", "GuestFile", "GuestKilled", "Job", "Limits", "Mount",
         "OutputListener", "Sandbox", "SandboxAPI", "TurnResult", "TurnStatus", "Workers",
         "checkpoint_from_bytes",
         "checkpoint_from_fds", "checkpoint_to_bytes", "checkpoint_to_fds", "compile_module",
         "dirty_tracking", "find_artifacts", "load_module", "module_path", "open_from_checkpoint",
-        "prepare", "scratch_dir", "serving_door",
+        "prepare", "remove_tree", "scratch_dir", "serving_door", "unpack_bounded",
     ],
     "memex.backends": [
         "BACKENDS", "Backend", "Client", "InProcessBackend", "PoolBackend", "PoolStats",

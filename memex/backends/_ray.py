@@ -37,7 +37,6 @@ from ..runtime_wasm import (
     checkpoint_from_bytes,
     checkpoint_to_bytes,
     open_from_checkpoint,
-    scratch_dir,
     serving_door,
 )
 from ._contract import Backend
@@ -169,9 +168,7 @@ class _Host:
         def go() -> dict[str, Any]:
             sb = self._sb(sid)
             spec = self.specs[sid]
-            self.sbs[child] = open_from_checkpoint(
-                sb.checkpoint(), limits=sb.limits, mounts=sb.mounts, preload=(),
-                door=_ActorDoor(self, child), env=spec.get("env"), scratch_from=scratch_dir(sb))
+            self.sbs[child] = sb.fork(door=_ActorDoor(self, child))
             self.specs[child] = spec
             return {}
         return self._call(go)

@@ -31,6 +31,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from ..errors import ConfigError, SandboxClosed, SandboxError, ServiceError
 from ..runtime_wasm import (
+    DecodeCost,
     Door,
     GuestFile,
     GuestKilled,
@@ -39,12 +40,18 @@ from ..runtime_wasm import (
     OutputListener,
     TurnResult,
     serving_door,
+    unpack_bounded,
 )
 from ._contract import Backend
 from ._subprocess import check_run_args
 from .worker import error_from_wire, limits_from_wire, limits_to_wire, result_from_wire
 
 __all__ = ["Client", "RemoteBackend", "RemoteCheckpoint", "RemoteSandbox"]
+
+
+def _message_cost(data: bytes) -> DecodeCost:
+    """The decoding budget of one message from the service (bounded like every input)."""
+    return DecodeCost.for_bytes(max(len(data), 16 << 20))
 
 _LOG = logging.getLogger("memex.client")
 _GRACE = 30.0  # seconds past a turn's deadline the client waits for the answer
@@ -261,10 +268,12 @@ class _DoorLink:
             except (ConnectionClosed, OSError):
                 break
             try:
-                _, seq, left, frame, key = msgpack.unpackb(data, raw=False)
+                if not isinstance(data, bytes):
+                    raise ValueError("a text message")
+                _, seq, left, frame, key = unpack_bounded(data, _message_cost(data))
                 if key is None or key != turn[0]:  # one local deadline per turn of the server
                     turn = (key, float("inf") if left is None else time.monotonic() + left)
-            except (ValueError, TypeError, msgpack.UnpackException):
+            except (ValueError, TypeError):
                 break  # not our protocol
             deadline = turn[1]
             try:
@@ -304,7 +313,9 @@ class _TurnLink:
         try:
             self._ws.send(msgpack.packb(["run", fields], use_bin_type=True))
             data = self._ws.recv(timeout=wait)
-            msg = msgpack.unpackb(data, raw=False)
+            if not isinstance(data, bytes):
+                raise ValueError("a text message")
+            msg = unpack_bounded(data, _message_cost(data))
         except TimeoutError as exc:
             self.close()  # its answer, if it comes, would be read as the next turn's
             raise ServiceError(f"{what}: the service did not answer in time") from exc

@@ -20,7 +20,6 @@ import atexit
 import contextlib
 import itertools
 import os
-import shutil
 import tempfile
 import threading
 import time
@@ -45,6 +44,7 @@ from ..runtime_wasm import (
     OutputListener,
     TurnResult,
     TurnStatus,
+    remove_tree,
     serving_door,
 )
 from ._contract import Backend
@@ -144,7 +144,7 @@ class ProcessSandbox:
         if keep and self._scratch and os.path.isdir(self._scratch):
             stash = self._backend._stash_dir() / str(self.sid)
             with contextlib.suppress(OSError):
-                shutil.rmtree(stash, ignore_errors=True)
+                remove_tree(str(stash))
                 os.rename(self._scratch, stash)
                 self._stash = stash
 
@@ -185,7 +185,7 @@ class ProcessSandbox:
         with self._state:
             self._lost = None
         if self._stash is not None:
-            shutil.rmtree(self._stash, ignore_errors=True)
+            remove_tree(str(self._stash))
             self._stash = None
 
     def _open_on(self, worker: WorkerClient, spec: dict[str, Any], fds: Sequence[int] = (),
@@ -384,7 +384,7 @@ class ProcessSandbox:
         if server is not None:
             server.close()
         if stash is not None:
-            shutil.rmtree(stash, ignore_errors=True)
+            remove_tree(str(stash))
         self._backend._unregister(self)
 
     def __enter__(self) -> ProcessSandbox:
@@ -598,7 +598,7 @@ class SubprocessBackend(Backend):
         for w in workers:
             w.close()
         if self._stash_root is not None:
-            shutil.rmtree(self._stash_root, ignore_errors=True)
+            remove_tree(str(self._stash_root))
 
     def worker_pids(self) -> list[int]:
         """Pids of the live worker processes."""
@@ -621,7 +621,7 @@ def _sweep_stale_dirs() -> None:
             try:
                 os.kill(int(pid), 0)
             except ProcessLookupError:
-                shutil.rmtree(d, ignore_errors=True)
+                remove_tree(str(d))
             except OSError:
                 pass
 

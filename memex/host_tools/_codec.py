@@ -22,6 +22,8 @@ from typing import Any
 
 import msgpack
 
+from ..runtime_wasm import DecodeCost, unpack_bounded
+
 __all__ = [
     "EXT_DATAFRAME", "EXT_DATETIME", "EXT_DECIMAL", "EXT_NDARRAY", "EXT_RECORD", "EXT_SERIES",
     "EXT_SET", "EXT_TUPLE", "DecodeError", "EncodeError", "RecordFields", "TooDeep", "decode",
@@ -269,24 +271,34 @@ def _datetime(v: Any) -> msgpack.ExtType:
 
 
 # ---- decode ---------------------------------------------------------------------------------
-def decode(obj: Any, *, max_depth: int = 64) -> Any:
+DEFAULT_MAX_BYTES = 16 << 20
+"""The input size whose decoding cost (``DecodeCost.for_bytes``) bounds a decode that was
+given no budget of its own: the door's default request cap."""
+
+
+def decode(obj: Any, *, max_depth: int = 64, cost: DecodeCost | None = None) -> Any:
     """The Python value of a tree the door unpacked (ExtType leaves decoded). Containers and
-    ext payloads nested deeper than ``max_depth`` raise :class:`TooDeep`."""
+    ext payloads nested deeper than ``max_depth`` raise :class:`TooDeep`. Ext payloads are
+    decoded under ``cost`` (the budget of the frame they came in, from ``DoorContext.cost``;
+    else one of its own): payloads inside payloads cannot multiply what a frame costs."""
     if type(obj) is dict and max_depth > 1:  # the common small call: a map of scalars
         for k, v in obj.items():
             if type(v) not in _PLAIN or type(k) not in _PLAIN:
                 break
         else:
             return dict(obj)
-    return _Decoder(max_depth).dec(obj, 0, ())
+    if cost is None:
+        cost = DecodeCost.for_bytes(DEFAULT_MAX_BYTES)
+    return _Decoder(max_depth, cost).dec(obj, 0, ())
 
 
 def unpackb(data: bytes, **kwargs: Any) -> Any:
+    cost = kwargs.pop("cost", None) or DecodeCost.for_bytes(max(len(data), DEFAULT_MAX_BYTES))
     try:
-        obj = msgpack.unpackb(data, raw=False, strict_map_key=False)
-    except Exception as exc:
-        raise DecodeError(f"malformed msgpack: {type(exc).__name__}") from None
-    return decode(obj, **kwargs)
+        obj = unpack_bounded(data, cost)
+    except ValueError as exc:
+        raise DecodeError(f"malformed msgpack: {exc}") from None
+    return decode(obj, cost=cost, **kwargs)
 
 
 def _need(cond: bool, what: str) -> None:
@@ -295,8 +307,9 @@ def _need(cond: bool, what: str) -> None:
 
 
 class _Decoder:
-    def __init__(self, max_depth: int) -> None:
+    def __init__(self, max_depth: int, cost: DecodeCost) -> None:
         self.max_depth = max_depth
+        self.cost = cost
 
     def dec(self, v: Any, depth: int, path: tuple[Any, ...]) -> Any:
         t = type(v)
@@ -330,10 +343,9 @@ class _Decoder:
 
     def _ext(self, v: msgpack.ExtType, d: int, path: tuple[Any, ...]) -> Any:
         try:
-            p = msgpack.unpackb(v.data, raw=False, strict_map_key=False)
-        except Exception as exc:
-            raise DecodeError(f"malformed ext type {v.code} payload: {type(exc).__name__}",
-                              path) from None
+            p = unpack_bounded(v.data, self.cost)
+        except ValueError as exc:
+            raise DecodeError(f"malformed ext type {v.code} payload: {exc}", path) from None
         code = v.code
         if code == EXT_TUPLE:
             _need(type(p) is list, "a tuple payload is an array")

@@ -355,7 +355,7 @@ class ToolHost:
                       f"{b.max_argument_bytes}-byte bound")
             return
         try:
-            decoded = decode(arguments, max_depth=b.max_depth)
+            decoded = decode(arguments, max_depth=b.max_depth, cost=ctx.cost)
         except TooDeep as exc:
             call.fail("too_deep", f"arguments nested deeper than {b.max_depth} levels at "
                       f"{list(exc.path)}")

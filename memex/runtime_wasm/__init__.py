@@ -6,11 +6,14 @@ public surface has three parts: the sandbox and its records (``Sandbox``, ``Limi
 ``GuestKilled``, ``DoorContext``, ``serving_door``) with the thread pool handlers run on
 (``Workers``); and the seams other layers build on: ``SandboxAPI`` (what every backend's
 sandbox offers), the checkpoint transfer functions backends use to move a guest between
-processes, ``prepare`` (the one-time precompile) and ``dirty_tracking`` (whether this host's
-checkpoints cost what a turn wrote or the whole memory).
+processes, ``prepare`` (the one-time precompile), ``dirty_tracking`` (whether this host's
+checkpoints cost what a turn wrote or the whole memory), ``unpack_bounded`` with its
+``DecodeCost`` (msgpack from outside the process, decoded under a cost cap) and
+``remove_tree`` (deleting a folder a guest built: iterative, bounded, never raising).
 """
 
 from ._artifacts import Artifacts, find_artifacts
+from ._bounded import DecodeCost, unpack_bounded
 from ._dirty import dirty_tracking
 from ._door import Door, DoorCall, DoorContext, DoorError, serving_door
 from ._engine import compile_module, load_module, module_path
@@ -28,11 +31,13 @@ from ._transfer import (
     open_from_checkpoint,
     scratch_dir,
 )
+from ._tree import remove as remove_tree
 from ._workers import Job, Workers
 
 __all__ = [
     "Artifacts",
     "Checkpoint",
+    "DecodeCost",
     "Door",
     "DoorCall",
     "DoorContext",
@@ -60,6 +65,8 @@ __all__ = [
     "module_path",
     "open_from_checkpoint",
     "prepare",
+    "remove_tree",
     "scratch_dir",
     "serving_door",
+    "unpack_bounded",
 ]

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError
+from ._bounded import DecodeCost, DecodeLimit, unpack_bounded
 from ._instance import GuestKilled
 from ._workers import Workers
 
@@ -147,6 +148,9 @@ class DoorContext:
     op: str
     deadline: float  # on time.monotonic(): when the calling turn ends
     request_bytes: int = 0  # size of the request frame
+    # What decoding this frame may still cost: a handler decoding ext payloads in its
+    # arguments (the tool codec) takes from the same budget as the frame itself.
+    cost: DecodeCost | None = None
 
     def remaining(self) -> float:
         return self.deadline - time.monotonic()
@@ -214,14 +218,14 @@ class Door:
         req = self._parse(frame, start)
         if isinstance(req, bytes):
             return req  # the error reply to a frame that is not a valid request
-        rid, op, (handler, inline, wants_context), args, kwargs = req
+        rid, op, (handler, inline, wants_context), args, kwargs, cost = req
         may_still_run = False
         try:
             call_args: tuple[Any, ...] = tuple(args)
             if wants_context:
                 ctx = object.__new__(DoorContext)  # all fields, without the frozen __init__
                 ctx.__dict__.update(door=self, op=op, deadline=deadline,
-                                    request_bytes=len(frame))
+                                    request_bytes=len(frame), cost=cost)
                 call_args = (ctx, *call_args)
             if inline:
                 value = _invoke(self, handler, call_args, kwargs)
@@ -249,18 +253,31 @@ class Door:
             return self._error(rid, "handler_error", _describe(exc), op, start, frame)
         return self._reply(rid, op, value, start, frame)
 
+    def too_large(self, size: int) -> bytes:
+        """The reply to a request of ``size`` bytes over the cap, for a caller that refuses
+        it before reading it (the instance does not copy such a frame out of the guest)."""
+        return self._error(None, "too_large", f"request of {size} bytes exceeds the "
+                           f"{self.max_request_bytes}-byte cap", None, time.monotonic(), b"")
+
     def _parse(self, frame: bytes, start: float
                ) -> bytes | tuple[Any, str, tuple[Callable[..., Any], bool, bool], list[Any],
-                                  dict[str, Any]]:
-        """(id, op, handler entry, args, kwargs) of a valid request, else the error reply."""
+                                  dict[str, Any], DecodeCost]:
+        """(id, op, handler entry, args, kwargs, what decoding may still cost) of a valid
+        request, else the error reply. The frame is decoded under a cost cap proportional
+        to the byte cap (``DecodeCost.for_bytes``): a frame of empty arrays or of a million
+        small values is refused in milliseconds, before it costs the host its memory."""
         if len(frame) > self.max_request_bytes:
             return self._error(None, "too_large", f"request of {len(frame)} bytes exceeds "
                                f"the {self.max_request_bytes}-byte cap", None, start, frame)
+        cost = DecodeCost.for_bytes(self.max_request_bytes)
         try:
-            req = _msgpack().unpackb(frame, raw=False, strict_map_key=False)
-        except Exception as exc:  # malformed bytes of any kind
-            return self._error(None, "protocol", f"malformed frame: {type(exc).__name__}",
-                               None, start, frame)
+            req = unpack_bounded(frame, cost)
+        except DecodeLimit as exc:
+            return self._error(None, "too_large", f"request too costly to decode: {exc} "
+                               f"(send bulk data as bytes, arrays or DataFrames)", None, start,
+                               frame)
+        except ValueError as exc:  # malformed bytes of any kind
+            return self._error(None, "protocol", f"malformed frame: {exc}", None, start, frame)
         if not isinstance(req, dict):
             return self._error(None, "protocol", "a frame must be a map", None, start, frame)
         rid = req.get("id")
@@ -280,7 +297,7 @@ class Door:
         entry = self._handlers.get(op)
         if entry is None:
             return self._error(rid, "unknown_op", f"no handler for {op!r}", op, start, frame)
-        return rid, op, entry, args, kwargs
+        return rid, op, entry, args, kwargs, cost
 
     def _reply(self, rid: Any, op: str, value: Any, start: float, frame: bytes) -> bytes:
         try:

@@ -317,8 +317,10 @@ WASI_FILE_IMPORTS: dict[str, tuple[str, ...]] = {
     "path_rename": (_I, _I, _I, _I, _I, _I),
     "path_symlink": (_I, _I, _I, _I, _I),
     "path_link": (_I, _I, _I, _I, _I, _I, _I),
+    "path_filestat_set_times": (_I, _I, _I, _I, _L, _L, _I),
 }
-_EXTRA_ORIGINALS: dict[str, tuple[str, ...]] = {"fd_tell": (_I, _I)}
+_EXTRA_ORIGINALS: dict[str, tuple[str, ...]] = {"fd_tell": (_I, _I),
+                                                 "fd_filestat_get": (_I, _I)}
 _SLOW_CALLS = frozenset({"fd_write", "fd_pwrite", "fd_allocate", "fd_filestat_set_size",
                          "path_open", "path_rename", "path_unlink_file", "path_remove_directory",
                          "fd_close"})

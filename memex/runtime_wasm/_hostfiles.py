@@ -5,6 +5,8 @@ folder once links are resolved; writes are held to the sandbox's disk quota."""
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import posixpath
 import stat
@@ -12,13 +14,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import GuestFileError
-from ._disk import DiskLedger
+from ._disk import MAX_DEPTH, MAX_DIR_ENTRIES, MAX_PATH, DiskUse
 from ._files import GUEST_BUNDLE, GUEST_LIB
 from ._records import GuestFile
 
 __all__ = ["host_path", "list_files", "read_file", "write_file"]
 
 Preopens = Sequence[tuple[str, str, bool]]  # (host folder, guest folder, writable)
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_writes = itertools.count()
 
 
 def host_path(preopens: Preopens, guest_path: str, *, write: bool) -> Path:
@@ -80,28 +84,81 @@ def list_files(preopens: Preopens, guest_path: str, limit: int) -> list[GuestFil
     return sorted(out, key=lambda f: f.name)
 
 
-def write_file(preopens: Preopens, disk: DiskLedger, guest_path: str, data: bytes) -> None:
+def write_file(preopens: Preopens, disk: DiskUse, guest_path: str, data: bytes) -> None:
+    """Place ``data`` at ``guest_path`` under the same bounds and quota as the guest's own
+    writes. The file is written under a temporary name and renamed into place: a reader never
+    sees half of it, and a file a fork shares is replaced, never changed in place."""
     target = host_path(preopens, guest_path, write=True)
+    ledger = disk.ledger
+    place = ledger.place_of(str(target))
+    if place is None:
+        raise GuestFileError(f"{guest_path} is not in a writable place")
+    below = os.path.relpath(target, place.root)
+    parts = [] if below == "." else below.split(os.sep)
+    if not parts:
+        raise GuestFileError(f"{guest_path} is a folder")
+    if len(parts) > MAX_DEPTH + 1 or len(os.fsencode(below)) > MAX_PATH:
+        raise GuestFileError(f"cannot write {guest_path}: deeper than {MAX_DEPTH} folders or "
+                             f"longer than {MAX_PATH} bytes below its place")
     try:
-        old: os.stat_result | None = target.lstat()
-    except OSError:
-        old = None
-    missing = 0  # folders write_file will create
-    parent = target.parent
-    while not parent.exists():
-        missing += 1
-        parent = parent.parent
-    was = old.st_size if old is not None and stat.S_ISREG(old.st_mode) else 0
-    new_entries = missing + (old is None)
-    if not disk.fits(len(data) - was, new_entries):
-        raise GuestFileError(f"cannot write {guest_path}: the sandbox's disk quota "
-                             f"(Limits.disk_bytes / disk_files) would be exceeded")
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
-        st = target.stat()
+        fd = os.open(place.root, _DIR)
     except OSError as exc:
-        disk.rescan()  # a partial write: count what is there
         raise GuestFileError(f"cannot write {guest_path}: {exc.strerror}") from exc
-    disk.set_size((st.st_dev, st.st_ino), st.st_size)
-    disk.add_entries(new_entries)
+    try:
+        made = 0
+        for i, name in enumerate(parts[:-1]):  # folders, made as needed, never through a link
+            try:
+                sub = os.open(name, _DIR, dir_fd=fd)
+            except FileNotFoundError:
+                if not ledger.fits(0, 1):
+                    raise _quota(guest_path) from None
+                os.mkdir(name, 0o755, dir_fd=fd)
+                sub = os.open(name, _DIR, dir_fd=fd)
+                ledger.created(os.fstat(sub), (os.fstat(fd).st_dev, os.fstat(fd).st_ino))
+                made += 1
+            except OSError as exc:
+                raise GuestFileError(f"cannot write {guest_path}: {'/'.join(parts[:i + 1])} "
+                                     f"is not a folder ({exc.strerror})") from None
+            os.close(fd)
+            fd = sub
+        name = parts[-1]
+        dst = os.fstat(fd)
+        pkey = (dst.st_dev, dst.st_ino)
+        try:
+            old: os.stat_result | None = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            old = None
+        if old is not None and not stat.S_ISREG(old.st_mode):
+            raise GuestFileError(f"cannot write {guest_path}: it is not a regular file")
+        mine = old is not None and old.st_nlink == 1  # replacing it frees it
+        if not ledger.fits(len(data) - (old.st_size if mine and old else 0),
+                           0 if mine else 1) or (
+                old is None and ledger.dir_names.get(pkey, 0) >= MAX_DIR_ENTRIES):
+            raise _quota(guest_path)
+        tmp = f".memex-write-{os.getpid()}-{next(_writes)}"
+        try:
+            out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                          | os.O_CLOEXEC, 0o644, dir_fd=fd)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(out, view):]
+            finally:
+                os.close(out)
+            with ledger.names_lock(place):  # not between the engine's open and the host's
+                os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+            new = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=fd)
+            raise GuestFileError(f"cannot write {guest_path}: {exc.strerror}") from exc
+        if old is not None:
+            ledger.removed(old, pkey, place)
+        ledger.created(new, pkey)
+    finally:
+        os.close(fd)
+
+
+def _quota(guest_path: str) -> GuestFileError:
+    return GuestFileError(f"cannot write {guest_path}: the sandbox's disk quota "
+                          f"(Limits.disk_bytes / disk_files) would be exceeded")

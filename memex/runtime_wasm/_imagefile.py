@@ -23,6 +23,7 @@ from pathlib import Path
 import lz4.block
 
 from ..errors import ImageError
+from ._bounded import inflate, json_loads
 from ._cache import atomic_write
 from ._dirty import PAGE
 from ._image import MemoryImage, mapped
@@ -39,6 +40,8 @@ _V2_CHUNK = struct.Struct("<QI")
 _RUN_MAX = 1 << 20
 _END = b"MEMEXEND"  # a file cut anywhere, even at a run boundary, is detected
 _MAX_MEMORY = 4 << 30
+_MAX_HEADER = 1 << 20  # a save's description: its metadata (env, guest paths...)
+_MAX_HEADER_CONTAINERS = 4096
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,12 +129,15 @@ def _whole_runs(img: MemoryImage) -> list[tuple[int, int, bytes]]:
 
 
 def read_image_file(path: Path, binary_sha256: str, base: object = None, *,
-                    pending: bool = False) -> tuple[MemoryImage, ImageInfo]:
+                    pending: bool = False, max_memory: int = _MAX_MEMORY
+                    ) -> tuple[MemoryImage, ImageInfo]:
     """The image saved in ``path``. ``base(name)`` finds a warm image by the name a save
     recorded (None when this machine has none); a save on a base it cannot find is refused.
     Every run's head and checksum is checked here; ``pending`` leaves the decompression to
     the image's first use (a load's restore decompresses straight into the new instance,
-    where a run that does not decode is the same ImageError)."""
+    where a run that does not decode is the same ImageError). Runs are in ascending order
+    and never overlap, so decoding a file never writes more than the memory it declares,
+    which may not pass ``max_memory``."""
     try:
         blob = Path(path).read_bytes()
     except OSError as exc:
@@ -141,11 +147,16 @@ def read_image_file(path: Path, binary_sha256: str, base: object = None, *,
     magic, version, hlen = _HEADER.unpack_from(blob)
     if magic != MAGIC:
         raise ImageError(f"{path} is not a MemEx image (bad magic)")
+    if hlen > min(_MAX_HEADER, len(blob) - _HEADER.size):
+        raise ImageError(f"{path} has a corrupt header (length {hlen})")
     if version not in (2, FORMAT_VERSION):
         raise ImageError(f"{path} has image format {version}; this MemEx reads 2 and "
                          f"{FORMAT_VERSION}")
     try:
-        header = json.loads(blob[_HEADER.size : _HEADER.size + hlen])
+        header = json_loads(blob[_HEADER.size : _HEADER.size + hlen], max_bytes=_MAX_HEADER,
+                            max_containers=_MAX_HEADER_CONTAINERS)
+        if not isinstance(header, dict):
+            raise TypeError("not a map")
         size = int(header["memory_size"])
         sha = str(header["binary_sha256"])
         count = int(header["runs"] if version == 3 else header["chunks"])
@@ -161,10 +172,13 @@ def read_image_file(path: Path, binary_sha256: str, base: object = None, *,
         )
     if size <= 0 or size % 65536 or size > _MAX_MEMORY:
         raise ImageError(f"{path} has an invalid memory size {size}")
+    if size > max_memory:
+        raise ImageError(f"{path} holds a memory of {size} bytes, more than the "
+                         f"{max_memory} allowed (Limits.memory)")
     if not blob.endswith(_END):
         raise ImageError(f"{path} is truncated (no end marker)")
     body = memoryview(blob)[_HEADER.size + hlen : len(blob) - len(_END)]
-    meta = header.get("meta") if isinstance(header.get("meta"), dict) else {}
+    meta: dict[str, object] = header["meta"] if isinstance(header.get("meta"), dict) else {}
     info = ImageInfo(binary_sha256=sha, memory_size=size, meta=meta)
     if version == 2:
         chunks = _v2_runs(path, body, size)
@@ -207,7 +221,7 @@ def _v3_runs(path: Path, body: memoryview, size: int) -> list[tuple[int, int, me
     decompressed (the checksums on every core: zlib releases the GIL for them)."""
     runs: list[tuple[int, int, memoryview]] = []
     crcs: list[int] = []
-    pos = 0
+    pos = end = 0
     while pos < len(body):
         if pos + _RUN.size > len(body):
             raise ImageError(f"{path} is truncated or corrupt (cut in a run's head)")
@@ -215,8 +229,10 @@ def _v3_runs(path: Path, body: memoryview, size: int) -> list[tuple[int, int, me
         pos += _RUN.size
         if pos + stored > len(body):
             raise ImageError(f"{path} is truncated or corrupt (run past the end)")
-        if off % PAGE or n % PAGE or not 0 < n <= _RUN_MAX or off + n > size:
-            raise ImageError(f"{path} has a run outside the memory (offset {off}, {n} bytes)")
+        if off % PAGE or n % PAGE or not 0 < n <= _RUN_MAX or off + n > size or off < end:
+            raise ImageError(f"{path} has a run outside the memory or out of order (offset "
+                             f"{off}, {n} bytes)")
+        end = off + n
         runs.append((off, n, body[pos : pos + stored]))
         crcs.append(crc)
         pos += stored
@@ -228,21 +244,23 @@ def _v3_runs(path: Path, body: memoryview, size: int) -> list[tuple[int, int, me
 
 
 def _v2_runs(path: Path, body: memoryview, size: int) -> list[tuple[int, bytes]]:
-    """Format 2 (zlib, 1 MiB chunks): files saved by earlier MemEx versions still load."""
+    """Format 2 (zlib, 1 MiB chunks): files saved by earlier MemEx versions still load. Each
+    chunk inflates to at most 1 MiB, in ascending order."""
     runs: list[tuple[int, bytes]] = []
-    pos = 0
+    pos = end = 0
     try:
         while pos < len(body):
             off, n = _V2_CHUNK.unpack_from(body, pos)
             if pos + _V2_CHUNK.size + n > len(body):
                 raise ImageError(f"{path} is truncated or corrupt (chunk past the end)")
             pos += _V2_CHUNK.size
-            data = zlib.decompress(body[pos : pos + n])
+            if off % _RUN_MAX or off < end or off >= size:
+                raise ImageError(f"{path} has a chunk outside the memory or out of order")
+            data = inflate(body[pos : pos + n], min(_RUN_MAX, size - off))
             pos += n
-            if off % _RUN_MAX or off + len(data) > size or len(data) > _RUN_MAX:
-                raise ImageError(f"{path} has a chunk outside the memory")
+            end = off + len(data)
             runs.append((off, data))
-    except (struct.error, zlib.error) as exc:
+    except (struct.error, ValueError) as exc:
         raise ImageError(f"{path} is truncated or corrupt: {exc}") from exc
     return runs
 
@@ -308,7 +326,10 @@ def open_raw_image(path: Path, binary_sha256: str) -> MemoryImage:
         if magic != _RAW_MAGIC or version != _RAW_VERSION or _HEADER.size + hlen > _RAW_HEAD:
             raise ImageError(f"{path} is not a MemEx raw image of version {_RAW_VERSION}")
         try:
-            header = json.loads(head[_HEADER.size : _HEADER.size + hlen])
+            header = json_loads(head[_HEADER.size : _HEADER.size + hlen], max_bytes=_RAW_HEAD,
+                                max_containers=_MAX_HEADER_CONTAINERS)
+            if not isinstance(header, dict):
+                raise TypeError("not a map")
             size, sha = int(header["memory_size"]), str(header["binary_sha256"])
             name = header.get("name")
             if name is not None and not isinstance(name, str):

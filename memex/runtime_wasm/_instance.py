@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 
 from ..errors import GuestStartError
 from . import _capi, _ffi, _signals
+from ._bounded import json_loads
 from ._capi import EXTERN_FUNC, EXTERN_MEMORY, TrapCode, WasmError
-from ._disk import DiskLedger, GuestFiles
+from ._disk import DiskLedger, DiskUse, GuestFiles
 from ._engine import TICK_SECONDS, LoadedModule, engine, ticks_for
 from ._output import StreamCapture
 
@@ -94,16 +95,28 @@ class TurnOutcome:
     extra: dict[str, object] = field(default_factory=dict)
 
 
-def _unlimited() -> DiskLedger:
-    return DiskLedger((), max_bytes=1 << 62, max_entries=1 << 62, max_open=1 << 30)
+def _unlimited() -> DiskUse:
+    return DiskUse(DiskLedger((), max_bytes=1 << 62, max_entries=1 << 62, max_open=1 << 30))
+
+
+# The driver's control frames are small (a report holds a value's repr cut at 64 KiB and a
+# traceback cut at 64 KiB); a guest forging bigger ones gets no report, not host memory.
+MAX_CONTROL_BYTES = 1 << 20
+_MAX_CONTROL_CONTAINERS = 1 << 16
 
 
 class Instance:
     def __init__(self, loaded: LoadedModule, spec: InstanceSpec, door: DoorFn,
-                 disk: DiskLedger | None = None) -> None:
+                 disk: DiskUse | None = None, *,
+                 frame_cap: Callable[[], int] | None = None,
+                 too_large: Callable[[int], bytes] | None = None) -> None:
+        """``frame_cap()`` is the door's request cap: a request longer than it is answered
+        ``too_large(n)`` without being copied out of the guest's memory."""
         self.loaded = loaded
         self.spec = spec
         self._door = door
+        self._frame_cap = frame_cap
+        self._too_large = too_large
         self.stdout = StreamCapture("stdout", 1 << 20)
         self.stderr = StreamCapture("stderr", 1 << 20)
         self.deadline = float("inf")
@@ -266,13 +279,21 @@ class Instance:
 
     def host_call(self, req_ptr: int, req_len: int, out_ptr: int, out_len: int) -> int:
         mem = self._mem
-        request = mem.read(req_ptr, req_len)
-        if request is None:
-            return -2
-        if request[:3] == CONTROL:
-            reply = self._control(request[3:])
+        cap = self._frame_cap() if self._frame_cap is not None else None
+        if cap is not None and req_len > max(cap, MAX_CONTROL_BYTES + 3):
+            # Refused unread: a guest asking the host to copy a gigabyte gets an answer.
+            if mem.read(req_ptr, 3) == CONTROL:
+                reply = b""
+            else:
+                reply = self._too_large(req_len) if self._too_large is not None else b""
         else:
-            reply = self._door(request, self.deadline)  # may raise GuestKilled
+            request = mem.read(req_ptr, req_len)
+            if request is None:
+                return -2
+            if request[:3] == CONTROL:
+                reply = self._control(request[3:])
+            else:
+                reply = self._door(request, self.deadline)  # may raise GuestKilled
         n = len(reply)
         ptr = 0
         if n:
@@ -292,6 +313,9 @@ class Instance:
         the filename, the filename, then the code, UTF-8) and ``E`` + report (end: ``o`` ok
         without value, ``v`` + the value's repr, ``j`` + a JSON record). JSON frames from
         drivers in older images are still understood."""
+        if len(body) > MAX_CONTROL_BYTES:
+            self._report = None
+            return b""
         op = body[:1]
         if op == b"B":
             code = self._cell.get("code")
@@ -309,13 +333,15 @@ class Instance:
                     self._report = {"status": "ok",
                                     "value": rest.decode("utf-8", "surrogatepass")}
                 else:
-                    rep = json.loads(rest)
+                    rep = json_loads(rest, max_bytes=MAX_CONTROL_BYTES,
+                                     max_containers=_MAX_CONTROL_CONTAINERS)
                     self._report = rep if isinstance(rep, dict) else None
-            except ValueError:
+            except ValueError:  # DecodeLimit included
                 self._report = None
             return b""
         try:
-            msg = json.loads(body)
+            msg = json_loads(body, max_bytes=MAX_CONTROL_BYTES,
+                             max_containers=_MAX_CONTROL_CONTAINERS)
         except ValueError:
             return b'{"error":"bad control frame"}'
         op_name = msg.get("op") if isinstance(msg, dict) else None

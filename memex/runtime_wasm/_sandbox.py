@@ -6,7 +6,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
-import shutil
 import tempfile
 import threading
 import time
@@ -22,9 +21,9 @@ from ..errors import (
     SandboxClosed,
     SandboxError,
 )
-from . import _hostfiles
+from . import _hostfiles, _tree
 from ._dirty import TRACKER, MemoryWatch, Runs
-from ._disk import DiskLedger, DiskPlace
+from ._disk import DiskLedger, DiskPlace, DiskUse
 from ._door import Door, serving_door
 from ._engine import LoadedModule, load_module
 from ._files import (
@@ -86,6 +85,7 @@ class Sandbox:
         rollback: bool = True,
         _image: MemoryImage | None = None,
         _scratch_from: Path | None = None,
+        _family: Sandbox | None = None,
         _guard_files: bool = True,
     ) -> None:
         self.limits = limits or Limits()
@@ -120,14 +120,8 @@ class Sandbox:
         self._inst: Instance | None = None
         self._loaded: LoadedModule = load_module("metered" if self.limits.metered else "plain")
         self._scratch = Path(tempfile.mkdtemp(prefix="memex-tmp-"))
-        if _scratch_from is not None:
-            shutil.copytree(_scratch_from, self._scratch, dirs_exist_ok=True, symlinks=True)
-        self._disk = DiskLedger(
-            [DiskPlace(root=os.path.realpath(self._scratch))]
-            + [DiskPlace(root=os.path.realpath(m.host_path), links=m.links)
-               for m in self.mounts if m.writable],
-            max_bytes=self.limits.disk_bytes, max_entries=self.limits.disk_files,
-            max_open=self.limits.open_files)
+        self._place = DiskPlace(root=os.path.realpath(self._scratch), scratch=True)
+        self._disk = self._disk_of(_family, _scratch_from)
         self._spec = self._make_spec(_guard_files)
         self._runner = Runner(f"memex-sandbox-{id(self):x}")
         try:
@@ -141,6 +135,43 @@ class Sandbox:
             _start_reaper()
 
     # ---- construction -------------------------------------------------------------------
+    def _disk_of(self, family: Sandbox | None, scratch_from: Path | None) -> DiskUse:
+        """This sandbox's view of the disk ledger it counts against: its fork family's (a
+        fork's /tmp shares the parent's files until either side writes to one), else a new
+        one over its /tmp and writable mounts (with a copy of ``scratch_from`` in /tmp)."""
+        dst = str(self._scratch)
+        try:
+            if family is not None:
+                ledger = family._disk.ledger
+                inst = family._inst
+                writing = inst.files.writing_keys() if inst is not None else set()
+                with ledger.lock:
+                    _tree.clone(str(family._scratch), dst, limit=ledger.max_entries,
+                                share=lambda st: (st.st_dev, st.st_ino) not in writing)
+                    ledger.add_place(self._place)
+                    ledger.members += 1
+                    if ledger.bytes > ledger.max_bytes or ledger.entries > ledger.max_entries:
+                        ledger.members -= 1
+                        ledger.release_tree(self._place)
+                        raise SandboxError(
+                            "the fork would take its family past its disk quota "
+                            f"(Limits.disk_bytes {ledger.max_bytes}, disk_files "
+                            f"{ledger.max_entries}, shared by a sandbox and its forks)")
+                return DiskUse(ledger)
+            if scratch_from is not None:
+                _tree.clone(str(scratch_from), dst, share=lambda st: False,
+                            limit=self.limits.disk_files)
+            ledger = DiskLedger(
+                [self._place] + [DiskPlace(root=os.path.realpath(m.host_path), links=m.links)
+                                 for m in self.mounts if m.writable],
+                max_bytes=self.limits.disk_bytes, max_entries=self.limits.disk_files,
+                max_open=self.limits.open_files)
+            ledger.members = 1
+            return DiskUse(ledger)
+        except BaseException:
+            _tree.remove(dst)
+            raise
+
     def _start(self, image: MemoryImage | None) -> None:
         """The first instance: from ``image`` (a fork, restore or load), else from the warm
         image of its preload (shared copy-on-write by every sandbox of its kind after the
@@ -188,7 +219,9 @@ class Sandbox:
         )
 
     def _new_instance(self) -> Instance:
-        return Instance(self._loaded, self._spec, self.door.dispatch, self._disk)
+        door = self.door
+        return Instance(self._loaded, self._spec, door.dispatch, self._disk,
+                        frame_cap=lambda: door.max_request_bytes, too_large=door.too_large)
 
     def _fresh_instance(self) -> None:
         """(runner) Replace the instance by one holding the last good state."""
@@ -484,14 +517,16 @@ class Sandbox:
 
     def fork(self, *, door: Door | None = None) -> Sandbox:
         """An independent sandbox with identical guest state, limits, mounts and /tmp files.
-        ``door`` gives the fork a door of its own (default: this sandbox's)."""
+        ``door`` gives the fork a door of its own (default: this sandbox's). The fork's /tmp
+        shares this one's files until either side opens one for writing (which then copies
+        it), and the two count against one disk quota: a family of forks holds at most
+        ``Limits.disk_bytes`` / ``disk_files`` together."""
         with self._lock:
             self._check_open()
             img = self._runner.call(self._shared_image)
             return Sandbox(limits=self.limits, mounts=self.mounts,
                            door=door if door is not None else self.door,
-                           env=self._env, rollback=self.rollback, _image=img,
-                           _scratch_from=self._scratch)
+                           env=self._env, rollback=self.rollback, _image=img, _family=self)
 
     def fork_in_turn(self, *, door: Door | None = None, limits: Limits | None = None
                      ) -> Sandbox:
@@ -520,7 +555,7 @@ class Sandbox:
         img.freeze()  # the fork maps it from now on
         return Sandbox(limits=lim, mounts=self.mounts,
                        door=door if door is not None else self.door, env=self._env,
-                       rollback=self.rollback, _image=img, _scratch_from=self._scratch)
+                       rollback=self.rollback, _image=img, _family=self)
 
     def save(self, path: str | os.PathLike[str], *, portable: bool = False) -> int:
         """Write the guest state to a compressed image file; returns its size in bytes. The
@@ -546,7 +581,8 @@ class Sandbox:
         loaded = load_module("metered" if limits.metered else "plain")
         sha = loaded.artifacts.snapshot_sha256
         img, info = read_image_file(Path(path), sha,
-                                    base=lambda name: warm_image_named(name, sha), pending=True)
+                                    base=lambda name: warm_image_named(name, sha), pending=True,
+                                    max_memory=limits.memory)
         want = info.meta.get("guest_paths")
         sb_env = env if env is not None else info.meta.get("env")
         have = ["/usr/local/lib", "/memex"]
@@ -610,8 +646,17 @@ class Sandbox:
                 runner.call(job)
             runner.stop(timeout=5)
         self._good = self._backing = self._base = self._ref = self._watch = None
-        shutil.rmtree(self.__dict__.get("_scratch", ""), ignore_errors=True) if self.__dict__.get(
-            "_scratch") else None
+        scratch = self.__dict__.get("_scratch")
+        if scratch is not None:
+            disk = self.__dict__.get("_disk")
+            if disk is not None:
+                try:
+                    with disk.ledger.lock:
+                        disk.ledger.members -= 1
+                        disk.ledger.release_tree(self._place)
+                except Exception:  # accounting is for the living: never a reason to stay
+                    pass
+            _tree.remove(str(scratch))
         with _LIVE_LOCK:
             _LIVE.discard(self)
 

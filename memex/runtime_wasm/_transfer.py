@@ -11,7 +11,6 @@ from __future__ import annotations
 import array
 import contextlib
 import os
-import shutil
 import struct
 import zlib
 from collections.abc import Sequence
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, ImageError
+from ._bounded import DecodeCost, inflate, unpack_bounded
 from ._dirty import PAGE
 from ._door import Door, _msgpack
 from ._image import MemoryImage
@@ -107,8 +107,11 @@ def _layer(fd: int, layer: dict[str, Any], parent: MemoryImage | None) -> Memory
             raise ImageError(f"a checkpoint image of {size} bytes does not fit its file")
         img = MemoryImage(fd, size, offset=offset)
     else:
+        flat = bytes(layer["pages"])
+        if len(flat) % 16 or len(flat) // 16 > size // PAGE:
+            raise ImageError("a checkpoint delta's page map does not fit its memory")
         raw = array.array("Q")
-        raw.frombytes(bytes(layer["pages"]))
+        raw.frombytes(flat)
         pages = dict(zip(raw[0::2], raw[1::2], strict=True))
         if size < parent.size or any(p * PAGE >= size or at % PAGE or at + PAGE > have
                                      for p, at in pages.items()):
@@ -121,6 +124,12 @@ def _layer(fd: int, layer: dict[str, Any], parent: MemoryImage | None) -> Memory
 _MAGIC = b"MEMEXCP1"
 _CHUNK = 1 << 20
 _ENTRY = struct.Struct("<QI")
+_MAX_MEMORY = 4 << 30  # a wasm32 memory
+_MAX_HEADER = 64 << 10
+
+
+def _header_cost() -> DecodeCost:
+    return DecodeCost(containers=256, items=4096, ext_bytes=0)
 
 
 def checkpoint_to_bytes(cp: Checkpoint, *, level: int = 1) -> bytes:
@@ -144,40 +153,54 @@ def checkpoint_to_bytes(cp: Checkpoint, *, level: int = 1) -> bytes:
     return b"".join([_MAGIC, struct.pack("<I", len(head)), head, *body])
 
 
-def checkpoint_from_bytes(blob: bytes | bytearray | memoryview) -> Checkpoint:
-    """Rebuild a checkpoint from ``checkpoint_to_bytes``; a corrupt blob raises ImageError."""
+def checkpoint_from_bytes(blob: bytes | bytearray | memoryview, *,
+                          max_memory: int = _MAX_MEMORY) -> Checkpoint:
+    """Rebuild a checkpoint from ``checkpoint_to_bytes``; a corrupt blob, or one whose memory
+    would pass ``max_memory`` bytes, raises ImageError. Decoding is bounded before it
+    allocates: the header is small, chunks come in ascending order and each inflates to at
+    most 1 MiB, so a blob never costs more than the memory it declares."""
     data = memoryview(blob).cast("B")
     if len(data) < 12 or bytes(data[:8]) != _MAGIC:
         raise ImageError("not a MemEx checkpoint blob (bad magic)")
     (hlen,) = struct.unpack_from("<I", data, 8)
-    if 12 + hlen > len(data):
-        raise ImageError("checkpoint blob truncated in its header")
+    if hlen > _MAX_HEADER or 12 + hlen > len(data):
+        raise ImageError("checkpoint blob truncated or corrupt in its header")
     try:
-        meta = _msgpack().unpackb(data[12: 12 + hlen], raw=False)
+        meta = unpack_bounded(data[12: 12 + hlen], _header_cost())
         size, turns = int(meta["size"]), int(meta["turns"])
         key = _key_from_wire(meta["key"])
     except ImageError:
         raise
     except Exception as exc:
         raise ImageError(f"checkpoint blob has a corrupt header: {exc}") from exc
-    if size <= 0 or size % 65536 or size > (4 << 30):
-        raise ImageError(f"checkpoint blob has an invalid memory size {size}")
+    if size <= 0 or size % 65536 or size > min(max_memory, _MAX_MEMORY):
+        raise ImageError(f"checkpoint blob has an invalid memory size {size}"
+                         + (f" (at most {max_memory})" if size > max_memory else ""))
     pos = 12 + hlen
-    chunks: list[tuple[int, bytes]] = []
+    fd = MemoryImage._new_fd(size)
     try:
+        end = 0  # chunks are in ascending order and never overlap
         while pos < len(data):
+            if pos + _ENTRY.size > len(data):
+                raise ImageError("checkpoint blob truncated in a chunk's head")
             off, n = _ENTRY.unpack_from(data, pos)
             pos += _ENTRY.size
             if pos + n > len(data):
                 raise ImageError("checkpoint blob truncated in a chunk")
-            chunk = zlib.decompress(data[pos: pos + n])
+            if off % _CHUNK or off < end or off >= size:
+                raise ImageError("checkpoint blob has a chunk outside the memory or out of "
+                                 "order")
+            try:
+                chunk = inflate(data[pos: pos + n], min(_CHUNK, size - off))
+            except ValueError as exc:
+                raise ImageError(f"checkpoint blob is corrupt at offset {off}: {exc}") from None
             pos += n
-            if off % _CHUNK or len(chunk) > _CHUNK or off + len(chunk) > size:
-                raise ImageError("checkpoint blob has a chunk outside the memory")
-            chunks.append((off, chunk))
-    except (struct.error, zlib.error) as exc:
-        raise ImageError(f"checkpoint blob is corrupt: {exc}") from exc
-    return Checkpoint(MemoryImage.from_chunks(size, chunks), key, turns)
+            os.pwrite(fd, chunk, off)
+            end = off + len(chunk)
+    except BaseException:
+        os.close(fd)
+        raise
+    return Checkpoint(MemoryImage(fd, size), key, turns)
 
 
 def open_from_checkpoint(cp: Checkpoint | None, *, limits: Limits | None,
@@ -186,18 +209,12 @@ def open_from_checkpoint(cp: Checkpoint | None, *, limits: Limits | None,
                          ) -> Sandbox:
     """A new sandbox serving ``door``, holding ``cp``'s guest state (a fresh one for None)
     and a copy of the files in ``scratch_from`` in its /tmp: how a backend resumes a session
-    in another process. The checkpoint must come from a sandbox with the same mounts, env and
-    engine flavour (ConfigError otherwise)."""
+    in another process (a fork within one process is ``Sandbox.fork``, which shares the
+    files copy-on-write). The checkpoint must come from a sandbox with the same mounts, env
+    and engine flavour (ConfigError otherwise)."""
     if cp is None:
-        sb = Sandbox(limits=limits, mounts=mounts, preload=preload, door=door, env=env)
-        if scratch_from is not None:
-            try:
-                shutil.copytree(scratch_from, sb._scratch, dirs_exist_ok=True, symlinks=True)
-            except BaseException:
-                sb.close()
-                raise
-            sb._disk.rescan()  # the copied files count against the new sandbox's quota
-        return sb
+        return Sandbox(limits=limits, mounts=mounts, preload=preload, door=door, env=env,
+                       _scratch_from=scratch_from)
     sb = Sandbox(limits=limits, mounts=mounts, door=door, env=env, _image=cp._image,
                  _scratch_from=scratch_from)
     if sb._key() != cp._owner_key:

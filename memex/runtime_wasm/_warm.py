@@ -3,18 +3,37 @@ machine (``memex prepare`` builds the plain one) and kept in the cache as a raw 
 that every process maps copy-on-write: ``Sandbox(preload=[...])`` costs a mapping instead of
 the imports (pandas alone takes ~1.3 s to import in the guest), and the first sandbox of a
 process costs no bootstrap. Processes of one machine share the file's pages.
+
+An image is shared by every sandbox whose key matches, so it must hold nothing of any one
+sandbox: it is built in a guest whose /tmp and mounts are empty folders at the same guest
+paths (what an import would read from a tenant's folder, such as a ``matplotlibrc`` under an
+``MPLCONFIGDIR`` on a mount, never reaches another tenant: preloaded modules see empty
+folders there), and its key is everything else an import can read: the guest binary, the
+engine flavour, the guest paths, the environment, the preload list and the driver.
+
+The images live in ``<cache>/warm`` (``MEMEX_CACHE_DIR``, else ``$XDG_CACHE_HOME/memex``, else
+``~/.cache/memex``), at most ``MEMEX_WARM_CACHE_BYTES`` of disk together (default 2 GiB):
+building one past that removes the least recently used first. A process that has an image
+mapped keeps it; a save made on top of a removed image loads again only where that image
+still exists (``Sandbox.save(portable=True)`` does not depend on one).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
+import os
 import re
+import tempfile
 import threading
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import overload
 
-from ..errors import GuestStartError, ImageError
+from ..errors import ConfigError, GuestStartError, ImageError
+from . import _tree
 from ._cache import cache_dir, file_lock
 from ._engine import LoadedModule
 from ._files import GUEST_BUNDLE, GUEST_LIB, bootstrap_source, bundle_dir, driver_source
@@ -22,10 +41,62 @@ from ._image import MemoryImage
 from ._imagefile import open_raw_image, write_raw_image
 from ._instance import Instance, InstanceSpec
 
-__all__ = ["precompile_bundle", "warm_image", "warm_image_named"]
+__all__ = ["CACHE_BYTES_ENV", "cache_bound", "precompile_bundle", "warm_image",
+           "warm_image_named"]
 
-_IMAGES: dict[str, MemoryImage] = {}
+CACHE_BYTES_ENV = "MEMEX_WARM_CACHE_BYTES"
+DEFAULT_CACHE_BYTES = 2 << 30
+_KEEP_OPEN = 64  # images a process keeps open for reuse (sandboxes hold their own)
+
+_IMAGES: OrderedDict[str, MemoryImage] = OrderedDict()
 _LOCK = threading.Lock()
+
+
+def cache_bound() -> int:
+    """Bytes of disk the warm images may take together (``MEMEX_WARM_CACHE_BYTES``)."""
+    raw = os.environ.get(CACHE_BYTES_ENV)
+    if raw is None or raw == "":
+        return DEFAULT_CACHE_BYTES
+    if not raw.isdigit() or len(raw) > 20:
+        raise ConfigError(f"{CACHE_BYTES_ENV} is a number of bytes, got {raw[:40]!r}")
+    return int(raw)
+
+
+def _remember(key: str, img: MemoryImage) -> MemoryImage:
+    _IMAGES[key] = img
+    _IMAGES.move_to_end(key)
+    while len(_IMAGES) > _KEEP_OPEN:
+        _IMAGES.popitem(last=False)
+    return img
+
+
+def _used(path: Path) -> None:
+    """Mark the image file as used now (its access time is the cache's LRU stamp; set by
+    hand, so it holds on filesystems mounted noatime)."""
+    with contextlib.suppress(OSError):
+        st = path.stat()
+        os.utime(path, ns=(time.time_ns(), st.st_mtime_ns))
+
+
+def _evict(folder: Path, keep: Path) -> None:
+    """Remove the least recently used images until the folder is within its bound."""
+    bound = cache_bound()
+    files = []
+    for p in folder.glob("*.raw"):
+        with contextlib.suppress(OSError):
+            st = p.stat()
+            files.append((st.st_atime_ns, st.st_blocks * 512, p))
+    total = sum(size for _, size, _ in files)
+    for _, size, p in sorted(files, key=lambda f: f[0]):
+        if total <= bound:
+            break
+        if p == keep:
+            continue
+        with contextlib.suppress(OSError):
+            p.unlink()
+            total -= size
+        with contextlib.suppress(OSError):
+            p.with_suffix(".lock").unlink()
 
 
 def _key(loaded: LoadedModule, spec: InstanceSpec, preload: tuple[str, ...]) -> str:
@@ -63,6 +134,7 @@ def warm_image(loaded: LoadedModule, spec: InstanceSpec, preload: tuple[str, ...
     with _LOCK:
         img = _IMAGES.get(key)
         if img is not None:
+            _IMAGES.move_to_end(key)
             return img
         path = _path(key)
         sha = loaded.artifacts.snapshot_sha256
@@ -80,8 +152,9 @@ def warm_image(loaded: LoadedModule, spec: InstanceSpec, preload: tuple[str, ...
                     finally:
                         built.close()
                     img = open_raw_image(path, sha)
-        _IMAGES[key] = img
-        return img
+                    _evict(path.parent, keep=path)
+        _used(path)
+        return _remember(key, img)
 
 
 def warm_image_named(name: str, sha: str) -> MemoryImage | None:
@@ -95,7 +168,8 @@ def warm_image_named(name: str, sha: str) -> MemoryImage | None:
         if img is None:
             img = _open(_path(key), sha)
             if img is not None:
-                _IMAGES[key] = img
+                _used(_path(key))
+                _remember(key, img)
     return img if img is not None and img.origin == name else None
 
 
@@ -108,7 +182,28 @@ def _open(path: Path, sha: str) -> MemoryImage | None:
         return None  # damaged or from another MemEx: built again
 
 
+def _empty_places(spec: InstanceSpec, root: str) -> InstanceSpec:
+    """``spec`` with every folder a sandbox brings (its /tmp, its mounts) replaced by an
+    empty folder under ``root`` at the same guest path: what an image is built in."""
+    preopens = []
+    for i, (host, guest, writable) in enumerate(spec.preopens):
+        if guest not in (GUEST_LIB, GUEST_BUNDLE) and not guest.startswith(GUEST_LIB + "/"):
+            host = os.path.join(root, str(i))
+            os.mkdir(host)
+        preopens.append((host, guest, writable))
+    return dataclasses.replace(spec, preopens=tuple(preopens))
+
+
 def _build(loaded: LoadedModule, spec: InstanceSpec, preload: tuple[str, ...]) -> MemoryImage:
+    root = tempfile.mkdtemp(prefix="memex-warm-")
+    try:
+        return _build_in(loaded, _empty_places(spec, root), preload)
+    finally:
+        _tree.remove(root)
+
+
+def _build_in(loaded: LoadedModule, spec: InstanceSpec, preload: tuple[str, ...]
+              ) -> MemoryImage:
     inst = Instance(loaded, spec, lambda frame, deadline: b"")
     try:
         out = inst.run_raw(bootstrap_source(), deadline=time.monotonic() + 60, fuel=None, cell={})

@@ -31,7 +31,7 @@ from typing import Any
 
 import msgpack
 
-from ..runtime_wasm import Door, GuestKilled
+from ..runtime_wasm import DecodeCost, Door, GuestKilled, unpack_bounded
 
 __all__ = ["DOOR_GRACE", "ClientDoor"]
 
@@ -49,6 +49,14 @@ _HERE, _THERE, _LIST = object(), object(), object()
 def _pack(obj: Any) -> bytes:
     out: bytes = msgpack.packb(obj, use_bin_type=True)
     return out
+
+
+def _unpack(data: bytes, cap: int) -> Any:
+    """A door frame or reply from outside the server, decoded under the cost of ``cap``
+    bytes (``ValueError`` for what is malformed or too costly)."""
+    if len(data) > cap:
+        raise ValueError(f"{len(data)} bytes, more than {cap}")
+    return unpack_bounded(data, DecodeCost.for_bytes(cap))
 
 
 class _Gone:
@@ -101,8 +109,8 @@ class ClientDoor(Door):
     def answer(self, data: bytes) -> bool:
         """Take one message from the client; False if it is not a door reply."""
         try:
-            msg = msgpack.unpackb(data, raw=False)
-        except Exception:
+            msg = _unpack(data, self.max_reply_bytes + 4096)
+        except ValueError:
             return False
         if not (isinstance(msg, list) and len(msg) >= 3 and msg[0] == "door_reply"
                 and isinstance(msg[1], int)):
@@ -125,9 +133,9 @@ class ClientDoor(Door):
         if not self.ops:
             return _THERE
         try:
-            req = msgpack.unpackb(frame, raw=False, strict_map_key=False)
-        except Exception:
-            return _THERE
+            req = _unpack(frame, self.max_request_bytes)
+        except ValueError:
+            return _HERE  # malformed or too costly: answered here, as the guest's error
         op = req.get("op") if isinstance(req, dict) else None
         if op not in self.ops:
             return _THERE
@@ -164,8 +172,12 @@ class ClientDoor(Door):
         mine = msgpack.unpackb(super().dispatch(frame, deadline), raw=False)
         if not self._conns or not mine.get("ok"):  # no client to add its own tools
             return _pack(mine)
-        theirs = msgpack.unpackb(self._forward(frame, deadline), raw=False)
-        if theirs.get("ok") and isinstance(theirs.get("value"), list):
+        try:
+            theirs = _unpack(self._forward(frame, deadline), self.max_reply_bytes)
+        except ValueError:
+            return _pack(mine)
+        if isinstance(theirs, dict) and theirs.get("ok") and isinstance(theirs.get("value"),
+                                                                         list):
             seen = {d.get("name") for d in mine["value"] if isinstance(d, dict)}
             mine["value"] += [d for d in theirs["value"]
                               if isinstance(d, dict) and d.get("name") not in seen]
@@ -192,11 +204,19 @@ class ClientDoor(Door):
         worker = threading.Thread(target=local, name="memex-door-split", daemon=True)
         worker.start()
         try:
-            theirs = msgpack.unpackb(self._forward(frame(parts[1]), deadline), raw=False)
+            raw = self._forward(frame(parts[1]), deadline)
         finally:
             worker.join()
         if "killed" in box:
             raise box["killed"]
+        try:
+            theirs = _unpack(raw, self.max_reply_bytes)
+        except ValueError as exc:
+            theirs = {"v": 1, "ok": False, "error": {"kind": "protocol", "message":
+                                                      f"the client's reply: {exc}"}}
+        if not isinstance(theirs, dict):
+            theirs = {"v": 1, "ok": False, "error": {"kind": "protocol", "message":
+                                                      "the client's reply is not a map"}}
         mine = msgpack.unpackb(box["reply"], raw=False)
         for reply in (mine, theirs):
             if not reply.get("ok") or not isinstance(reply.get("value"), list) or len(

@@ -16,7 +16,14 @@ from pydantic import ValidationError
 
 from ..backends import ProcessSandbox
 from ..errors import SandboxError
-from ..runtime_wasm import GuestFile, Sandbox, SandboxAPI, TurnResult
+from ..runtime_wasm import (
+    DecodeCost,
+    GuestFile,
+    Sandbox,
+    SandboxAPI,
+    TurnResult,
+    unpack_bounded,
+)
 from ._config import TenantConfig, key_matches
 from ._http import ApiError, invalid_request, too_large
 from ._models import (
@@ -329,7 +336,7 @@ async def _turn_message(svc: Service, key: str | None, sid: str, data: bytes) ->
         if len(data) > svc.config.max_body_bytes:
             raise too_large(svc.config.max_body_bytes)
         try:
-            kind, fields = msgpack.unpackb(data, raw=False)
+            kind, fields = unpack_bounded(data, DecodeCost.for_bytes(len(data)))
             if kind != "run":
                 raise ValueError(f"unknown message {kind!r}")
             body = RunIn.model_validate(fields)

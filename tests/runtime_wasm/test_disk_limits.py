@@ -91,7 +91,8 @@ def test_an_unlinked_open_file_counts_until_it_is_closed(make_sandbox: Make) -> 
                "    open('/tmp/other', 'wb').write(b'o' * (2 << 20))\n"
                "except OSError as e:\n    print('refused', e.strerror)\n")
     assert "refused Quota exceeded" in r.stdout, r
-    assert r.disk_bytes >= 2 * MiB and r.disk_files <= 1
+    # entries are inodes: the unlinked file's still exists (open), /tmp/other is the second
+    assert r.disk_bytes >= 2 * MiB and r.disk_files == 2, r
     r = sb.run("f.close()\nos.remove('/tmp/other') if os.path.exists('/tmp/other') else None\n"
                "open('/tmp/other', 'wb').write(b'o' * (2 << 20))")
     assert r.ok and r.disk_bytes == 2 * MiB, r
@@ -140,18 +141,49 @@ def test_host_write_file_respects_the_quota(make_sandbox: Make) -> None:
     assert r.value == "['a.bin']" and (r.disk_bytes, r.disk_files) == (1000, 2)
 
 
-def test_a_fork_counts_its_copied_tmp_against_its_own_quota(make_sandbox: Make) -> None:
+def test_a_fork_shares_its_parents_tmp_and_one_quota_holds_the_family(make_sandbox: Make
+                                                                       ) -> None:
     sb = make_sandbox(limits=_quota(disk_bytes=3 * MiB))
     assert sb.run("open('/tmp/a', 'wb').write(b'a' * (2 << 20))").ok
     fork = sb.fork()
     try:
+        # the fork's /tmp/a shares the parent's bytes: the family holds 2 MiB, not 4
+        r = fork.run("import os\nos.path.getsize('/tmp/a')")
+        assert r.value == str(2 * MiB) and r.disk_bytes == 2 * MiB, r
+        # one quota for the family: 2 MiB more does not fit beside the shared 2 MiB
         r = fork.run("try:\n    open('/tmp/b', 'wb').write(b'b' * (2 << 20))\n"
                      "except OSError as e:\n    print(e.strerror)\n")
-        assert r.stdout == "Quota exceeded\n" and r.disk_bytes >= 2 * MiB, r
-        assert fork.run("import os\nos.remove('/tmp/a')").disk_bytes < MiB
-        assert sb.run("import os\nos.path.getsize('/tmp/a')").value == str(2 * MiB)
+        assert r.stdout == "Quota exceeded\n" and r.limit == "disk", r
+        # writing to the shared file copies it first (copy-up): 2 MiB more, so refused here
+        r = fork.run("try:\n    open('/tmp/a', 'r+b').write(b'z')\n"
+                     "except OSError as e:\n    print(e.strerror)\n")
+        assert r.stdout == "Quota exceeded\n" and r.limit == "disk", r
+        # the parent's file is untouched by all of it; deleting the fork's name frees nothing
+        # (the parent still holds the file), deleting both frees it
+        assert fork.run("import os\nos.remove('/tmp/a')").disk_bytes == 2 * MiB
+        assert sb.run("open('/tmp/a', 'rb').read(1)").value == "b'a'"
+        assert sb.run("import os\nos.remove('/tmp/a')").disk_bytes < MiB
     finally:
         fork.close()
+
+
+def test_a_forks_write_never_reaches_its_parent_and_closing_frees_its_share(
+        make_sandbox: Make) -> None:
+    sb = make_sandbox(limits=_quota(disk_bytes=8 * MiB))
+    assert sb.run("open('/tmp/a', 'wb').write(b'a' * (1 << 20))\nkeep = open('/tmp/log', 'ab')"
+                  "\nkeep.write(b'p'); keep.flush()").ok
+    fork = sb.fork()
+    assert fork.run("open('/tmp/a', 'r+b').write(b'F')\nopen('/tmp/log', 'ab').write(b'f')").ok
+    assert sb.run("keep.write(b'q'); keep.flush()").ok  # the parent's open file, after the fork
+    assert sb.run("open('/tmp/a', 'rb').read(2)").value == "b'aa'"
+    assert fork.run("open('/tmp/a', 'rb').read(2)").value == "b'Fa'"
+    assert sb.run("open('/tmp/log', 'rb').read()").value == "b'pq'"
+    assert fork.run("open('/tmp/log', 'rb').read()").value == "b'pf'"
+    # two copies of /tmp/a (the fork wrote to its own) and two logs of two bytes: the log
+    # the parent held open for writing was copied at the fork, never shared
+    assert sb.run("1").disk_bytes == 2 * MiB + 4
+    fork.close()
+    assert sb.run("1").disk_bytes == MiB + 2  # what only the fork named is gone from the count
 
 
 def test_rollback_after_a_trap_keeps_the_count_of_what_is_on_disk(make_sandbox: Make) -> None:
@@ -217,22 +249,26 @@ def test_a_mount_that_opts_in_gets_links_that_stay_inside_it(make_sandbox: Make,
     (tmp_path / "sub").mkdir()
     sb = make_sandbox(mounts=[Mount(host_path=tmp_path, guest_path="/data", writable=True,
                                     links=True)])
-    r = sb.run("import os\nopen('/data/f', 'w').write('hello')\nout = []\n"
-               "for a, b in [('f', '/data/in'), ('../f', '/data/sub/up'),\n"
-               "             ('../../etc/hostname', '/data/out'), ('/data/f', '/data/abs'),\n"
-               "             ('../sub/../../x', '/data/sub/out2')]:\n"
+    r = sb.run("import os\nopen('/data/f', 'w').write('hello')\n"
+               "open('/data/sub/g', 'w').write('hello')\nout = []\n"
+               "for a, b in [('f', '/data/in'), ('sub/g', '/data/down'), ('g', '/data/sub/in'),\n"
+               "             ('../f', '/data/sub/up'), ('../../etc/hostname', '/data/out'),\n"
+               "             ('/data/f', '/data/abs'), ('./f', '/data/dot'),\n"
+               "             ('../sub/../../x', '/data/sub/out2'), ('sub//g', '/data/e')]:\n"
                "    try:\n        os.symlink(a, b); out.append('made')\n"
                "    except OSError as e:\n        out.append(e.strerror)\n"
                "os.link('/data/f', '/data/hard')\n"
-               "print(out, open('/data/in').read(), open('/data/sub/up').read(),\n"
+               "print(out, open('/data/in').read(), open('/data/down').read(),\n"
                "      open('/data/hard').read())")
     denied = "Operation not permitted"
-    assert r.stdout == str(["made", "made", denied, denied, denied]) + " hello hello hello\n", r
-    for link in ("in", "sub/up"):
-        target = (tmp_path / link).resolve()
-        assert target == (tmp_path / "f").resolve()
-    # a hard link is one inode: its bytes count once
-    assert r.disk_bytes == 5
+    # only links that descend (plain names, no '.' or '..') are made: they point inside the
+    # mount wherever they are later moved
+    assert r.stdout == str(["made", "made", "made"] + [denied] * 6) + " hello hello hello\n", r
+    for link, to in (("in", "f"), ("down", "sub/g"), ("sub/in", "sub/g")):
+        assert (tmp_path / link).resolve() == (tmp_path / to).resolve()
+    # a hard link is one inode: its bytes count once (two files of 5 bytes); entries are the
+    # folder, the two files, the three links and the hard link's extra name
+    assert (r.disk_bytes, r.disk_files) == (10, 7), r
 
 
 def test_host_helpers_never_follow_a_planted_link_out_of_a_mount(make_sandbox: Make,

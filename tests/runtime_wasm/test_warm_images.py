@@ -7,11 +7,12 @@ import json
 import os
 import struct
 import zlib
+from collections import OrderedDict
 from pathlib import Path
 
 import pytest
 
-from memex import ImageError, Sandbox
+from memex import ConfigError, ImageError, Sandbox
 from memex.runtime_wasm import _warm, load_module
 from memex.runtime_wasm._imagefile import open_raw_image, write_raw_image
 
@@ -19,7 +20,7 @@ from memex.runtime_wasm._imagefile import open_raw_image, write_raw_image
 @pytest.fixture
 def fresh_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An empty warm-image folder (the compiled modules stay where they are, loaded)."""
-    monkeypatch.setattr(_warm, "_IMAGES", {})
+    monkeypatch.setattr(_warm, "_IMAGES", OrderedDict())
     monkeypatch.setattr(_warm, "cache_dir", lambda: tmp_path)
     return tmp_path / "warm"
 
@@ -116,7 +117,7 @@ def test_a_save_on_a_warm_image_this_machine_lacks_is_refused(
         fresh_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     delta, whole = _session(tmp_path)
     other = tmp_path / "other-machine"
-    monkeypatch.setattr(_warm, "_IMAGES", {})
+    monkeypatch.setattr(_warm, "_IMAGES", OrderedDict())
     monkeypatch.setattr(_warm, "cache_dir", lambda: other)
     with pytest.raises(ImageError, match="portable=True"):
         Sandbox.load(delta)
@@ -209,3 +210,34 @@ def test_a_first_turns_pages_are_written_before_it_runs() -> None:
         MemoryImage.learn_hot = learned  # type: ignore[method-assign]
     assert first_turn_faults()[1] == "45"
     assert with_hot < without * 0.8, (with_hot, without)
+
+
+def test_the_cache_keeps_to_its_bound_least_recently_used_first(
+        fresh_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every distinct env or preload leaves an image; the folder stays within
+    MEMEX_WARM_CACHE_BYTES, the least recently used going first, the newest never."""
+    def build(tag: str) -> Path:
+        before = set(fresh_cache.glob("*.raw")) if fresh_cache.exists() else set()
+        with Sandbox(preload=["json"], env={"TAG": tag}) as sb:
+            assert sb.run("import os\nos.environ['TAG']").value == repr(tag)
+        made = set(fresh_cache.glob("*.raw")) - before
+        assert len(made) == 1
+        return made.pop()
+
+    first = build("a")
+    one = first.stat().st_blocks * 512
+    monkeypatch.setenv("MEMEX_WARM_CACHE_BYTES", str(int(one * 2.5)))  # room for two
+    second = build("b")
+    os.utime(first, ns=(first.stat().st_atime_ns + 10**9, first.stat().st_mtime_ns))  # used
+    third = build("c")  # three do not fit: the least recently used (second) goes
+    assert first.exists() and third.exists() and not second.exists()
+    assert sum(p.stat().st_blocks * 512 for p in fresh_cache.glob("*.raw")) <= one * 2.5
+    # positive control: an image removed from the cache is built again when next needed
+    _warm._IMAGES.clear()
+    again = build("b")
+    assert again.name == second.name
+    # a bound that is not a number is a configuration error, not a silent default
+    monkeypatch.setenv("MEMEX_WARM_CACHE_BYTES", "2G")
+    with pytest.raises(ConfigError):
+        _warm.cache_bound()
+

@@ -15,7 +15,6 @@ import contextlib
 import itertools
 import os
 import queue
-import shutil
 import signal
 import socket
 import subprocess
@@ -34,6 +33,7 @@ from ...runtime_wasm import (
     checkpoint_from_fds,
     checkpoint_to_bytes,
     checkpoint_to_fds,
+    remove_tree,
 )
 from ._wire import Channel, ChannelClosed, ProtocolError, error_from_wire
 
@@ -268,7 +268,7 @@ class WorkerClient:
                     stderr=log, env=penv, close_fds=True))
         except BaseException:
             ours.close()
-            shutil.rmtree(self.root, ignore_errors=True)
+            remove_tree(str(self.root))
             raise
         finally:
             theirs.close()
@@ -397,7 +397,7 @@ class WorkerClient:
                 slot.set((["died", None, reason], []))
             self._hello.set()
             self.chan.close()
-            shutil.rmtree(self.root, ignore_errors=True)
+            remove_tree(str(self.root))
             self._gone.set()
 
     def _reap(self, cause: BaseException) -> str:
@@ -443,4 +443,4 @@ class WorkerClient:
             if not self._gone.wait(timeout):
                 self.kill("did not exit when asked")
         self._gone.wait(timeout + 5)
-        shutil.rmtree(self.root, ignore_errors=True)
+        remove_tree(str(self.root))

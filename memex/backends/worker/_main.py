@@ -38,7 +38,6 @@ import ctypes
 import os
 import queue
 import resource
-import shutil
 import signal
 import socket
 import sys
@@ -58,6 +57,7 @@ from ...runtime_wasm import (
     checkpoint_from_fds,
     checkpoint_to_fds,
     open_from_checkpoint,
+    remove_tree,
     scratch_dir,
 )
 from ._wire import (
@@ -235,9 +235,7 @@ class Worker:
                 cs.door = _ForwardDoor(socket.socket(fileno=fds.pop()))
                 cs.spec, cs.resume = s.spec, resume
                 try:
-                    child = open_from_checkpoint(
-                        sb.checkpoint(), limits=sb.limits, mounts=sb.mounts, preload=(),
-                        door=cs.door, env=s.spec.get("env"), scratch_from=scratch_dir(sb))
+                    child = sb.fork(door=cs.door)  # /tmp shared copy-on-write, one quota
                 except BaseException:
                     cs.close()
                     raise
@@ -367,7 +365,7 @@ def _rss() -> int:
 def _cleanup_and_exit(code: int = 0) -> None:
     root = os.environ.get("MEMEX_WORKER_ROOT")
     if root:
-        shutil.rmtree(root, ignore_errors=True)
+        remove_tree(str(root))
     os._exit(code)
 
 

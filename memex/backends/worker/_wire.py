@@ -26,7 +26,15 @@ import msgpack
 
 from ... import errors
 from ...errors import BackendBusy, MemexError, SandboxClosed, SandboxError, SandboxLost
-from ...runtime_wasm import GuestException, Limits, Mount, TurnResult, TurnStatus
+from ...runtime_wasm import (
+    DecodeCost,
+    GuestException,
+    Limits,
+    Mount,
+    TurnResult,
+    TurnStatus,
+    unpack_bounded,
+)
 
 __all__ = [
     "HEADER",
@@ -51,6 +59,7 @@ HEADER = struct.Struct("!IH")
 MAX_FRAME = 1 << 30  # larger than any door frame (16 MiB) or file a caller would move
 MAX_FDS = 16  # a door socket and an image chain (its root and at most 8 deltas)
 _RECV = 1 << 18
+_COST_FLOOR = 16 << 20  # a frame's decoding budget is at least that of a 16 MiB one
 _ANC = socket.CMSG_SPACE(MAX_FDS * 4)
 
 
@@ -85,15 +94,18 @@ class FrameDecoder:
             return None
         if len(self._fds) < nfds:
             raise ProtocolError(f"frame announces {nfds} fds, {len(self._fds)} arrived")
-        body = bytes(self._buf[HEADER.size:end])
+        with memoryview(self._buf) as view:  # one copy of the body, not two
+            body = bytes(view[HEADER.size:end])
         del self._buf[:end]
         fds = [self._fds.popleft() for _ in range(nfds)]
         try:
-            msg = msgpack.unpackb(body, raw=False, strict_map_key=False)
-        except Exception as exc:
+            # bounded as every frame from outside the process: a frame's values cost what a
+            # real message of its size holds (a guest's door frame travels inside as bytes)
+            msg = unpack_bounded(body, DecodeCost.for_bytes(max(size, _COST_FLOOR)))
+        except ValueError as exc:
             for fd in fds:
                 os.close(fd)
-            raise ProtocolError(f"frame body is not msgpack: {type(exc).__name__}") from None
+            raise ProtocolError(f"frame body is not msgpack: {exc}") from None
         if not isinstance(msg, list) or not msg or not isinstance(msg[0], str):
             for fd in fds:
                 os.close(fd)

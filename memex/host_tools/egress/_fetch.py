@@ -22,6 +22,7 @@ import ssl
 import threading
 import time
 import urllib.parse
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -338,10 +339,16 @@ class Fetcher:
         st.sent_url = sent_t.url
         hop_deadline = min(deadline, st.start + timeout)
         st.request_bytes = len(body or b"")
+        if st.redact:
+            # A secret went out: the answer must come back in a form the host can search for
+            # it. Ask for no content coding; one the server applies anyway is undone below.
+            sent[:] = [(k, v) for k, v in sent if k.lower() != "accept-encoding"]
+            sent.append(("Accept-Encoding", "identity"))
         status, reason, rheaders, rbody = self._exchange(st, sent_t, addrs, sent, body,
                                                          hop_deadline, resp_cap)
         if st.redact:
             values = [v for v in st.redact if len(v) >= 4]
+            rheaders, rbody = _decoded(rheaders, rbody, resp_cap, t.url)
             rheaders = tuple((k, _redact(v, values)) for k, v in rheaders)
             for v in values:
                 rbody = rbody.replace(v.encode("utf-8"), REDACTED.encode())
@@ -464,6 +471,61 @@ def _read_body(st: _HopState, t: Target, resp: http.client.HTTPResponse, sock: s
         if total > cap:
             raise FetchFailure("cap", f"the response exceeds the {cap}-byte cap", url=t.url)
         chunks.append(chunk)
+
+
+def _decoded(headers: tuple[tuple[str, str], ...], body: bytes, cap: int, url: str
+             ) -> tuple[tuple[tuple[str, str], ...], bytes]:
+    """The body without its content codings (gzip, deflate, brotli where the host has it),
+    each decoded into at most ``cap`` bytes; the headers then say it is plain. A coding the
+    host cannot undo is refused: the body could carry a secret where no one can see it."""
+    codings = [c.strip().lower() for k, v in headers if k.lower() == "content-encoding"
+               for c in v.split(",") if c.strip()]
+    codings = [c for c in codings if c != "identity"]
+    if not codings:
+        return headers, body
+    for coding in reversed(codings):  # applied in the order listed: undone in reverse
+        body = _undo(coding, body, cap, url)
+    kept = tuple((k, v) for k, v in headers
+                 if k.lower() not in ("content-encoding", "content-length"))
+    return (*kept, ("Content-Length", str(len(body)))), body
+
+
+def _undo(coding: str, body: bytes, cap: int, url: str) -> bytes:
+    try:
+        if coding in ("gzip", "x-gzip", "deflate"):
+            # gzip, or deflate as zlib (RFC 9110) or, as some servers send it, raw
+            wbits = 31 if coding != "deflate" else (15 if body[:1] and (
+                body[0] & 0x0F) == 8 and int.from_bytes(body[:2], "big") % 31 == 0 else -15)
+            d = zlib.decompressobj(wbits)
+            out = d.decompress(body, cap + 1)
+            if len(out) > cap or d.unconsumed_tail:
+                raise FetchFailure("cap", f"the response exceeds the {cap}-byte cap once "
+                                   f"decoded ({coding})", url=url)
+            if not d.eof:
+                raise ValueError("cut stream")
+            return out
+        if coding == "br":
+            try:
+                import brotli
+            except ImportError:
+                raise FetchFailure("bad_response", "the response is brotli-encoded and this "
+                                   "host cannot decode brotli to check it for secrets "
+                                   "(pip install brotli)", url=url) from None
+            br = brotli.Decompressor()
+            out = br.process(body, output_buffer_limit=cap + 1)
+            if len(out) > cap or not br.is_finished():
+                if len(out) > cap or not br.can_accept_more_data():
+                    raise FetchFailure("cap", f"the response exceeds the {cap}-byte cap once "
+                                       "decoded (br)", url=url)
+                raise ValueError("cut stream")
+            return bytes(out)
+    except FetchFailure:
+        raise
+    except Exception as exc:
+        raise FetchFailure("bad_response", f"the response's {coding} body does not decode: "
+                           f"{exc}", url=url) from None
+    raise FetchFailure("bad_response", f"the response is encoded as {coding!r}, which the host "
+                       "cannot decode to check it for secrets", url=url)
 
 
 def parse_guest_request(value: Any) -> FetchRequest:
