@@ -165,10 +165,13 @@ class DiskLedger:
             return found
 
     def place_of(self, host: str) -> DiskPlace | None:
+        """The place holding ``host`` (the innermost, when one mount's folder is inside
+        another's)."""
+        best: DiskPlace | None = None
         for place in self.places:
-            if inside(host, place.root):
-                return place
-        return None
+            if inside(host, place.root) and (best is None or len(place.root) > len(best.root)):
+                best = place
+        return best
 
     def rescan(self) -> None:
         """Count every place from scratch (after the host changed them outside the shadows)."""

@@ -47,6 +47,7 @@ __all__ = ["CACHE_BYTES_ENV", "cache_bound", "precompile_bundle", "warm_image",
 CACHE_BYTES_ENV = "MEMEX_WARM_CACHE_BYTES"
 DEFAULT_CACHE_BYTES = 2 << 30
 _KEEP_OPEN = 64  # images a process keeps open for reuse (sandboxes hold their own)
+_BUILD_MEMORY = 4 << 30  # a wasm32 memory's most: what a preload needs, whoever asks
 
 _IMAGES: OrderedDict[str, MemoryImage] = OrderedDict()
 _LOCK = threading.Lock()
@@ -191,7 +192,8 @@ def _empty_places(spec: InstanceSpec, root: str) -> InstanceSpec:
             host = os.path.join(root, str(i))
             os.mkdir(host)
         preopens.append((host, guest, writable))
-    return dataclasses.replace(spec, preopens=tuple(preopens))
+    # and under one memory limit, not the first sandbox's: the image is the same for all
+    return dataclasses.replace(spec, preopens=tuple(preopens), memory_limit=_BUILD_MEMORY)
 
 
 def _build(loaded: LoadedModule, spec: InstanceSpec, preload: tuple[str, ...]) -> MemoryImage:
