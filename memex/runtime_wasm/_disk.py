@@ -387,7 +387,7 @@ class _Parent:
 
     fd: int
     owned: bool
-    key: Key
+    key: Key | None  # None when names per folder are not counted
     depth: int
     path_len: int
     name: str
@@ -467,6 +467,10 @@ class GuestFiles:
         assert d.place is not None
         path = rel.rstrip("/") or "."
         head, _, name = path.rpartition("/")
+        if head and d.place.scratch and not self._count_names:
+            # A private /tmp holds no links and names no folder counts: the parent's place is
+            # its mirror's (read from the kernel) plus the plain parts in between.
+            return self._parent_lexical(d, head, name)
         if head:
             try:
                 fd = os.open(head, _PATH_FLAGS | os.O_DIRECTORY, dir_fd=d.mirror)
@@ -493,6 +497,34 @@ class GuestFiles:
                 os.close(fd)
             return ENOENT
 
+    def _parent_lexical(self, d: _Fd, head: str, name: str) -> _Parent | int:
+        assert d.place is not None
+        parts = [x for x in head.split("/") if x not in ("", ".")]
+        if ".." in parts:
+            norm = os.path.normpath(head)
+            if norm == ".." or norm.startswith("../"):
+                return ENOTCAPABLE
+            parts = [x for x in norm.split("/") if x not in ("", ".")]
+        try:
+            real = os.readlink(f"/proc/self/fd/{d.mirror}")
+        except OSError:
+            return ENOENT
+        root = d.place.root
+        if not inside(real, root):
+            return ENOENT
+        below = real[len(root) + 1:]
+        tail = "/".join(parts)
+        rel = f"{below}/{tail}" if below and tail else below or tail
+        return _Parent(fd=d.mirror, owned=False, key=None,
+                       depth=rel.count("/") + 1 if rel else 0,
+                       path_len=len(os.fsencode(rel)), name=name)
+
+    @property
+    def _count_names(self) -> bool:
+        """Whether names per folder are counted: only when the entry cap is above the
+        per-folder cap (below it, the one implies the other)."""
+        return self.ledger.max_entries > MAX_DIR_ENTRIES
+
     def _room_for_name(self, p: _Parent, *, height: int = 0, tail_len: int = 0,
                        new_inodes: int = 1, same_parent: bool = False) -> int:
         """0 when a new name ``p.name`` (holding a tree ``height`` levels deep whose longest
@@ -502,7 +534,8 @@ class GuestFiles:
                 p.path_len + 1 + name_len + (tail_len + 1 if tail_len else 0) > MAX_PATH):
             self.use.refuse("disk")
             return ENAMETOOLONG
-        if not same_parent and self.ledger.dir_names.get(p.key, 0) >= MAX_DIR_ENTRIES:
+        if not same_parent and self._count_names and p.key is not None and \
+                self.ledger.dir_names.get(p.key, 0) >= MAX_DIR_ENTRIES:
             self.use.refuse("disk")
             return EDQUOT
         if new_inodes and not self.use.room(0, new_inodes):
@@ -667,6 +700,10 @@ class GuestFiles:
         the engine's own ``fd_filestat_get``; 0, or an errno after closing it again (never an
         unaccounted file)."""
         assert d.place is not None
+        if not check:  # a private /tmp, its names locked: a stat names what the engine opened
+            st0 = _stat_at(d.mirror, rel, follow)
+            if st0 is not None and not stat.S_ISDIR(st0.st_mode):
+                return self._record(fd, d, st0, writes, append, parent, -1)
         try:
             mirror = os.open(rel, _PATH_FLAGS | (0 if follow else os.O_NOFOLLOW),
                              dir_fd=d.mirror)
@@ -687,15 +724,19 @@ class GuestFiles:
             os.close(mirror)
             self._orig("fd_close", fd)
             return EIO
+        if not is_dir:
+            os.close(mirror)
+            mirror = -1
+        return self._record(fd, d, st, writes, append, parent, mirror)
+
+    def _record(self, fd: int, d: _Fd, st: os.stat_result, writes: bool, append: bool,
+                parent: _Parent | None, mirror: int) -> int:
         if parent is not None:
             self.ledger.created(st, parent.key)
-        entry = _Fd(place=d.place, writes=writes, append=append, key=_key(st))
-        if is_dir:
-            entry.mirror = mirror
-        else:
-            os.close(mirror)
-            if is_reg:
-                self.ledger.opened(entry.key, st.st_size)  # type: ignore[arg-type]
+        entry = _Fd(place=d.place, writes=writes, append=append, key=_key(st), mirror=mirror)
+        if mirror < 0:
+            if stat.S_ISREG(st.st_mode):
+                self.ledger.opened(_key(st), st.st_size)
             else:
                 entry.key = None
         self.fds[fd] = entry

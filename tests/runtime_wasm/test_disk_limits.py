@@ -317,3 +317,16 @@ def test_checkpoints_and_saves_hold_memory_only_and_the_count_stays_true(
         assert r.value == "[]" and (r.disk_bytes, r.disk_files) == (0, 0), r
     finally:
         loaded.close()
+
+
+@pytest.mark.slow
+def test_a_folder_holds_at_most_max_dir_entries_names(make_sandbox: Make) -> None:
+    """With an entry quota above the per-folder cap, one folder still takes at most 10,000
+    names (host tools that list a folder stay bounded); another folder takes more."""
+    sb = make_sandbox(limits=_quota(timeout=120, disk_files=30_000))
+    r = sb.run("import os\nos.mkdir('/tmp/a')\nn = 0\ntry:\n    while True:\n"
+               "        open(f'/tmp/a/{n}', 'w').close(); n += 1\n"
+               "except OSError as e:\n    print(n, e.strerror)\n"
+               "os.mkdir('/tmp/b')\nfor i in range(10):\n    open(f'/tmp/b/{i}', 'w').close()\n"
+               "print(len(os.listdir('/tmp/b')))")
+    assert r.ok and r.stdout == "10000 Quota exceeded\n10\n" and r.limit == "disk", r
