@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..backends import Backend
 from ._config import ServiceConfig
-from ._http import Access, ApiError, BodyCap, invalid_request
+from ._http import Access, ApiError, AuthFirst, BodyCap, invalid_request
 from ._models import API_VERSION
 from ._routes import router
 from ._service import Service
@@ -39,7 +39,9 @@ def create_app(config: ServiceConfig, *, backend: Backend | None = None) -> Fast
     app = FastAPI(title="MemEx service", version=API_VERSION, lifespan=lifespan,
                   description="Sandboxed Python sessions per tenant (docs/service.md).")
     app.state.service = svc
+    # outermost last: the access log, then the key (from the headers alone), then the body
     app.add_middleware(BodyCap, cap=config.max_body_bytes)
+    app.add_middleware(AuthFirst, lookup=svc.keys.lookup)
     app.add_middleware(Access, metrics=svc.metrics, log=config.access_log)
     app.include_router(router)
 

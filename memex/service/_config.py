@@ -25,6 +25,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..host_tools import EgressPolicy, ToolSet
 from ..runtime_wasm import Limits
+from ._edge import EdgeLimits
 from ._tools import load_tools
 
 __all__ = ["KeyRing", "MountGrant", "ServiceConfig", "TenantConfig", "hash_key", "load_config"]
@@ -107,7 +108,9 @@ class ServiceConfig:
     save_interval: float = 30.0  # seconds between saves of a changed session (0: every turn)
     idle_evict: float | None = None  # seconds idle before a session is saved and evicted
     shared_dir: Path | None = None  # where sessions are parked for another node to take
-    metrics_keys: tuple[str, ...] = ()  # key hashes /metrics asks for (none: open to all)
+    metrics_keys: tuple[str, ...] = ()  # key hashes /metrics asks for
+    metrics_public: bool = False  # /metrics open to anyone (it names every tenant)
+    edge: EdgeLimits = field(default_factory=EdgeLimits)  # connections: _edge
     tenants: Mapping[str, TenantConfig] = field(default_factory=dict)
     path: Path | None = None
 
@@ -203,15 +206,29 @@ _SERVER_KEYS: dict[str, Any] = {
     "host": str, "port": int, "backend": str, "workers": int, "warm": int, "max_sandboxes": int,
     "warm_timeout": (int, float), "max_body_bytes": int, "threads": int, "access_log": bool,
     "log_code": bool, "preload": list, "state_dir": str, "shared_dir": str,
-    "save_interval": (int, float), "idle_evict": (int, float), "metrics_keys": list}
+    "save_interval": (int, float), "idle_evict": (int, float), "metrics_keys": list,
+    "metrics_public": bool}
+_EDGE_KEYS: dict[str, Any] = {
+    "max_connections": int, "max_pending": int, "max_pending_per_peer": int,
+    "header_timeout": (int, float), "body_timeout": (int, float), "max_header_bytes": int,
+    "keep_alive_timeout": (int, float)}
 
 
 def parse_config(data: Mapping[str, Any], *, path: Path | None = None) -> ServiceConfig:
     """A :class:`ServiceConfig` from the parsed TOML tables ``[server]`` and ``[tenants.*]``."""
     _known("serve.toml", data, {"server", "tenants"})
     server = _typed("[server]", data.get("server", {}), dict)
-    _known("[server]", server, set(_SERVER_KEYS))
-    opts = {k: _typed(f"[server] {k}", v, _SERVER_KEYS[k]) for k, v in server.items()}
+    _known("[server]", server, set(_SERVER_KEYS) | set(_EDGE_KEYS))
+    edge = {k: _typed(f"[server] {k}", v, _EDGE_KEYS[k]) for k, v in server.items()
+            if k in _EDGE_KEYS}
+    for k, v in edge.items():
+        if v <= 0 and not (k == "max_connections" and v == 0):
+            raise ConfigError(f"[server] {k} must be > 0, got {v!r}")
+    opts = {k: _typed(f"[server] {k}", v, _SERVER_KEYS[k]) for k, v in server.items()
+            if k not in _EDGE_KEYS}
+    edge_opts: dict[str, Any] = {k: float(v) if isinstance(_EDGE_KEYS[k], tuple) else v
+                                 for k, v in edge.items()}
+    opts["edge"] = EdgeLimits(**edge_opts)
     if opts.get("backend", "pool") not in ("pool", "subprocess", "inprocess"):
         raise ConfigError(f"[server] backend must be pool, subprocess or inprocess, got "
                           f"{opts['backend']!r}")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fastapi.responses import JSONResponse
@@ -23,8 +23,8 @@ from ..errors import (
 )
 from ._metrics import Metrics
 
-__all__ = ["Access", "ApiError", "BodyCap", "TooLarge", "invalid_request", "too_large",
-           "translate"]
+__all__ = ["MAX_JSON_CONTAINERS", "PUBLIC_PATHS", "Access", "ApiError", "AuthFirst", "BodyCap",
+           "TooLarge", "bearer", "invalid_request", "too_large", "translate"]
 
 ACCESS = logging.getLogger("memex.service.access")
 
@@ -75,9 +75,61 @@ def translate(exc: MemexError) -> ApiError:
     return ApiError(409, "sandbox_error", str(exc), type_=name)
 
 
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs",
+                          "/docs/oauth2-redirect", "/redoc"})
+"""Paths answered without a tenant's key (each reveals nothing of tenants, keys or the
+configuration; ``/metrics`` asks for a metrics key of its own)."""
+MAX_JSON_CONTAINERS = 256
+"""Arrays and objects a JSON request body may hold: every body of the API holds fewer than
+50 (a session's limits, mounts, preload and env). Past it the body is refused before it is
+parsed: JSON's nesting would otherwise reach the parser's recursion limit."""
+
+
+def bearer(headers: Sequence[tuple[bytes, bytes]]) -> str | None:
+    """The key of ``Authorization: Bearer <key>`` among raw ASGI headers."""
+    for name, value in headers:
+        if name == b"authorization":
+            if value[:7].lower() == b"bearer ":
+                try:
+                    return value[7:].decode("ascii")
+                except UnicodeDecodeError:
+                    return None
+            return None
+    return None
+
+
+class AuthFirst:
+    """Authenticate before any work: a request (or WebSocket) outside :data:`PUBLIC_PATHS`
+    without a valid tenant key gets 401 (a WebSocket: closed before it is accepted) from its
+    headers alone, before its body is read or a route is matched. The tenant's name goes in
+    ``scope["state"]["tenant"]``."""
+
+    def __init__(self, app: ASGIApp, lookup: Callable[[str | None], Any]) -> None:
+        self.app, self.lookup = app, lookup
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind not in ("http", "websocket") or scope["path"] in PUBLIC_PATHS:
+            await self.app(scope, receive, send)
+            return
+        tenant = self.lookup(bearer(scope.get("headers") or ()))
+        if tenant is None:
+            if kind == "websocket":
+                await send({"type": "websocket.close", "code": 4401})
+                return
+            await ApiError(401, "unauthorized", "a valid API key is required "
+                           "(Authorization: Bearer <key>)",
+                           headers={"WWW-Authenticate": "Bearer",
+                                    "Connection": "close"}).response()(scope, receive, send)
+            return
+        scope.setdefault("state", {})["tenant"] = tenant.name
+        await self.app(scope, receive, send)
+
+
 class BodyCap:
     """Refuse request bodies past the cap (413) before a handler reads them, whether the
-    size is declared or streamed."""
+    size is declared or streamed; a JSON body is also bounded in what parsing it costs
+    (:data:`MAX_JSON_CONTAINERS`), checked on its bytes before any parser sees it."""
 
     def __init__(self, app: ASGIApp, cap: int) -> None:
         self.app, self.cap = app, cap
@@ -86,10 +138,14 @@ class BodyCap:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = dict(scope.get("headers") or []).get(b"content-length")
+        headers = dict(scope.get("headers") or [])
+        declared = headers.get(b"content-length")
         refused = too_large(self.cap)
         if declared is not None and declared.isdigit() and int(declared) > self.cap:
             await refused.response()(scope, receive, send)
+            return
+        if headers.get(b"content-type", b"").split(b";")[0].strip() == b"application/json":
+            await self._json(scope, receive, send)
             return
         seen = 0
 
@@ -105,6 +161,40 @@ class BodyCap:
             await self.app(scope, counted, send)
         except TooLarge:
             await refused.response()(scope, receive, send)
+
+    async def _json(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A JSON body, read whole under the cap and checked, then handed on."""
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            msg = await receive()
+            if msg["type"] != "http.request":
+                return  # the client went away
+            chunk = msg.get("body", b"")
+            size += len(chunk)
+            if size > self.cap:
+                await too_large(self.cap).response()(scope, receive, send)
+                return
+            parts.append(chunk)
+            if not msg.get("more_body", False):
+                break
+        body = b"".join(parts)
+        del parts
+        if body.count(b"[") + body.count(b"{") > MAX_JSON_CONTAINERS:
+            await ApiError(413, "too_large", "a JSON body holds at most "
+                           f"{MAX_JSON_CONTAINERS} arrays and objects"
+                           ).response()(scope, receive, send)
+            return
+        sent = False
+
+        async def replay() -> Message:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
 
 
 class TooLarge(Exception):

@@ -33,6 +33,12 @@ class Metrics:
         self._limits = Counter("memex_limits_hit", "turns stopped or capped by a limit",
                                ["tenant", "limit"], registry=r)
         self._http = Counter("memex_http_responses", "HTTP answers", ["status"], registry=r)
+        self._config_error = Gauge("memex_config_error", "1 while serve.toml fails to parse "
+                                   "(the last good tenants are kept; the log says why)",
+                                   registry=r)
+        self._edge = Gauge("memex_connections", "connections by state (open, pending: no "
+                           "whole request head yet) and closed by the edge (refused, "
+                           "evicted, timed_out: counts since start)", ["state"], registry=r)
         self._known: set[str] = set()
 
     def turn(self, tenant: str, r: TurnResult) -> None:
@@ -48,6 +54,13 @@ class Metrics:
         for tenant in self._known | set(counts):
             self._sessions.labels(tenant).set(counts.get(tenant, 0))
         self._known |= set(counts)
+
+    def config_error(self, error: str | None) -> None:
+        self._config_error.set(1 if error else 0)
+
+    def edge(self, stats: Mapping[str, int]) -> None:
+        for state, n in stats.items():
+            self._edge.labels(state).set(n)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -88,19 +88,22 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz", responses={503: {"model": ErrorBody}})
 async def readyz(svc: Svc) -> JSONResponse:
+    # Ready or not, nothing else: this path answers anyone (sessions and a config error are
+    # in /metrics and the log).
     if not svc.ready:
         return ApiError(503, "not_ready", "the backend is not running").response()
-    return JSONResponse({"status": "ready", "sessions": sum(svc.table.counts().values()),
-                         "config_error": svc.keys.last_error})
+    return JSONResponse({"status": "ready"})
 
 
 @router.get("/metrics", responses={401: {"model": ErrorBody}})
 async def metrics(request: Request, svc: Svc) -> Response:
-    if svc.config.metrics_keys and not key_matches(svc.config.metrics_keys,
-                                                   _key_of(request.headers)):
+    if not svc.config.metrics_public and not key_matches(svc.config.metrics_keys,
+                                                         _key_of(request.headers)):
         raise ApiError(401, "unauthorized", "/metrics asks for one of [server] metrics_keys "
                        "(Authorization: Bearer <key>)", headers={"WWW-Authenticate": "Bearer"})
     svc.metrics.sessions(svc.table.counts())
+    svc.metrics.config_error(svc.keys.last_error)
+    svc.metrics.edge(svc.edge.stats() if svc.edge is not None else {})
     return Response(svc.metrics.render(), media_type=svc.metrics.content_type)
 
 

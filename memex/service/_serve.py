@@ -14,6 +14,7 @@ import uvicorn
 from ..backends import Backend
 from ._app import create_app
 from ._config import ServiceConfig
+from ._edge import ConnectionGuard
 
 __all__ = ["serve"]
 
@@ -31,9 +32,12 @@ def serve(config: ServiceConfig, *, backend: Backend | None = None,
             log.setLevel(logging.INFO)
             log.propagate = False
     app = create_app(config, backend=backend)
+    guard = ConnectionGuard(config.edge)
+    app.state.service.edge = guard
     server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port,
                                            log_level="warning", access_log=False,
-                                           lifespan="on", ws_max_size=64 << 20))
+                                           lifespan="on", ws_max_size=64 << 20,
+                                           **guard.config()))
 
     def announce() -> None:
         while not server.started and not server.should_exit:

@@ -23,6 +23,7 @@ from ..runtime_wasm import Limits, Mount, OutputListener, Sandbox, SandboxAPI, T
 from ._config import KeyRing, ServiceConfig, TenantConfig
 from ._door import ClientDoor
 from ._durable import Keeper
+from ._edge import ConnectionGuard
 from ._http import ApiError, translate
 from ._metrics import Metrics
 from ._models import CreateSession, RunIn, SessionOut
@@ -61,6 +62,7 @@ class Service:
         self.metrics = Metrics()
         self.gate = TurnGate()
         self.streaming: set[asyncio.Future[None]] = set()  # streamed turns, held until done
+        self.edge: ConnectionGuard | None = None  # the server's connections (set by serve)
         self._limiter = anyio.CapacityLimiter(config.threads)
         self._given = backend
         self._backend: Backend | None = None

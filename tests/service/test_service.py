@@ -272,15 +272,20 @@ def test_an_unreachable_service_is_a_service_error() -> None:
         get_backend("remote", url="ftp://x", api_key="k")
 
 
-def test_health_readiness_and_metrics(memex_server: Any) -> None:
-    assert raw(memex_server, "GET", "/healthz", key=None).json() == {"status": "ok"}
-    ready = raw(memex_server, "GET", "/readyz", key=None).json()
-    assert ready["status"] == "ready"
-    a = Client(memex_server.url, memex_server.keys["a"])
-    sid = a.create()["id"]
-    a.run(sid, "while True: pass", timeout=0.5)
-    a.close_session(sid)
-    text = raw(memex_server, "GET", "/metrics", key=None).text
+def test_health_readiness_and_metrics(tmp_path: Path) -> None:
+    """Health and readiness answer anyone and say nothing else; /metrics names the tenants,
+    so it is closed unless the operator opens it (``metrics_public``) or gives keys."""
+    served = start_server(tmp_path, {"a": ""}, server="metrics_public = true")
+    try:
+        assert raw(served, "GET", "/healthz", key=None).json() == {"status": "ok"}
+        assert raw(served, "GET", "/readyz", key=None).json() == {"status": "ready"}
+        a = Client(served.url, served.keys["a"])
+        sid = a.create()["id"]
+        a.run(sid, "while True: pass", timeout=0.5)
+        a.close_session(sid)
+        text = raw(served, "GET", "/metrics", key=None).text
+    finally:
+        served.stop()
     assert 'memex_turns_total{status="killed",tenant="a"}' in text
     assert 'memex_limits_hit_total{limit="deadline",tenant="a"}' in text
     assert "memex_turn_seconds_bucket" in text
@@ -463,8 +468,10 @@ def test_metrics_can_ask_for_a_key(tmp_path: Path) -> None:
         for key in (None, served.keys["a"], "wrong-key-wrong-key"):
             r = raw(served, "GET", "/metrics", key=key)
             assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized"
+            assert "tenant" not in r.text
         r = raw(served, "GET", "/metrics", key=scraper)
         assert r.status_code == 200 and "memex_sessions" in r.text
+        assert 'memex_connections{state="open"}' in r.text
     finally:
         served.stop()
     bad = tmp_path / "bad.toml"
