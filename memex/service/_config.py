@@ -102,6 +102,7 @@ class ServiceConfig:
     preload: tuple[str, ...] = ()  # modules the warm sandboxes have imported already
     max_body_bytes: int = 32 << 20
     threads: int = 64  # blocking operations (turns, forks, files) served at once
+    tenant_threads: int = 0  # of those, what one tenant may hold (0: a quarter, at least 4)
     access_log: bool = True
     log_code: bool = False  # put cell bodies in the audit log
     state_dir: Path | None = None  # where sessions are saved (None: nothing outlives the process)
@@ -204,8 +205,8 @@ def _tenant(name: str, t: Any, base: Path) -> TenantConfig:
 
 _SERVER_KEYS: dict[str, Any] = {
     "host": str, "port": int, "backend": str, "workers": int, "warm": int, "max_sandboxes": int,
-    "warm_timeout": (int, float), "max_body_bytes": int, "threads": int, "access_log": bool,
-    "log_code": bool, "preload": list, "state_dir": str, "shared_dir": str,
+    "warm_timeout": (int, float), "max_body_bytes": int, "threads": int, "tenant_threads": int,
+    "access_log": bool, "log_code": bool, "preload": list, "state_dir": str, "shared_dir": str,
     "save_interval": (int, float), "idle_evict": (int, float), "metrics_keys": list,
     "metrics_public": bool}
 _EDGE_KEYS: dict[str, Any] = {

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -117,7 +118,7 @@ async def tools(tenant: Tenant) -> ToolList:
 # ---- sessions -----------------------------------------------------------------------------
 @router.post(f"{V1}/sessions", status_code=201, responses=_ERRORS)
 async def create(body: CreateSession, tenant: Tenant, svc: Svc) -> SessionOut:
-    return svc.out(await svc.blocking(svc.make_session, tenant, body))
+    return svc.out(await svc.blocking(svc.make_session, tenant, body, tenant=tenant.name))
 
 
 @router.get(f"{V1}/sessions", responses=_ERRORS)
@@ -136,7 +137,7 @@ async def close(sid: str, tenant: Tenant, svc: Svc) -> Response:
     if s is None:
         raise ApiError(404, "not_found", f"no session {sid!r}")
     if s.sandbox is not None:
-        await svc.blocking(s.sandbox.close)
+        await svc.blocking(s.sandbox.close, tenant=tenant.name)
     svc.keeper.forget(s)
     svc.release_door(s)
     AUDIT.info(json.dumps({"event": "close", "tenant": tenant.name, "session": sid,
@@ -148,7 +149,7 @@ async def close(sid: str, tenant: Tenant, svc: Svc) -> Response:
 async def fork(sid: str, tenant: Tenant, svc: Svc) -> SessionOut:
     s = svc.session_of(tenant, sid)
     try:
-        return svc.out(await svc.blocking(svc.on(s, svc.fork_of(s, tenant))))
+        return svc.out(await svc.ordered(s, tenant, svc.fork_of(s, tenant)))
     except QuotaExceeded as exc:
         raise quota_error(exc) from None
 
@@ -156,7 +157,7 @@ async def fork(sid: str, tenant: Tenant, svc: Svc) -> SessionOut:
 @router.post(f"{V1}/sessions/{{sid}}/park", status_code=204, responses=_ERRORS)
 async def park(sid: str, tenant: Tenant, svc: Svc) -> Response:
     s = svc.session_of(tenant, sid)
-    await svc.blocking(svc.keeper.park, s, svc.shared())
+    await svc.blocking(svc.keeper.park, s, svc.shared(), tenant=tenant.name)
     svc.release_door(s)
     return Response(status_code=204)
 
@@ -165,7 +166,8 @@ async def park(sid: str, tenant: Tenant, svc: Svc) -> Response:
 async def unpark(sid: str, tenant: Tenant, svc: Svc) -> SessionOut:
     folder = svc.shared()
     try:
-        s: Session | None = await svc.blocking(svc.keeper.unpark, tenant, sid, folder)
+        s: Session | None = await svc.blocking(svc.keeper.unpark, tenant, sid, folder,
+                                               tenant=tenant.name)
     except QuotaExceeded as exc:
         raise quota_error(exc) from None
     if s is None:
@@ -196,7 +198,8 @@ async def run_stream(sid: str, body: RunIn, tenant: Tenant, svc: Svc) -> Streami
 
     async def drive() -> None:
         try:
-            r: TurnResult = await svc.blocking(svc.on(s, svc.turn_of(s, tenant, body, emit)))
+            r: TurnResult = await svc.ordered(s, tenant, svc.turn_of(s, tenant, body, emit),
+                                              turn=True)
             await events.put(("result", svc.answer_of(s, tenant, body, r)))
         except ApiError as exc:
             await events.put(("error", exc.body()))
@@ -226,7 +229,7 @@ async def run_stream(sid: str, body: RunIn, tenant: Tenant, svc: Svc) -> Streami
 @router.post(f"{V1}/sessions/{{sid}}/checkpoints", status_code=201, responses=_ERRORS)
 async def checkpoint(sid: str, tenant: Tenant, svc: Svc) -> CheckpointOut:
     s = svc.session_of(tenant, sid)
-    cp = await svc.blocking(svc.on(s, lambda sb: sb.checkpoint()))
+    cp = await svc.ordered(s, tenant, lambda sb: sb.checkpoint())
     return CheckpointOut(checkpoint=svc.table.hold(tenant, cp))
 
 
@@ -246,7 +249,7 @@ async def restore(sid: str, body: RestoreIn, tenant: Tenant, svc: Svc) -> Respon
         sb.restore(cp)
         svc.keeper.changed(s)
 
-    await svc.blocking(svc.on(s, put_back))
+    await svc.ordered(s, tenant, put_back)
     return Response(status_code=204)
 
 
@@ -254,7 +257,7 @@ async def restore(sid: str, body: RestoreIn, tenant: Tenant, svc: Svc) -> Respon
 async def drop_checkpoint(cid: str, tenant: Tenant, svc: Svc) -> Response:
     held = svc.table.drop_checkpoint(tenant.name, cid)
     shared = await svc.blocking(svc.keeper.unshare_checkpoint, tenant.name, cid,
-                                svc.config.shared_dir)
+                                svc.config.shared_dir, tenant=tenant.name)
     if not (held or shared):
         raise ApiError(404, "not_found", f"no checkpoint {cid!r}")
     return Response(status_code=204)
@@ -268,7 +271,8 @@ async def share_checkpoint(cid: str, tenant: Tenant, svc: Svc) -> Response:
     cp = svc.table.checkpoint(tenant.name, cid)
     if cp is None:
         raise ApiError(404, "not_found", f"no checkpoint {cid!r} held on this node")
-    await svc.blocking(svc.keeper.share_checkpoint, tenant.name, cid, cp, shared)
+    await svc.blocking(svc.keeper.share_checkpoint, tenant.name, cid, cp, shared,
+                       tenant=tenant.name)
     return Response(status_code=204)
 
 
@@ -277,7 +281,7 @@ async def share_checkpoint(cid: str, tenant: Tenant, svc: Svc) -> Response:
 async def read_file(sid: str, path: Annotated[str, Query()], tenant: Tenant, svc: Svc
                     ) -> Response:
     s = svc.session_of(tenant, sid)
-    data = await svc.blocking(svc.on(s, lambda sb: sb.read_file(path)))
+    data = await svc.blocking(svc.on(s, lambda sb: sb.read_file(path)), tenant=tenant.name)
     cap = svc.config.max_body_bytes
     if len(data) > cap:
         raise ApiError(413, "too_large", f"{path} is {len(data)} bytes; responses are capped "
@@ -296,7 +300,7 @@ async def list_files(sid: str, tenant: Tenant, svc: Svc,
             raise SandboxError(f"the {svc.backend().name} backend cannot list files")
         return sb.list_files(path, limit=limit)
 
-    found: list[GuestFile] = await svc.blocking(svc.on(s, listing))
+    found: list[GuestFile] = await svc.blocking(svc.on(s, listing), tenant=tenant.name)
     return FileList(files=[FileOut(name=f.name, path=f.path, kind=f.kind, size=f.size)
                            for f in found])
 
@@ -306,7 +310,7 @@ async def write_file(sid: str, request: Request, path: Annotated[str, Query()],
                      tenant: Tenant, svc: Svc) -> Response:
     s = svc.session_of(tenant, sid)
     data = await request.body()
-    await svc.blocking(svc.on(s, lambda sb: sb.write_file(path, data)))
+    await svc.blocking(svc.on(s, lambda sb: sb.write_file(path, data)), tenant=tenant.name)
     return Response(status_code=204)
 
 
@@ -323,12 +327,31 @@ async def turns(ws: WebSocket, sid: str) -> None:
         await ws.close(code=4401 if tenant is None else 4404)
         return
     await ws.accept()
+    watch = asyncio.ensure_future(_while_valid(svc, key, tenant.name, ws))
     try:
         while True:
             data = await ws.receive_bytes()
             await ws.send_bytes(await _turn_message(svc, key, sid, data))
     except (WebSocketDisconnect, RuntimeError, KeyError):
         pass  # a turn under way when its client left still ends, as on /run
+    finally:
+        watch.cancel()
+
+
+REVOKE_CHECK = 0.5
+"""Seconds between two checks of an open socket's key: a key rotated out of serve.toml (or
+its tenant removed) closes every socket it opened within this."""
+
+
+async def _while_valid(svc: Service, key: str | None, tenant: str, ws: WebSocket) -> None:
+    """Close ``ws`` (4401) once its key no longer names ``tenant``."""
+    while True:
+        await asyncio.sleep(REVOKE_CHECK)
+        found = svc.keys.lookup(key)
+        if found is None or found.name != tenant:
+            with contextlib.suppress(Exception):
+                await ws.close(code=4401)
+            return
 
 
 async def _turn_message(svc: Service, key: str | None, sid: str, data: bytes) -> bytes:
@@ -359,21 +382,27 @@ async def _turn_message(svc: Service, key: str | None, sid: str, data: bytes) ->
 @router.websocket(f"{V1}/sessions/{{sid}}/door")
 async def door(ws: WebSocket, sid: str) -> None:
     svc: Service = ws.app.state.service
-    tenant = svc.keys.lookup(_key_of(ws.headers))
+    key = _key_of(ws.headers)
+    tenant = svc.keys.lookup(key)
     s = svc.table.get(tenant.name, sid) if tenant is not None else None
     if s is None:
         await ws.close(code=4401 if tenant is None else 4404)
         return
     await ws.accept()
     token = s.door.attach(ws.send_bytes, asyncio.get_running_loop())
+    assert tenant is not None
+    watch = asyncio.ensure_future(_while_valid(svc, key, tenant.name, ws))
     try:
         await ws.send_bytes(b"\x91\xa5ready")  # msgpack ["ready"]
         while True:
             data = await ws.receive_bytes()
+            if watch.done():  # revoked: what it sends is no longer answered
+                break
             if not s.door.answer(data):
                 await ws.close(code=1003)
                 break
     except (WebSocketDisconnect, RuntimeError, KeyError):
         pass
     finally:
+        watch.cancel()
         s.door.detach(token)

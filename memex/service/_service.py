@@ -1,7 +1,8 @@
 """The state of one ``memex serve`` process and what its routes do with it: the tenants' keys,
-the session table, the backend, the keeper of saves, the turn gate, the metrics, and the
-operations a route hands to the bounded thread pool (``threads``), so the event loop only
-moves bytes and a session's door WebSocket keeps answering while its turn runs."""
+the session table, the backend, the keeper of saves, the tenants' fair shares, the metrics,
+and the operations a route hands to the bounded thread pool (``threads``, each tenant at
+most its share: ``_shares``), so the event loop only moves bytes and waits, and a session's
+door WebSocket keeps answering while its turn runs."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ from ._edge import ConnectionGuard
 from ._http import ApiError, translate
 from ._metrics import Metrics
 from ._models import CreateSession, RunIn, SessionOut
-from ._sessions import QuotaExceeded, Session, SessionTable, TurnGate, new_session_id
+from ._sessions import QuotaExceeded, Session, SessionTable, new_session_id
+from ._shares import Shares
 
 __all__ = ["AUDIT", "Service"]
 
@@ -60,10 +62,10 @@ class Service:
         self.keys = KeyRing(config)
         self.table = SessionTable()
         self.metrics = Metrics()
-        self.gate = TurnGate()
+        self.shares = Shares(threads=config.threads, tenant_threads=config.tenant_threads or
+                             max(4, config.threads // 4))
         self.streaming: set[asyncio.Future[None]] = set()  # streamed turns, held until done
         self.edge: ConnectionGuard | None = None  # the server's connections (set by serve)
-        self._limiter = anyio.CapacityLimiter(config.threads)
         self._given = backend
         self._backend: Backend | None = None
         self.keeper = Keeper(self.table, self.backend, state_dir=config.state_dir,
@@ -98,10 +100,29 @@ class Service:
         await anyio.to_thread.run_sync(self.backend().close)
 
     # ---- helpers for routes -----------------------------------------------------------------
-    async def blocking(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)`` on the bounded pool; a MemEx error becomes its typed answer."""
+    async def blocking(self, fn: Callable[..., Any], *args: Any, tenant: str | None = None
+                       ) -> Any:
+        """``fn(*args)`` on the bounded pool, within ``tenant``'s share of its threads
+        (waited for in the event loop: ``_shares``); a MemEx error becomes its typed
+        answer."""
         try:
-            return await anyio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+            if tenant is None:
+                return await anyio.to_thread.run_sync(fn, *args, limiter=self.shares.pool)
+            return await self.shares.run(tenant, fn, *args)
+        except MemexError as exc:
+            raise translate(exc) from exc
+
+    async def ordered(self, s: Session, tenant: TenantConfig, fn: Callable[..., Any], *,
+                      turn: bool = False) -> Any:
+        """``fn`` on the session's sandbox after the session's earlier operations (in the
+        order they arrived) and, for a turn, within the tenant's running turns; waiting
+        happens here, in the event loop, never in a pool thread."""
+        try:
+            async with self.shares.in_order(s.id, tenant.queued):
+                if not turn:
+                    return await self.blocking(self.on(s, fn), tenant=tenant.name)
+                async with self.shares.turn(tenant.name, tenant.max_running, tenant.queued):
+                    return await self.blocking(self.on(s, fn), tenant=tenant.name)
         except MemexError as exc:
             raise translate(exc) from exc
 
@@ -236,19 +257,18 @@ class Service:
         """One turn of ``body`` in the session, within the tenant's ``max_running``;
         ``emit(stream, text)`` hears its output as it is written."""
         def turn(sb: SandboxAPI[Any]) -> TurnResult:
-            with self.gate.turn(tenant):
-                self.keeper.turn_begins(s)
-                try:
-                    return _run(sb, body, emit)
-                finally:
-                    self.keeper.changed(s)
+            self.keeper.turn_begins(s)
+            try:
+                return _run(sb, body, emit)
+            finally:
+                self.keeper.changed(s)
         return turn
 
     async def run_turn(self, tenant: TenantConfig, sid: str, body: RunIn) -> dict[str, Any]:
         """One turn of ``body`` in the tenant's session ``sid``: the body of ``/run``'s
         answer (the turns socket sends the same)."""
         s = self.session_of(tenant, sid)
-        r: TurnResult = await self.blocking(self.on(s, self.turn_of(s, tenant, body)))
+        r: TurnResult = await self.ordered(s, tenant, self.turn_of(s, tenant, body), turn=True)
         return self.answer_of(s, tenant, body, r)
 
     def answer_of(self, s: Session, tenant: TenantConfig, body: RunIn, r: TurnResult

@@ -4,15 +4,12 @@ tenant's name finds nothing (the API answers 404, the same as for an id that nev
 from __future__ import annotations
 
 import collections
-import contextlib
 import secrets
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import BackendBusy
 from ..runtime_wasm import Limits, Mount, SandboxAPI
 from ._config import TenantConfig
 from ._door import ClientDoor
@@ -72,43 +69,6 @@ class QuotaExceeded(Exception):
     def __init__(self, message: str, retry_after: int = 1) -> None:
         super().__init__(message)
         self.retry_after = retry_after
-
-
-class TurnGate:
-    """A tenant's turns running at once, bounded by ``max_running`` (None: unbounded): a turn
-    past it waits its turn, up to ``wait`` seconds and ``queued`` waiters, then is refused
-    (BackendBusy: the API answers 429)."""
-
-    def __init__(self, wait: float = 30.0) -> None:
-        self.wait = wait
-        self._cond = threading.Condition()
-        self._running: collections.Counter[str] = collections.Counter()
-        self._waiting: collections.Counter[str] = collections.Counter()
-
-    @contextlib.contextmanager
-    def turn(self, tenant: TenantConfig) -> Iterator[None]:
-        bound, name = tenant.max_running, tenant.name
-        if bound is None:
-            yield
-            return
-        with self._cond:
-            if self._running[name] >= bound and self._waiting[name] >= tenant.queued:
-                raise BackendBusy("queue_full", f"tenant {name!r} has {tenant.queued} turns "
-                                  "waiting already")
-            self._waiting[name] += 1
-            try:
-                if not self._cond.wait_for(lambda: self._running[name] < bound, self.wait):
-                    raise BackendBusy("timeout", f"tenant {name!r} kept its {bound} running "
-                                      f"turns for more than {self.wait:g} s")
-            finally:
-                self._waiting[name] -= 1
-            self._running[name] += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._running[name] -= 1
-                self._cond.notify_all()
 
 
 class SessionTable:

@@ -1,0 +1,114 @@
+"""Fair shares of one server between its tenants: what a tenant may hold of the server at
+once, and where waiting happens. A request waits for its tenant's share *in the event loop*,
+before it takes any shared resource: a thread of the blocking pool, a place in a session's
+queue. (Before, a turn waited for its session's sandbox inside a pool thread: 72 concurrent
+turns of one session held every thread, and another tenant's session create waited 15 s.)
+
+* Per session, one operation on its sandbox at a time, in the order they arrived (a FIFO
+  lock; ``asyncio.Lock`` wakes its waiters in order): twenty turns sent at once run as sent;
+  at most the tenant's ``queued`` wait.
+* Per tenant, at most ``max_running`` turns at once (:data:`DEFAULT_MAX_RUNNING` when the
+  tenant sets none), at most ``queued`` waiting, each for at most ``wait`` seconds; past
+  either, 429 with ``Retry-After``.
+* Per tenant, at most ``tenant_threads`` threads of the pool at once (its turns, forks,
+  checkpoints, file moves); the pool holds ``threads`` in all, so other tenants always find
+  threads free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
+
+import anyio
+import anyio.to_thread
+
+from ..errors import BackendBusy
+
+__all__ = ["DEFAULT_MAX_RUNNING", "Shares"]
+
+T = TypeVar("T")
+
+DEFAULT_MAX_RUNNING = 4
+"""A tenant's turns running at once when its config sets no ``max_running``."""
+
+
+class _Tenant:
+    def __init__(self, running: int, threads: int) -> None:
+        self.running = running
+        self.turns = asyncio.Semaphore(running)
+        self.waiting = 0
+        self.threads = anyio.CapacityLimiter(threads)
+
+
+class Shares:
+    """The admission of one server (used on its event loop only)."""
+
+    def __init__(self, *, threads: int, tenant_threads: int, wait: float = 30.0) -> None:
+        self.pool = anyio.CapacityLimiter(threads)
+        self.tenant_threads = tenant_threads
+        self.wait = wait
+        self._tenants: dict[str, _Tenant] = {}
+        self._orders: dict[str, list[Any]] = {}  # session -> [its lock, waiting]
+
+    def _of(self, name: str, running: int) -> _Tenant:
+        t = self._tenants.get(name)
+        if t is None or t.running != running:  # a reloaded config may change the bound
+            t = self._tenants[name] = _Tenant(running, self.tenant_threads)
+        return t
+
+    @contextlib.asynccontextmanager
+    async def turn(self, tenant: str, max_running: int | None, queued: int
+                   ) -> AsyncIterator[None]:
+        """A running-turn slot of the tenant, waited for here (BackendBusy past the queue
+        or the wait: the API answers 429)."""
+        t = self._of(tenant, max_running or DEFAULT_MAX_RUNNING)
+        if t.turns.locked() and t.waiting >= queued:
+            raise BackendBusy("queue_full", f"tenant {tenant!r} has {queued} turns waiting "
+                              "already")
+        t.waiting += 1
+        try:
+            await asyncio.wait_for(t.turns.acquire(), self.wait)
+        except TimeoutError:
+            raise BackendBusy("timeout", f"tenant {tenant!r} kept its {t.running} running "
+                              f"turns for more than {self.wait:g} s") from None
+        finally:
+            t.waiting -= 1
+        try:
+            yield
+        finally:
+            t.turns.release()
+
+    @contextlib.asynccontextmanager
+    async def in_order(self, session: str, queued: int) -> AsyncIterator[None]:
+        """The session's operations one at a time, in the order they arrived; at most
+        ``queued`` waiting (BackendBusy past it)."""
+        entry = self._orders.get(session)
+        if entry is None:
+            entry = self._orders[session] = [asyncio.Lock(), 0]
+        lock: asyncio.Lock = entry[0]
+        if lock.locked() and entry[1] >= queued:
+            raise BackendBusy("queue_full", f"session {session!r} has {queued} operations "
+                              "waiting already")
+        entry[1] += 1
+        try:
+            await lock.acquire()
+        finally:
+            entry[1] -= 1
+        try:
+            yield
+        finally:
+            lock.release()
+            if entry[1] == 0 and not lock.locked():
+                self._orders.pop(session, None)
+
+    async def run(self, tenant: str, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on a pool thread, within the tenant's thread share (waited for
+        here, in the event loop)."""
+        t = self._tenants.get(tenant)
+        if t is None:
+            t = self._of(tenant, DEFAULT_MAX_RUNNING)
+        async with t.threads:
+            return await anyio.to_thread.run_sync(fn, *args, limiter=self.pool)

@@ -1,0 +1,150 @@
+"""One tenant against the others on a shared `memex serve` (SECURITY.md, "The shared
+server"): a tenant that floods one session, a key rotated out while its sockets are open,
+turns sent at once. A real server on 127.0.0.1; each attack beside a positive control."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx2
+import msgpack
+import pytest
+from served import Served, start_server, tenant_table
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+
+from memex.backends import Client
+
+
+@pytest.fixture
+def server(tmp_path: Any) -> Iterator[Served]:
+    # a's max_running is high on purpose: the session's own queue and the tenant's share of
+    # threads are what must keep its flood out of the shared pool
+    served = start_server(tmp_path, {"a": "max_sessions = 50\nmax_running = 64\nqueued = 80",
+                                     "b": "max_sessions = 50"},
+                          server="threads = 16\ntenant_threads = 4")
+    yield served
+    served.stop()
+
+
+def test_one_tenants_flood_leaves_the_others_served(server: Served) -> None:
+    """72 turns at once on one session of tenant a (each 0.4 s): they wait in the event loop,
+    in order, never in the shared thread pool; tenant b creates a session and runs turns
+    while a's are still queued."""
+    a = Client(server.url, server.keys["a"])
+    sid = a.create()["id"]
+    done: list[float] = []
+    lock = threading.Lock()
+
+    def flood(i: int) -> int:
+        r = httpx2.post(f"{server.url}/v1/sessions/{sid}/run", json={"code": "import time\n"
+                        "time.sleep(0.4)"}, timeout=120,
+                        headers={"Authorization": f"Bearer {server.keys['a']}"})
+        with lock:
+            done.append(time.monotonic())
+        return r.status_code
+
+    with concurrent.futures.ThreadPoolExecutor(72) as pool:
+        futures = [pool.submit(flood, i) for i in range(72)]
+        time.sleep(1.0)  # the flood is in
+        b = Client(server.url, server.keys["b"])
+        sid_b = b.create()["id"]
+        for _ in range(3):
+            assert b.run(sid_b, "6 * 7")["result"]["value"] == "42"
+        served_b = time.monotonic()
+        statuses = [f.result() for f in futures]
+    # b was served while most of a's turns were still waiting their turn
+    with lock:
+        later = sum(1 for t in done if t > served_b)
+    assert later >= 40, later
+    assert statuses.count(200) == 72, statuses  # queued = 80: every turn of a ran, in turn
+    b.close_session(sid_b)
+    a.close_session(sid)
+
+
+def test_past_its_queue_a_tenant_gets_429_not_the_server_stuck(tmp_path: Any) -> None:
+    served = start_server(tmp_path, {"a": "max_running = 1\nqueued = 4"})
+    try:
+        a = Client(served.url, served.keys["a"])
+        sid = a.create()["id"]
+
+        def turn(_: int) -> httpx2.Response:
+            return httpx2.post(f"{served.url}/v1/sessions/{sid}/run",
+                               json={"code": "import time\ntime.sleep(1)"}, timeout=120,
+                               headers={"Authorization": f"Bearer {served.keys['a']}"})
+
+        with concurrent.futures.ThreadPoolExecutor(20) as pool:
+            answers = list(pool.map(turn, range(20)))
+        refused = [r for r in answers if r.status_code == 429]
+        assert len(refused) >= 10 and all("Retry-After" in r.headers for r in refused)
+        assert all(r.json()["error"]["code"] == "busy" for r in refused)
+        # positive control: once the queue drains, the session takes turns again
+        assert a.run(sid, "1 + 1")["result"]["value"] == "2"
+    finally:
+        served.stop()
+
+
+def test_turns_sent_at_once_run_in_the_order_they_arrived(server: Served) -> None:
+    a = Client(server.url, server.keys["a"])
+    sid = a.create()["id"]
+    a.run(sid, "seen = []")
+    host, port = server.url.rsplit("//", 1)[1].split(":")
+    socks = []
+    for i in range(20):  # each request whole on the wire before the next is sent
+        body = f'{{"code": "seen.append({i})"}}'.encode()
+        s = socket.create_connection((host, int(port)), timeout=30)
+        s.sendall(f"POST /v1/sessions/{sid}/run HTTP/1.1\r\nHost: x\r\n"
+                  f"Authorization: Bearer {server.keys['a']}\r\n"
+                  f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+                  .encode() + body)
+        socks.append(s)
+        time.sleep(0.01)
+    for s in socks:
+        s.settimeout(60)
+        assert s.recv(65536).startswith(b"HTTP/1.1 200")
+        s.close()
+    assert a.run(sid, "seen")["result"]["value"] == str(list(range(20)))
+    a.close_session(sid)
+
+
+def test_a_rotated_out_key_loses_its_open_sockets(server: Served) -> None:
+    """The door socket of a key rotated out of serve.toml closes within a second, and the
+    guest's tool calls are no longer answered by it; a socket of a key still listed stays."""
+    a = Client(server.url, server.keys["a"])
+    sid = a.create()["id"]
+    b = Client(server.url, server.keys["b"])
+    sid_b = b.create()["id"]
+    base = "ws" + server.url[4:]
+    door_a = connect(f"{base}/v1/sessions/{sid}/door", open_timeout=10,
+                     additional_headers={"Authorization": f"Bearer {server.keys['a']}"})
+    door_b = connect(f"{base}/v1/sessions/{sid_b}/door", open_timeout=10,
+                     additional_headers={"Authorization": f"Bearer {server.keys['b']}"})
+    turns_a = connect(f"{base}/v1/sessions/{sid}/turns", open_timeout=10,
+                      additional_headers={"Authorization": f"Bearer {server.keys['a']}"})
+    try:
+        assert msgpack.unpackb(door_a.recv(timeout=10)) == ["ready"]
+        assert msgpack.unpackb(door_b.recv(timeout=10)) == ["ready"]
+        text = server.config.read_text()
+        new_key = "rotated-key-for-tenant-a-0123456789"
+        start = text.index("[tenants.a]")
+        end = text.index("[tenants.b]")
+        server.config.write_text(text[:start] + tenant_table(
+            "a", new_key, "max_sessions = 50\nmax_running = 64\nqueued = 80") + text[end:])
+        rotated = time.monotonic()
+        for ws in (door_a, turns_a):
+            with pytest.raises(ConnectionClosed) as closed:
+                while True:
+                    ws.recv(timeout=10)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 4401
+        assert time.monotonic() - rotated < 5  # (checked twice a second)
+        # positive control: b's socket is open, and the new key of a works
+        door_b.ping().wait(5)
+        assert Client(server.url, new_key).run(sid, "1")["result"]["value"] == "1"
+    finally:
+        for ws in (door_a, door_b, turns_a):
+            ws.close()
