@@ -7,6 +7,7 @@ from .errors import (
     BackendBusy as BackendBusy,
     ConfigError as ConfigError,
     GuestFileError as GuestFileError,
+    GuestFileTooLarge as GuestFileTooLarge,
     GuestStartError as GuestStartError,
     ImageError as ImageError,
     LLMConnectionError as LLMConnectionError,

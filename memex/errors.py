@@ -17,6 +17,7 @@ misuse or for a host that cannot do what was asked::
     │   ├── SandboxClosed      used after close(), idle timeout or lifetime end
     │   ├── GuestStartError    the guest failed to start
     │   ├── GuestFileError     read_file/write_file outside the sandbox's files
+    │   │   └── GuestFileTooLarge a file over the bound a read was given (none of it read)
     │   ├── ImageError         a saved image is corrupt, of another format or another binary
     │   ├── ToolInstallError   the guest stubs of a tool set could not be installed
     │   ├── SandboxLost        the process holding a sandbox died; it could not be resumed
@@ -41,6 +42,7 @@ __all__ = [
     "BackendBusy",
     "ConfigError",
     "GuestFileError",
+    "GuestFileTooLarge",
     "GuestStartError",
     "ImageError",
     "LLMConnectionError",
@@ -134,6 +136,10 @@ class GuestStartError(SandboxError):
 
 class GuestFileError(SandboxError):
     """A host-side file operation named a path outside the sandbox's files."""
+
+
+class GuestFileTooLarge(GuestFileError):
+    """A host-side read found a file larger than the bound it was given (nothing was read)."""
 
 
 class ImageError(SandboxError):

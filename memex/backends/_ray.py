@@ -173,8 +173,8 @@ class _Host:
             return {}
         return self._call(go)
 
-    def read_file(self, sid: int, path: str) -> list[Any]:
-        return self._call(lambda: self._sb(sid).read_file(path))
+    def read_file(self, sid: int, path: str, max_bytes: int | None = None) -> list[Any]:
+        return self._call(lambda: self._sb(sid).read_file(path, max_bytes=max_bytes))
 
     def write_file(self, sid: int, path: str, data: bytes) -> list[Any]:
         return self._call(lambda: self._sb(sid).write_file(path, data))
@@ -325,9 +325,9 @@ class RaySandbox:
             self._backend._adopt(child)
             return child
 
-    def read_file(self, guest_path: str) -> bytes:
+    def read_file(self, guest_path: str, *, max_bytes: int | None = None) -> bytes:
         self._check_open()
-        return bytes(self._do("read_file", guest_path))
+        return bytes(self._do("read_file", guest_path, max_bytes))
 
     def write_file(self, guest_path: str, data: bytes) -> None:
         self._check_open()

@@ -181,8 +181,11 @@ class Client:
         """Write a held checkpoint to the nodes' shared folder (any node restores it)."""
         self.request("POST", f"/v1/checkpoints/{checkpoint}/share")
 
-    def read_file(self, sid: str, path: str) -> bytes:
-        return self.request("GET", f"/v1/sessions/{sid}/files", params={"path": path}).content
+    def read_file(self, sid: str, path: str, max_bytes: int | None = None) -> bytes:
+        params: dict[str, Any] = {"path": path}
+        if max_bytes is not None:
+            params["max_bytes"] = max_bytes
+        return self.request("GET", f"/v1/sessions/{sid}/files", params=params).content
 
     def write_file(self, sid: str, path: str, data: bytes) -> None:
         self.request("PUT", f"/v1/sessions/{sid}/files", params={"path": path}, content=data)
@@ -448,10 +451,10 @@ class RemoteSandbox:
             info = self._backend.client.fork(self.id)
         return self._backend._adopt(info, self.door)
 
-    def read_file(self, guest_path: str) -> bytes:
+    def read_file(self, guest_path: str, *, max_bytes: int | None = None) -> bytes:
         with self._lock:
             self._check_open()
-            return self._backend.client.read_file(self.id, guest_path)
+            return self._backend.client.read_file(self.id, guest_path, max_bytes)
 
     def list_files(self, guest_path: str = "/tmp", *, limit: int = 10_000) -> list[GuestFile]:
         """The entries of a folder under /tmp or a mount, as ``memex.Sandbox.list_files``."""

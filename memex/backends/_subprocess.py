@@ -341,10 +341,11 @@ class ProcessSandbox:
             return child
 
     # ---- files ------------------------------------------------------------------------------
-    def read_file(self, guest_path: str) -> bytes:
-        """Read a file the guest wrote (under /tmp or a mount)."""
+    def read_file(self, guest_path: str, *, max_bytes: int | None = None) -> bytes:
+        """Read a file the guest wrote (under /tmp or a mount); ``GuestFileTooLarge`` for
+        one over ``max_bytes`` (checked in the worker, before it is read)."""
         self._check_open()
-        value, _ = self._call("read_file", guest_path)
+        value, _ = self._call("read_file", guest_path, max_bytes)
         return bytes(value)
 
     def list_files(self, guest_path: str = "/tmp", *, limit: int = 10_000) -> list[GuestFile]:

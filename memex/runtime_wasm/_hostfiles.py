@@ -13,7 +13,7 @@ import stat
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..errors import GuestFileError
+from ..errors import GuestFileError, GuestFileTooLarge
 from ._disk import MAX_DEPTH, MAX_DIR_ENTRIES, MAX_PATH, DiskUse
 from ._files import GUEST_BUNDLE, GUEST_LIB
 from ._records import GuestFile
@@ -52,12 +52,31 @@ def host_path(preopens: Preopens, guest_path: str, *, write: bool) -> Path:
     return target
 
 
-def read_file(preopens: Preopens, guest_path: str) -> bytes:
+def read_file(preopens: Preopens, guest_path: str, max_bytes: int | None = None) -> bytes:
+    """The file's bytes, its size checked on the open descriptor before any is read."""
     target = host_path(preopens, guest_path, write=False)
     try:
-        return target.read_bytes()
+        fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
         raise GuestFileError(f"cannot read {guest_path}: {exc.strerror}") from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise GuestFileError(f"cannot read {guest_path}: not a regular file")
+        if max_bytes is not None and st.st_size > max_bytes:
+            raise GuestFileTooLarge(f"{guest_path} is {st.st_size} bytes, more than the "
+                                    f"{max_bytes} asked for")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            if max_bytes is None:
+                return f.read()
+            data = f.read(max_bytes + 1)  # a file that grew since the check is caught too
+        if len(data) > max_bytes:
+            raise GuestFileTooLarge(f"{guest_path} grew past the {max_bytes} asked for")
+        return data
+    except OSError as exc:
+        raise GuestFileError(f"cannot read {guest_path}: {exc.strerror}") from exc
+    finally:
+        os.close(fd)
 
 
 def list_files(preopens: Preopens, guest_path: str, limit: int) -> list[GuestFile]:

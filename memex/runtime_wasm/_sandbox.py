@@ -604,10 +604,11 @@ class Sandbox:
             raise
 
     # ---- files ----------------------------------------------------------------------------
-    def read_file(self, guest_path: str) -> bytes:
-        """Read a file the guest wrote (under /tmp or a mount)."""
+    def read_file(self, guest_path: str, *, max_bytes: int | None = None) -> bytes:
+        """Read a file the guest wrote (under /tmp or a mount); ``GuestFileTooLarge``,
+        with nothing read, for one larger than ``max_bytes``."""
         self._check_open()
-        return _hostfiles.read_file(self._spec.preopens, guest_path)
+        return _hostfiles.read_file(self._spec.preopens, guest_path, max_bytes)
 
     def list_files(self, guest_path: str = "/tmp", *, limit: int = 10_000) -> list[GuestFile]:
         """The entries of a folder under /tmp or a mount, sorted by name, at most ``limit``

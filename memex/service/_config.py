@@ -108,6 +108,7 @@ class ServiceConfig:
     state_dir: Path | None = None  # where sessions are saved (None: nothing outlives the process)
     save_interval: float = 30.0  # seconds between saves of a changed session (0: every turn)
     idle_evict: float | None = None  # seconds idle before a session is saved and evicted
+    checkpoint_ttl: float = 600.0  # seconds a closed session's checkpoints are still held
     shared_dir: Path | None = None  # where sessions are parked for another node to take
     metrics_keys: tuple[str, ...] = ()  # key hashes /metrics asks for
     metrics_public: bool = False  # /metrics open to anyone (it names every tenant)
@@ -208,6 +209,7 @@ _SERVER_KEYS: dict[str, Any] = {
     "warm_timeout": (int, float), "max_body_bytes": int, "threads": int, "tenant_threads": int,
     "access_log": bool, "log_code": bool, "preload": list, "state_dir": str, "shared_dir": str,
     "save_interval": (int, float), "idle_evict": (int, float), "metrics_keys": list,
+    "checkpoint_ttl": (int, float),
     "metrics_public": bool}
 _EDGE_KEYS: dict[str, Any] = {
     "max_connections": int, "max_pending": int, "max_pending_per_peer": int,
@@ -239,7 +241,7 @@ def parse_config(data: Mapping[str, Any], *, path: Path | None = None) -> Servic
     for k in ("state_dir", "shared_dir"):
         if k in opts:
             opts[k] = (base / opts[k]).resolve()
-    for k in ("save_interval", "idle_evict"):
+    for k in ("save_interval", "idle_evict", "checkpoint_ttl"):
         if k in opts:
             opts[k] = float(opts[k])
             if opts[k] < 0:

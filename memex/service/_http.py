@@ -17,6 +17,7 @@ from ..errors import (
     BackendBusy,
     ConfigError,
     GuestFileError,
+    GuestFileTooLarge,
     MemexError,
     SandboxClosed,
     SandboxLost,
@@ -62,6 +63,8 @@ def translate(exc: MemexError) -> ApiError:
     reason = reason if isinstance(reason, str) else None
     if isinstance(exc, ConfigError):
         return ApiError(422, "invalid", str(exc), type_=name)
+    if isinstance(exc, GuestFileTooLarge):
+        return ApiError(413, "too_large", str(exc), type_=name)
     if isinstance(exc, GuestFileError):
         return ApiError(400, "guest_file", str(exc), type_=name)
     if isinstance(exc, SandboxLost):

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import threading
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -138,6 +139,7 @@ async def close(sid: str, tenant: Tenant, svc: Svc) -> Response:
         raise ApiError(404, "not_found", f"no session {sid!r}")
     if s.sandbox is not None:
         await svc.blocking(s.sandbox.close, tenant=tenant.name)
+    svc.table.orphan_checkpoints(s.id, svc.config.checkpoint_ttl)
     svc.keeper.forget(s)
     svc.release_door(s)
     AUDIT.info(json.dumps({"event": "close", "tenant": tenant.name, "session": sid,
@@ -189,24 +191,19 @@ async def run(sid: str, body: RunIn, tenant: Tenant, svc: Svc) -> Response:
                      "result (the body of /run) or error (an error body)"}})
 async def run_stream(sid: str, body: RunIn, tenant: Tenant, svc: Svc) -> StreamingResponse:
     s = svc.session_of(tenant, sid)
-    loop = asyncio.get_running_loop()
-    events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-
-    def emit(stream: str, text: str) -> None:
-        loop.call_soon_threadsafe(events.put_nowait, ("output", {"stream": stream,
-                                                                 "text": text}))
+    out = _Output(asyncio.get_running_loop())
 
     async def drive() -> None:
         try:
-            r: TurnResult = await svc.ordered(s, tenant, svc.turn_of(s, tenant, body, emit),
+            r: TurnResult = await svc.ordered(s, tenant, svc.turn_of(s, tenant, body, out.emit),
                                               turn=True)
-            await events.put(("result", svc.answer_of(s, tenant, body, r)))
+            out.end(("result", svc.answer_of(s, tenant, body, r)))
         except ApiError as exc:
-            await events.put(("error", exc.body()))
+            out.end(("error", exc.body()))
         except Exception as exc:
             logging.getLogger("memex.service").exception("streamed turn failed")
-            await events.put(("error", ApiError(500, "internal", "internal error "
-                                                f"({type(exc).__name__})").body()))
+            out.end(("error", ApiError(500, "internal", "internal error "
+                                       f"({type(exc).__name__})").body()))
 
     # the turn finishes even if the client goes away (as on /run); only its events drop
     task = asyncio.ensure_future(drive())
@@ -215,9 +212,11 @@ async def run_stream(sid: str, body: RunIn, tenant: Tenant, svc: Svc) -> Streami
 
     async def sse() -> AsyncIterator[str]:
         while True:
-            kind, data = await events.get()
-            yield f"event: {kind}\ndata: {json.dumps(data)}\n\n"
-            if kind != "output":
+            chunks, last = await out.next()
+            for stream, text in chunks:
+                yield f"event: output\ndata: {json.dumps({'stream': stream, 'text': text})}\n\n"
+            if last is not None:
+                yield f"event: {last[0]}\ndata: {json.dumps(last[1])}\n\n"
                 break
         await task
 
@@ -225,12 +224,55 @@ async def run_stream(sid: str, body: RunIn, tenant: Tenant, svc: Svc) -> Streami
                              headers={"Cache-Control": "no-store"})
 
 
+class _Output:
+    """A streamed turn's output between the sandbox's thread and the response: what the guest
+    writes is appended to one buffer per stream and taken whole by the response, so a client
+    that reads slowly (or never) holds at most the turn's output (its stdout/stderr caps),
+    never a queue of events; the guest never waits for the client."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._parts: dict[str, list[str]] = {}
+        self._last: tuple[str, Any] | None = None
+        self._woken = False
+        self._ready = asyncio.Event()
+
+    def emit(self, stream: str, text: str) -> None:  # on the sandbox's thread
+        with self._lock:
+            self._parts.setdefault(stream, []).append(text)
+            if self._woken:
+                return
+            self._woken = True
+        self._loop.call_soon_threadsafe(self._ready.set)
+
+    def end(self, last: tuple[str, Any]) -> None:  # on the event loop
+        with self._lock:
+            self._last = last
+        self._ready.set()
+
+    async def next(self) -> tuple[list[tuple[str, str]], tuple[str, Any] | None]:
+        await self._ready.wait()
+        with self._lock:
+            self._ready.clear()
+            self._woken = False
+            parts, self._parts = self._parts, {}
+            last = self._last
+        return [(stream, "".join(texts)) for stream, texts in parts.items()], last
+
+
 # ---- checkpoints --------------------------------------------------------------------------
 @router.post(f"{V1}/sessions/{{sid}}/checkpoints", status_code=201, responses=_ERRORS)
 async def checkpoint(sid: str, tenant: Tenant, svc: Svc) -> CheckpointOut:
     s = svc.session_of(tenant, sid)
     cp = await svc.ordered(s, tenant, lambda sb: sb.checkpoint())
-    return CheckpointOut(checkpoint=svc.table.hold(tenant, cp))
+    try:
+        return CheckpointOut(checkpoint=svc.table.hold(tenant, cp, session=s.id))
+    except QuotaExceeded as exc:
+        close = getattr(cp, "close", None)
+        if callable(close):
+            close()
+        raise quota_error(exc) from None
 
 
 @router.post(f"{V1}/sessions/{{sid}}/restore", status_code=204, responses=_ERRORS)
@@ -249,7 +291,10 @@ async def restore(sid: str, body: RestoreIn, tenant: Tenant, svc: Svc) -> Respon
         sb.restore(cp)
         svc.keeper.changed(s)
 
-    await svc.ordered(s, tenant, put_back)
+    try:
+        await svc.ordered(s, tenant, put_back)
+    except QuotaExceeded as exc:
+        raise quota_error(exc) from None
     return Response(status_code=204)
 
 
@@ -278,14 +323,15 @@ async def share_checkpoint(cid: str, tenant: Tenant, svc: Svc) -> Response:
 
 # ---- files --------------------------------------------------------------------------------
 @router.get(f"{V1}/sessions/{{sid}}/files", responses=_ERRORS)
-async def read_file(sid: str, path: Annotated[str, Query()], tenant: Tenant, svc: Svc
-                    ) -> Response:
+async def read_file(sid: str, path: Annotated[str, Query()], tenant: Tenant, svc: Svc,
+                    max_bytes: Annotated[int | None, Query(ge=0)] = None) -> Response:
+    """A file of the session, refused (413) before it is read when it is larger than the
+    server's response cap or ``max_bytes``."""
     s = svc.session_of(tenant, sid)
-    data = await svc.blocking(svc.on(s, lambda sb: sb.read_file(path)), tenant=tenant.name)
-    cap = svc.config.max_body_bytes
-    if len(data) > cap:
-        raise ApiError(413, "too_large", f"{path} is {len(data)} bytes; responses are capped "
-                       f"at {cap}")
+    cap = svc.config.max_body_bytes if max_bytes is None else min(max_bytes,
+                                                                   svc.config.max_body_bytes)
+    data = await svc.blocking(svc.on(s, lambda sb: sb.read_file(path, max_bytes=cap)),
+                              tenant=tenant.name)
     return Response(data, media_type="application/octet-stream")
 
 

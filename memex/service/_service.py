@@ -89,8 +89,18 @@ class Service:
         if loaded:
             AUDIT.info(json.dumps({"event": "restart", "sessions": loaded}))
         self.keeper.start()
+        self._sweeper = asyncio.ensure_future(self._sweep())
+
+    async def _sweep(self) -> None:
+        """Release the checkpoints of closed sessions once their time is out."""
+        while True:
+            await asyncio.sleep(min(10.0, max(0.5, self.config.checkpoint_ttl / 4)))
+            self.table.expire()
 
     async def stop(self) -> None:
+        sweeper = getattr(self, "_sweeper", None)
+        if sweeper is not None:
+            sweeper.cancel()
         sessions = self.table.drain()
         saved = await anyio.to_thread.run_sync(self.keeper.stop, sessions)
         for s in sessions:

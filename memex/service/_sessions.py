@@ -4,6 +4,7 @@ tenant's name finds nothing (the API answers 404, the same as for an id that nev
 from __future__ import annotations
 
 import collections
+import contextlib
 import secrets
 import threading
 import time
@@ -77,7 +78,7 @@ class SessionTable:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._sessions: dict[str, Session] = {}
-        self._checkpoints: dict[str, collections.OrderedDict[str, Any]] = {}
+        self._checkpoints: dict[str, collections.OrderedDict[str, _Held]] = {}
         self._reserved: collections.Counter[str] = collections.Counter()
         self._reserved_memory: collections.Counter[str] = collections.Counter()
         self._reserved_disk: collections.Counter[str] = collections.Counter()
@@ -94,9 +95,8 @@ class SessionTable:
                 raise QuotaExceeded(f"tenant {name!r} holds {count} sessions, its "
                                     f"bound is {tenant.max_sessions}: close one first")
             for what, bound, used, more in (
-                    ("session memory", tenant.max_memory,
-                     sum(s.limits.memory for s in live) + self._reserved_memory[name],
-                     limits.memory),
+                    ("session memory and checkpoints", tenant.max_memory,
+                     self._memory_locked(name), limits.memory),
                     ("disk", tenant.max_disk,
                      sum(s.limits.disk_bytes for s in live) + self._reserved_disk[name],
                      limits.disk_bytes)):
@@ -143,37 +143,113 @@ class SessionTable:
         with self._lock:
             out = list(self._sessions.values())
             self._sessions.clear()
+            held = [e.checkpoint for h in self._checkpoints.values() for e in h.values()]
             self._checkpoints.clear()
-            return out
+        _release(held)
+        return out
 
     def counts(self) -> dict[str, int]:
         with self._lock:
             return dict(collections.Counter(s.tenant for s in self._sessions.values()))
 
     # ---- checkpoints --------------------------------------------------------------------
-    def hold(self, tenant: TenantConfig, checkpoint: Any, cid: str | None = None) -> str:
+    def hold(self, tenant: TenantConfig, checkpoint: Any, cid: str | None = None, *,
+             session: str | None = None) -> str:
         """Keep a checkpoint for the tenant (under ``cid``: one another node shared); its
-        id. Past ``max_checkpoints`` the oldest is released."""
+        id. It counts its guest memory's size (what its images may hold at most) against the
+        tenant's ``max_memory`` with its live sessions: past it, QuotaExceeded and nothing is
+        kept (the caller releases it). Past ``max_checkpoints`` the oldest is released."""
         cid = cid or "c_" + secrets.token_urlsafe(12)
+        size = int(getattr(checkpoint, "size", 0) or 0)
+        released: list[Any] = []
         with self._lock:
+            released += self._expire_locked(time.monotonic())
             held = self._checkpoints.setdefault(tenant.name, collections.OrderedDict())
-            held[cid] = checkpoint
+            if tenant.max_memory is not None and cid not in held:
+                used = self._memory_locked(tenant.name)
+                if used + size > tenant.max_memory:
+                    raise QuotaExceeded(
+                        f"tenant {tenant.name!r} would hold {used + size} bytes of session "
+                        f"memory and checkpoints, its bound is {tenant.max_memory}: release "
+                        "a checkpoint (DELETE /v1/checkpoints/{id}) or close a session")
+            held[cid] = _Held(checkpoint, session, size)
+            held.move_to_end(cid)
             while len(held) > max(1, tenant.max_checkpoints):
-                held.popitem(last=False)
+                released.append(held.popitem(last=False)[1].checkpoint)
+        _release(released)
         return cid
+
+    def _memory_locked(self, tenant: str) -> int:
+        live = sum(s.limits.memory for s in self._sessions.values() if s.tenant == tenant)
+        held = sum(h.size for h in self._checkpoints.get(tenant, {}).values())
+        return live + held + self._reserved_memory[tenant]
 
     def checkpoint(self, tenant: str, cid: str) -> Any | None:
         with self._lock:
             held = self._checkpoints.get(tenant)
             if held is None or cid not in held:
                 return None
+            entry = held[cid]
+            if entry.expires is not None and entry.expires <= time.monotonic():
+                return None
             held.move_to_end(cid)
-            return held[cid]
+            return entry.checkpoint
 
     def drop_checkpoint(self, tenant: str, cid: str) -> bool:
         with self._lock:
             held = self._checkpoints.get(tenant)
-            return held is not None and held.pop(cid, None) is not None
+            entry = held.pop(cid, None) if held is not None else None
+        if entry is not None:
+            _release([entry.checkpoint])
+        return entry is not None
+
+    def orphan_checkpoints(self, session: str, ttl: float) -> None:
+        """The session closed: its checkpoints are released after ``ttl`` seconds (a fork
+        or another session of the tenant may still restore one until then)."""
+        expires = time.monotonic() + ttl
+        with self._lock:
+            for held in self._checkpoints.values():
+                for entry in held.values():
+                    if entry.session == session and entry.expires is None:
+                        entry.expires = expires
+
+    def expire(self) -> int:
+        """Release the checkpoints whose time ran out; how many."""
+        with self._lock:
+            gone = self._expire_locked(time.monotonic())
+        _release(gone)
+        return len(gone)
+
+    def _expire_locked(self, now: float) -> list[Any]:
+        gone = []
+        for held in self._checkpoints.values():
+            for cid in [c for c, e in held.items() if e.expires is not None and
+                        e.expires <= now]:
+                gone.append(held.pop(cid).checkpoint)
+        return gone
+
+    def held_bytes(self) -> dict[str, int]:
+        with self._lock:
+            return {t: sum(e.size for e in held.values())
+                    for t, held in self._checkpoints.items()}
+
+
+@dataclass(eq=False)
+class _Held:
+    checkpoint: Any
+    session: str | None
+    size: int
+    expires: float | None = None
+
+
+def _release(checkpoints: list[Any]) -> None:
+    """Close checkpoints that hold descriptors (a process backend's); the others go with
+    their last reference."""
+    for cp in checkpoints:
+        close = getattr(cp, "close", None)
+        if callable(close):
+            with contextlib.suppress(Exception):
+                close()
 
 
 def new_session_id() -> str:

@@ -5,6 +5,7 @@ turns sent at once. A real server on 127.0.0.1; each attack beside a positive co
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import socket
 import threading
 import time
@@ -148,3 +149,87 @@ def test_a_rotated_out_key_loses_its_open_sockets(server: Served) -> None:
     finally:
         for ws in (door_a, door_b, turns_a):
             ws.close()
+
+
+def _hwm(served: Served) -> int:
+    with open(f"/proc/{served.proc.pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+def test_held_checkpoints_count_against_memory_and_expire_with_their_session(
+        tmp_path: Any) -> None:
+    served = start_server(tmp_path, {"a": "max_memory = 419430400"},  # 400 MiB
+                          server="checkpoint_ttl = 1")
+    try:
+        auth = {"Authorization": f"Bearer {served.keys['a']}"}
+        a = Client(served.url, served.keys["a"])
+        sid = a.create(limits={"memory": 128 << 20, "timeout": 10})["id"]
+        taken, refused = [], None
+        for _ in range(20):
+            r = httpx2.post(f"{served.url}/v1/sessions/{sid}/checkpoints", headers=auth,
+                            timeout=30)
+            if r.status_code != 201:
+                refused = r
+                break
+            taken.append(r.json()["checkpoint"])
+        # each counts its guest's memory (~40 MiB) beside the session's 128 MiB
+        assert refused is not None and refused.status_code == 429, refused
+        assert refused.json()["error"]["code"] == "quota" and 3 <= len(taken) <= 8, taken
+        # positive control: releasing one makes room for one
+        assert httpx2.delete(f"{served.url}/v1/checkpoints/{taken[0]}", headers=auth,
+                             timeout=30).status_code == 204
+        assert httpx2.post(f"{served.url}/v1/sessions/{sid}/checkpoints", headers=auth,
+                           timeout=30).status_code == 201
+        # the session closes: its checkpoints go after checkpoint_ttl, and the room with them
+        a.close_session(sid)
+        deadline = time.monotonic() + 30
+        while True:
+            sid2 = None
+            try:
+                sid2 = a.create(limits={"memory": 384 << 20, "timeout": 10})["id"]
+                break
+            except Exception:
+                assert time.monotonic() < deadline, "the closed session's checkpoints stayed"
+                time.sleep(0.5)
+        a.close_session(sid2)
+        r = httpx2.post(f"{served.url}/v1/sessions/{sid}/restore", headers=auth, timeout=30,
+                        json={"checkpoint": taken[1]})
+        assert r.status_code == 404
+    finally:
+        served.stop()
+
+
+def test_a_file_is_refused_before_it_is_read_and_a_stream_costs_its_output(
+        tmp_path: Any) -> None:
+    served = start_server(tmp_path, {"a": ""}, server="max_body_bytes = 8388608")
+    try:
+        a = Client(served.url, served.keys["a"])
+        sid = a.create()["id"]
+        a.run(sid, "open('/tmp/big', 'wb').write(b'x' * (48 << 20))")
+        auth = {"Authorization": f"Bearer {served.keys['a']}"}
+        before = _hwm(served)  # the 48 MiB file, read into the server, would pass the bound
+        r = httpx2.get(f"{served.url}/v1/sessions/{sid}/files", params={"path": "/tmp/big"},
+                       headers=auth, timeout=30)
+        assert r.status_code == 413 and r.json()["error"]["code"] == "too_large", r.text
+        a.run(sid, "open('/tmp/small', 'wb').write(b'y' * 1000)")  # positive control
+        assert a.read_file(sid, "/tmp/small") == b"y" * 1000
+        # a streaming client that never reads: 300,000 writes of one byte each
+        host, port = served.url.rsplit("//", 1)[1].split(":")
+        body = json.dumps({"code": "import sys\nfor _ in range(300000):\n"
+                           "    sys.stdout.write('x'); sys.stdout.flush()\n'done'"}).encode()
+        with socket.create_connection((host, int(port)), timeout=60) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.sendall(f"POST /v1/sessions/{sid}/run/stream HTTP/1.1\r\nHost: x\r\n"
+                      f"Authorization: Bearer {served.keys['a']}\r\n"
+                      f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+                      .encode() + body)
+            time.sleep(8)  # the turn runs while nothing is read
+            grew = _hwm(served) - before
+        assert grew < 40 << 20, grew
+        # positive control: a reader gets all of it, and the session goes on
+        assert a.run(sid, "6 * 7")["result"]["value"] == "42"
+    finally:
+        served.stop()

@@ -294,7 +294,8 @@ class Worker:
             if s is None or s.sb is None or s.closing:
                 raise SandboxClosed("closed")
             if kind == "read_file":
-                self._ok(rid, s.sb.read_file(msg[3]))
+                most = msg[4] if len(msg) > 4 and isinstance(msg[4], int) else None
+                self._ok(rid, s.sb.read_file(msg[3], max_bytes=most))
             elif kind == "write_file":
                 s.sb.write_file(msg[3], msg[4])
                 self._ok(rid)
