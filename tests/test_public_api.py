@@ -64,7 +64,7 @@ PINNED: dict[str, list[str]] = {
     ],
     "memex.service": [
         "API_VERSION", "ClientDoor", "KeyRing", "MountGrant", "ServiceConfig", "TenantConfig",
-        "create_app", "hash_key", "load_config", "serve",
+        "check_config", "create_app", "hash_key", "load_config", "serve",
     ],
     "memex.backends.worker": [
         "HEADER", "MAX_FDS", "MAX_FRAME", "Channel", "ChannelClosed", "DoorServer", "FrameDecoder",

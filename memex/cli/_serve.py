@@ -20,7 +20,7 @@ use memex.client.Client or get_backend("remote", url=..., api_key=...)."""
 
 def cmd_serve(args: argparse.Namespace) -> int:
     try:
-        from ..service import hash_key, load_config, serve
+        from ..service import check_config, hash_key, load_config, serve
     except ImportError as exc:
         raise ConfigError(f"memex serve needs its extra: pip install 'memex[serve]' ({exc})"
                           ) from exc
@@ -42,7 +42,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print(f"  tenant {t.name}: {len(t.keys)} key(s); {bounds or 'no bounds'}; "
                   f"ceiling {dict(t.ceiling) or 'none'}; {len(t.mounts)} mount grant(s); "
                   f"egress {'policy' if t.egress is not None else 'none'}")
-        return 0
+        notes, problems = check_config(config)
+        for line in notes:
+            print(f"  {line}")
+        for line in problems:
+            print(f"  problem: {line}")
+        return 1 if problems else 0
     changes = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     config = dataclasses.replace(config, **changes)
     if not config.tenants:

@@ -11,7 +11,15 @@ docs/service.md.
 """
 
 from ._app import create_app
-from ._config import KeyRing, MountGrant, ServiceConfig, TenantConfig, hash_key, load_config
+from ._config import (
+    KeyRing,
+    MountGrant,
+    ServiceConfig,
+    TenantConfig,
+    check_config,
+    hash_key,
+    load_config,
+)
 from ._door import ClientDoor
 from ._models import API_VERSION
 from ._serve import serve
@@ -23,6 +31,7 @@ __all__ = [
     "MountGrant",
     "ServiceConfig",
     "TenantConfig",
+    "check_config",
     "create_app",
     "hash_key",
     "load_config",

@@ -28,7 +28,8 @@ from ..runtime_wasm import Limits
 from ._edge import EdgeLimits
 from ._tools import load_tools
 
-__all__ = ["KeyRing", "MountGrant", "ServiceConfig", "TenantConfig", "hash_key", "load_config"]
+__all__ = ["KeyRing", "MountGrant", "ServiceConfig", "TenantConfig", "check_config", "hash_key",
+           "load_config"]
 
 _LIMIT_FIELDS = {f.name for f in dataclasses.fields(Limits)}
 
@@ -60,7 +61,7 @@ class TenantConfig:
 
     name: str
     keys: tuple[str, ...]
-    max_sessions: int | None = 16
+    max_sessions: int | None = 8  # below the default pool's 16 sandboxes
     max_memory: int | None = None  # bytes: the sum of Limits.memory over its live sessions
     max_disk: int | None = None  # bytes: the sum of Limits.disk_bytes over its live sessions
     max_checkpoints: int = 64  # held at once; the oldest is released past it
@@ -79,6 +80,23 @@ class TenantConfig:
             if value is None or value > cap:
                 raise ConfigError(f"limits.{name} = {value!r} is above tenant {self.name!r}'s "
                                   f"ceiling of {cap!r}")
+
+    def default_limits(self, base: Limits, given: frozenset[str] | set[str] = frozenset()
+                       ) -> dict[str, Any]:
+        """The fields of ``base`` not in ``given``, each lowered to this tenant's ceiling
+        (and the memory to its ``max_memory``): what a session asking for nothing gets."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(Limits):
+            if f.name in given:
+                continue
+            value = getattr(base, f.name)
+            cap = self.ceiling.get(f.name)
+            if cap is not None and (value is None or value > cap):
+                value = cap
+            if f.name == "memory" and self.max_memory is not None:
+                value = min(value, self.max_memory)
+            out[f.name] = value
+        return out
 
     def check_mount(self, host_path: Path, writable: bool) -> None:
         if not any(g.allows(host_path, writable) for g in self.mounts):
@@ -193,7 +211,7 @@ def _tenant(name: str, t: Any, base: Path) -> TenantConfig:
     tps = t.get("turns_per_second")
     return TenantConfig(
         name=name, keys=keys,
-        max_sessions=_typed(f"{where} max_sessions", t.get("max_sessions", 16), opt_int),
+        max_sessions=_typed(f"{where} max_sessions", t.get("max_sessions", 8), opt_int),
         max_memory=_typed(f"{where} max_memory", t.get("max_memory"), opt_int),
         max_disk=_typed(f"{where} max_disk", t.get("max_disk"), opt_int),
         max_checkpoints=_typed(f"{where} max_checkpoints", t.get("max_checkpoints", 64), int),
@@ -260,7 +278,39 @@ def parse_config(data: Mapping[str, Any], *, path: Path | None = None) -> Servic
             if k in seen:
                 raise ConfigError(f"one key is listed for tenants {seen[k]!r} and {t.name!r}")
             seen[k] = t.name
+    if "state_dir" in opts and "idle_evict" not in opts:
+        opts["idle_evict"] = 600.0  # a durable server evicts idle sessions by default
     return ServiceConfig(**opts, tenants=tenants, path=path)
+
+
+def check_config(config: ServiceConfig) -> tuple[list[str], list[str]]:
+    """(what the config means that is easy to miss, what is likely a mistake): per tenant,
+    the limits of a session created without any (the service's defaults within its
+    ceiling), and a tenant that may hold every sandbox of the pool."""
+    notes: list[str] = []
+    problems: list[str] = []
+    base = Limits(timeout=config.warm_timeout)
+    capacity = (config.max_sandboxes or 8 * config.workers) if config.backend == "pool" \
+        else None
+    for t in config.tenants.values():
+        got = t.default_limits(base)
+        lowered = {k: v for k, v in got.items() if v != getattr(base, k)}
+        notes.append(f"tenant {t.name}: a session asking for no limits gets timeout "
+                     f"{got['timeout']:g} s, memory {got['memory']}"
+                     + (f" (lowered to its bounds: {sorted(lowered)})" if lowered else ""))
+        try:
+            t.check_limits(Limits(**got))
+        except ConfigError as exc:
+            problems.append(f"tenant {t.name}: {exc}")
+        if t.max_memory is not None and got["memory"] > t.max_memory:
+            problems.append(f"tenant {t.name}: max_memory {t.max_memory} holds no session")
+        if capacity is not None and (t.max_sessions is None or t.max_sessions >= capacity):
+            problems.append(f"tenant {t.name}: max_sessions {t.max_sessions} lets it hold "
+                            f"every sandbox of the pool ({capacity}); other tenants would "
+                            "get 429 while it holds them")
+    if config.state_dir is not None and config.idle_evict is None:
+        notes.append("idle sessions are saved and evicted after 600 s (idle_evict)")
+    return notes, problems
 
 
 def load_config(path: str | os.PathLike[str]) -> ServiceConfig:

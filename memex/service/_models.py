@@ -4,34 +4,95 @@ same maps the worker wire uses (``Limits`` fields; ``TurnResult.to_dict()``)."""
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 __all__ = ["API_VERSION", "CheckpointOut", "CreateSession", "ErrorBody", "ErrorDetail",
-           "FileList", "FileOut", "MountIn", "RestoreIn", "RunIn", "RunOut", "SessionList",
-           "SessionOut", "ToolList", "ToolOut"]
+           "FileList", "FileOut", "LimitsIn", "MountIn", "RestoreIn", "RunIn", "RunOut",
+           "SessionList", "SessionOut", "ToolList", "ToolOut"]
 
 API_VERSION = "v1"
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+_MAX_ENV_VALUE = 32 << 10
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Request bodies: unknown keys refused, and no type coerced (``true`` is not a number,
+    ``"2"`` is not 2)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+def _guest_path(value: str) -> str:
+    if not value.startswith("/") or "\0" in value or len(value) > 1024 or any(
+            part in (".", "..") for part in value.split("/")):
+        raise ValueError("an absolute guest path without '.', '..' or NUL, at most 1024 "
+                         "characters")
+    return value
 
 
 class MountIn(_Strict):
-    host: str = Field(description="a host directory inside one of the tenant's granted mounts")
+    host: str = Field(description="a host directory inside one of the tenant's granted mounts",
+                      min_length=1, max_length=4096)
     guest: str = Field(description="the absolute guest path it appears at")
     writable: bool = False
     links: bool = False
 
+    @field_validator("guest")
+    @classmethod
+    def _guest(cls, v: str) -> str:
+        return _guest_path(v)
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, v: str) -> str:
+        if "\0" in v:
+            raise ValueError("a host path without NUL")
+        return v
+
+
+Seconds = Annotated[float, Field(gt=0, lt=1e9)]
+Count = Annotated[int, Field(ge=1, lt=1 << 62)]
+
+
+class LimitsIn(_Strict):
+    """memex.Limits, each field within the tenant's ceiling (unset: the service's default,
+    itself kept within the ceiling)."""
+
+    timeout: Seconds | None = Field(None, description="wall seconds per turn")
+    memory: Count | None = Field(None, description="bytes of guest memory")
+    fuel: Count | None = Field(None, description="instructions per turn (metered engine)")
+    fuel_total: Count | None = Field(None, description="instructions over the session")
+    stdout_bytes: Count | None = None
+    stderr_bytes: Count | None = None
+    idle_timeout: Seconds | None = None
+    lifetime: Seconds | None = None
+    disk_bytes: Count | None = None
+    disk_files: Count | None = None
+    open_files: Count | None = None
+
 
 class CreateSession(_Strict):
-    limits: dict[str, Any] | None = Field(
+    limits: LimitsIn | None = Field(
         None, description="memex.Limits fields; each within the tenant's ceiling")
-    preload: list[str] = Field(default_factory=list, max_length=64)
+    preload: list[Annotated[str, Field(max_length=256)]] = Field(default_factory=list,
+                                                                 max_length=64)
     mounts: list[MountIn] = Field(default_factory=list, max_length=32)
-    env: dict[str, str] | None = None
+    env: dict[str, str] | None = Field(None, max_length=256, description="environment "
+                                       "variables: names [A-Za-z_][A-Za-z0-9_]*, values "
+                                       "without NUL, at most 32 KiB each")
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        for name, value in (v or {}).items():
+            if not _ENV_NAME.fullmatch(name):
+                raise ValueError(f"{name[:40]!r} is not an environment variable name")
+            if "\0" in value or len(value) > _MAX_ENV_VALUE:
+                raise ValueError(f"the value of {name} has a NUL or is over 32 KiB")
+        return v
 
 
 class SessionOut(BaseModel):
@@ -57,8 +118,8 @@ class SessionList(BaseModel):
 
 class RunIn(_Strict):
     code: str
-    timeout: float | None = Field(None, description="seconds; at most the session's timeout")
-    filename: str | None = None
+    timeout: Seconds | None = Field(None, description="seconds; at most the session's timeout")
+    filename: str | None = Field(None, max_length=1024)
 
 
 class RunOut(BaseModel):
@@ -74,7 +135,7 @@ class CheckpointOut(BaseModel):
 
 
 class RestoreIn(_Strict):
-    checkpoint: str
+    checkpoint: str = Field(max_length=128)
 
 
 class FileOut(BaseModel):

@@ -192,11 +192,14 @@ async def run(sid: str, body: RunIn, tenant: Tenant, svc: Svc) -> Response:
 async def run_stream(sid: str, body: RunIn, tenant: Tenant, svc: Svc) -> StreamingResponse:
     s = svc.session_of(tenant, sid)
     out = _Output(asyncio.get_running_loop())
+    # admitted before the answer starts: a refusal has the status /run would give it
+    admission = contextlib.AsyncExitStack()
+    await admission.enter_async_context(svc.admitted(s, tenant, turn=True))
 
     async def drive() -> None:
         try:
-            r: TurnResult = await svc.ordered(s, tenant, svc.turn_of(s, tenant, body, out.emit),
-                                              turn=True)
+            r: TurnResult = await svc.blocking(
+                svc.on(s, svc.turn_of(s, tenant, body, out.emit)), tenant=tenant.name)
             out.end(("result", svc.answer_of(s, tenant, body, r)))
         except ApiError as exc:
             out.end(("error", exc.body()))
@@ -204,6 +207,8 @@ async def run_stream(sid: str, body: RunIn, tenant: Tenant, svc: Svc) -> Streami
             logging.getLogger("memex.service").exception("streamed turn failed")
             out.end(("error", ApiError(500, "internal", "internal error "
                                        f"({type(exc).__name__})").body()))
+        finally:
+            await admission.aclose()
 
     # the turn finishes even if the client goes away (as on /run); only its events drop
     task = asyncio.ensure_future(drive())

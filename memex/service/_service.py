@@ -7,9 +7,10 @@ door WebSocket keeps answering while its turn runs."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import anyio.to_thread
 
 from ..backends import Backend, ProcessSandbox, TenantQuota, get_backend
 from ..backends.worker import limits_to_wire, result_to_wire
-from ..errors import ConfigError, MemexError
+from ..errors import MemexError
 from ..host_tools import Egress, EgressRecord, ToolCallRecord, ToolHost
 from ..runtime_wasm import Limits, Mount, OutputListener, Sandbox, SandboxAPI, TurnResult
 from ._config import KeyRing, ServiceConfig, TenantConfig
@@ -122,19 +123,27 @@ class Service:
         except MemexError as exc:
             raise translate(exc) from exc
 
-    async def ordered(self, s: Session, tenant: TenantConfig, fn: Callable[..., Any], *,
-                      turn: bool = False) -> Any:
-        """``fn`` on the session's sandbox after the session's earlier operations (in the
-        order they arrived) and, for a turn, within the tenant's running turns; waiting
-        happens here, in the event loop, never in a pool thread."""
+    @contextlib.asynccontextmanager
+    async def admitted(self, s: Session, tenant: TenantConfig, *, turn: bool
+                       ) -> AsyncIterator[None]:
+        """The session's turn in line (its operations in the order they arrived) and, for a
+        turn, a slot among the tenant's running turns; waited for here, in the event loop,
+        never in a pool thread (a refusal is the API's 429)."""
         try:
-            async with self.shares.in_order(s.id, tenant.queued):
-                if not turn:
-                    return await self.blocking(self.on(s, fn), tenant=tenant.name)
-                async with self.shares.turn(tenant.name, tenant.max_running, tenant.queued):
-                    return await self.blocking(self.on(s, fn), tenant=tenant.name)
+            async with contextlib.AsyncExitStack() as stack:
+                await stack.enter_async_context(self.shares.in_order(s.id, tenant.queued))
+                if turn:
+                    await stack.enter_async_context(
+                        self.shares.turn(tenant.name, tenant.max_running, tenant.queued))
+                yield
         except MemexError as exc:
             raise translate(exc) from exc
+
+    async def ordered(self, s: Session, tenant: TenantConfig, fn: Callable[..., Any], *,
+                      turn: bool = False) -> Any:
+        """``fn`` on the session's sandbox once :meth:`admitted`."""
+        async with self.admitted(s, tenant, turn=turn):
+            return await self.blocking(self.on(s, fn), tenant=tenant.name)
 
     def on(self, s: Session, fn: Callable[[SandboxAPI[Any]], Any]) -> Callable[[], Any]:
         """``fn(sandbox)`` with the session's sandbox, opened again if it was evicted."""
@@ -205,11 +214,11 @@ class Service:
     # ---- sessions ---------------------------------------------------------------------------
     def make_session(self, tenant: TenantConfig, body: CreateSession) -> Session:
         """A new session within the tenant's ceiling, grants and quotas (blocking)."""
-        try:  # no limits: those of the warm sandboxes
-            limits = Limits(**body.limits) if body.limits is not None else \
-                Limits(timeout=self.config.warm_timeout)
-        except TypeError as exc:
-            raise ConfigError(f"limits: {exc}") from None
+        # unset fields: the service's defaults (the warm sandboxes' timeout), within the
+        # tenant's ceiling
+        given = body.limits.model_dump(exclude_unset=True) if body.limits is not None else {}
+        limits = Limits(**{**tenant.default_limits(Limits(timeout=self.config.warm_timeout),
+                                                   set(given)), **given})
         tenant.check_limits(limits)
         mounts = []
         for m in body.mounts:

@@ -137,8 +137,21 @@ def test_quota_and_ceilings(memex_server: Any) -> None:
 
 def test_typed_errors_for_bad_requests(memex_server: Any) -> None:
     cases = [
-        ("POST", "/v1/sessions", {"limits": {"memory": "lots"}}, 422, "invalid"),
-        ("POST", "/v1/sessions", {"limits": {"no_such_limit": 1}}, 422, "invalid"),
+        # a body that does not fit the schema (types taken strictly, bounds included)
+        ("POST", "/v1/sessions", {"limits": {"memory": "lots"}}, 422, "invalid_request"),
+        ("POST", "/v1/sessions", {"limits": {"no_such_limit": 1}}, 422, "invalid_request"),
+        ("POST", "/v1/sessions", {"limits": {"timeout": True}}, 422, "invalid_request"),
+        ("POST", "/v1/sessions", {"limits": {"memory": 0}}, 422, "invalid_request"),
+        ("POST", "/v1/sessions", {"env": {"A=B": "x"}}, 422, "invalid_request"),
+        ("POST", "/v1/sessions", {"env": {"A": "x\u0000y"}}, 422, "invalid_request"),
+        ("POST", "/v1/sessions", {"mounts": [{"host": "/tmp", "guest": "/a/../b"}]}, 422,
+         "invalid_request"),
+        ("POST", "/v1/sessions/s_nope/run", {"code": "1", "timeout": True}, 422,
+         "invalid_request"),
+        ("POST", "/v1/sessions/s_nope/run", {"code": "1", "timeout": "2"}, 422,
+         "invalid_request"),
+        ("POST", "/v1/sessions/s_nope/run/stream", {"code": "1", "timeout": "2"}, 422,
+         "invalid_request"),
         ("POST", "/v1/sessions", {"unknown": 1}, 422, "invalid_request"),
         ("POST", "/v1/sessions", {"preload": ["not a module!"]}, 422, "invalid"),
         ("GET", "/v1/sessions/s_nope", None, 404, "not_found"),
@@ -348,10 +361,56 @@ def test_check_command_reads_the_config_and_serves_nothing(tmp_path: Path) -> No
     assert out.returncode == 0, out.stderr
     assert "ok, backend pool" in out.stdout
     assert "tenant acme: 1 key(s); sessions 3; ceiling {'memory': 536870912}" in out.stdout
+    # what a session asking for nothing gets: the defaults, lowered to the ceiling
+    assert "tenant acme: a session asking for no limits gets timeout 30 s, memory 536870912 " \
+        "(lowered to its bounds: ['memory'])" in out.stdout
+    # a tenant that may hold the whole pool, or whose memory holds no session: problems
+    cfg.write_text(f"[tenants.acme]\nkeys = ['{hash_key('k' * 20)}']\nmax_sessions = 16\n"
+                   "max_memory = 1048576\n")
+    out = subprocess.run([sys.executable, "-m", "memex", "serve", "--config", str(cfg),
+                          "--check"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1, out.stdout
+    assert "problem: tenant acme: max_sessions 16 lets it hold every sandbox of the pool" \
+        in out.stdout
     cfg.write_text("[server]\nport = 'x'\n")
     out = subprocess.run([sys.executable, "-m", "memex", "serve", "--config", str(cfg),
                           "--check"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "port must be int" in out.stderr
+
+
+def test_a_session_asking_for_nothing_fits_its_tenants_ceiling(memex_server: Any) -> None:
+    """Tenant ``small`` caps memory at 512 MiB and the timeout at 20 s; the service's
+    defaults are 1 GiB and 10 s: an empty create gets 512 MiB and 10 s (it used to fail)."""
+    small = Client(memex_server.url, memex_server.keys["small"])
+    s = small.create()
+    try:
+        assert s["limits"]["memory"] == 512 << 20 and s["limits"]["timeout"] == 10.0
+        assert small.run(s["id"], "1 + 1")["result"]["value"] == "2"
+    finally:
+        small.close_session(s["id"])
+
+
+def test_a_streamed_turn_is_refused_as_run_is(tmp_path: Path) -> None:
+    """Past the tenant's running turns, /run/stream answers 429 before it starts, as /run
+    does (not 200 with an error event)."""
+    served = start_server(tmp_path, {"a": "max_running = 1\nqueued = 0"})
+    try:
+        a = Client(served.url, served.keys["a"])
+        one, two = a.create()["id"], a.create()["id"]
+        busy = threading.Thread(target=a.run, args=(one, "import time\ntime.sleep(3)"))
+        busy.start()
+        time.sleep(1)
+        r = raw(served, "POST", f"/v1/sessions/{two}/run", json={"code": "1"})
+        s = raw(served, "POST", f"/v1/sessions/{two}/run/stream", json={"code": "1"})
+        busy.join()
+        assert (r.status_code, s.status_code) == (429, 429), (r.text, s.text)
+        assert r.json()["error"]["code"] == s.json()["error"]["code"] == "busy"
+        assert "Retry-After" in s.headers
+        # positive control: once the running turn ends, the stream runs
+        s = raw(served, "POST", f"/v1/sessions/{two}/run/stream", json={"code": "6 * 7"})
+        assert s.status_code == 200 and '"value": "42"' in s.text
+    finally:
+        served.stop()
 
 
 def test_hash_key_command() -> None:

@@ -83,7 +83,8 @@ def test_bad_turn_messages_are_typed_errors_and_the_socket_stays(memex_server: S
             (msgpack.packb(["fly", {"code": "1"}]), 422, "invalid_request"),
             (msgpack.packb(["run", {"code": 7}]), 422, "invalid_request"),
             (msgpack.packb(["run", {"code": "1", "extra": True}]), 422, "invalid_request"),
-            (msgpack.packb(["run", {"code": "1", "timeout": -1}]), 422, "invalid"),
+            (msgpack.packb(["run", {"code": "1", "timeout": -1}]), 422, "invalid_request"),
+            (msgpack.packb(["run", {"code": "1", "timeout": True}]), 422, "invalid_request"),
             (msgpack.packb({"run": 1}), 422, "invalid_request"),
         ]
         for message, status, code in cases:
