@@ -39,7 +39,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "limits": {"timeout": args.timeout, "memory": args.memory, "fuel": args.fuel},
         "sessions": {"idle_timeout": args.idle_timeout, "max_sessions": args.max_sessions,
                      "rollback": False if args.no_rollback else None},
-        "http": {"host": args.host, "port": args.port, "token_env": args.token_env},
+        "http": {"host": args.host, "port": args.port, "token_env": args.token_env,
+                 "no_auth": True if args.no_auth else None},
         "mounts": mounts or None, "tools": args.tool or None, "bridge": bridges or None,
         "preload": [p for p in (args.preload or "").split(",") if p] or None,
         "policy": args.policy,
@@ -72,7 +73,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--host", default=None, help="HTTP address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="HTTP port (default 8765; 0: any)")
     p.add_argument("--token-env", default=None, metavar="VAR",
-                   help="require the bearer token held in this environment variable")
+                   help="require the bearer token held in this environment variable "
+                   "(--http needs it, or --no-auth)")
+    p.add_argument("--no-auth", action="store_true",
+                   help="with --http on a loopback address: serve without a token (every "
+                   "local process may then run code; a warning says so)")
     p.add_argument("--timeout", type=float, default=None, help="wall seconds per call")
     p.add_argument("--memory", type=size, default=None, help="guest memory cap (e.g. 512M)")
     p.add_argument("--fuel", type=int, default=None, help="instruction budget per call")
@@ -88,7 +93,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--bridge-url", action="append", default=[], metavar="URL",
                    help="an MCP server (streamable HTTP) whose tools the guest may call")
     p.add_argument("--idle-timeout", type=float, default=None,
-                   help="seconds before an idle session ends (default 900)")
+                   help="seconds before an idle session ends (default 300)")
     p.add_argument("--max-sessions", type=int, default=None, help="(default 16)")
     p.add_argument("--no-rollback", action="store_true",
                    help="no per-cell state copy: cheaper cells, but a cell a limit stops resets "

@@ -88,7 +88,7 @@ class BridgeConfig(BaseModel):
 
 class SessionsConfig(BaseModel):
     model_config = _STRICT
-    idle_timeout: float = Field(default=900.0, gt=0,
+    idle_timeout: float = Field(default=300.0, gt=0,
                                 description="seconds before an idle session ends")
     max_sessions: int = Field(default=16, gt=0)
     max_checkpoints: int = Field(default=16, gt=0, description="named checkpoints per session")
@@ -104,6 +104,8 @@ class HttpConfig(BaseModel):
     port: int = Field(default=8765, ge=0, le=65535)
     token_env: str | None = Field(default=None, description="environment variable holding "
                                   "the bearer token clients must send")
+    no_auth: bool = Field(default=False, description="serve without a token: only on a "
+                          "loopback address, with a warning (every local process may use it)")
     max_request_bytes: int = Field(default=16 << 20, gt=0)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import hmac
 import importlib
+import ipaddress
 import json
 import os
 import signal
@@ -25,6 +26,7 @@ from pydantic import ValidationError
 
 from ...errors import ConfigError
 from ...host_tools import Tool, ToolSet
+from ...service import ConnectionGuard, EdgeLimits
 from ._config import McpConfig
 from ._server import build_server
 from ._sessions import Sessions
@@ -232,11 +234,8 @@ def serve(config: McpConfig, *, ready: Callable[[str], None] | None = None) -> N
     every bridge closed): stdio, or HTTP on ``config.http`` (``ready(url)`` once listening).
     The bearer token, when configured, is read from ``config.http.token_env``."""
     token = None
-    if config.transport == "http" and config.http.token_env:
-        token = os.environ.get(config.http.token_env)
-        if not token:
-            raise ConfigError(f"the bearer token's variable ${config.http.token_env} is "
-                              "not set (or empty)")
+    if config.transport == "http":
+        token = _token(config)
     with _running(config) as sessions:
         server = build_server(config, sessions)
         if config.transport == "stdio":
@@ -254,8 +253,9 @@ def serve(config: McpConfig, *, ready: Callable[[str], None] | None = None) -> N
         app = EndsSessions(app, sessions)
         if token is not None:
             app = BearerAuth(app, token)
+        guard = ConnectionGuard(EdgeLimits())
         uv = _Uvicorn(uvicorn.Config(app, host=config.http.host, port=config.http.port,
-                                     log_level="warning", lifespan="on"))
+                                     log_level="warning", lifespan="on", **guard.config()))
 
         async def http() -> None:
             async with anyio.create_task_group() as tg:
@@ -266,6 +266,33 @@ def serve(config: McpConfig, *, ready: Callable[[str], None] | None = None) -> N
                 tg.cancel_scope.cancel()
 
         anyio.run(http)
+
+
+def _token(config: McpConfig) -> str | None:
+    """The bearer token HTTP clients must send; None only when ``no_auth`` was asked for
+    explicitly, on a loopback address (a server anyone on the network could drive would run
+    their code)."""
+    http = config.http
+    if http.token_env:
+        if http.no_auth:
+            raise ConfigError("--token-env and --no-auth: choose one")
+        token = os.environ.get(http.token_env)
+        if not token:
+            raise ConfigError(f"the bearer token's variable ${http.token_env} is not set "
+                              "(or empty)")
+        return token
+    if not http.no_auth:
+        raise ConfigError("memex mcp --http serves only with a bearer token: --token-env VAR "
+                          "(or, on a loopback address only, --no-auth)")
+    try:
+        loopback = ipaddress.ip_address(http.host).is_loopback
+    except ValueError:
+        loopback = http.host == "localhost"
+    if not loopback:
+        raise ConfigError(f"--no-auth serves only on a loopback address, not {http.host!r}")
+    print("memex mcp: warning: --no-auth: every process of this machine may run code here",
+          file=sys.stderr, flush=True)
+    return None
 
 
 async def _announce(uv: uvicorn.Server, config: McpConfig,

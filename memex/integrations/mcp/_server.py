@@ -11,7 +11,9 @@ sandbox work runs on worker threads; a call whose client goes away interrupts it
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import dataclasses
 import hashlib
 import mimetypes
@@ -25,7 +27,7 @@ from mcp.server.mcpserver import Context
 from mcp_types import CallToolResult, ImageContent, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
 
-from ...errors import MemexError
+from ...errors import GuestFileTooLarge, MemexError
 from ...executor.loops import bound_text, render_observation
 from ...host_tools import ToolSet
 from ...runtime_wasm import TurnResult
@@ -135,14 +137,18 @@ def _ok(text: str, model: BaseModel, extra: list[Any] | None = None) -> CallTool
                           structured_content=model.model_dump(mode="json"))
 
 
-async def _blocking(fn: Callable[[], T], on_cancel: Callable[[], None]) -> T:
-    """``fn()`` on a worker thread; if the call is cancelled (its client went away),
-    ``on_cancel()`` stops the guest's work and the call ends at once."""
-    try:
-        return await anyio.to_thread.run_sync(fn, abandon_on_cancel=True)
-    except anyio.get_cancelled_exc_class():
-        on_cancel()
-        raise
+async def _blocking(fn: Callable[[], T], on_cancel: Callable[[], None],
+                    order: asyncio.Lock | None = None) -> T:
+    """``fn()`` on a worker thread, after the session's earlier calls (``order``: its FIFO
+    lock, taken here in the event loop, so calls sent at once run in the order they
+    arrived); if the call is cancelled (its client went away), ``on_cancel()`` stops the
+    guest's work and the call ends at once."""
+    async with order if order is not None else contextlib.nullcontext():
+        try:
+            return await anyio.to_thread.run_sync(fn, abandon_on_cancel=True)
+        except anyio.get_cancelled_exc_class():
+            on_cancel()
+            raise
 
 
 def _run_result(s: Session, r: TurnResult, figures: int) -> RunResult:
@@ -203,7 +209,7 @@ def build_server(config: McpConfig, sessions: Sessions) -> MCPServer:
         try:
             s = session_of(ctx, session)
             r, figures = await _blocking(lambda: sessions.run(s, code, timeout),
-                                         lambda: sessions.interrupt(s))
+                                         lambda: sessions.interrupt(s), sessions.order(s))
         except (SessionError, MemexError) as exc:
             return _error(str(exc))
         text = render_observation(r, limit=config.sessions.max_output_chars) or "(no output)"
@@ -223,7 +229,8 @@ def build_server(config: McpConfig, sessions: Sessions) -> MCPServer:
         checkpoints can still be restored)."""
         try:
             s = session_of(ctx, session)
-            await _blocking(lambda: sessions.reset(s), lambda: sessions.interrupt(s))
+            await _blocking(lambda: sessions.reset(s), lambda: sessions.interrupt(s),
+                            sessions.order(s))
         except (SessionError, MemexError) as exc:
             return _error(str(exc))
         return _ok(f"session {s.id} reset", SessionInfo(session=s.id))
@@ -238,7 +245,8 @@ def build_server(config: McpConfig, sessions: Sessions) -> MCPServer:
         """The files and folders in a folder of the sandbox (its /tmp and granted mounts)."""
         try:
             s = session_of(ctx, session)
-            files = await _blocking(lambda: sessions.files(s, path), lambda: None)
+            files = await _blocking(lambda: sessions.files(s, path), lambda: None,
+                                    sessions.order(s))
         except (SessionError, MemexError) as exc:
             return _error(str(exc))
         entries = [FileEntry.model_validate(dataclasses.asdict(f)) for f in files]
@@ -256,13 +264,14 @@ def build_server(config: McpConfig, sessions: Sessions) -> MCPServer:
         back as image content."""
         try:
             s = session_of(ctx, session)
-            data = await _blocking(lambda: sessions.use(s, lambda sb: sb.read_file(path)),
-                                   lambda: None)
+            data = await _blocking(
+                lambda: sessions.use(s, lambda sb: sb.read_file(path,
+                                                                max_bytes=MAX_READ_BYTES)),
+                lambda: None, sessions.order(s))
+        except GuestFileTooLarge:
+            return _error(f"{path} is over the {MAX_READ_BYTES}-byte limit of read_file")
         except (SessionError, MemexError) as exc:
             return _error(str(exc))
-        if len(data) > MAX_READ_BYTES:
-            return _error(f"{path} has {len(data)} bytes, over the {MAX_READ_BYTES}-byte "
-                          "limit of read_file")
         mime = mimetypes.guess_type(path)[0] or ""
         try:
             text, encoding = data.decode("utf-8"), "utf-8"
@@ -296,7 +305,7 @@ def build_server(config: McpConfig, sessions: Sessions) -> MCPServer:
         try:
             s = session_of(ctx, session)
             await _blocking(lambda: sessions.use(s, lambda sb: sb.write_file(path, data)),
-                            lambda: None)
+                            lambda: None, sessions.order(s))
         except (SessionError, MemexError) as exc:
             return _error(str(exc))
         return _ok(f"wrote {len(data)} bytes to {path}",
@@ -319,7 +328,8 @@ def build_server(config: McpConfig, sessions: Sessions) -> MCPServer:
             if name in s.checkpoints and not replace:
                 return _error(f"a checkpoint named {name!r} exists; pass replace=true to "
                               "replace it")
-            cp = await _blocking(lambda: sessions.checkpoint(s, name), lambda: None)
+            cp = await _blocking(lambda: sessions.checkpoint(s, name), lambda: None,
+                                 sessions.order(s))
         except (SessionError, MemexError) as exc:
             return _error(str(exc))
         info = CheckpointInfo(session=s.id, name=name, turns=cp.turns, size=cp.size)
@@ -337,7 +347,8 @@ def build_server(config: McpConfig, sessions: Sessions) -> MCPServer:
         rolled back)."""
         try:
             s = session_of(ctx, session)
-            cp = await _blocking(lambda: sessions.restore(s, name), lambda: None)
+            cp = await _blocking(lambda: sessions.restore(s, name), lambda: None,
+                                 sessions.order(s))
         except (SessionError, MemexError) as exc:
             return _error(str(exc))
         info = CheckpointInfo(session=s.id, name=name, turns=cp.turns, size=cp.size)

@@ -11,6 +11,7 @@ use it even if it learns it. Two sessions never share a guest.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import threading
 import time
@@ -47,6 +48,7 @@ class Session:
     id: str
     owner: str
     lock: threading.Lock = field(default_factory=threading.Lock)
+    order: asyncio.Lock = field(default_factory=asyncio.Lock)  # calls in arrival order
     last_used: float = field(default_factory=time.monotonic)
     sandbox: Sandbox | None = None
     host: ToolHost | None = None
@@ -106,6 +108,12 @@ class Sessions:
 
     def __len__(self) -> int:
         return len(self._by_id)
+
+    @staticmethod
+    def order(s: Session) -> asyncio.Lock:
+        """The session's calls, one at a time in the order they arrived (taken in the
+        event loop: see ``_server._blocking``)."""
+        return s.order
 
     # ---- the sandbox ----------------------------------------------------------------------
     def _sandbox(self, s: Session) -> Sandbox:

@@ -1,0 +1,159 @@
+"""`memex mcp` as strangers meet it (SECURITY.md, "The shared server"): over HTTP it serves
+only with a token unless told otherwise, and then only on loopback; its connections are
+guarded as `memex serve`'s are; calls sent at once run in the order they arrived."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx2
+import pytest
+
+MEMEX = shutil.which("memex", path=str(Path(sys.executable).parent)) or "memex"
+ACCEPT = {"Accept": "application/json, text/event-stream"}
+
+
+def _start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen([MEMEX, "mcp", "--http", "--port", "0", *args],
+                            stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
+
+
+def _url(p: subprocess.Popen[str]) -> str:
+    assert p.stderr is not None
+    deadline = time.monotonic() + 60
+    lines = []
+    while time.monotonic() < deadline:
+        line = p.stderr.readline()
+        lines.append(line)
+        if "serving http://" in line:
+            return line.split("serving ", 1)[1].split(" ", 1)[0].rstrip(";")
+        if not line and p.poll() is not None:
+            break
+    raise AssertionError("".join(lines))
+
+
+@pytest.mark.parametrize("args, why", [
+    ((), "only with a bearer token"),
+    (("--no-auth", "--host", "0.0.0.0"), "only on a loopback address"),
+])
+def test_http_without_a_token_refuses_to_start(args: tuple[str, ...], why: str) -> None:
+    p = _start(*args)
+    try:
+        assert p.wait(60) == 2
+        assert p.stderr is not None and why in p.stderr.read()
+    finally:
+        p.kill()
+
+
+@pytest.fixture(scope="module")
+def no_auth() -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    p = _start("--no-auth", "--timeout", "20")
+    try:
+        url = _url(p)
+        yield url, p
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.wait(30)
+
+
+def _rpc(url: str, method: str, params: dict[str, object], rid: int = 1,
+         headers: dict[str, str] | None = None) -> httpx2.Response:
+    return httpx2.post(url, json={"jsonrpc": "2.0", "id": rid, "method": method,
+                                  "params": params},
+                       headers={**ACCEPT, **(headers or {})}, timeout=60)
+
+
+def test_no_auth_on_loopback_serves_and_says_so(no_auth: tuple[str, subprocess.Popen[str]]
+                                                ) -> None:
+    url, _ = no_auth
+    r = _rpc(url, "initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
+                                 "clientInfo": {"name": "t", "version": "1"}})
+    assert r.status_code == 200, r.text
+
+
+def test_the_mcp_servers_connections_are_guarded(no_auth: tuple[str, subprocess.Popen[str]]
+                                                 ) -> None:
+    """Half-open connections are evicted (at most 32 pending per address) and closed at
+    the header timeout; a real client is served meanwhile."""
+    url, _ = no_auth
+    host, port = url.split("//", 1)[1].split("/", 1)[0].split(":")
+    held = []
+    for _ in range(100):
+        s = socket.create_connection((host, int(port)), timeout=10)
+        s.sendall(b"POST /mcp HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        held.append(s)
+    try:
+        r = _rpc(url, "initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
+                                     "clientInfo": {"name": "t", "version": "1"}})
+        assert r.status_code == 200
+        closed = 0
+        for s in held:
+            s.settimeout(15)
+            try:
+                closed += s.recv(1024) == b""
+            except OSError:
+                closed += 1
+        assert closed == len(held)
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_calls_sent_at_once_run_in_the_order_they_arrived() -> None:
+    """Twenty run_python calls written to a stdio server without waiting for any answer run
+    in the order they were sent (a host sending a model's parallel tool calls)."""
+    p = subprocess.Popen([MEMEX, "mcp", "--timeout", "20"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert p.stdin is not None and p.stdout is not None
+
+    def send(obj: dict[str, object]) -> None:
+        assert p.stdin is not None
+        p.stdin.write(json.dumps(obj) + "\n")
+        p.stdin.flush()
+
+    got: dict[object, dict[str, object]] = {}  # answers by id, in whatever order they come
+    deadline = time.monotonic() + 120
+
+    def answer(rid: int) -> dict[str, object]:
+        assert p.stdout is not None
+        while rid not in got:
+            assert time.monotonic() < deadline, f"no answer to {rid}"
+            line = p.stdout.readline()
+            assert line, "the server ended"
+            msg = json.loads(line)
+            got[msg.get("id")] = dict(msg)
+        return got.pop(rid)
+
+    try:
+        send({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"}}})
+        answer(0)
+        send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        call = {"jsonrpc": "2.0", "method": "tools/call"}
+        send({**call, "id": 1, "params": {"name": "run_python", "arguments": {
+            "code": "seen = []"}}})
+        answer(1)
+        for i in range(20):
+            send({**call, "id": 100 + i, "params": {"name": "run_python", "arguments": {
+                "code": f"seen.append({i})"}}})
+        for i in range(20):
+            answer(100 + i)
+        send({**call, "id": 2, "params": {"name": "run_python", "arguments": {
+            "code": "seen"}}})
+        result = answer(2)["result"]
+        assert isinstance(result, dict)
+        assert result["structuredContent"]["value"] == str(list(range(20)))
+    finally:
+        p.kill()
+        p.wait(30)
