@@ -1,9 +1,11 @@
 """The package map stays true, checked on the source (not by convention):
 
 * the layers import only downwards: ``runtime_wasm`` no other layer; ``backends`` only
-  ``runtime_wasm``; ``host_tools`` neither ``backends`` nor ``executor``; ``integrations``
-  and ``eval`` anything but the CLI and each other; ``service`` (``memex serve``) the
-  runtime, backends and host tools; ``client`` only ``backends``; nothing imports the CLI;
+  ``runtime_wasm``; ``host_tools`` neither ``backends`` nor ``executor``; ``serving`` (what
+  the network front ends share) the runtime, backends and host tools; ``integrations`` and
+  ``eval`` anything but the CLI, the service and each other; ``service`` (``memex serve``)
+  the runtime, backends, host tools and ``serving``; ``client`` only ``backends``; nothing
+  imports the CLI;
   wasmtime only inside the runtime; guest code (every ``guest/`` folder) nothing of the host;
 * no import cycle between MemEx modules, counting imports inside functions (the way cycles
   hide) and leaving out ``if TYPE_CHECKING:`` blocks (they never run);
@@ -249,12 +251,13 @@ LAYER_RULES = {
     "backends": {"runtime_wasm"},
     "host_tools": {"runtime_wasm"},
     "executor": {"runtime_wasm", "backends", "host_tools"},
-    "integrations": {"runtime_wasm", "backends", "host_tools", "executor"},
+    "serving": {"runtime_wasm", "backends", "host_tools"},
+    "integrations": {"runtime_wasm", "backends", "host_tools", "executor", "serving"},
     "eval": {"runtime_wasm", "backends", "host_tools", "executor"},
-    "service": {"runtime_wasm", "backends", "host_tools"},
+    "service": {"runtime_wasm", "backends", "host_tools", "serving"},
     "client": {"backends"},
     "cli": {"runtime_wasm", "backends", "host_tools", "executor", "integrations", "eval",
-            "service"},
+            "service", "serving"},
 }
 
 

@@ -62,6 +62,7 @@ PINNED: dict[str, list[str]] = {
     "memex.client": [
         "Client", "RemoteBackend", "RemoteCheckpoint", "RemoteSandbox",
     ],
+    "memex.serving": ["ConnectionGuard", "EdgeLimits"],
     "memex.service": [
         "API_VERSION", "ClientDoor", "KeyRing", "MountGrant", "ServiceConfig", "TenantConfig",
         "check_config", "create_app", "hash_key", "load_config", "serve",

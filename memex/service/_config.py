@@ -25,7 +25,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..host_tools import EgressPolicy, ToolSet
 from ..runtime_wasm import Limits
-from ._edge import EdgeLimits
+from ..serving import EdgeLimits
 from ._tools import load_tools
 
 __all__ = ["KeyRing", "MountGrant", "ServiceConfig", "TenantConfig", "check_config", "hash_key",

@@ -1,17 +1,18 @@
 """Sessions that outlive the server process: saved to ``state_dir``, evicted when idle, and
 brought back after a restart or a ``kill -9`` with what was lost said, never silently.
 
-On disk, per session, under ``state_dir/<tenant>/``::
-
-    <id>.json    how to open it again (limits, mounts, preload, env), its parent, and the
-                 turns its image holds
-    <id>.image   the guest state (``ProcessCheckpoint.to_bytes``: zero chunks skipped)
-    <id>.files   its /tmp files (msgpack: guest path -> bytes), when they fit FILES_CAP
-    <id>.turns   the turns *begun* (written as each turn starts)
+A session's save is one row of ``state_dir/state.db`` (``_store``: SQLite, WAL, one
+statement per save): how to open it again (limits, mounts, preload, env), its parent and the
+turns its image holds; the guest state (``ProcessCheckpoint.to_bytes``: zero chunks skipped);
+its /tmp files (msgpack: guest path -> bytes, when they fit FILES_CAP); and the turns *begun*
+(updated as each turn starts). A new session gets its row at once (without an image): a
+crash before its first save brings it back empty, saying that every turn was lost.
 
 A keeper thread saves every session whose state changed, at most once per ``save_interval``
-seconds (0: after every turn), and evicts a session idle for ``idle_evict`` seconds (saved,
-then its sandbox closed). A stopping server saves every live session first. After a restart
+seconds after its creation or its last save (0: after every turn), and evicts a session idle
+for ``idle_evict`` seconds (saved, then its sandbox closed). A stopping server saves every
+live session first (the log says how many it saved then, and how many hold their latest
+state). After a restart
 each saved session is listed again and opened on its first use; that answer carries
 ``restored``: the turn its image holds, how many turns begun after it were lost, and whether
 its /tmp files came back (``files_kept``: false when they were over FILES_CAP, or the backend
@@ -26,6 +27,7 @@ import json
 import logging
 import os
 import re
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -36,17 +38,27 @@ import msgpack
 
 from ..backends import Backend, ProcessCheckpoint, ProcessSandbox
 from ..backends.worker import limits_from_wire, limits_to_wire, mounts_from_wire, mounts_to_wire
-from ..errors import ImageError, MemexError, SandboxError, SandboxLost
-from ..runtime_wasm import Sandbox, SandboxAPI, checkpoint_from_bytes, checkpoint_to_bytes
+from ..errors import GuestFileTooLarge, ImageError, MemexError, SandboxError, SandboxLost
+from ..runtime_wasm import (
+    DecodeCost,
+    Sandbox,
+    SandboxAPI,
+    checkpoint_from_bytes,
+    checkpoint_to_bytes,
+    unpack_bounded,
+)
 from ._config import TenantConfig
 from ._door import ClientDoor
 from ._sessions import QuotaExceeded, Session, SessionTable
+from ._store import StateStore
 
 __all__ = ["Keeper"]
 
 LOG = logging.getLogger("memex.service.audit")
 FILES_CAP = 64 << 20
 """Bytes of /tmp files a save keeps; past it only the interpreter state is kept."""
+FILES_ENTRIES = 10_000
+"""Files a save keeps at most (past it, as past FILES_CAP, only the interpreter state)."""
 _SAFE = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
@@ -64,16 +76,25 @@ def _files_of(sb: SandboxAPI[Any]) -> dict[str, bytes] | None:
     if not isinstance(sb, Sandbox | ProcessSandbox):
         return None
     out: dict[str, bytes] = {}
-    total, todo = 0, ["/tmp"]
-    while todo:
+    total = entries = 0
+    todo = ["/tmp"]
+    while todo:  # iterative, bounded in bytes and in entries
         for f in sb.list_files(todo.pop()):
+            entries += 1
+            if entries > FILES_ENTRIES:
+                return None
             if f.kind == "dir":
                 todo.append(f.path)
             elif f.kind == "file":
                 total += f.size
                 if total > FILES_CAP:
                     return None
-                out[f.path] = sb.read_file(f.path)
+                try:
+                    data = sb.read_file(f.path, max_bytes=FILES_CAP - total + f.size)
+                except GuestFileTooLarge:
+                    return None
+                total += len(data) - f.size
+                out[f.path] = data
     return out
 
 
@@ -81,6 +102,26 @@ def _to_bytes(cp: Any) -> bytes:
     if isinstance(cp, ProcessCheckpoint):
         return cp.to_bytes()
     return checkpoint_to_bytes(cp)  # an in-process sandbox's Checkpoint
+
+
+def _meta(s: Session, turns: int, *, files_kept: bool) -> dict[str, Any]:
+    """How to open the session again, and what its save holds."""
+    return {"id": s.id, "tenant": s.tenant, "limits": limits_to_wire(s.limits),
+            "mounts": mounts_to_wire(s.mounts), "preload": list(s.preload), "env": s.env,
+            "created": s.created, "parent": s.parent, "turns": turns, "saved_at": time.time(),
+            "files_kept": files_kept}
+
+
+def _files_from(packed: bytes | None) -> dict[str, bytes]:
+    """The /tmp files of a save (msgpack: guest path -> bytes), decoded under a cost cap."""
+    if not packed:
+        return {}
+    files = unpack_bounded(packed, DecodeCost(containers=4, items=2 * FILES_ENTRIES,
+                                              ext_bytes=0))
+    if not isinstance(files, dict) or not all(
+            isinstance(k, str) and isinstance(v, bytes) for k, v in files.items()):
+        raise ValueError("the saved files are not a map of paths to bytes")
+    return files
 
 
 def _from_meta(meta: dict[str, Any]) -> Session:
@@ -103,6 +144,8 @@ class Keeper:
                  on_open: Callable[[Session, SandboxAPI[Any]], None] | None = None) -> None:
         self.table, self.backend, self.on_open = table, backend, on_open
         self.root, self.save_interval, self.idle_evict = state_dir, save_interval, idle_evict
+        self._store: StateStore | None = None
+        self._store_lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -110,6 +153,13 @@ class Keeper:
     @property
     def durable(self) -> bool:
         return self.root is not None
+
+    def store(self) -> StateStore:
+        assert self.root is not None
+        with self._store_lock:
+            if self._store is None:
+                self._store = StateStore(self.root)
+            return self._store
 
     # ---- handing out the sandbox ----------------------------------------------------------
     @contextlib.contextmanager
@@ -174,15 +224,23 @@ class Keeper:
 
     def turn_begins(self, s: Session) -> None:
         if self.root is not None:
-            with contextlib.suppress(OSError):
-                _atomic_write(self._path(s, ".turns"), str(s.turns + 1).encode())
+            with contextlib.suppress(sqlite3.Error):
+                self.store().begun(s.id, s.turns + 1)
+
+    def added(self, s: Session) -> None:
+        """A new session: its row at once, without an image (a crash before its first save
+        brings it back empty, saying so)."""
+        self.changed(s)
+        if self.root is not None:
+            with contextlib.suppress(sqlite3.Error):
+                self.store().save(s.id, s.tenant, _meta(s, 0, files_kept=False), None, None)
 
     def changed(self, s: Session) -> None:
         s.gen += 1
         if self.save_interval == 0:
             self._wake.set()
 
-    # ---- files ----------------------------------------------------------------------------
+    # ---- saves ----------------------------------------------------------------------------
     def _path(self, s: Session, suffix: str) -> Path:
         assert self.root is not None
         return self.root / s.tenant / f"{s.id}{suffix}"
@@ -197,37 +255,40 @@ class Keeper:
             if not alone or sb is None or gen == s.saved_gen:
                 return False
             try:
-                turns = self._write(s, sb, self.root / s.tenant)
-            except (MemexError, OSError) as exc:
+                turns, blob, files = self._state(s, sb)
+                self.store().save(s.id, s.tenant, _meta(s, turns, files_kept=files is not None),
+                                  blob, msgpack.packb(files or {}, use_bin_type=True))
+            except (MemexError, OSError, sqlite3.Error) as exc:
                 LOG.info(json.dumps({"event": "save_failed", "tenant": s.tenant,
                                      "session": s.id, "error": f"{type(exc).__name__}: {exc}"}))
                 return False
+        s.files_kept = files is not None
         s.saved_gen, s.saved_turns, s.saved_at = gen, turns, time.time()
         return True
 
     @staticmethod
-    def _write(s: Session, sb: SandboxAPI[Any], folder: Path) -> int:
-        """Write the session's image, then its description, into ``folder``; the turns the
-        image holds."""
+    def _state(s: Session, sb: SandboxAPI[Any]) -> tuple[int, bytes, dict[str, bytes] | None]:
+        """(the turns it holds, the image, the /tmp files or None when they do not fit)."""
         turns = s.turns
-        blob = _to_bytes(sb.checkpoint())
-        files = _files_of(sb)
+        return turns, _to_bytes(sb.checkpoint()), _files_of(sb)
+
+    @classmethod
+    def _write(cls, s: Session, sb: SandboxAPI[Any], folder: Path) -> int:
+        """Write the session's image, files and description into ``folder`` (a shared folder
+        another node takes it from); the turns the image holds."""
+        turns, blob, files = cls._state(s, sb)
         folder.mkdir(parents=True, exist_ok=True)
         _atomic_write(folder / f"{s.id}.image", blob)
         _atomic_write(folder / f"{s.id}.files", msgpack.packb(files or {}, use_bin_type=True))
-        meta = {"id": s.id, "tenant": s.tenant, "limits": limits_to_wire(s.limits),
-                "mounts": mounts_to_wire(s.mounts), "preload": list(s.preload),
-                "env": s.env, "created": s.created, "parent": s.parent, "turns": turns,
-                "saved_at": time.time(), "files_kept": files is not None}
-        _atomic_write(folder / f"{s.id}.json", json.dumps(meta).encode())
+        _atomic_write(folder / f"{s.id}.json",
+                      json.dumps(_meta(s, turns, files_kept=files is not None)).encode())
         s.files_kept = files is not None
         return turns
 
     def forget(self, s: Session) -> None:
         if self.root is not None:
-            for suffix in (".json", ".image", ".files", ".turns"):
-                with contextlib.suppress(FileNotFoundError):
-                    self._path(s, suffix).unlink()
+            with contextlib.suppress(sqlite3.Error):
+                self.store().forget(s.id)
 
     def _revive(self, s: Session, folder: Path | None = None) -> None:
         """Open the session again from its image and files in ``folder`` (default: this
@@ -236,20 +297,23 @@ class Keeper:
             raise SandboxLost(s.lost)
         if self.root is None and folder is None:
             raise SandboxLost("the session has no sandbox and the server keeps no state")
-        folder = folder if folder is not None else self._path(s, "").parent
         try:
-            blob = (folder / f"{s.id}.image").read_bytes()
-            files_path = folder / f"{s.id}.files"
-            files: dict[str, bytes] = msgpack.unpackb(files_path.read_bytes(), raw=False) \
-                if files_path.exists() else {}
-            cp = self._from_bytes(blob)
-        except (OSError, ImageError, ValueError, msgpack.UnpackException) as exc:
+            if folder is None:
+                blob, packed = self.store().state(s.id)
+            else:
+                blob = (folder / f"{s.id}.image").read_bytes()
+                files_path = folder / f"{s.id}.files"
+                packed = files_path.read_bytes() if files_path.exists() else None
+            files = _files_from(packed)
+            cp = self._from_bytes(blob) if blob is not None else None
+        except (OSError, ImageError, ValueError, sqlite3.Error) as exc:
             s.lost = f"its saved state cannot be read back: {exc}"
             raise SandboxLost(s.lost) from exc
         sb = self.backend().open(limits=s.limits, mounts=s.mounts, preload=s.preload,
                                  door=s.door, env=s.env, tenant=s.tenant)
         try:
-            sb.restore(cp)
+            if cp is not None:  # a session that crashed before its first save starts empty
+                sb.restore(cp)
             for path, data in files.items():
                 sb.write_file(path, data)
         except MemexError as exc:
@@ -270,26 +334,56 @@ class Keeper:
         """List every saved session again (opened on first use); how many."""
         if self.root is None or not self.root.is_dir():
             return 0
+        self._move_in_legacy()
         n = 0
-        for meta_path in sorted(self.root.glob("*/*.json")):
+        for row in self.store().sessions():
             try:
-                meta = json.loads(meta_path.read_text())
-                if not (_SAFE.match(meta["id"]) and meta["tenant"] == meta_path.parent.name):
-                    continue
+                meta = row.meta
+                if not (_SAFE.match(row.id) and meta.get("id") == row.id
+                        and meta.get("tenant") == row.tenant):
+                    raise ValueError("the row's description names another session")
                 s = _from_meta(meta)
-                saved = s.turn_base
-                begun_path = meta_path.with_suffix(".turns")
-                begun = int(begun_path.read_text()) if begun_path.exists() else saved
-            except (OSError, ValueError, KeyError, TypeError, MemexError) as exc:
-                LOG.info(json.dumps({"event": "load_failed", "file": str(meta_path),
+            except (ValueError, KeyError, TypeError, MemexError) as exc:
+                LOG.info(json.dumps({"event": "load_failed", "session": row.id,
                                      "error": f"{type(exc).__name__}: {exc}"}))
                 continue
-            s.notice = {"from_turn": saved, "lost_turns": max(0, begun - saved),
+            saved = s.turn_base
+            if not row.has_image:
+                s.saved_turns = None  # never saved: it comes back empty
+            s.notice = {"from_turn": saved if row.has_image else 0,
+                        "lost_turns": max(0, row.begun - (saved if row.has_image else 0)),
                         "files_kept": s.files_kept, "saved_at": s.saved_at,
                         "reason": "the server restarted"}
+            if not row.has_image:
+                s.turn_base = 0
             self.table.add(s)
             n += 1
         return n
+
+    def _move_in_legacy(self) -> None:
+        """Sessions saved by an earlier version as files, moved into the store."""
+        assert self.root is not None
+        for meta_path in sorted(self.root.glob("*/*.json")):
+            try:
+                meta = json.loads(meta_path.read_text())
+                sid, tenant = meta["id"], meta["tenant"]
+                if not (_SAFE.match(sid) and tenant == meta_path.parent.name):
+                    continue
+                image = meta_path.with_suffix(".image").read_bytes()
+                files_path = meta_path.with_suffix(".files")
+                files = files_path.read_bytes() if files_path.exists() else None
+                begun_path = meta_path.with_suffix(".turns")
+                store = self.store()
+                store.save(sid, tenant, meta, image, files)
+                if begun_path.exists():
+                    store.begun(sid, int(begun_path.read_text()))
+            except (OSError, ValueError, KeyError, TypeError, sqlite3.Error) as exc:
+                LOG.info(json.dumps({"event": "load_failed", "file": str(meta_path),
+                                     "error": f"{type(exc).__name__}: {exc}"}))
+                continue
+            for suffix in (".image", ".files", ".turns", ".json"):
+                with contextlib.suppress(OSError):
+                    meta_path.with_suffix(suffix).unlink()
 
     # ---- moving a session to another node -------------------------------------------------
     def park(self, s: Session, shared: Path) -> int:
@@ -393,7 +487,7 @@ class Keeper:
             raise SandboxLost(f"the parked session cannot be read back: {exc}") from exc
         self.table.add(s)
         self.table.release(tenant.name, s.limits)
-        self.changed(s)  # kept in this node's state_dir from now on (when durable)
+        self.added(s)  # kept in this node's state_dir from now on (when durable)
         for leftover in (claim, folder / f"{sid}.image", folder / f"{sid}.files"):
             with contextlib.suppress(OSError):
                 leftover.unlink()
@@ -421,7 +515,10 @@ class Keeper:
                     break
                 if s.sandbox is None or s.running:
                     continue
-                due = s.saved_at is None or now - s.saved_at >= self.save_interval
+                # due save_interval after its last save, or after its creation: a server
+                # told to save hourly does not save a new session at its first tick
+                since = s.saved_at if s.saved_at is not None else s.created
+                due = now - since >= self.save_interval
                 if s.gen != s.saved_gen and due:
                     self.save(s)
                 if self.idle_evict is not None and now - s.last_used > self.idle_evict:
@@ -443,16 +540,21 @@ class Keeper:
         LOG.info(json.dumps({"event": "evict", "tenant": s.tenant, "session": s.id,
                              "turns": s.turn_base}))
 
-    def stop(self, sessions: list[Session]) -> int:
-        """Stop the thread, save every live session that changed, close them all; how many
-        were saved."""
+    def stop(self, sessions: list[Session]) -> tuple[int, int]:
+        """Stop the thread, save every live session that changed, close them all: (how many
+        were saved now, how many hold their latest state: saved now or before, unchanged
+        since; without state_dir none)."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(30)
         saved = sum(1 for s in sessions if self.save(s, wait=30.0))
+        current = sum(1 for s in sessions if self.root is not None and (
+            s.gen == s.saved_gen or s.sandbox is None) and s.lost is None)
         for s in sessions:
             if s.sandbox is not None:
                 with contextlib.suppress(MemexError):
                     s.sandbox.close()
-        return saved
+        if self._store is not None:
+            self._store.close()
+        return saved, current

@@ -12,9 +12,9 @@ from collections.abc import Callable
 import uvicorn
 
 from ..backends import Backend
+from ..serving import ConnectionGuard
 from ._app import create_app
 from ._config import ServiceConfig
-from ._edge import ConnectionGuard
 
 __all__ = ["serve"]
 

@@ -22,10 +22,10 @@ from ..backends.worker import limits_to_wire, result_to_wire
 from ..errors import MemexError
 from ..host_tools import Egress, EgressRecord, ToolCallRecord, ToolHost
 from ..runtime_wasm import Limits, Mount, OutputListener, Sandbox, SandboxAPI, TurnResult
+from ..serving import ConnectionGuard
 from ._config import KeyRing, ServiceConfig, TenantConfig
 from ._door import ClientDoor
 from ._durable import Keeper
-from ._edge import ConnectionGuard
 from ._http import ApiError, translate
 from ._metrics import Metrics
 from ._models import CreateSession, RunIn, SessionOut
@@ -103,11 +103,12 @@ class Service:
         if sweeper is not None:
             sweeper.cancel()
         sessions = self.table.drain()
-        saved = await anyio.to_thread.run_sync(self.keeper.stop, sessions)
+        saved, current = await anyio.to_thread.run_sync(self.keeper.stop, sessions)
         for s in sessions:
             if s.tools is not None:
                 s.tools.close()  # idempotent: forks share their parent's host
-        AUDIT.info(json.dumps({"event": "shutdown", "closed": len(sessions), "saved": saved}))
+        AUDIT.info(json.dumps({"event": "shutdown", "closed": len(sessions), "saved": saved,
+                               "current": current}))
         await anyio.to_thread.run_sync(self.backend().close)
 
     # ---- helpers for routes -----------------------------------------------------------------
@@ -246,7 +247,7 @@ class Service:
                 sb.close()
                 raise
             self.table.add(s)
-            self.keeper.changed(s)  # saved (when durable) like any changed session
+            self.keeper.added(s)  # its row at once, saved (when durable) as it changes
         finally:
             self.table.release(tenant.name, limits)
         AUDIT.info(json.dumps({"event": "create", "tenant": tenant.name, "session": s.id,
@@ -264,7 +265,7 @@ class Service:
                             preload=s.preload, env=s.env, turn_base=s.turns - child.turns,
                             egress=s.egress, tools=s.tools)  # a fork shares its door
                 self.table.add(c)
-                self.keeper.changed(c)
+                self.keeper.added(c)
                 return c
             finally:
                 self.table.release(tenant.name, s.limits)

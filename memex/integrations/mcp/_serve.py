@@ -26,7 +26,7 @@ from pydantic import ValidationError
 
 from ...errors import ConfigError
 from ...host_tools import Tool, ToolSet
-from ...service import ConnectionGuard, EdgeLimits
+from ...serving import ConnectionGuard, EdgeLimits
 from ._config import McpConfig
 from ._server import build_server
 from ._sessions import Sessions
