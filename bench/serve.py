@@ -14,8 +14,11 @@ in this process the same pool backend and an in-process sandbox as baselines. Pr
   <= 10 ms p50; the service's create is its HTTP call; the sockets open with the first turn);
 * 50 concurrent clients x 20 cells (a pandas computation and one client-side tool call each):
   throughput and p50/p99 per cell;
-* a quiet tenant's cell p99 alone, then while a noisy tenant floods the service from 8
-  clients (its quota: 20 turns/s, one turn running at a time): target within 2x.
+* a quiet tenant's cell p99 alone, then beside each attack (a noisy tenant flooding turns on
+  one session from 8 clients; an unauthenticated client sending 30 MiB JSON bodies from 4
+  threads; 1,100 connections that send half a request head and wait), and the server's peak
+  memory above idle during each: targets p99 within 2x of alone, memory <= 100 MiB above idle
+  (``--only attacks`` runs this part alone).
 
 It asserts nothing; the targets are printed beside the figures.
 """
@@ -25,8 +28,10 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import resource
 import secrets
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -36,6 +41,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 for p in (ROOT, ROOT / "bench"):
@@ -113,7 +119,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--clients", type=int, default=50)
+    ap.add_argument("--only", choices=["attacks"], default=None)
+    ap.add_argument("--attack", choices=["turns", "bodies", "half_open"], help=argparse.SUPPRESS)
+    ap.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--url", help=argparse.SUPPRESS)
+    ap.add_argument("--key", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.attack:
+        run_attack(args.attack, args.threads, args.url, args.key)
+        return
     scale = 5 if args.quick else 1
     trivial_n, create_n, cells = 1000 // scale, 200 // scale, 20
     clients = args.clients if not args.quick else 10
@@ -123,6 +137,9 @@ def main() -> None:
         proc, url, keys = start_server(Path(tmp), clients)
         try:
             remote = {t: get_backend("remote", url=url, api_key=k) for t, k in keys.items()}
+            if args.only == "attacks":
+                attacks(proc.pid, url, remote, lim, scale)
+                return
             pool = get_backend("pool", workers=2, warm=8, limits=lim, preload=["pandas"])
             print(f"\nmemex serve at {url} (pool, 2 workers) vs the same pool in this process "
                   f"and an in-process sandbox; {os.cpu_count()} cores\n")
@@ -227,11 +244,159 @@ def main() -> None:
                 f"target p99 <= 2x alone ({fmt(2 * pct(alone, .99))})")
             print(f"  noisy tenant: {noisy_turns[0]} turns, about "
                   f"{noisy_turns[0] / (span + 1.0):.0f}/s (its quota: 20 turns/s, max_running 1)")
+            attacks(proc.pid, url, remote, lim, scale)
             for b in remote.values():
                 b.close()
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(60)
+
+
+def _rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+class _Peak:
+    """The server process's resident memory, sampled every 20 ms while it runs."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.peak, self._stop = pid, 0, threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, _rss(self.pid))
+            time.sleep(0.02)
+
+    def __enter__(self) -> _Peak:
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._t.join()
+
+
+def attacks(pid: int, url: str, remote: dict[str, Any], lim: Limits, scale: int) -> None:
+    """The quiet tenant's p99 and the server's memory beside each attack (module docstring)."""
+    n_quiet = 300 // scale
+    quiet = remote["quiet"].open(limits=lim)
+    quiet.run("import pandas as pd")
+    ToolHost([bump]).attach(quiet)
+
+    def measure() -> list[float]:
+        return sample(lambda: quiet.run(CELL), n_quiet)
+
+    measure()  # warm
+    idle = _rss(pid)
+    with _Peak(pid) as peak:
+        alone = measure()
+    print("\nthe quiet tenant's cell beside each attack (same server, same run):")
+    row("quiet tenant alone", alone, f"server memory +{(peak.peak - idle) / 2**20:.0f} MiB "
+        "above idle")
+
+    for label, kind, threads in (
+            ("a noisy tenant flooding turns (8 clients)", "turns", 8),
+            ("an unauthenticated client, 30 MiB bodies (4 threads)", "bodies", 4),
+            ("1,100 half-open connections", "half_open", 1)):
+        # the attack from another process at nice 19: on these 2 cores the figures are then
+        # what the attack costs the server, not the attacker's own CPU (which is elsewhere
+        # in a real attack)
+        attacker = subprocess.Popen(
+            [sys.executable, __file__, "--attack", kind, "--threads", str(threads), "--url",
+             url, "--key", remote["noisy"].client.api_key], preexec_fn=lambda: os.nice(19))
+        with _Peak(pid) as peak:
+            time.sleep(2.0)
+            cpu0, t0 = _cpu(pid), time.perf_counter()
+            loaded = measure()
+            busy = (_cpu(pid) - cpu0) / (time.perf_counter() - t0)
+            attacker.send_signal(signal.SIGTERM)
+            attacker.wait(30)
+        ratio = pct(loaded, .99) / pct(alone, .99)
+        row(f"beside {label}", loaded, f"p99 {ratio:.2f}x alone (target <= 2x); server "
+            f"memory +{(peak.peak - idle) / 2**20:.0f} MiB above idle (target <= 100 MiB); "
+            f"server CPU {busy * 100:.0f}%")
+    quiet.close()
+
+
+def _cpu(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_attack(kind: str, threads: int, url: str, key: str) -> None:
+    """One attack, until SIGTERM (run by ``attacks`` in a process of its own)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    host, port = url.rsplit("//", 1)[1].split(":")
+    lim = Limits(timeout=TIMEOUT)
+
+    def flood_turns() -> None:
+        backend = get_backend("remote", url=url, api_key=key)
+        with backend.open(limits=lim) as s:
+            while not stop.is_set():
+                try:
+                    s.run(NOISE)
+                except Exception:
+                    time.sleep(0.05)  # a 429 past its queue: the flood goes on
+
+    def big_bodies() -> None:
+        body = b"[" * (15 << 20) + b"]" * (15 << 20)
+        head = (b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+        while not stop.is_set():
+            try:
+                with socket.create_connection((host, int(port)), timeout=10) as c:
+                    c.sendall(head)
+                    c.sendall(body)
+                    c.recv(4096)
+            except OSError:
+                pass
+
+    def half_open() -> None:
+        held: list[socket.socket] = []
+        while not stop.is_set():
+            held = [s for s in held if _open(s)]
+            while len(held) < 1100 and not stop.is_set():
+                try:
+                    s = socket.create_connection((host, int(port)), timeout=5)
+                    s.sendall(b"GET /v1/sessions HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+                    s.setblocking(False)
+                    held.append(s)
+                except OSError:
+                    break
+            time.sleep(0.2)
+        for s in held:
+            s.close()
+
+    fn = {"turns": flood_turns, "bodies": big_bodies, "half_open": half_open}[kind]
+    workers = [threading.Thread(target=fn, daemon=True) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    while not stop.is_set():
+        time.sleep(0.1)
+
+
+def _open(s: socket.socket) -> bool:
+    """Whether the server still holds this connection (it closes it at the header timeout
+    or when a newer one evicts it)."""
+    try:
+        if s.recv(1) == b"":
+            s.close()
+            return False
+    except BlockingIOError:
+        return True
+    except OSError:
+        s.close()
+        return False
+    return True
 
 
 if __name__ == "__main__":

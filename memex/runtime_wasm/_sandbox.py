@@ -500,20 +500,37 @@ class Sandbox:
             return Checkpoint(img, self._key(), self.turns)
 
     def restore(self, checkpoint: Checkpoint) -> None:
-        """Put the guest back to ``checkpoint`` (taken from this sandbox or a fork of it)."""
+        """Put the guest back to ``checkpoint`` (taken from this sandbox or a fork of it). A
+        restore that is refused or fails leaves the sandbox as it was."""
         if not isinstance(checkpoint, Checkpoint):
             raise ConfigError("restore takes a Checkpoint from checkpoint()")
         with self._lock:
             self._check_open()
             if checkpoint._owner_key != self._key():
                 raise ConfigError("checkpoint comes from a sandbox with other mounts or engine")
+            if checkpoint._image.size > self.limits.memory:
+                raise ConfigError(f"the checkpoint holds a memory of {checkpoint._image.size} "
+                                  f"bytes, more than this sandbox's Limits.memory "
+                                  f"({self.limits.memory})")
 
             def job() -> None:
+                was = self._current_state()
                 checkpoint._image.freeze()
                 self._good = checkpoint._image
-                self._fresh_instance()
+                try:
+                    self._fresh_instance()
+                except BaseException:
+                    self._good = was  # back to where it was
+                    self._fresh_instance()
+                    raise
 
             self._runner.call(job)
+
+    def _current_state(self) -> MemoryImage | None:
+        """(runner) An image of the live state to come back to (None: the base state)."""
+        if self._inst is None or not self._inst.alive:
+            return self._good
+        return self._shared_image()
 
     def fork(self, *, door: Door | None = None) -> Sandbox:
         """An independent sandbox with identical guest state, limits, mounts and /tmp files.

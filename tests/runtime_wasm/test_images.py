@@ -302,3 +302,20 @@ def test_without_preload_numpy_is_not_imported(sandbox: Sandbox) -> None:
 def test_preload_rejects_bad_names(bad: object) -> None:
     with pytest.raises(ConfigError):
         Sandbox(preload=[bad])  # type: ignore[list-item]
+
+
+def test_a_refused_restore_leaves_the_sandbox_as_it_was(make_sandbox: MakeSandbox) -> None:
+    """A checkpoint whose memory is over this sandbox's Limits.memory is refused before
+    anything changes; the sandbox keeps its state and goes on (a fitting one restores)."""
+    big = make_sandbox(limits=Limits(timeout=20, memory=1 << 30))
+    big.run("blob = bytearray(300 << 20)\nmark = 'big'")
+    too_big = big.checkpoint()
+    small = make_sandbox(limits=Limits(timeout=20, memory=256 << 20))
+    small.run("mark = 'small'")
+    fits = small.checkpoint()
+    small.run("mark = 'later'")
+    with pytest.raises(ConfigError, match="more than this sandbox's Limits.memory"):
+        small.restore(too_big)
+    assert small.run("mark").value == "'later'"
+    small.restore(fits)
+    assert small.run("mark").value == "'small'"

@@ -5,6 +5,7 @@ turns sent at once. A real server on 127.0.0.1; each attack beside a positive co
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import socket
 import threading
@@ -232,4 +233,55 @@ def test_a_file_is_refused_before_it_is_read_and_a_stream_costs_its_output(
         # positive control: a reader gets all of it, and the session goes on
         assert a.run(sid, "6 * 7")["result"]["value"] == "42"
     finally:
+        served.stop()
+
+
+@pytest.mark.slow
+def test_a_soak_of_two_noisy_tenants_and_a_quiet_one(tmp_path: Any) -> None:
+    """Two noisy tenants flood turns (over their queues: 429s) and an unauthenticated client
+    sends bodies for 60 s; the quiet tenant's every turn is answered, and the server's
+    memory stays within 100 MiB of where it started (its p99 beside them: bench/serve.py)."""
+    served = start_server(tmp_path, {
+        "quiet": "", "n1": "max_running = 1\nqueued = 4", "n2": "max_running = 1\nqueued = 4"})
+    stop = threading.Event()
+    refused = {"n1": 0, "n2": 0}
+
+    def noisy(name: str) -> None:
+        c = Client(served.url, served.keys[name])
+        sid = c.create()["id"]
+        while not stop.is_set():
+            r = httpx2.post(f"{served.url}/v1/sessions/{sid}/run", timeout=60,
+                            json={"code": "sum(i * i for i in range(100_000))"},
+                            headers={"Authorization": f"Bearer {served.keys[name]}"})
+            if r.status_code == 429:
+                refused[name] += 1
+
+    def stranger() -> None:
+        body = b"[" * (4 << 20) + b"]" * (4 << 20)
+        while not stop.is_set():
+            with contextlib.suppress(httpx2.HTTPError):
+                httpx2.post(f"{served.url}/v1/sessions", content=body, timeout=10,
+                            headers={"Content-Type": "application/json"})
+
+    try:
+        q = Client(served.url, served.keys["quiet"])
+        sid = q.create()["id"]
+        q.run(sid, "n = 0")
+        before = _hwm(served)
+        load = [threading.Thread(target=noisy, args=(n,)) for n in ("n1", "n2") for _ in
+                range(8)] + [threading.Thread(target=stranger)]  # 8 each: past their queue
+        for t in load:
+            t.start()
+        deadline = time.monotonic() + 60
+        turns = 0
+        while time.monotonic() < deadline:
+            assert q.run(sid, "n += 1\nn")["result"]["value"] == str(turns + 1)
+            turns += 1
+        stop.set()
+        for t in load:
+            t.join(60)
+        assert turns > 100 and refused["n1"] > 0 and refused["n2"] > 0, (turns, refused)
+        assert _hwm(served) - before < 100 << 20
+    finally:
+        stop.set()
         served.stop()
