@@ -391,6 +391,7 @@ class _Parent:
     depth: int
     path_len: int
     name: str
+    head: str = ""  # the parts from ``fd`` to the folder (resolved lexically), "" if none
 
     def close(self) -> None:
         if self.owned:
@@ -467,9 +468,10 @@ class GuestFiles:
         assert d.place is not None
         path = rel.rstrip("/") or "."
         head, _, name = path.rpartition("/")
-        if head and d.place.scratch and not self._count_names:
-            # A private /tmp holds no links and names no folder counts: the parent's place is
-            # its mirror's (read from the kernel) plus the plain parts in between.
+        if head and d.place.scratch:
+            # A private /tmp holds no links: the parent's place is its mirror's (read from
+            # the kernel) plus the plain parts in between (and, where names per folder are
+            # counted, its inode from one stat)
             return self._parent_lexical(d, head, name)
         if head:
             try:
@@ -515,9 +517,15 @@ class GuestFiles:
         below = real[len(root) + 1:]
         tail = "/".join(parts)
         rel = f"{below}/{tail}" if below and tail else below or tail
-        return _Parent(fd=d.mirror, owned=False, key=None,
+        key = None
+        if self._count_names:
+            st = _stat_at(d.mirror, head, follow=True)
+            if st is None or not stat.S_ISDIR(st.st_mode):
+                return ENOENT
+            key = _key(st)
+        return _Parent(fd=d.mirror, owned=False, key=key,
                        depth=rel.count("/") + 1 if rel else 0,
-                       path_len=len(os.fsencode(rel)), name=name)
+                       path_len=len(os.fsencode(rel)), name=name, head=tail)
 
     @property
     def _count_names(self) -> bool:
@@ -611,7 +619,8 @@ class GuestFiles:
             return EDQUOT
         tmp = f".memex-cow-{os.getpid()}-{next(_copies)}"
         try:
-            dfd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=p.fd)
+            dfd = os.open(p.head or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC,
+                          dir_fd=p.fd)
         except OSError:
             return EIO
         try:

@@ -186,6 +186,23 @@ def test_a_forks_write_never_reaches_its_parent_and_closing_frees_its_share(
     assert sb.run("1").disk_bytes == MiB + 2  # what only the fork named is gone from the count
 
 
+def test_a_forks_write_in_a_subfolder_copies_that_file_not_another(make_sandbox: Make
+                                                                     ) -> None:
+    sb = make_sandbox(limits=_quota(disk_bytes=8 * MiB))
+    assert sb.run("import os\nos.makedirs('/tmp/a/b')\nopen('/tmp/a/b/f', 'w').write('p')\n"
+                  "open('/tmp/f', 'w').write('top')").ok
+    fork = sb.fork()
+    try:
+        r = fork.run("open('/tmp/a/b/f', 'a').write('F')\n"
+                     "(open('/tmp/a/b/f').read(), open('/tmp/f').read(), "
+                     "sorted(os.listdir('/tmp')), sorted(os.listdir('/tmp/a/b')))")
+        assert r.ok and r.value == "('pF', 'top', ['a', 'f'], ['f'])", r
+        assert sb.run("(open('/tmp/a/b/f').read(), open('/tmp/f').read())").value == \
+            "('p', 'top')"
+    finally:
+        fork.close()
+
+
 def test_rollback_after_a_trap_keeps_the_count_of_what_is_on_disk(make_sandbox: Make) -> None:
     sb = make_sandbox(limits=_quota(timeout=1))
     assert sb.run("open('/tmp/a', 'wb').write(b'a' * 4096)").ok

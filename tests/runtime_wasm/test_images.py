@@ -314,7 +314,7 @@ def test_a_refused_restore_leaves_the_sandbox_as_it_was(make_sandbox: MakeSandbo
     small.run("mark = 'small'")
     fits = small.checkpoint()
     small.run("mark = 'later'")
-    with pytest.raises(ConfigError, match="more than this sandbox's Limits.memory"):
+    with pytest.raises(ConfigError, match=r"more than this sandbox's Limits\.memory"):
         small.restore(too_big)
     assert small.run("mark").value == "'later'"
     small.restore(fits)
