@@ -173,16 +173,6 @@ class DiskLedger:
                 best = place
         return best
 
-    def rescan(self) -> None:
-        """Count every place from scratch (after the host changed them outside the shadows)."""
-        with self.lock:
-            kept = {k: v for k, v in self.known.items() if k in self.orphans}
-            self.known, self.bytes = kept, sum(kept.values())
-            self.extra_names = 0
-            self.dir_names.clear()
-            for place in self.places:
-                self._scan(place)
-
     def _scan(self, place: DiskPlace) -> None:
         try:
             root_st = os.stat(place.root)
@@ -360,9 +350,6 @@ class DiskUse:
             return True
         self.refuse("disk")
         return False
-
-    def rescan(self) -> None:
-        self.ledger.rescan()
 
 
 @dataclass(kw_only=True, slots=True)
