@@ -62,7 +62,8 @@ PINNED: dict[str, list[str]] = {
     "memex.client": [
         "Client", "RemoteBackend", "RemoteCheckpoint", "RemoteSandbox",
     ],
-    "memex.serving": ["ConnectionGuard", "EdgeLimits"],
+    "memex.serving": ["DEFAULT_MAX_RUNNING", "Bounds", "ConnectionGuard", "CoreSession",
+                      "EdgeLimits", "QuotaExceeded", "SessionTable", "Shares"],
     "memex.service": [
         "API_VERSION", "ClientDoor", "KeyRing", "MountGrant", "ServiceConfig", "TenantConfig",
         "check_config", "create_app", "hash_key", "load_config", "serve",

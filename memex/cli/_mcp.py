@@ -38,6 +38,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "transport": "http" if args.http else None,
         "limits": {"timeout": args.timeout, "memory": args.memory, "fuel": args.fuel},
         "sessions": {"idle_timeout": args.idle_timeout, "max_sessions": args.max_sessions,
+                     "max_sessions_per_token": args.max_sessions_per_token,
+                     "max_memory_per_token": args.max_memory_per_token,
                      "rollback": False if args.no_rollback else None},
         "http": {"host": args.host, "port": args.port, "token_env": args.token_env,
                  "no_auth": True if args.no_auth else None},
@@ -94,7 +96,14 @@ def add_parser(sub: Any) -> None:
                    help="an MCP server (streamable HTTP) whose tools the guest may call")
     p.add_argument("--idle-timeout", type=float, default=None,
                    help="seconds before an idle session ends (default 300)")
-    p.add_argument("--max-sessions", type=int, default=None, help="(default 16)")
+    p.add_argument("--max-sessions", type=int, default=None,
+                   help="sessions of the server in all (default 16)")
+    p.add_argument("--max-sessions-per-token", type=int, default=None, metavar="N",
+                   help="sessions one bearer token (or the stdio host) may hold at once "
+                   "(default: --max-sessions)")
+    p.add_argument("--max-memory-per-token", type=size, default=None, metavar="BYTES",
+                   help="memory limits of its sessions plus held checkpoints one token may "
+                   "hold (e.g. 4G; default: no bound)")
     p.add_argument("--no-rollback", action="store_true",
                    help="no per-cell state copy: cheaper cells, but a cell a limit stops resets "
                    "the session instead of being undone")

@@ -25,7 +25,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..host_tools import EgressPolicy, ToolSet
 from ..runtime_wasm import Limits
-from ..serving import EdgeLimits
+from ..serving import Bounds, EdgeLimits
 from ._tools import load_tools
 
 __all__ = ["KeyRing", "MountGrant", "ServiceConfig", "TenantConfig", "check_config", "hash_key",
@@ -72,6 +72,11 @@ class TenantConfig:
     mounts: tuple[MountGrant, ...] = ()
     egress: EgressPolicy | None = None  # the network its guests get (None: only the client's)
     tools: ToolSet | None = None  # operator tools its guests call, run in the server (_tools)
+
+    def bounds(self) -> Bounds:
+        """What the session core holds this tenant to."""
+        return Bounds(max_sessions=self.max_sessions, max_memory=self.max_memory,
+                      max_disk=self.max_disk, max_checkpoints=self.max_checkpoints)
 
     def check_limits(self, limits: Limits) -> None:
         """Refuse limits above this tenant's ceiling (an unbounded value above any bound)."""

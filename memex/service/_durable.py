@@ -126,7 +126,7 @@ def _files_from(packed: bytes | None) -> dict[str, bytes]:
 
 def _from_meta(meta: dict[str, Any]) -> Session:
     saved = int(meta["turns"])
-    return Session(id=meta["id"], tenant=meta["tenant"], door=ClientDoor(),
+    return Session(id=meta["id"], owner=meta["tenant"], door=ClientDoor(),
                    limits=limits_from_wire(meta["limits"]),
                    mounts=tuple(mounts_from_wire(meta["mounts"])),
                    preload=tuple(meta["preload"]), env=meta["env"],
@@ -139,7 +139,7 @@ class Keeper:
     """Saves, evicts and revives the sessions of one server. Without ``state_dir`` it only
     hands out sandboxes (``using``) and nothing is kept."""
 
-    def __init__(self, table: SessionTable, backend: Callable[[], Backend], *,
+    def __init__(self, table: SessionTable[Session], backend: Callable[[], Backend], *,
                  state_dir: Path | None, save_interval: float, idle_evict: float | None,
                  on_open: Callable[[Session, SandboxAPI[Any]], None] | None = None) -> None:
         self.table, self.backend, self.on_open = table, backend, on_open
@@ -164,44 +164,22 @@ class Keeper:
     # ---- handing out the sandbox ----------------------------------------------------------
     @contextlib.contextmanager
     def using(self, s: Session) -> Iterator[SandboxAPI[Any]]:
-        """The session's sandbox, opened again first if it was evicted or the server
-        restarted; never evicted while in use."""
-        with s.cond:
-            s.cond.wait_for(lambda: not s.saving)  # an image and its files from one moment
-            if s.sandbox is None:
-                self._revive(s)
+        """The session's sandbox (the core's ``CoreSession.use``), opened again first if it
+        was evicted or the server restarted; never evicted or saved while in use."""
+        def reopen() -> SandboxAPI[Any]:
+            self._revive(s)
             assert s.sandbox is not None
-            s.running += 1
-            sb = s.sandbox
-        try:
-            yield sb
-        except SandboxLost as exc:  # its worker died: back from the last save, if there is one
-            turn = self._fall_back(s, sb, str(exc))
-            if turn is None:
-                raise
-            raise SandboxLost(f"{exc}; the next request opens its last save (turn {turn})"
-                              ) from exc
-        finally:
-            with s.cond:
-                s.running -= 1
-                s.cond.notify_all()
-            s.last_used = time.time()
+            return s.sandbox
 
-    @contextlib.contextmanager
-    def _alone(self, s: Session, wait: float) -> Iterator[bool]:
-        """Whether the session's sandbox is ours alone (no use running, none starting) within
-        ``wait`` seconds; while it is, uses wait."""
-        with s.cond:
-            if not s.cond.wait_for(lambda: s.running == 0 and not s.saving, wait):
-                yield False
-                return
-            s.saving = True
-        try:
-            yield True
-        finally:
-            with s.cond:
-                s.saving = False
-                s.cond.notify_all()
+        with s.use(reopen) as sb:
+            try:
+                yield sb
+            except SandboxLost as exc:  # its worker died: back from the last save, if any
+                turn = self._fall_back(s, sb, str(exc))
+                if turn is None:
+                    raise
+                raise SandboxLost(f"{exc}; the next request opens its last save (turn "
+                                  f"{turn})") from exc
 
     def _fall_back(self, s: Session, sb: SandboxAPI[Any], why: str) -> int | None:
         """The sandbox is gone for good; the next use opens the last save (saying what was
@@ -250,7 +228,7 @@ class Keeper:
         running (waiting up to ``wait`` seconds); True if saved."""
         if self.root is None:
             return False
-        with self._alone(s, wait) as alone:
+        with s.alone(wait) as alone:
             sb, gen = s.sandbox, s.gen
             if not alone or sb is None or gen == s.saved_gen:
                 return False
@@ -396,7 +374,7 @@ class Keeper:
             with s.lock:
                 if s.sandbox is None:
                     self._revive(s)
-            with self._alone(s, s.limits.timeout + 30) as alone:  # a turn in flight ends
+            with s.alone(s.limits.timeout + 30) as alone:  # a turn in flight ends
                 if not alone:
                     raise SandboxError("the session stayed in use; it was not parked")
                 assert s.sandbox is not None
@@ -473,7 +451,7 @@ class Keeper:
             if meta.get("id") != sid or meta.get("tenant") != tenant.name:
                 raise ImageError("the parked description names another session")
             s = _from_meta(meta)
-            self.table.reserve(tenant, s.limits)
+            self.table.reserve(tenant.name, tenant.bounds(), s.limits)
             reserved = s
             with s.lock:
                 self._revive(s, folder)

@@ -44,7 +44,7 @@ from ._models import (
     ToolOut,
 )
 from ._service import AUDIT, Service, quota_error
-from ._sessions import QuotaExceeded, Session
+from ._sessions import QuotaExceeded, Session, new_checkpoint_id
 from ._tools import describe_tools
 
 __all__ = ["router"]
@@ -272,7 +272,9 @@ async def checkpoint(sid: str, tenant: Tenant, svc: Svc) -> CheckpointOut:
     s = svc.session_of(tenant, sid)
     cp = await svc.ordered(s, tenant, lambda sb: sb.checkpoint())
     try:
-        return CheckpointOut(checkpoint=svc.table.hold(tenant, cp, session=s.id))
+        cid = svc.table.hold(tenant.name, tenant.bounds(), cp, new_checkpoint_id(),
+                             session=s.id)
+        return CheckpointOut(checkpoint=cid)
     except QuotaExceeded as exc:
         close = getattr(cp, "close", None)
         if callable(close):
@@ -292,7 +294,7 @@ async def restore(sid: str, body: RestoreIn, tenant: Tenant, svc: Svc) -> Respon
             if cp is None:
                 raise ApiError(404, "not_found", f"no checkpoint {cid!r} (unknown, released, "
                                "or past the tenant's max_checkpoints)")
-            svc.table.hold(tenant, cp, cid)
+            svc.table.hold(tenant.name, tenant.bounds(), cp, cid)
         sb.restore(cp)
         svc.keeper.changed(s)
 

@@ -22,7 +22,7 @@ from ..backends.worker import limits_to_wire, result_to_wire
 from ..errors import MemexError
 from ..host_tools import Egress, EgressRecord, ToolCallRecord, ToolHost
 from ..runtime_wasm import Limits, Mount, OutputListener, Sandbox, SandboxAPI, TurnResult
-from ..serving import ConnectionGuard
+from ..serving import ConnectionGuard, Shares
 from ._config import KeyRing, ServiceConfig, TenantConfig
 from ._door import ClientDoor
 from ._durable import Keeper
@@ -30,7 +30,6 @@ from ._http import ApiError, translate
 from ._metrics import Metrics
 from ._models import CreateSession, RunIn, SessionOut
 from ._sessions import QuotaExceeded, Session, SessionTable, new_session_id
-from ._shares import Shares
 
 __all__ = ["AUDIT", "Service"]
 
@@ -61,7 +60,7 @@ class Service:
     def __init__(self, config: ServiceConfig, backend: Backend | None = None) -> None:
         self.config = config
         self.keys = KeyRing(config)
-        self.table = SessionTable()
+        self.table: SessionTable[Session] = SessionTable()
         self.metrics = Metrics()
         self.shares = Shares(threads=config.threads, tenant_threads=config.tenant_threads or
                              max(4, config.threads // 4))
@@ -228,14 +227,14 @@ class Service:
             mounts.append(Mount(host_path=host, guest_path=m.guest, writable=m.writable,
                                 links=m.links))
         try:
-            self.table.reserve(tenant, limits)
+            self.table.reserve(tenant.name, tenant.bounds(), limits)
         except QuotaExceeded as exc:
             raise quota_error(exc) from None
         try:
             door = ClientDoor()
             sb = self.backend().open(limits=limits, mounts=mounts, preload=body.preload,
                                      door=door, env=body.env, tenant=tenant.name)
-            s = Session(id=new_session_id(), tenant=tenant.name, sandbox=sb, door=door,
+            s = Session(id=new_session_id(), owner=tenant.name, sandbox=sb, door=door,
                         limits=limits, mounts=tuple(mounts), preload=tuple(body.preload),
                         env=body.env)
             try:
@@ -257,10 +256,10 @@ class Service:
 
     def fork_of(self, s: Session, tenant: TenantConfig) -> Callable[[SandboxAPI[Any]], Session]:
         def fork(sb: SandboxAPI[Any]) -> Session:
-            self.table.reserve(tenant, s.limits)
+            self.table.reserve(tenant.name, tenant.bounds(), s.limits)
             try:
                 child = sb.fork()  # its door is the parent's (shared, see ClientDoor)
-                c = Session(id=new_session_id(), tenant=tenant.name, sandbox=child,
+                c = Session(id=new_session_id(), owner=tenant.name, sandbox=child,
                             door=s.door, parent=s.id, limits=s.limits, mounts=s.mounts,
                             preload=s.preload, env=s.env, turn_base=s.turns - child.turns,
                             egress=s.egress, tools=s.tools)  # a fork shares its door

@@ -1,8 +1,13 @@
-"""What MemEx's network front ends share (``memex serve``, ``memex mcp --http``): the
-connection edge that bounds what a client can hold of a server before any application code
-runs (``ConnectionGuard``, ``EdgeLimits``). Imports no web framework: each front end brings
-its own extra."""
+"""What MemEx's network front ends share (``memex serve``, ``memex mcp``): the connection
+edge that bounds what a client can hold of a server before any application code runs
+(``ConnectionGuard``, ``EdgeLimits``), and the session core: one table of sessions and held
+checkpoints per owner with its bounds (``SessionTable``, ``Bounds``, ``CoreSession``) and the
+fair shares that admit each operation in the event loop (``Shares``). Imports no web
+framework: each front end brings its own extra."""
 
 from ._edge import ConnectionGuard, EdgeLimits
+from ._shares import DEFAULT_MAX_RUNNING, Shares
+from ._table import Bounds, CoreSession, QuotaExceeded, SessionTable
 
-__all__ = ["ConnectionGuard", "EdgeLimits"]
+__all__ = ["DEFAULT_MAX_RUNNING", "Bounds", "ConnectionGuard", "CoreSession", "EdgeLimits",
+           "QuotaExceeded", "SessionTable", "Shares"]

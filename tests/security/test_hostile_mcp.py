@@ -1,6 +1,7 @@
 """`memex mcp` as strangers meet it (SECURITY.md, "The shared server"): over HTTP it serves
 only with a token unless told otherwise, and then only on loopback; its connections are
-guarded as `memex serve`'s are; calls sent at once run in the order they arrived."""
+guarded as `memex serve`'s are; calls sent at once run in the order they arrived; each bearer
+token is a principal held to its own bounds by the session core."""
 
 from __future__ import annotations
 
@@ -14,9 +15,14 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import anyio
 import httpx2
 import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp_types import CallToolResult
 
 MEMEX = shutil.which("memex", path=str(Path(sys.executable).parent)) or "memex"
 ACCEPT = {"Accept": "application/json, text/event-stream"}
@@ -156,4 +162,61 @@ def test_calls_sent_at_once_run_in_the_order_they_arrived() -> None:
         assert result["structuredContent"]["value"] == str(list(range(20)))
     finally:
         p.kill()
+        p.wait(30)
+
+
+async def _call(url: str, token: str, tool: str, **args: Any) -> CallToolResult:
+    """One tool call by a client holding ``token`` (the stateless protocol: a call naming
+    no session starts one)."""
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}) as h, \
+            Client(streamable_http_client(url, http_client=h)) as client:
+        result: CallToolResult = await client.call_tool(tool, args)
+        return result
+
+
+def _text(r: CallToolResult) -> str:
+    return "\n".join(c.text for c in r.content if hasattr(c, "text"))
+
+
+def test_each_token_is_held_to_its_own_bounds() -> None:
+    """Two tokens, each its own principal (the session core's owner): one at its session
+    bound is refused while the other is served; one at its memory bound cannot keep a
+    checkpoint (its size counted with its sessions) while a smaller one fits; neither can
+    use the other's session handle."""
+    p = _start("--token-env", "MEMEX_TEST_TOKENS", "--max-sessions", "6",
+               "--max-sessions-per-token", "2", "--max-memory-per-token", "600M",
+               "--memory", "256M", "--timeout", "30", env={"MEMEX_TEST_TOKENS": "tok-a,tok-b"})
+    try:
+        url = _url(p)
+
+        async def go() -> None:
+            first = await _call(url, "tok-a", "run_python", code="x = 1")
+            assert not first.is_error, _text(first)
+            sid = (first.structured_content or {})["session"]
+            assert not (await _call(url, "tok-a", "run_python", code="1")).is_error
+            r = await _call(url, "tok-a", "run_python", code="1")
+            assert r.is_error and "its bound is 2" in _text(r)
+            r = await _call(url, "tok-b", "run_python", code="2 + 2")  # positive control
+            assert not r.is_error and (r.structured_content or {})["value"] == "4"
+            r = await _call(url, "tok-b", "run_python", code="x", session=sid)
+            assert r.is_error and "no session" in _text(r)  # a's handle is not b's
+            # memory: a holds 2 x 256 MiB of sessions; a fresh guest's checkpoint fits
+            # within 600 MiB, one holding 100 MiB more does not (and is not kept)
+            r = await _call(url, "tok-a", "checkpoint", name="small", session=sid)
+            assert not r.is_error, _text(r)
+            r = await _call(url, "tok-a", "run_python", code="big = bytearray(100 << 20)",
+                            session=sid)
+            assert not r.is_error, _text(r)
+            r = await _call(url, "tok-a", "checkpoint", name="big", session=sid)
+            assert r.is_error and "not kept" in _text(r) and "its bound is" in _text(r)
+            r = await _call(url, "tok-a", "restore", name="small", session=sid)
+            assert not r.is_error, _text(r)
+            r = await _call(url, "tok-a", "restore", name="big", session=sid)
+            assert r.is_error and "no checkpoint 'big'" in _text(r)
+            r = await _call(url, "tok-b", "checkpoint", name="big")  # b's own memory
+            assert not r.is_error, _text(r)
+
+        anyio.run(go)
+    finally:
+        p.send_signal(signal.SIGTERM)
         p.wait(30)

@@ -87,15 +87,33 @@ class BridgeConfig(BaseModel):
 
 
 class SessionsConfig(BaseModel):
+    """The session core's bounds (``memex.serving``), per server and per principal."""
+
     model_config = _STRICT
     idle_timeout: float = Field(default=300.0, gt=0,
                                 description="seconds before an idle session ends")
-    max_sessions: int = Field(default=16, gt=0)
+    max_sessions: int = Field(default=16, gt=0, description="sessions of the server in all")
+    max_sessions_per_token: int | None = Field(
+        default=None, gt=0, description="sessions one principal (a bearer token, the stdio "
+        "process) may hold at once (unset: max_sessions)")
+    max_memory_per_token: int | None = Field(
+        default=None, gt=0, description="bytes of session memory limits and held checkpoints "
+        "one principal may hold ('4G' works; unset: no bound)")
+    max_running_per_token: int = Field(default=4, gt=0, description="cells one principal "
+                                       "runs at once (the cores it may hold)")
+    queued: int = Field(default=64, gt=0, description="calls waiting per session, and cells "
+                        "waiting per principal; past it a call is refused (a host may send "
+                        "a model's parallel tool calls at once)")
     max_checkpoints: int = Field(default=16, gt=0, description="named checkpoints per session")
     max_output_chars: int = Field(default=20_000, gt=0, description="text returned per call")
     rollback: bool = Field(default=True, description="copy the guest's state after every good "
                            "cell so that a cell a limit stops is undone (off: a trap resets "
                            "the session to a fresh interpreter, and each cell is cheaper)")
+
+    @field_validator("max_memory_per_token", mode="before")
+    @classmethod
+    def _memory_size(cls, value: Any) -> Any:
+        return _size(value)
 
 
 class HttpConfig(BaseModel):
@@ -103,7 +121,8 @@ class HttpConfig(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(default=8765, ge=0, le=65535)
     token_env: str | None = Field(default=None, description="environment variable holding "
-                                  "the bearer token clients must send")
+                                  "the bearer token clients must send (several, comma-"
+                                  "separated: one per client, each its own principal)")
     no_auth: bool = Field(default=False, description="serve without a token: only on a "
                           "loopback address, with a warning (every local process may use it)")
     max_request_bytes: int = Field(default=16 << 20, gt=0)

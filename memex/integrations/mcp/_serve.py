@@ -40,18 +40,24 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 class BearerAuth:
-    """ASGI middleware: HTTP requests must carry ``Authorization: Bearer <token>``."""
+    """ASGI middleware: HTTP requests must carry ``Authorization: Bearer <token>`` with one
+    of the server's tokens (each compared in constant time; each token is a principal of
+    its own: its sessions, its bounds)."""
 
-    def __init__(self, app: ASGIApp, token: str) -> None:
-        if not token:
+    def __init__(self, app: ASGIApp, token: str | list[str]) -> None:
+        tokens = [token] if isinstance(token, str) else list(token)
+        if not tokens or not all(tokens):
             raise ConfigError("the bearer token is empty")
         self.app = app
-        self._want = f"Bearer {token}".encode()
+        self._want = [f"Bearer {t}".encode() for t in tokens]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             got = dict(scope.get("headers") or ()).get(b"authorization", b"")
-            if not hmac.compare_digest(got, self._want):
+            ok = False
+            for want in self._want:  # every one compared: the time says nothing of which
+                ok |= hmac.compare_digest(got, want)
+            if not ok:
                 body = json.dumps({"jsonrpc": "2.0", "id": None, "error": {
                     "code": -32001, "message": "unauthorized: a valid bearer token is "
                     "required"}}).encode()
@@ -268,19 +274,20 @@ def serve(config: McpConfig, *, ready: Callable[[str], None] | None = None) -> N
         anyio.run(http)
 
 
-def _token(config: McpConfig) -> str | None:
-    """The bearer token HTTP clients must send; None only when ``no_auth`` was asked for
-    explicitly, on a loopback address (a server anyone on the network could drive would run
-    their code)."""
+def _token(config: McpConfig) -> list[str] | None:
+    """The bearer tokens HTTP clients must send one of (the variable may hold several,
+    comma-separated); None only when ``no_auth`` was asked for explicitly, on a loopback
+    address (a server anyone on the network could drive would run their code)."""
     http = config.http
     if http.token_env:
         if http.no_auth:
             raise ConfigError("--token-env and --no-auth: choose one")
-        token = os.environ.get(http.token_env)
-        if not token:
-            raise ConfigError(f"the bearer token's variable ${http.token_env} is not set "
-                              "(or empty)")
-        return token
+        raw = os.environ.get(http.token_env) or ""
+        tokens = [t.strip() for t in raw.split(",")]
+        if not raw.strip() or not all(tokens):
+            raise ConfigError(f"the bearer token's variable ${http.token_env} is not set, "
+                              "or holds an empty token")
+        return tokens
     if not http.no_auth:
         raise ConfigError("memex mcp --http serves only with a bearer token: --token-env VAR "
                           "(or, on a loopback address only, --no-auth)")

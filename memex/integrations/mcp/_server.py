@@ -11,17 +11,12 @@ sandbox work runs on worker threads; a call whose client goes away interrupts it
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import contextlib
 import dataclasses
 import hashlib
 import mimetypes
-from collections.abc import Callable
 from typing import Annotated, Any, Literal, TypeVar
 
-import anyio
-import anyio.to_thread
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
 from mcp_types import CallToolResult, ImageContent, TextContent, ToolAnnotations
@@ -137,20 +132,6 @@ def _ok(text: str, model: BaseModel, extra: list[Any] | None = None) -> CallTool
                           structured_content=model.model_dump(mode="json"))
 
 
-async def _blocking(fn: Callable[[], T], on_cancel: Callable[[], None],
-                    order: asyncio.Lock | None = None) -> T:
-    """``fn()`` on a worker thread, after the session's earlier calls (``order``: its FIFO
-    lock, taken here in the event loop, so calls sent at once run in the order they
-    arrived); if the call is cancelled (its client went away), ``on_cancel()`` stops the
-    guest's work and the call ends at once."""
-    async with order if order is not None else contextlib.nullcontext():
-        try:
-            return await anyio.to_thread.run_sync(fn, abandon_on_cancel=True)
-        except anyio.get_cancelled_exc_class():
-            on_cancel()
-            raise
-
-
 def _run_result(s: Session, r: TurnResult, figures: int) -> RunResult:
     exc = r.exception
     return RunResult.model_validate({
@@ -208,8 +189,8 @@ def build_server(config: McpConfig, sessions: Sessions) -> MCPServer:
         of its last line and any error. Open matplotlib figures come back as images."""
         try:
             s = session_of(ctx, session)
-            r, figures = await _blocking(lambda: sessions.run(s, code, timeout),
-                                         lambda: sessions.interrupt(s), sessions.order(s))
+            r, figures = await sessions.call(s, lambda: sessions.run(s, code, timeout),
+                                             turn=True, on_cancel=lambda: sessions.interrupt(s))
         except (SessionError, MemexError) as exc:
             return _error(str(exc))
         text = render_observation(r, limit=config.sessions.max_output_chars) or "(no output)"
@@ -229,8 +210,8 @@ def build_server(config: McpConfig, sessions: Sessions) -> MCPServer:
         checkpoints can still be restored)."""
         try:
             s = session_of(ctx, session)
-            await _blocking(lambda: sessions.reset(s), lambda: sessions.interrupt(s),
-                            sessions.order(s))
+            await sessions.call(s, lambda: sessions.reset(s),
+                                on_cancel=lambda: sessions.interrupt(s))
         except (SessionError, MemexError) as exc:
             return _error(str(exc))
         return _ok(f"session {s.id} reset", SessionInfo(session=s.id))
@@ -245,8 +226,7 @@ def build_server(config: McpConfig, sessions: Sessions) -> MCPServer:
         """The files and folders in a folder of the sandbox (its /tmp and granted mounts)."""
         try:
             s = session_of(ctx, session)
-            files = await _blocking(lambda: sessions.files(s, path), lambda: None,
-                                    sessions.order(s))
+            files = await sessions.call(s, lambda: sessions.files(s, path))
         except (SessionError, MemexError) as exc:
             return _error(str(exc))
         entries = [FileEntry.model_validate(dataclasses.asdict(f)) for f in files]
@@ -264,10 +244,8 @@ def build_server(config: McpConfig, sessions: Sessions) -> MCPServer:
         back as image content."""
         try:
             s = session_of(ctx, session)
-            data = await _blocking(
-                lambda: sessions.use(s, lambda sb: sb.read_file(path,
-                                                                max_bytes=MAX_READ_BYTES)),
-                lambda: None, sessions.order(s))
+            data = await sessions.call(s, lambda: sessions.use(
+                s, lambda sb: sb.read_file(path, max_bytes=MAX_READ_BYTES)))
         except GuestFileTooLarge:
             return _error(f"{path} is over the {MAX_READ_BYTES}-byte limit of read_file")
         except (SessionError, MemexError) as exc:
@@ -304,8 +282,7 @@ def build_server(config: McpConfig, sessions: Sessions) -> MCPServer:
             return _error(f"content is not valid base64: {exc}")
         try:
             s = session_of(ctx, session)
-            await _blocking(lambda: sessions.use(s, lambda sb: sb.write_file(path, data)),
-                            lambda: None, sessions.order(s))
+            await sessions.call(s, lambda: sessions.use(s, lambda sb: sb.write_file(path, data)))
         except (SessionError, MemexError) as exc:
             return _error(str(exc))
         return _ok(f"wrote {len(data)} bytes to {path}",
@@ -325,11 +302,10 @@ def build_server(config: McpConfig, sessions: Sessions) -> MCPServer:
         """Save the session's interpreter state under a name (cheap: copy-on-write)."""
         try:
             s = session_of(ctx, session)
-            if name in s.checkpoints and not replace:
+            if sessions.has_checkpoint(s, name) and not replace:
                 return _error(f"a checkpoint named {name!r} exists; pass replace=true to "
                               "replace it")
-            cp = await _blocking(lambda: sessions.checkpoint(s, name), lambda: None,
-                                 sessions.order(s))
+            cp = await sessions.call(s, lambda: sessions.checkpoint(s, name))
         except (SessionError, MemexError) as exc:
             return _error(str(exc))
         info = CheckpointInfo(session=s.id, name=name, turns=cp.turns, size=cp.size)
@@ -347,8 +323,7 @@ def build_server(config: McpConfig, sessions: Sessions) -> MCPServer:
         rolled back)."""
         try:
             s = session_of(ctx, session)
-            cp = await _blocking(lambda: sessions.restore(s, name), lambda: None,
-                                 sessions.order(s))
+            cp = await sessions.call(s, lambda: sessions.restore(s, name))
         except (SessionError, MemexError) as exc:
             return _error(str(exc))
         info = CheckpointInfo(session=s.id, name=name, turns=cp.turns, size=cp.size)

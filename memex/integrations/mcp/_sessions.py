@@ -1,23 +1,31 @@
-"""The sandboxes behind ``memex mcp``: one per session, created on first use, used by one call
-at a time, closed after an idle timeout, on ``reset`` or when the server stops.
+"""The sandboxes behind ``memex mcp``: one per session, created on first use, closed after an
+idle timeout, on ``reset`` or when the server stops. Sessions, their named checkpoints, the
+bounds that admit them and the order of their calls are the session core's
+(``memex.serving``: the table and fair shares ``memex serve`` uses too); this module adds what
+MCP means by a session.
 
 A session is named by a random handle. Calls that name none use their connection's default
 session: the stdio process has one, a streamable-HTTP client on a handshake-era protocol has
 one per ``Mcp-Session-Id``; a client on the stateless protocol (2026-07-28) gets a new session
 and is told its handle, which it passes back to keep its state. A handle is bound to the
-principal that made it (the bearer token, or the stdio process), so another principal cannot
+principal that made it (its bearer token, or the stdio process), so another principal cannot
 use it even if it learns it. Two sessions never share a guest.
+
+Per principal: at most ``max_sessions_per_token`` sessions, ``max_memory_per_token`` bytes of
+session memory and checkpoints, ``max_running_per_token`` cells running at once and
+``queued`` calls waiting; per session, calls one at a time in the order they arrived.
 """
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import secrets
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
+
+import anyio
 
 from ...host_tools import Egress, EgressPolicy, ToolHost, ToolSet
 from ...runtime_wasm import (
@@ -30,12 +38,16 @@ from ...runtime_wasm import (
     TurnResult,
     TurnStatus,
 )
+from ...serving import Bounds, CoreSession, QuotaExceeded, SessionTable, Shares
 from .._display import FIGURES_CALL, MAX_FIGURES, PRELUDE
 from ._config import McpConfig
 
 __all__ = ["Session", "SessionError", "Sessions"]
 
+T = TypeVar("T")
 MAX_FIGURE_BYTES = 8 << 20
+THREADS = 40
+"""Worker threads of one server (anyio's default); a principal uses at most a quarter."""
 
 
 class SessionError(Exception):
@@ -44,26 +56,25 @@ class SessionError(Exception):
 
 
 @dataclass(kw_only=True, eq=False)
-class Session:
-    id: str
-    owner: str
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    order: asyncio.Lock = field(default_factory=asyncio.Lock)  # calls in arrival order
-    last_used: float = field(default_factory=time.monotonic)
-    sandbox: Sandbox | None = None
+class Session(CoreSession):
+    """One MCP session (``owner``: its principal) on the core's record."""
+
     host: ToolHost | None = None
     egress: Egress | None = None
-    checkpoints: dict[str, Checkpoint] = field(default_factory=dict)
+    names: dict[str, str] = field(default_factory=dict)  # checkpoint name -> the core's id
     figures: list[bytes] = field(default_factory=list)
     pyplot: bool = False
     calls: int = 0
+    ended: bool = False
 
 
 class Sessions:
-    """Every session of one server (thread-safe)."""
+    """Every session of one server (thread-safe; :meth:`call` runs on the server's event
+    loop)."""
 
     def __init__(self, config: McpConfig, tools: ToolSet | None = None) -> None:
         self.config = config
+        cfg = config.sessions
         self._limits: Limits = config.limits.limits()
         base = config.resolve(".")
         self._mounts: list[Mount] = [m.mount(base) for m in config.mounts]
@@ -71,7 +82,12 @@ class Sessions:
         self._policy = EgressPolicy.load(config.resolve(config.policy)) if config.policy \
             else None
         self.tools = tools if tools is not None and len(tools) else None
-        self._by_id: dict[str, Session] = {}
+        per_token = cfg.max_sessions_per_token or cfg.max_sessions
+        self.bounds = Bounds(max_sessions=cfg.max_sessions_per_token,
+                             max_memory=cfg.max_memory_per_token,
+                             max_checkpoints=cfg.max_checkpoints * per_token)
+        self.table: SessionTable[Session] = SessionTable(capacity=cfg.max_sessions)
+        self.shares = Shares(threads=THREADS, tenant_threads=max(4, THREADS // 4))
         self._defaults: dict[str, str] = {}  # connection key -> its default session's id
         self._lock = threading.Lock()
         self._closed = False
@@ -83,43 +99,59 @@ class Sessions:
     # ---- finding a session --------------------------------------------------------------
     def resolve(self, session_id: str | None, *, key: str | None, owner: str) -> Session:
         """The session a call means: the one named (it must exist and be ``owner``'s), else
-        the connection's default (``key``), else a new one."""
+        the connection's default (``key``), else a new one (within the bounds)."""
         with self._lock:
             if self._closed:
                 raise SessionError("the server is shutting down")
             if session_id:
-                s = self._by_id.get(session_id)
-                if s is None or s.owner != owner:
+                s = self.table.get(owner, session_id)
+                if s is None:
                     raise SessionError(f"no session {session_id[:40]!r} (it ended, expired "
                                        "after being idle, or belongs to someone else); call "
                                        "without a session to start a new one")
                 return s
             if key is not None and key in self._defaults:
-                return self._by_id[self._defaults[key]]
-            if len(self._by_id) >= self.config.sessions.max_sessions:
-                raise SessionError(f"this server holds its maximum of "
-                                   f"{self.config.sessions.max_sessions} sessions; pass the "
-                                   "session of an earlier call, or retry later")
-            s = Session(id=secrets.token_urlsafe(16), owner=owner)
-            self._by_id[s.id] = s
+                found = self.table.get(owner, self._defaults[key])
+                if found is not None:
+                    return found
+            try:
+                with self.table.reserved(owner, self.bounds, self._limits):
+                    s = Session(id=secrets.token_urlsafe(16), owner=owner, limits=self._limits)
+                    self.table.add(s)
+            except QuotaExceeded as exc:
+                raise SessionError(f"{exc} (pass the session of an earlier call)") from None
             if key is not None:
                 self._defaults[key] = s.id
             return s
 
     def __len__(self) -> int:
-        return len(self._by_id)
+        return len(self.table)
 
-    @staticmethod
-    def order(s: Session) -> asyncio.Lock:
-        """The session's calls, one at a time in the order they arrived (taken in the
-        event loop: see ``_server._blocking``)."""
-        return s.order
+    async def call(self, s: Session, fn: Callable[[], T], *, turn: bool = False,
+                   on_cancel: Callable[[], None] | None = None) -> T:
+        """``fn()`` on a worker thread once admitted (in the event loop, holding no thread):
+        after the session's earlier calls (its calls run in the order they arrived), for a
+        cell within its principal's running cells, and within its principal's share of the
+        threads. If the call is cancelled (its client went away), ``on_cancel()`` stops the
+        guest's work and the call ends at once."""
+        cfg = self.config.sessions
+        async with contextlib.AsyncExitStack() as stack:
+            await stack.enter_async_context(self.shares.in_order(s.id, cfg.queued))
+            if turn:
+                await stack.enter_async_context(
+                    self.shares.turn(s.owner, cfg.max_running_per_token, cfg.queued))
+            try:
+                return await self.shares.run(s.owner, fn, abandon_on_cancel=True)
+            except anyio.get_cancelled_exc_class():
+                if on_cancel is not None:
+                    on_cancel()
+                raise
 
     # ---- the sandbox ----------------------------------------------------------------------
-    def _sandbox(self, s: Session) -> Sandbox:
-        """(with s.lock) The session's sandbox, created on first use or after a reset."""
-        if s.sandbox is not None and not s.sandbox.closed:
-            return s.sandbox
+    def _open(self, s: Session) -> Sandbox:
+        """(under s.lock) The session's sandbox, created on first use or after a reset."""
+        if s.ended:
+            raise SessionError(f"session {s.id[:40]!r} ended")
         door = Door()
         door.register("display.figure", lambda png: self._figure(s, png), inline=True)
         door.register("display.pyplot", lambda: setattr(s, "pyplot", True), inline=True)
@@ -136,7 +168,7 @@ class Sessions:
         except BaseException:
             sb.close()
             raise
-        s.sandbox, s.pyplot = sb, False
+        s.pyplot = False
         return sb
 
     def _figure(self, s: Session, png: Any) -> None:
@@ -145,14 +177,14 @@ class Sessions:
             s.figures.append(png)
 
     def use(self, s: Session, fn: Callable[[Sandbox], Any]) -> Any:
-        """Run ``fn(sandbox)`` for the session, one call at a time."""
-        with s.lock:
-            if s.id not in self._by_id:
-                raise SessionError(f"session {s.id[:40]!r} ended")
+        """``fn(sandbox)`` for the session (blocking; :meth:`call` orders the calls)."""
+        if s.ended:
+            raise SessionError(f"session {s.id[:40]!r} ended")
+        with s.use(lambda: self._open(s)) as sb:
             try:
-                return fn(self._sandbox(s))
+                assert isinstance(sb, Sandbox)
+                return fn(sb)
             finally:
-                s.last_used = time.monotonic()
                 s.calls += 1
 
     def run(self, s: Session, code: str, timeout: float | None) -> tuple[TurnResult, list[bytes]]:
@@ -170,27 +202,32 @@ class Sessions:
     def interrupt(self, s: Session) -> None:
         """Stop the session's running cell (its client went away)."""
         sb = s.sandbox
-        if sb is not None:
+        if isinstance(sb, Sandbox):
             sb.interrupt()
 
     def reset(self, s: Session) -> None:
         """A fresh guest for the session (its named checkpoints stay restorable)."""
-        with s.lock:
-            self._close_guest(s)
+        self._close_guest(s)
 
     def files(self, s: Session, path: str) -> list[GuestFile]:
         files: list[GuestFile] = self.use(s, lambda sb: sb.list_files(path))
         return files
 
     def checkpoint(self, s: Session, name: str) -> Checkpoint:
+        """The session's state under ``name``, held by the core: its size counts against
+        the principal's ``max_memory_per_token`` (refused past it, the old one kept)."""
         def take(sb: Sandbox) -> Checkpoint:
-            if name not in s.checkpoints and \
-                    len(s.checkpoints) >= self.config.sessions.max_checkpoints:
+            if name not in s.names and len(s.names) >= self.config.sessions.max_checkpoints:
                 raise SessionError(f"this session holds its maximum of "
                                    f"{self.config.sessions.max_checkpoints} checkpoints "
-                                   f"({', '.join(sorted(s.checkpoints))}); reuse a name")
+                                   f"({', '.join(sorted(s.names))}); reuse a name")
             cp = sb.checkpoint()
-            s.checkpoints[name] = cp
+            cid = f"{s.id}/{name}"
+            try:
+                self.table.hold(s.owner, self.bounds, cp, cid, session=s.id)
+            except QuotaExceeded as exc:
+                raise SessionError(f"checkpoint {name!r} not kept: {exc}") from None
+            s.names[name] = cid
             return cp
 
         cp: Checkpoint = self.use(s, take)
@@ -198,55 +235,65 @@ class Sessions:
 
     def restore(self, s: Session, name: str) -> Checkpoint:
         def back(sb: Sandbox) -> Checkpoint:
-            cp = s.checkpoints.get(name)
+            cid = s.names.get(name)
+            cp = self.table.checkpoint(s.owner, cid) if cid is not None else None
             if cp is None:
-                known = ", ".join(sorted(s.checkpoints)) or "none yet"
+                s.names.pop(name, None)
+                known = ", ".join(sorted(s.names)) or "none yet"
                 raise SessionError(f"no checkpoint {name!r} in this session ({known})")
             sb.restore(cp)
-            return cp
+            return cast(Checkpoint, cp)
 
         cp: Checkpoint = self.use(s, back)
         return cp
 
+    def has_checkpoint(self, s: Session, name: str) -> bool:
+        return name in s.names
+
     # ---- ending -------------------------------------------------------------------------
     def _close_guest(self, s: Session) -> None:
-        if s.host is not None:
-            s.host.close()
-        if s.egress is not None:
-            s.egress.detach()
-        if s.sandbox is not None:
-            s.sandbox.close()
-        s.sandbox = s.host = s.egress = None
+        """Close the session's guest once no call uses it (waiting for a running one to
+        end: it was interrupted, or is within its time limit)."""
+        with s.alone(self._limits.timeout + 30) as alone:
+            if not alone:
+                raise SessionError("the session stayed in use; try again")
+            if s.host is not None:
+                s.host.close()
+            if s.egress is not None:
+                s.egress.detach()
+            if s.sandbox is not None:
+                s.sandbox.close()
+            s.sandbox = s.host = s.egress = None
 
     def end(self, s: Session) -> None:
+        """End the session: out of the table (no new call finds it), its cell interrupted,
+        its guest closed, its checkpoints released."""
         with self._lock:
-            self._by_id.pop(s.id, None)
+            self.table.pop(s.owner, s.id)
             for k in [k for k, v in self._defaults.items() if v == s.id]:
                 del self._defaults[k]
-        with s.lock:
+        s.ended = True
+        self.interrupt(s)
+        with contextlib.suppress(SessionError):
             self._close_guest(s)
-            s.checkpoints.clear()
+        self.table.orphan_checkpoints(s.id, 0)
+        s.names.clear()
 
     def end_connection(self, key: str) -> bool:
         """End the default session of a connection that has ended (an HTTP client's DELETE
         of its Mcp-Session-Id); whether there was one."""
         with self._lock:
             sid = self._defaults.pop(key, None)
-            s = self._by_id.get(sid) if sid is not None else None
+        s = next((x for x in self.table.all() if x.id == sid), None) if sid else None
         if s is None:
             return False
-        self.interrupt(s)
         self.end(s)
         return True
 
     def _sweep(self) -> None:
         idle = self.config.sessions.idle_timeout
         while not self._stop.wait(min(5.0, idle / 4)):
-            now = time.monotonic()
-            with self._lock:
-                stale = [s for s in self._by_id.values()
-                         if now - s.last_used > idle and not s.lock.locked()]
-            for s in stale:
+            for s in self.table.idle(idle):
                 self.end(s)
 
     def close(self) -> None:
@@ -255,9 +302,8 @@ class Sessions:
             if self._closed:
                 return
             self._closed = True
-            sessions = list(self._by_id.values())
         self._stop.set()
-        for s in sessions:
-            self.interrupt(s)
+        for s in self.table.all():
             self.end(s)
+        self.table.drain()
         self._sweeper.join(5)

@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
 import anyio
+import anyio.from_thread
 import anyio.to_thread
 
 from ..errors import BackendBusy
@@ -104,11 +106,39 @@ class Shares:
             if entry[1] == 0 and not lock.locked():
                 self._orders.pop(session, None)
 
-    async def run(self, tenant: str, fn: Callable[..., T], *args: Any) -> T:
+    async def run(self, tenant: str, fn: Callable[..., T], *args: Any,
+                  abandon_on_cancel: bool = False) -> T:
         """``fn(*args)`` on a pool thread, within the tenant's thread share (waited for
-        here, in the event loop)."""
+        here, in the event loop). With ``abandon_on_cancel`` a cancelled caller returns at
+        once (the caller stops ``fn``'s work, as mcp interrupts a cell whose client went
+        away); the thread and its share are held until ``fn`` returns."""
         t = self._tenants.get(tenant)
         if t is None:
             t = self._of(tenant, DEFAULT_MAX_RUNNING)
-        async with t.threads:
-            return await anyio.to_thread.run_sync(fn, *args, limiter=self.pool)
+        if not abandon_on_cancel:
+            async with t.threads:
+                return await anyio.to_thread.run_sync(fn, *args, limiter=self.pool)
+        borrower = object()  # the share is the call's, not the task's: a thread gives it back
+        await t.threads.acquire_on_behalf_of(borrower)
+        lock, state = threading.Lock(), ["queued"]
+
+        def call() -> T:
+            with lock:
+                if state[0] == "abandoned":  # cancelled before a thread took it
+                    raise anyio.get_cancelled_exc_class()
+                state[0] = "started"
+            try:
+                return fn(*args)
+            finally:  # the thread's end gives its share back, also for an abandoned call
+                with contextlib.suppress(RuntimeError):  # the loop is gone
+                    anyio.from_thread.run_sync(t.threads.release_on_behalf_of, borrower)
+
+        try:
+            return await anyio.to_thread.run_sync(call, limiter=self.pool,
+                                                  abandon_on_cancel=True)
+        except BaseException:
+            with lock:
+                if state[0] == "queued":
+                    state[0] = "abandoned"
+                    t.threads.release_on_behalf_of(borrower)
+            raise
