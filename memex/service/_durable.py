@@ -496,11 +496,14 @@ class Keeper:
                 # due save_interval after its last save, or after its creation: a server
                 # told to save hourly does not save a new session at its first tick
                 since = s.saved_at if s.saved_at is not None else s.created
-                due = now - since >= self.save_interval
-                if s.gen != s.saved_gen and due:
+                if s.gen != s.saved_gen and now - since >= self.save_interval:
                     self.save(s)
-                if self.idle_evict is not None and now - s.last_used > self.idle_evict:
-                    self._evict(s)
+            if self.idle_evict is not None:  # the core's idle sessions (none in use)
+                for s in self.table.idle(self.idle_evict, now):
+                    if self._stop.is_set():
+                        break
+                    if s.sandbox is not None:
+                        self._evict(s)
 
     def _evict(self, s: Session) -> None:
         if s.gen != s.saved_gen and not self.save(s):
