@@ -63,7 +63,8 @@ PINNED: dict[str, list[str]] = {
         "Client", "RemoteBackend", "RemoteCheckpoint", "RemoteSandbox",
     ],
     "memex.serving": ["DEFAULT_MAX_RUNNING", "Bounds", "ConnectionGuard", "CoreSession",
-                      "EdgeLimits", "QuotaExceeded", "SessionTable", "Shares"],
+                      "DurableSession", "EdgeLimits", "Keeper", "QuotaExceeded", "SessionTable",
+                      "Shares", "session_fields"],
     "memex.service": [
         "API_VERSION", "ClientDoor", "KeyRing", "MountGrant", "ServiceConfig", "TenantConfig",
         "check_config", "create_app", "hash_key", "load_config", "serve",

@@ -40,6 +40,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "sessions": {"idle_timeout": args.idle_timeout, "max_sessions": args.max_sessions,
                      "max_sessions_per_token": args.max_sessions_per_token,
                      "max_memory_per_token": args.max_memory_per_token,
+                     "state_dir": args.state_dir, "save_interval": args.save_interval,
                      "rollback": False if args.no_rollback else None},
         "http": {"host": args.host, "port": args.port, "token_env": args.token_env,
                  "no_auth": True if args.no_auth else None},
@@ -98,6 +99,12 @@ def add_parser(sub: Any) -> None:
                    help="seconds before an idle session ends (default 300)")
     p.add_argument("--max-sessions", type=int, default=None,
                    help="sessions of the server in all (default 16)")
+    p.add_argument("--state-dir", default=None, metavar="DIR",
+                   help="save sessions here: they outlive a restart or a kill -9 (called by "
+                   "their session handle)")
+    p.add_argument("--save-interval", type=float, default=None, metavar="SECONDS",
+                   help="with --state-dir: seconds between saves of a changed session "
+                   "(default 30; 0: after every call)")
     p.add_argument("--max-sessions-per-token", type=int, default=None, metavar="N",
                    help="sessions one bearer token (or the stdio host) may hold at once "
                    "(default: --max-sessions)")

@@ -2,12 +2,13 @@
 whose client is just another backend (``get_backend("remote", url=..., api_key=...)``).
 
 Tenants and their keys (stored hashed), quotas and limit ceilings come from ``serve.toml``
-(``_config``); sessions and checkpoints are owned per tenant (``_sessions``); a session's guest
-calls tools in the client's process through the door WebSocket (``_door``); the API's
-routes are in ``_routes`` over one ``_service.Service`` (the process's state), the app and
-its typed errors in ``_app`` and ``_http``, the wire in ``_models``; saves, eviction and moves
-between nodes in ``_durable`` over ``_store``; ``/metrics`` in ``_metrics``; the tenants' fair
-shares in ``_shares``; uvicorn, held by ``memex.serving``'s connection guard, in ``_serve``.
+(``_config``); sessions, checkpoints, quotas, fair shares, saves and eviction are the session
+core's (``memex.serving``, shared with ``memex mcp``), each session owned by one tenant
+(``_sessions``); a session's guest calls tools in the client's process through the door
+WebSocket (``_door``); the API's routes are in ``_routes`` over one ``_service.Service`` (the
+process's state), the app and its typed errors in ``_app`` and ``_http``, the wire in
+``_models``; moves between nodes in ``_durable``; ``/metrics`` in ``_metrics``; uvicorn, held
+by ``memex.serving``'s connection guard, in ``_serve``.
 See docs/service.md.
 """
 

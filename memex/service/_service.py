@@ -25,7 +25,7 @@ from ..runtime_wasm import Limits, Mount, OutputListener, Sandbox, SandboxAPI, T
 from ..serving import ConnectionGuard, Shares
 from ._config import KeyRing, ServiceConfig, TenantConfig
 from ._door import ClientDoor
-from ._durable import Keeper
+from ._durable import ServeKeeper, session_of_meta
 from ._http import ApiError, translate
 from ._metrics import Metrics
 from ._models import CreateSession, RunIn, SessionOut
@@ -68,9 +68,11 @@ class Service:
         self.edge: ConnectionGuard | None = None  # the server's connections (set by serve)
         self._given = backend
         self._backend: Backend | None = None
-        self.keeper = Keeper(self.table, self.backend, state_dir=config.state_dir,
-                             save_interval=config.save_interval, idle_evict=config.idle_evict,
-                             on_open=self.serve_door)
+        self.keeper = ServeKeeper(self.table, self.backend, make=session_of_meta,
+                                  state_dir=config.state_dir,
+                                  save_interval=config.save_interval,
+                                  idle_evict=config.idle_evict, on_open=self.serve_door,
+                                  log=AUDIT)
 
     # ---- life -----------------------------------------------------------------------------
     def backend(self) -> Backend:

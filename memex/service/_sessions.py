@@ -10,42 +10,25 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from ..runtime_wasm import Mount
-from ..serving import CoreSession, QuotaExceeded, SessionTable
+from ..serving import DurableSession, QuotaExceeded, SessionTable
 from ._door import ClientDoor
 
 __all__ = ["QuotaExceeded", "Session", "SessionTable", "new_checkpoint_id", "new_session_id"]
 
 
 @dataclass(kw_only=True, eq=False)
-class Session(CoreSession):
+class Session(DurableSession):
     """One session on the server (``owner``: its tenant): its sandbox (None while it is
-    saved and evicted, or after a restart until its next use), its door, what is needed to
-    open it again, and the bookkeeping of its saves (``_durable``)."""
+    saved and evicted, or after a restart until its next use), its door to its client, and
+    the core's bookkeeping of its saves (``memex.serving.Keeper``)."""
 
     door: ClientDoor
-    mounts: tuple[Mount, ...] = ()
-    preload: tuple[str, ...] = ()
-    env: dict[str, str] | None = None
-    parent: str | None = None
-    turn_base: int = 0  # turns run before the current sandbox was opened (a restore)
-    gen: int = 0  # changes of the guest state (turns, restores)
-    saved_gen: int = -1
-    saved_turns: int | None = None
-    saved_at: float | None = None
-    files_kept: bool = False  # its last save holds its /tmp files too
-    notice: dict[str, Any] | None = None  # how much a restore lost, for the next answer
-    lost: str | None = None  # why the session cannot be brought back
     egress: Any = None  # the tenant's Egress serving this session's door (shared by forks)
     tools: Any = None  # the ToolHost of the tenant's operator tools on that door (shared too)
 
     @property
     def tenant(self) -> str:
         return self.owner
-
-    @property
-    def turns(self) -> int:
-        return self.turn_base + (self.sandbox.turns if self.sandbox is not None else 0)
 
     def info(self) -> dict[str, Any]:
         return {"id": self.id, "turns": self.turns, "created": self.created,

@@ -106,6 +106,11 @@ class SessionsConfig(BaseModel):
                         "a model's parallel tool calls at once)")
     max_checkpoints: int = Field(default=16, gt=0, description="named checkpoints per session")
     max_output_chars: int = Field(default=20_000, gt=0, description="text returned per call")
+    state_dir: str | None = Field(default=None, description="folder where sessions are saved "
+                                  "(state.db): they outlive a restart or a kill -9, called by "
+                                  "their handle (named checkpoints do not)")
+    save_interval: float = Field(default=30.0, ge=0, description="seconds between saves of a "
+                                 "changed session (0: after every call)")
     rollback: bool = Field(default=True, description="copy the guest's state after every good "
                            "cell so that a cell a limit stops is undone (off: a trap resets "
                            "the session to a fresh interpreter, and each cell is cheaper)")

@@ -63,6 +63,9 @@ class RunResult(BaseModel):
     duration: float
     truncated: list[str]
     figures: int = Field(description="matplotlib figures returned as images")
+    restored: dict[str, Any] | None = Field(
+        default=None, description="the session was brought back from its last save (the "
+        "server restarted): from_turn, lost_turns (begun after that save), files_kept")
 
 
 class FileEntry(BaseModel):
@@ -132,9 +135,10 @@ def _ok(text: str, model: BaseModel, extra: list[Any] | None = None) -> CallTool
                           structured_content=model.model_dump(mode="json"))
 
 
-def _run_result(s: Session, r: TurnResult, figures: int) -> RunResult:
+def _run_result(s: Session, r: TurnResult, figures: int,
+                restored: dict[str, Any] | None) -> RunResult:
     exc = r.exception
-    return RunResult.model_validate({
+    return RunResult.model_validate({"restored": restored,
         "session": s.id, "status": r.status.value, "stdout": r.stdout, "stderr": r.stderr,
         "value": r.value, "limit": r.limit, "rolled_back": r.rolled_back,
         "duration": r.duration, "truncated": list(r.truncated), "figures": figures,
@@ -196,7 +200,12 @@ def build_server(config: McpConfig, sessions: Sessions) -> MCPServer:
         text = render_observation(r, limit=config.sessions.max_output_chars) or "(no output)"
         images = [ImageContent(type="image", data=base64.b64encode(png).decode(),
                                mime_type="image/png") for png in figures]
-        result = _run_result(s, r, len(figures))
+        restored, s.notice = s.notice, None  # said once, on the first answer after
+        if restored is not None:
+            text = (f"[this session was brought back from its save at call "
+                    f"{restored.get('from_turn')} ({restored.get('reason')}); "
+                    f"{restored.get('lost_turns')} later calls were lost]\n" + text)
+        result = _run_result(s, r, len(figures), restored)
         out = _ok(text + note(ctx, s), result, images)
         out.is_error = not r.ok
         return out
@@ -245,7 +254,7 @@ def build_server(config: McpConfig, sessions: Sessions) -> MCPServer:
         try:
             s = session_of(ctx, session)
             data = await sessions.call(s, lambda: sessions.use(
-                s, lambda sb: sb.read_file(path, max_bytes=MAX_READ_BYTES)))
+                s, lambda sb: sb.read_file(path, max_bytes=MAX_READ_BYTES), changes=False))
         except GuestFileTooLarge:
             return _error(f"{path} is over the {MAX_READ_BYTES}-byte limit of read_file")
         except (SessionError, MemexError) as exc:

@@ -19,6 +19,8 @@ session memory and checkpoints, ``max_running_per_token`` cells running at once 
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
 import secrets
 import threading
 from collections.abc import Callable
@@ -27,6 +29,7 @@ from typing import Any, TypeVar, cast
 
 import anyio
 
+from ...errors import SandboxLost
 from ...host_tools import Egress, EgressPolicy, ToolHost, ToolSet
 from ...runtime_wasm import (
     Checkpoint,
@@ -35,19 +38,34 @@ from ...runtime_wasm import (
     Limits,
     Mount,
     Sandbox,
+    SandboxAPI,
     TurnResult,
     TurnStatus,
 )
-from ...serving import Bounds, CoreSession, QuotaExceeded, SessionTable, Shares
+from ...serving import (
+    Bounds,
+    DurableSession,
+    Keeper,
+    QuotaExceeded,
+    SessionTable,
+    Shares,
+    session_fields,
+)
 from .._display import FIGURES_CALL, MAX_FIGURES, PRELUDE
 from ._config import McpConfig
 
 __all__ = ["Session", "SessionError", "Sessions"]
 
+LOG = logging.getLogger("memex.mcp")
+
 T = TypeVar("T")
 MAX_FIGURE_BYTES = 8 << 20
 THREADS = 40
 """Worker threads of one server (anyio's default); a principal uses at most a quarter."""
+
+
+def _no_backend() -> Any:
+    raise RuntimeError("memex mcp opens its sandboxes itself (the keeper's opener)")
 
 
 class SessionError(Exception):
@@ -56,7 +74,7 @@ class SessionError(Exception):
 
 
 @dataclass(kw_only=True, eq=False)
-class Session(CoreSession):
+class Session(DurableSession):
     """One MCP session (``owner``: its principal) on the core's record."""
 
     host: ToolHost | None = None
@@ -92,6 +110,13 @@ class Sessions:
         self._lock = threading.Lock()
         self._closed = False
         self._stop = threading.Event()
+        state_dir = config.resolve(cfg.state_dir) if cfg.state_dir else None
+        self.keeper: Keeper[Session] = Keeper(
+            self.table, _no_backend, make=self._from_meta, state_dir=state_dir,
+            save_interval=cfg.save_interval, idle_evict=None, on_open=self._prepare,
+            opener=self._new_sandbox, log=LOG)
+        self.restored = self.keeper.load()  # saved sessions, opened on their first call
+        self.keeper.start()
         self._sweeper = threading.Thread(target=self._sweep, name="memex-mcp-sessions",
                                          daemon=True)
         self._sweeper.start()
@@ -116,10 +141,14 @@ class Sessions:
                     return found
             try:
                 with self.table.reserved(owner, self.bounds, self._limits):
-                    s = Session(id=secrets.token_urlsafe(16), owner=owner, limits=self._limits)
+                    s = self._wired(Session(
+                        id=secrets.token_urlsafe(16), owner=owner, limits=self._limits,
+                        door=Door(), mounts=tuple(self._mounts), preload=self._preload,
+                        fresh=True))
                     self.table.add(s)
             except QuotaExceeded as exc:
                 raise SessionError(f"{exc} (pass the session of an earlier call)") from None
+            self.keeper.added(s)  # its row at once, when the server keeps state
             if key is not None:
                 self._defaults[key] = s.id
             return s
@@ -148,49 +177,65 @@ class Sessions:
                 raise
 
     # ---- the sandbox ----------------------------------------------------------------------
-    def _open(self, s: Session) -> Sandbox:
-        """(under s.lock) The session's sandbox, created on first use or after a reset."""
+    def _wired(self, s: Session) -> Session:
+        """The session with its door's display calls answered (its figures)."""
+        s.door.register("display.figure", lambda png: self._figure(s, png), inline=True)
+        s.door.register("display.pyplot", lambda: setattr(s, "pyplot", True), inline=True)
+        return s
+
+    def _from_meta(self, meta: dict[str, Any]) -> Session:
+        """A saved session, listed again after a restart (opened on its first call)."""
+        return self._wired(Session(**session_fields(meta), door=Door()))
+
+    def _new_sandbox(self, s: Session) -> Sandbox:
+        """(the keeper's opener, under s.lock) A sandbox for the session."""
         if s.ended:
             raise SessionError(f"session {s.id[:40]!r} ended")
-        door = Door()
-        door.register("display.figure", lambda png: self._figure(s, png), inline=True)
-        door.register("display.pyplot", lambda: setattr(s, "pyplot", True), inline=True)
-        sb = Sandbox(limits=self._limits, mounts=self._mounts, preload=self._preload, door=door,
-                     rollback=self.config.sessions.rollback)
-        try:
-            if self.tools is not None:
-                s.host = ToolHost(self.tools).attach(sb)
-            if self._policy is not None:
-                s.egress = Egress(self._policy, label=f"mcp-{s.id[:8]}").attach(sb)
+        return Sandbox(limits=s.limits, mounts=s.mounts, preload=s.preload, door=s.door,
+                       rollback=self.config.sessions.rollback)
+
+    def _prepare(self, s: Session, sb: SandboxAPI[Any]) -> None:
+        """(the keeper's on_open) The operator's tools and egress on a sandbox just opened,
+        and the display prelude in an empty guest (a guest brought back holds it)."""
+        assert isinstance(sb, Sandbox)
+        if self.tools is not None:
+            s.host = ToolHost(self.tools).attach(sb)
+        if self._policy is not None:
+            s.egress = Egress(self._policy, label=f"mcp-{s.id[:8]}").attach(sb)
+        if sb.turns == 0:
             r = sb.run(PRELUDE, filename="<memex-display-prelude>")
             if r.status is not TurnStatus.OK:
                 raise SessionError(f"the session's guest could not be prepared: {r.exception}")
-        except BaseException:
-            sb.close()
-            raise
-        s.pyplot = False
-        return sb
+            s.pyplot = False
 
     def _figure(self, s: Session, png: Any) -> None:
         if isinstance(png, bytes) and len(png) <= MAX_FIGURE_BYTES and \
                 len(s.figures) < MAX_FIGURES:
             s.figures.append(png)
 
-    def use(self, s: Session, fn: Callable[[Sandbox], Any]) -> Any:
-        """``fn(sandbox)`` for the session (blocking; :meth:`call` orders the calls)."""
+    def use(self, s: Session, fn: Callable[[Sandbox], Any], *, changes: bool = True) -> Any:
+        """``fn(sandbox)`` for the session (blocking; :meth:`call` orders the calls): its
+        sandbox opened first when it has none (new, reset, or saved before a restart);
+        ``changes``: the call may change the guest (the keeper saves it)."""
         if s.ended:
             raise SessionError(f"session {s.id[:40]!r} ended")
-        with s.use(lambda: self._open(s)) as sb:
-            try:
+        try:
+            with self.keeper.using(s) as sb:
                 assert isinstance(sb, Sandbox)
                 return fn(sb)
-            finally:
-                s.calls += 1
+        except SandboxLost as exc:
+            raise SessionError(f"session {s.id[:40]!r} cannot be brought back: {exc}") \
+                from None
+        finally:
+            s.calls += 1
+            if changes:
+                self.keeper.changed(s)
 
     def run(self, s: Session, code: str, timeout: float | None) -> tuple[TurnResult, list[bytes]]:
         """A cell, and the PNGs of the figures it left open (rendered, then closed)."""
         def go(sb: Sandbox) -> tuple[TurnResult, list[bytes]]:
             s.figures = []
+            self.keeper.turn_begins(s)
             r = sb.run(code, timeout=timeout)
             if s.pyplot and r.status is not TurnStatus.KILLED:
                 sb.run(FIGURES_CALL, filename="<memex-figures>")
@@ -208,9 +253,11 @@ class Sessions:
     def reset(self, s: Session) -> None:
         """A fresh guest for the session (its named checkpoints stay restorable)."""
         self._close_guest(s)
+        s.fresh, s.turn_base, s.saved_turns, s.notice = True, 0, None, None
+        self.keeper.added(s)  # its saved image is gone with it
 
     def files(self, s: Session, path: str) -> list[GuestFile]:
-        files: list[GuestFile] = self.use(s, lambda sb: sb.list_files(path))
+        files: list[GuestFile] = self.use(s, lambda sb: sb.list_files(path), changes=False)
         return files
 
     def checkpoint(self, s: Session, name: str) -> Checkpoint:
@@ -230,7 +277,7 @@ class Sessions:
             s.names[name] = cid
             return cp
 
-        cp: Checkpoint = self.use(s, take)
+        cp: Checkpoint = self.use(s, take, changes=False)
         return cp
 
     def restore(self, s: Session, name: str) -> Checkpoint:
@@ -278,6 +325,7 @@ class Sessions:
             self._close_guest(s)
         self.table.orphan_checkpoints(s.id, 0)
         s.names.clear()
+        self.keeper.forget(s)
 
     def end_connection(self, key: str) -> bool:
         """End the default session of a connection that has ended (an HTTP client's DELETE
@@ -297,13 +345,30 @@ class Sessions:
                 self.end(s)
 
     def close(self) -> None:
-        """End every session (idempotent)."""
+        """End every session; with a state_dir, save each first and keep it for the next
+        start (idempotent)."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
         self._stop.set()
-        for s in self.table.all():
-            self.end(s)
+        if self.keeper.durable:
+            sessions = self.table.all()
+            for s in sessions:
+                self.interrupt(s)
+            saved, current = self.keeper.stop(sessions)  # saves, then closes the sandboxes
+            for s in sessions:
+                s.ended = True
+                with contextlib.suppress(Exception):
+                    if s.host is not None:
+                        s.host.close()
+                    if s.egress is not None:
+                        s.egress.detach()
+            LOG.info(json.dumps({"event": "shutdown", "sessions": len(sessions),
+                                 "saved": saved, "current": current}))
+        else:
+            for s in self.table.all():
+                self.end(s)
+            self.keeper.stop([])
         self.table.drain()
         self._sweeper.join(5)
