@@ -59,11 +59,27 @@ _SOCKET_CELL_CHARS = 1 << 20  # larger cells go over POST /run: its body cap ans
 # a message past the server's WebSocket frame bound would only break the socket
 
 
+URL_ENV = "MEMEX_URL"
+"""The variable the client reads the service's URL from when none is passed."""
+KEY_ENV = "MEMEX_API_KEY"
+"""The variable the client reads its API key from when none is passed."""
+
+
 class Client:
     """The service's HTTP API, one method per endpoint (docs/service.md). Thread-safe: one
-    connection pool shared by every handle of a backend."""
+    connection pool shared by every handle of a backend. ``url`` and ``api_key`` default to
+    ``$MEMEX_URL`` and ``$MEMEX_API_KEY`` (a key kept out of code and of ``ps``)."""
 
-    def __init__(self, url: str, api_key: str, *, timeout: float = 60.0) -> None:
+    def __init__(self, url: str | None = None, api_key: str | None = None, *,
+                 timeout: float = 60.0) -> None:
+        if url is None:
+            url = os.environ.get(URL_ENV)
+            if not url:
+                raise ConfigError(f"no service URL: pass url=... or set ${URL_ENV}")
+        if api_key is None:
+            api_key = os.environ.get(KEY_ENV)
+            if not api_key:
+                raise ConfigError(f"no API key: pass api_key=... or set ${KEY_ENV}")
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ConfigError(f"url must be an http(s):// URL, got {url!r}")
         if not isinstance(api_key, str) or not api_key:
@@ -519,12 +535,14 @@ class RemoteSandbox:
 
 class RemoteBackend(Backend):
     """Sandboxes on a ``memex serve`` service at ``url``, as the tenant whose ``api_key``
-    this is (the service decides the tenant; ``open(tenant=...)`` is ignored). ``open`` with
-    no limits gets the service's default (those of its warm sandboxes)."""
+    this is (each read from ``$MEMEX_URL`` / ``$MEMEX_API_KEY`` when not passed; the service
+    decides the tenant, ``open(tenant=...)`` is ignored). ``open`` with no limits gets the
+    service's default (those of its warm sandboxes)."""
 
     name = "remote"
 
-    def __init__(self, *, url: str, api_key: str, timeout: float = 60.0) -> None:
+    def __init__(self, *, url: str | None = None, api_key: str | None = None,
+                 timeout: float = 60.0) -> None:
         self.client = Client(url, api_key, timeout=timeout)
         self._lock = threading.Lock()
         self._live: weakref.WeakSet[RemoteSandbox] = weakref.WeakSet()

@@ -32,7 +32,7 @@ from memex import (
     ServiceError,
     TurnStatus,
 )
-from memex.backends import Client, get_backend
+from memex.backends import Client, RemoteBackend, get_backend
 from memex.host_tools import ToolHost
 from memex.service import ServiceConfig, create_app, hash_key, load_config
 
@@ -537,3 +537,23 @@ def test_metrics_can_ask_for_a_key(tmp_path: Path) -> None:
     bad.write_text(f'[server]\nmetrics_keys = ["{scraper}"]\n')
     with pytest.raises(ConfigError, match=r"metrics_keys.*not sha256"):
         load_config(bad)
+
+
+def test_the_client_reads_its_url_and_key_from_the_environment(
+        memex_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``RemoteBackend()`` with nothing passed uses $MEMEX_URL and $MEMEX_API_KEY; what is
+    passed wins over them; with neither, the error names the variable to set."""
+    monkeypatch.setenv("MEMEX_URL", memex_server.url)
+    monkeypatch.setenv("MEMEX_API_KEY", memex_server.keys["a"])
+    with get_backend("remote") as backend, backend.open() as sb:
+        assert sb.run("6 * 7").value == "42"
+    monkeypatch.setenv("MEMEX_URL", "http://127.0.0.1:9")  # nothing listens there
+    with RemoteBackend(url=memex_server.url) as backend:  # the argument wins
+        assert isinstance(backend.client.sessions(), list)
+    monkeypatch.delenv("MEMEX_URL")
+    with pytest.raises(ConfigError, match=r"\$MEMEX_URL"):
+        RemoteBackend()
+    monkeypatch.setenv("MEMEX_URL", memex_server.url)
+    monkeypatch.delenv("MEMEX_API_KEY")
+    with pytest.raises(ConfigError, match=r"\$MEMEX_API_KEY"):
+        RemoteBackend()
