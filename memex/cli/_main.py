@@ -31,12 +31,22 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The ``memex`` parser: of every command, or with ``command`` of that one alone (its
     module is the only one imported: ``memex run -c pass`` does not pay for the others)."""
     parser = argparse.ArgumentParser(prog="memex", description=DESCRIPTION)
-    parser.add_argument("--version", action="version", version=version_line(),
+    parser.add_argument("--version", action=_Version, nargs=0,
                         help="print the version of memex and of what it runs on, and exit")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMANDS if command is None else (command,):
         importlib.import_module(f"{__package__}._{name}").add_parser(sub)
     return parser
+
+
+class _Version(argparse.Action):
+    """``--version``, its line read only when asked for (the metadata reader imports
+    zipfile and more, which ``memex run`` does not pay for)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        print(version_line())
+        parser.exit()
 
 
 def version_line() -> str:
