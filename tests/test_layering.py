@@ -12,7 +12,7 @@
 * a private module (``_name``) is imported only from inside the package that holds it; tests,
   benchmarks and examples use public names, but for the few listed below on purpose;
 * every third-party package the code imports is declared in pyproject.toml;
-* the README's Layout section lists exactly the files under ``memex/``.
+* docs/layout.md (the README links it) lists exactly the files under ``memex/``.
 """
 
 from __future__ import annotations
@@ -444,12 +444,11 @@ def test_every_third_party_import_is_declared() -> None:
     assert not missing, "undeclared third-party imports:\n" + "\n".join(sorted(set(missing)))
 
 
-# ---- the README's Layout ------------------------------------------------------------------------
+# ---- docs/layout.md ---------------------------------------------------------------------------------
 def _layout_entries() -> list[tuple[str, str]]:
-    """(path, description) of each line of the README's Layout block."""
-    text = (REPO / "README.md").read_text()
-    section = text.split("\n## Layout\n", 1)[1]
-    block = section.split("```", 2)[1]
+    """(path, description) of each line of docs/layout.md's file list."""
+    text = (REPO / "docs" / "layout.md").read_text()
+    block = text.split("```", 2)[1]
     entries: list[tuple[str, str]] = []
     stack: list[str] = []
     for line in block.splitlines():
@@ -475,11 +474,11 @@ def test_readme_layout_lists_every_file_of_the_package() -> None:
     listed = {p for p, _ in entries if p.startswith("memex/") and not p.endswith("/")}
     actual = {str(p.relative_to(REPO)) for p in ROOT.rglob("*")
               if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"}
-    assert sorted(actual - listed) == [], "files missing from the README's Layout"
-    assert sorted(listed - actual) == [], "the README's Layout lists files that do not exist"
+    assert sorted(actual - listed) == [], "files missing from docs/layout.md"
+    assert sorted(listed - actual) == [], "docs/layout.md lists files that do not exist"
     folders = {p for p, _ in entries if p.endswith("/")}
     for f in folders:
-        assert (REPO / f).is_dir(), f"the README's Layout lists {f}, which does not exist"
+        assert (REPO / f).is_dir(), f"docs/layout.md lists {f}, which does not exist"
     empty = [p for p, d in entries if not d]
     assert not empty, f"Layout lines without a description: {empty}"
 

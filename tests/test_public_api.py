@@ -45,13 +45,14 @@ PINNED: dict[str, list[str]] = {
         "SetupError", "ToolDefinitionError", "ToolInstallError",
     ],
     "memex.runtime_wasm": [
-        "Artifacts", "Checkpoint", "DecodeCost", "Door", "DoorCall", "DoorContext", "DoorError",
+        "AGENT_LIMITS", "KERNEL_LIMITS", "SANDBOX_LIMITS", "Artifacts", "Checkpoint", "DecodeCost", "Door", "DoorCall", "DoorContext", "DoorError",
         "GuestException", "GuestFile", "GuestKilled", "Job", "Limits", "Mount",
         "OutputListener", "Sandbox", "SandboxAPI", "TurnResult", "TurnStatus", "Workers",
         "checkpoint_from_bytes",
         "checkpoint_from_fds", "checkpoint_to_bytes", "checkpoint_to_fds", "compile_module",
         "dirty_tracking", "find_artifacts", "load_module", "module_path", "open_from_checkpoint",
-        "prepare", "remove_tree", "scratch_dir", "serving_door", "unpack_bounded",
+        "parse_seconds", "parse_size", "prepare", "remove_tree", "scratch_dir", "serving_door",
+        "unpack_bounded",
     ],
     "memex.backends": [
         "BACKENDS", "Backend", "Client", "InProcessBackend", "PoolBackend", "PoolStats",
@@ -63,8 +64,9 @@ PINNED: dict[str, list[str]] = {
         "Client", "RemoteBackend", "RemoteCheckpoint", "RemoteSandbox",
     ],
     "memex.serving": ["DEFAULT_MAX_RUNNING", "Bounds", "ConnectionGuard", "CoreSession",
-                      "DurableSession", "EdgeLimits", "Keeper", "QuotaExceeded", "SessionTable",
-                      "Shares", "session_fields"],
+                      "DurableSession", "EdgeLimits", "FileModel", "Keeper", "LimitsTable",
+                      "QuotaExceeded", "Seconds", "SecondsOrZero", "SessionTable", "Shares",
+                      "Size", "config_error", "session_fields"],
     "memex.service": [
         "API_VERSION", "ClientDoor", "KeyRing", "MountGrant", "ServiceConfig", "TenantConfig",
         "check_config", "create_app", "hash_key", "load_config", "serve",

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ._common import limits, seconds
 
 __all__ = ["add_parser", "load_input"]
 
@@ -76,7 +77,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from ..executor import Budget, MemexAgent, render_step
-    from ..runtime_wasm import Limits
+    from ..runtime_wasm import AGENT_LIMITS
 
     tools: Any = []
     for spec in args.tools:
@@ -104,7 +105,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
     agent = MemexAgent(
         model=args.model, base_url=args.base_url, api_key=args.api_key, tools=tools,
-        submit=schema, action_space=args.action_space, limits=Limits(timeout=args.timeout),
+        submit=schema, action_space=args.action_space, limits=limits(args, AGENT_LIMITS),
         budget=Budget(max_turns=args.max_turns, max_tokens=args.max_tokens,
                       max_seconds=args.max_seconds, max_cost=args.max_cost),
         trajectory_path=args.trajectory, on_step=on_step,
@@ -139,7 +140,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--max-tokens", type=int, default=None)
     p.add_argument("--max-seconds", type=float, default=None)
     p.add_argument("--max-cost", type=float, default=None)
-    p.add_argument("--timeout", type=float, default=60.0, help="wall seconds per block")
+    p.add_argument("--timeout", type=seconds, default=None,
+                   help="wall seconds per block (default: AGENT_LIMITS, 60)")
     p.add_argument("--trajectory", default="memex-trajectory.jsonl",
                    help="where the trajectory is written (JSONL)")
     p.add_argument("--no-stream", dest="stream", action="store_false",

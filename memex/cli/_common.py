@@ -12,23 +12,35 @@ if TYPE_CHECKING:
     from ..runtime_wasm import Limits, Mount, TurnResult
 
 __all__ = ["add_sandbox_options", "exit_code", "limits", "mounts", "preload", "print_result",
-           "size"]
+           "seconds", "size"]
 
 
 def size(text: str) -> int:
-    """A byte size from text: 512M, 2G, 65536."""
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    """A byte size from text (512M, 2G, 65536): the runtime's one grammar."""
+    from ..errors import ConfigError
+    from ..runtime_wasm import parse_size
+
     try:
-        if t and t[-1] in units:
-            return int(float(t[:-1]) * units[t[-1]])
-        return int(t)
-    except ValueError:
+        return parse_size(text)
+    except ConfigError:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 512M, 2G)") from None
 
 
+def seconds(text: str) -> float:
+    """Seconds > 0 from text (30, 1.5, 500ms, 2min): the runtime's one grammar."""
+    from ..errors import ConfigError
+    from ..runtime_wasm import parse_seconds
+
+    try:
+        return parse_seconds(text)
+    except ConfigError:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 30, 500ms, "
+                                         "2min)") from None
+
+
 def add_sandbox_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--timeout", type=float, default=30.0, help="wall seconds per turn")
+    p.add_argument("--timeout", type=seconds, default=None,
+                   help="wall seconds per turn (default: memex.runtime_wasm.SANDBOX_LIMITS, 30)")
     p.add_argument("--memory", type=size, default=None, help="guest memory cap (e.g. 512M)")
     p.add_argument("--fuel", type=int, default=None, help="instruction budget per turn")
     p.add_argument("--disk", type=size, default=None,
@@ -43,17 +55,15 @@ def add_sandbox_options(p: argparse.ArgumentParser) -> None:
                    help="start from a warm image with these modules imported")
 
 
-def limits(args: argparse.Namespace) -> Limits:
+def limits(args: argparse.Namespace, base: Limits | None = None) -> Limits:
+    """The flags given, over ``base`` (default: the sandbox's defaults)."""
     from ..runtime_wasm import Limits
 
-    kw: dict[str, object] = {"timeout": args.timeout}
-    if args.memory is not None:
-        kw["memory"] = args.memory
-    for name, field in (("fuel", "fuel"), ("disk", "disk_bytes"), ("files", "disk_files"),
-                        ("open_files", "open_files")):
-        if getattr(args, name, None) is not None:
-            kw[field] = getattr(args, name)
-    return Limits(**kw)  # type: ignore[arg-type]
+    given = {field: getattr(args, name) for name, field in (
+        ("timeout", "timeout"), ("memory", "memory"), ("fuel", "fuel"), ("disk", "disk_bytes"),
+        ("files", "disk_files"), ("open_files", "open_files"))
+        if getattr(args, name, None) is not None}
+    return Limits.from_mapping(given, base=base)
 
 
 def mounts(specs: Sequence[str]) -> list[Mount]:

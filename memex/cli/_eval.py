@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from ..errors import ConfigError
+from ._common import limits, seconds
 
 __all__ = ["add_parser"]
 
@@ -101,7 +102,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from ..eval import SUITES, load_suite, run_eval
     from ..executor import Budget
-    from ..runtime_wasm import Limits
+    from ..runtime_wasm import AGENT_LIMITS
 
     suite = load_suite(args.suite, SUITES)
     aids, variant = _aids(args.aid)
@@ -132,7 +133,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 concurrency=args.concurrency,
                 tasks=args.task or None, limit=args.limit, variant=variant, aids=aids,
                 budget=Budget(max_turns=args.max_turns, max_seconds=args.max_seconds),
-                limits=Limits(timeout=args.timeout),
+                limits=limits(args, AGENT_LIMITS),
                 backend=args.backend, progress=on_result,
                 judge=_judge(args, llm) if args.judge_model else None)
         except KeyboardInterrupt:
@@ -253,7 +254,8 @@ def add_parser(sub: Any) -> None:
     r.add_argument("--aid", action="append", default=[], metavar="NAME=VALUE",
                    help="an Aids switch, e.g. example_from_tools=off (names the variant)")
     r.add_argument("--backend", default="pool", help="pool (default)|subprocess|inprocess")
-    r.add_argument("--timeout", type=float, default=60.0, help="wall seconds per code block")
+    r.add_argument("--timeout", type=seconds, default=None,
+                   help="wall seconds per code block (default: AGENT_LIMITS, 60)")
     r.add_argument("--max-seconds", type=float, default=None,
                    help="wall seconds per rollout (the same bound for every action space)")
     r.add_argument("--quiet", action="store_true", help="a line per rollout, no progress bar")

@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from ..errors import ConfigError
-from ._common import size
+from ._common import seconds, size
 
 __all__ = ["add_parser"]
 
@@ -40,7 +40,8 @@ def add_parser(sub: Any) -> None:
     where.add_argument("--prefix", default=None, help="install under this prefix")
     where.add_argument("--sys-prefix", action="store_true",
                        help="install into this Python's environment")
-    q.add_argument("--timeout", type=float, default=600.0, help="wall seconds per cell")
+    q.add_argument("--timeout", type=seconds, default=None,
+                   help="wall seconds per cell (default: KERNEL_LIMITS, 600)")
     q.add_argument("--memory", type=size, default=None, help="guest memory cap (e.g. 2G)")
     q.add_argument("--fuel", type=int, default=None, help="instruction budget per cell")
     q.add_argument("--mount", action="append", default=[], metavar="HOST:GUEST[:rw]",

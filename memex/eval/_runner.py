@@ -18,7 +18,7 @@ from ..backends import Backend, get_backend
 from ..errors import ConfigError, LLMError
 from ..executor import Aids, Budget, MemexAgent, Rollout, TrajectoryWriter
 from ..executor.llm import LLMClient
-from ..runtime_wasm import Limits
+from ..runtime_wasm import AGENT_LIMITS, Limits
 from ._grade import grade
 from ._judge import judge as judge_answer
 from ._results import RESULTS, TRAJECTORIES, JsonlFile, RolloutResult, load_results
@@ -120,7 +120,7 @@ def run_eval(
         trajectories = stack.enter_context(TrajectoryWriter(out / TRAJECTORIES))
         runner = _Runner(suite=suite, llm=llm, model=model, variant=variant,
                          aids=aids or Aids(), budget=budget or Budget(max_turns=8),
-                         limits=limits or Limits(timeout=60), backend=be, judge=judge)
+                         limits=limits or AGENT_LIMITS, backend=be, judge=judge)
         ran = _run_all(plan, runner, concurrency, results, trajectories, progress, out)
     every = tuple(r for r in _earlier(out)
                   if r.suite == suite.name and r.model == model and r.variant == variant)

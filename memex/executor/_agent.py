@@ -16,7 +16,7 @@ from typing import Any, Literal
 from ..backends import Backend, get_backend
 from ..errors import ConfigError
 from ..host_tools import Tool, ToolBudget, ToolSet
-from ..runtime_wasm import Limits, Mount
+from ..runtime_wasm import AGENT_LIMITS, Limits, Mount
 from . import _prompt
 from ._config import Aids, Budget
 from ._run import Rollout, Run
@@ -65,7 +65,7 @@ class MemexAgent:
         self.instructions = instructions
         self.action_space: ActionSpace = action_space
         self.code_via = code_via
-        self.limits = limits or Limits(timeout=60)
+        self.limits = limits or AGENT_LIMITS
         self.budget = budget or Budget()
         self.aids = aids or Aids()
         self.mounts = tuple(mounts)

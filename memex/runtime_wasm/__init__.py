@@ -9,7 +9,10 @@ sandbox offers), the checkpoint transfer functions backends use to move a guest 
 processes, ``prepare`` (the one-time precompile), ``dirty_tracking`` (whether this host's
 checkpoints cost what a turn wrote or the whole memory), ``unpack_bounded`` with its
 ``DecodeCost`` (msgpack from outside the process, decoded under a cost cap) and
-``remove_tree`` (deleting a folder a guest built: iterative, bounded, never raising).
+``remove_tree`` (deleting a folder a guest built: iterative, bounded, never raising). The
+defaults live here, once: ``SANDBOX_LIMITS``, ``AGENT_LIMITS`` and ``KERNEL_LIMITS``, with the
+one grammar for sizes and durations (``parse_size``, ``parse_seconds``) that
+``Limits.from_mapping`` and every config reader use.
 """
 
 from ._artifacts import Artifacts, find_artifacts
@@ -21,7 +24,17 @@ from ._instance import GuestKilled
 from ._output import OutputListener
 from ._prepare import prepare
 from ._protocol import SandboxAPI
-from ._records import GuestException, GuestFile, Limits, Mount, TurnResult, TurnStatus
+from ._records import (
+    AGENT_LIMITS,
+    KERNEL_LIMITS,
+    SANDBOX_LIMITS,
+    GuestException,
+    GuestFile,
+    Limits,
+    Mount,
+    TurnResult,
+    TurnStatus,
+)
 from ._sandbox import Checkpoint, Sandbox
 from ._transfer import (
     checkpoint_from_bytes,
@@ -32,9 +45,13 @@ from ._transfer import (
     scratch_dir,
 )
 from ._tree import remove as remove_tree
+from ._units import parse_seconds, parse_size
 from ._workers import Job, Workers
 
 __all__ = [
+    "AGENT_LIMITS",
+    "KERNEL_LIMITS",
+    "SANDBOX_LIMITS",
     "Artifacts",
     "Checkpoint",
     "DecodeCost",
@@ -64,6 +81,8 @@ __all__ = [
     "load_module",
     "module_path",
     "open_from_checkpoint",
+    "parse_seconds",
+    "parse_size",
     "prepare",
     "remove_tree",
     "scratch_dir",

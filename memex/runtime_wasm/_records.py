@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import posixpath
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 from ..errors import ConfigError
+from ._units import parse_seconds, parse_size
 
-__all__ = ["GuestException", "GuestFile", "Limits", "Mount", "TurnResult", "TurnStatus"]
+__all__ = ["AGENT_LIMITS", "KERNEL_LIMITS", "SANDBOX_LIMITS", "GuestException", "GuestFile",
+           "Limits", "Mount", "TurnResult", "TurnStatus"]
+
+# The one home of the turn deadlines every entry point defaults to.
+TURN_TIMEOUT = 30.0  # a sandbox's turn: the SDK, `memex run`, the service, MCP tools
+AGENT_TURN_TIMEOUT = 60.0  # an agent's code block: MemexAgent, the framework adapters, eval
+KERNEL_TURN_TIMEOUT = 600.0  # a cell a person runs: Jupyter, `memex kernel`
+_SIZES = ("memory", "stdout_bytes", "stderr_bytes", "disk_bytes")
+_COUNTS = ("fuel", "fuel_total", "disk_files", "open_files")
+_SECONDS = ("timeout", "idle_timeout", "lifetime")
 
 RESERVED_GUEST_PATHS = ("/usr/local/lib", "/memex", "/tmp")
 MIN_OPEN_FILES = 16
@@ -41,7 +54,7 @@ class Limits:
             ``limit="open_files"``); the interpreter itself needs a few.
     """
 
-    timeout: float = 30.0
+    timeout: float = TURN_TIMEOUT
     memory: int = 1 << 30
     fuel: int | None = None
     fuel_total: int | None = None
@@ -96,6 +109,83 @@ class Limits:
     @property
     def metered(self) -> bool:
         return self.fuel is not None or self.fuel_total is not None
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], *, base: Limits | None = None,
+                     ceiling: Limits | Mapping[str, Any] | None = None,
+                     where: str = "limits") -> Limits:
+        """Limits from loose input (flags, a config table, a request body, a sub-agent's
+        spec): what every entry point uses, so that each reads the same way.
+
+        Unknown keys are refused; sizes and durations take the one grammar (``'512M'``,
+        ``'500ms'``); a field given as None means unbounded (only where the field allows it).
+        Fields not given come from ``base`` (default: :data:`SANDBOX_LIMITS`), each lowered
+        to ``ceiling``. A given field above ``ceiling`` is refused ("only tighter"): the
+        ceiling is a Limits (a parent's) or a partial mapping (a tenant's); a field it holds
+        as None is not capped, and an unbounded value is above any cap."""
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{where}: expected a table of Limits fields, got "
+                              f"{type(data).__name__}")
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(str(k) for k in data if k not in names)
+        if unknown:
+            raise ConfigError(f"{where}: unknown field(s) {', '.join(unknown)}; Limits has "
+                              f"{', '.join(names)}")
+        caps = _caps(ceiling, where)
+        base = base if base is not None else SANDBOX_LIMITS
+        out: dict[str, Any] = {}
+        above = []
+        for name in names:
+            if name in data:
+                value = _parse_field(name, data[name], f"{where}.{name}")
+                cap = caps.get(name)
+                if cap is not None and (value is None or value > cap):
+                    above.append(f"{where}.{name} = {value!r} is above the ceiling of {cap!r}")
+            else:
+                value = getattr(base, name)
+                cap = caps.get(name)
+                if cap is not None and (value is None or value > cap):
+                    value = cap
+            out[name] = value
+        if above:
+            raise ConfigError("; ".join(above) + ": limits can only be tighter")
+        return cls(**out)
+
+    def to_mapping(self) -> dict[str, Any]:
+        """The fields as a plain dict (what :meth:`from_mapping` reads back)."""
+        return dataclasses.asdict(self)
+
+
+def _parse_field(name: str, value: Any, what: str) -> Any:
+    if value is None:
+        return None  # Limits itself refuses None where a field must be bounded
+    if name in _SIZES:
+        return parse_size(value, what=what)
+    if name in _SECONDS:
+        return parse_seconds(value, what=what)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{what}: expected an int, got {value!r:.80}")
+    return value
+
+
+def _caps(ceiling: Limits | Mapping[str, Any] | None, where: str) -> dict[str, Any]:
+    if ceiling is None:
+        return {}
+    if isinstance(ceiling, Limits):
+        return {k: v for k, v in dataclasses.asdict(ceiling).items() if v is not None}
+    names = {f.name for f in dataclasses.fields(Limits)}
+    out = {}
+    for k, v in ceiling.items():
+        if k not in names:
+            raise ConfigError(f"{where} ceiling: unknown field {k!r}")
+        if v is not None:
+            out[k] = _parse_field(k, v, f"{where} ceiling.{k}")
+    return out
+
+
+SANDBOX_LIMITS = Limits()  # what a Sandbox gets when given none
+AGENT_LIMITS = Limits(timeout=AGENT_TURN_TIMEOUT)  # an agent's sandbox
+KERNEL_LIMITS = Limits(timeout=KERNEL_TURN_TIMEOUT)  # an interactive kernel's sandbox
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -20,19 +20,27 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError
 
 from ..errors import ConfigError
 from ..host_tools import EgressPolicy, ToolSet
-from ..runtime_wasm import Limits
-from ..serving import Bounds, EdgeLimits
+from ..runtime_wasm import SANDBOX_LIMITS, Limits
+from ..serving import (
+    Bounds,
+    EdgeLimits,
+    FileModel,
+    LimitsTable,
+    Seconds,
+    SecondsOrZero,
+    Size,
+    config_error,
+)
 from ._tools import load_tools
 
 __all__ = ["KeyRing", "MountGrant", "ServiceConfig", "TenantConfig", "check_config", "hash_key",
            "load_config"]
-
-_LIMIT_FIELDS = {f.name for f in dataclasses.fields(Limits)}
-
 
 def hash_key(key: str) -> str:
     """The form an API key is stored in: ``sha256:<64 hex digits>``."""
@@ -78,30 +86,14 @@ class TenantConfig:
         return Bounds(max_sessions=self.max_sessions, max_memory=self.max_memory,
                       max_disk=self.max_disk, max_checkpoints=self.max_checkpoints)
 
-    def check_limits(self, limits: Limits) -> None:
-        """Refuse limits above this tenant's ceiling (an unbounded value above any bound)."""
-        for name, cap in self.ceiling.items():
-            value = getattr(limits, name)
-            if value is None or value > cap:
-                raise ConfigError(f"limits.{name} = {value!r} is above tenant {self.name!r}'s "
-                                  f"ceiling of {cap!r}")
-
-    def default_limits(self, base: Limits, given: frozenset[str] | set[str] = frozenset()
-                       ) -> dict[str, Any]:
-        """The fields of ``base`` not in ``given``, each lowered to this tenant's ceiling
-        (and the memory to its ``max_memory``): what a session asking for nothing gets."""
-        out: dict[str, Any] = {}
-        for f in dataclasses.fields(Limits):
-            if f.name in given:
-                continue
-            value = getattr(base, f.name)
-            cap = self.ceiling.get(f.name)
-            if cap is not None and (value is None or value > cap):
-                value = cap
-            if f.name == "memory" and self.max_memory is not None:
-                value = min(value, self.max_memory)
-            out[f.name] = value
-        return out
+    def limits(self, given: Mapping[str, Any], base: Limits) -> Limits:
+        """A session's limits: what it asks for (``given``), each within this tenant's
+        ceiling (refused above it); the rest from ``base`` lowered to the ceiling, and its
+        memory to ``max_memory``. The one reader: :meth:`Limits.from_mapping`."""
+        if self.max_memory is not None and base.memory > self.max_memory:
+            base = dataclasses.replace(base, memory=self.max_memory)
+        return Limits.from_mapping(given, base=base, ceiling=self.ceiling,
+                                   where=f"tenant {self.name!r}: limits")
 
     def check_mount(self, host_path: Path, writable: bool) -> None:
         if not any(g.allows(host_path, writable) for g in self.mounts):
@@ -120,7 +112,7 @@ class ServiceConfig:
     backend: str = "pool"
     workers: int = 2
     warm: int | None = None
-    warm_timeout: float = 30.0  # the turn deadline of the pool's warm sandboxes
+    warm_timeout: float = SANDBOX_LIMITS.timeout  # the turn deadline of the pool's warm sandboxes
     max_sandboxes: int | None = None  # the pool's bound on live sandboxes (8 per worker)
     preload: tuple[str, ...] = ()  # modules the warm sandboxes have imported already
     max_body_bytes: int = 32 << 20
@@ -138,22 +130,6 @@ class ServiceConfig:
     edge: EdgeLimits = field(default_factory=EdgeLimits)  # connections: _edge
     tenants: Mapping[str, TenantConfig] = field(default_factory=dict)
     path: Path | None = None
-
-
-def _typed(where: str, value: Any, kind: type | tuple[type, ...]) -> Any:
-    if isinstance(value, bool) and kind is not bool and bool not in (
-            kind if isinstance(kind, tuple) else (kind,)):
-        raise ConfigError(f"{where} must be {kind}, got {value!r}")
-    if not isinstance(value, kind):
-        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        raise ConfigError(f"{where} must be {names}, got {value!r}")
-    return value
-
-
-def _known(where: str, table: Mapping[str, Any], keys: set[str]) -> None:
-    unknown = sorted(set(table) - keys)
-    if unknown:
-        raise ConfigError(f"{where}: unknown keys {unknown} (known: {sorted(keys)})")
 
 
 def _check_hashes(where: str, keys: tuple[str, ...]) -> None:
@@ -179,111 +155,119 @@ def key_matches(stored: tuple[str, ...], key: str | None) -> bool:
     return found
 
 
-def _tenant(name: str, t: Any, base: Path) -> TenantConfig:
+class _MountFile(FileModel):
+    host: str
+    writable: bool = False
+
+
+class _TenantFile(FileModel):
+    """``[tenants.NAME]``."""
+
+    keys: list[str] = Field(default_factory=list)
+    max_sessions: int | None = Field(default=8, gt=0)
+    max_memory: Size | None = None
+    max_disk: Size | None = None
+    max_checkpoints: int = Field(default=64, gt=0)
+    turns_per_second: float | None = Field(default=None, gt=0)
+    max_running: int | None = Field(default=None, gt=0)
+    queued: int = Field(default=16, gt=0)
+    ceiling: LimitsTable = Field(default_factory=LimitsTable)
+    mounts: list[_MountFile] = Field(default_factory=list)
+    egress: str | None = None
+    tools: list[str] = Field(default_factory=list)
+
+
+class _ServerFile(FileModel):
+    """``[server]``: the server's settings and its connection edge's."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    backend: Literal["pool", "subprocess", "inprocess"] = "pool"
+    workers: int = Field(default=2, gt=0)
+    warm: int | None = Field(default=None, ge=0)
+    max_sandboxes: int | None = Field(default=None, gt=0)
+    warm_timeout: Seconds = SANDBOX_LIMITS.timeout
+    max_body_bytes: Size = 32 << 20
+    threads: int = Field(default=64, gt=0)
+    tenant_threads: int = Field(default=0, ge=0)
+    access_log: bool = True
+    log_code: bool = False
+    preload: list[str] = Field(default_factory=list)
+    state_dir: str | None = None
+    shared_dir: str | None = None
+    save_interval: SecondsOrZero = 30.0
+    idle_evict: SecondsOrZero | None = None
+    checkpoint_ttl: SecondsOrZero = 600.0
+    metrics_keys: list[str] = Field(default_factory=list)
+    metrics_public: bool = False
+    max_connections: int | None = Field(default=None, ge=0)
+    max_pending: int | None = Field(default=None, gt=0)
+    max_pending_per_peer: int | None = Field(default=None, gt=0)
+    header_timeout: Seconds | None = None
+    body_timeout: Seconds | None = None
+    max_header_bytes: Size | None = Field(default=None, gt=0)
+    keep_alive_timeout: Seconds | None = None
+
+
+class _ServeFile(FileModel):
+    server: _ServerFile = Field(default_factory=_ServerFile)
+    tenants: dict[str, _TenantFile] = Field(default_factory=dict)
+
+
+_EDGE_KEYS = ("max_connections", "max_pending", "max_pending_per_peer", "header_timeout",
+              "body_timeout", "max_header_bytes", "keep_alive_timeout")
+
+
+def _tenant(name: str, t: _TenantFile, base: Path) -> TenantConfig:
     where = f"[tenants.{name}]"
     if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name) or name in (".", ".."):
         raise ConfigError(f"{where}: a tenant name is 1-64 letters, digits, '_', '.' or '-'")
-    _typed(where, t, dict)
-    _known(where, t, {"keys", "max_sessions", "max_memory", "max_disk", "max_checkpoints",
-                      "turns_per_second", "max_running", "queued", "ceiling", "mounts",
-                      "egress", "tools"})
-    keys = tuple(_typed(f"{where} keys[]", k, str) for k in _typed(f"{where} keys",
-                                                                      t.get("keys", []), list))
+    keys = tuple(t.keys)
     _check_hashes(f"{where} keys", keys)
-    ceiling = dict(_typed(f"{where}.ceiling", t.get("ceiling", {}), dict))
-    _known(f"[tenants.{name}.ceiling]", ceiling, _LIMIT_FIELDS)
-    for k, v in ceiling.items():
-        _typed(f"[tenants.{name}.ceiling] {k}", v, (int, float))
-    grants = []
-    for i, m in enumerate(_typed(f"{where} mounts", t.get("mounts", []), list)):
-        _typed(f"{where} mounts[{i}]", m, dict)
-        _known(f"{where} mounts[{i}]", m, {"host", "writable"})
-        host = Path(_typed(f"{where} mounts[{i}].host", m.get("host"), str))
-        grants.append(MountGrant(host=(base / host).resolve(),
-                                 writable=_typed(f"{where} mounts[{i}].writable",
-                                                 m.get("writable", False), bool)))
     egress = None
-    if "egress" in t:
-        policy_path = base / _typed(f"{where} egress", t["egress"], str)
+    if t.egress is not None:
         try:
-            egress = EgressPolicy.load(policy_path)
+            egress = EgressPolicy.load(base / t.egress)
         except ConfigError as exc:
             raise ConfigError(f"{where} egress: {exc}") from exc
-    specs = _typed(f"{where} tools", t.get("tools", []), list)
-    tools = load_tools(f"{where} tools", [_typed(f"{where} tools[]", x, str) for x in specs],
-                       base, name)
-    opt_int = (int, type(None))
-    tps = t.get("turns_per_second")
+    tools = load_tools(f"{where} tools", t.tools, base, name)
     return TenantConfig(
-        name=name, keys=keys,
-        max_sessions=_typed(f"{where} max_sessions", t.get("max_sessions", 8), opt_int),
-        max_memory=_typed(f"{where} max_memory", t.get("max_memory"), opt_int),
-        max_disk=_typed(f"{where} max_disk", t.get("max_disk"), opt_int),
-        max_checkpoints=_typed(f"{where} max_checkpoints", t.get("max_checkpoints", 64), int),
-        turns_per_second=None if tps is None else float(
-            _typed(f"{where} turns_per_second", tps, (int, float))),
-        max_running=_typed(f"{where} max_running", t.get("max_running"), opt_int),
-        queued=_typed(f"{where} queued", t.get("queued", 16), int),
-        ceiling=ceiling, mounts=tuple(grants), egress=egress, tools=tools)
-
-
-_SERVER_KEYS: dict[str, Any] = {
-    "host": str, "port": int, "backend": str, "workers": int, "warm": int, "max_sandboxes": int,
-    "warm_timeout": (int, float), "max_body_bytes": int, "threads": int, "tenant_threads": int,
-    "access_log": bool, "log_code": bool, "preload": list, "state_dir": str, "shared_dir": str,
-    "save_interval": (int, float), "idle_evict": (int, float), "metrics_keys": list,
-    "checkpoint_ttl": (int, float),
-    "metrics_public": bool}
-_EDGE_KEYS: dict[str, Any] = {
-    "max_connections": int, "max_pending": int, "max_pending_per_peer": int,
-    "header_timeout": (int, float), "body_timeout": (int, float), "max_header_bytes": int,
-    "keep_alive_timeout": (int, float)}
+        name=name, keys=keys, max_sessions=t.max_sessions, max_memory=t.max_memory,
+        max_disk=t.max_disk, max_checkpoints=t.max_checkpoints,
+        turns_per_second=t.turns_per_second, max_running=t.max_running, queued=t.queued,
+        ceiling=t.ceiling.given(),
+        mounts=tuple(MountGrant(host=(base / m.host).resolve(), writable=m.writable)
+                     for m in t.mounts),
+        egress=egress, tools=tools)
 
 
 def parse_config(data: Mapping[str, Any], *, path: Path | None = None) -> ServiceConfig:
     """A :class:`ServiceConfig` from the parsed TOML tables ``[server]`` and ``[tenants.*]``."""
-    _known("serve.toml", data, {"server", "tenants"})
-    server = _typed("[server]", data.get("server", {}), dict)
-    _known("[server]", server, set(_SERVER_KEYS) | set(_EDGE_KEYS))
-    edge = {k: _typed(f"[server] {k}", v, _EDGE_KEYS[k]) for k, v in server.items()
-            if k in _EDGE_KEYS}
-    for k, v in edge.items():
-        if v <= 0 and not (k == "max_connections" and v == 0):
-            raise ConfigError(f"[server] {k} must be > 0, got {v!r}")
-    opts = {k: _typed(f"[server] {k}", v, _SERVER_KEYS[k]) for k, v in server.items()
-            if k not in _EDGE_KEYS}
-    edge_opts: dict[str, Any] = {k: float(v) if isinstance(_EDGE_KEYS[k], tuple) else v
-                                 for k, v in edge.items()}
-    opts["edge"] = EdgeLimits(**edge_opts)
-    if opts.get("backend", "pool") not in ("pool", "subprocess", "inprocess"):
-        raise ConfigError(f"[server] backend must be pool, subprocess or inprocess, got "
-                          f"{opts['backend']!r}")
-    if "warm_timeout" in opts:
-        opts["warm_timeout"] = float(opts["warm_timeout"])
+    try:
+        f = _ServeFile.model_validate(data)
+    except ValidationError as exc:
+        raise config_error(None, _ServeFile, exc) from None
+    server = f.server.model_dump(exclude_unset=True)
+    edge = {k: server.pop(k) for k in _EDGE_KEYS if k in server}
+    opts: dict[str, Any] = {k: getattr(f.server, k) for k in server}
+    opts["edge"] = EdgeLimits(**{k: v for k, v in edge.items() if v is not None})
     base = path.parent if path is not None else Path.cwd()
     for k in ("state_dir", "shared_dir"):
-        if k in opts:
+        if opts.get(k) is not None:
             opts[k] = (base / opts[k]).resolve()
-    for k in ("save_interval", "idle_evict", "checkpoint_ttl"):
-        if k in opts:
-            opts[k] = float(opts[k])
-            if opts[k] < 0:
-                raise ConfigError(f"[server] {k} must be >= 0, got {opts[k]!r}")
     if "metrics_keys" in opts:
-        opts["metrics_keys"] = tuple(_typed("[server] metrics_keys[]", k, str)
-                                     for k in opts["metrics_keys"])
+        opts["metrics_keys"] = tuple(opts["metrics_keys"])
         _check_hashes("[server] metrics_keys", opts["metrics_keys"])
     if "preload" in opts:
-        opts["preload"] = tuple(_typed("[server] preload[]", m, str) for m in opts["preload"])
-    tenants = {n: _tenant(n, t, base)
-               for n, t in _typed("[tenants]", data.get("tenants", {}), dict).items()}
+        opts["preload"] = tuple(opts["preload"])
+    tenants = {n: _tenant(n, t, base) for n, t in f.tenants.items()}
     seen: dict[str, str] = {}
     for t in tenants.values():
         for k in t.keys:
             if k in seen:
                 raise ConfigError(f"one key is listed for tenants {seen[k]!r} and {t.name!r}")
             seen[k] = t.name
-    if "state_dir" in opts and "idle_evict" not in opts:
+    if opts.get("state_dir") is not None and "idle_evict" not in opts:
         opts["idle_evict"] = 600.0  # a durable server evicts idle sessions by default
     return ServiceConfig(**opts, tenants=tenants, path=path)
 
@@ -294,21 +278,21 @@ def check_config(config: ServiceConfig) -> tuple[list[str], list[str]]:
     ceiling), and a tenant that may hold every sandbox of the pool."""
     notes: list[str] = []
     problems: list[str] = []
-    base = Limits(timeout=config.warm_timeout)
+    base = dataclasses.replace(SANDBOX_LIMITS, timeout=config.warm_timeout)
     capacity = (config.max_sandboxes or 8 * config.workers) if config.backend == "pool" \
         else None
     for t in config.tenants.values():
-        got = t.default_limits(base)
-        lowered = {k: v for k, v in got.items() if v != getattr(base, k)}
-        notes.append(f"tenant {t.name}: a session asking for no limits gets timeout "
-                     f"{got['timeout']:g} s, memory {got['memory']}"
-                     + (f" (lowered to its bounds: {sorted(lowered)})" if lowered else ""))
         try:
-            t.check_limits(Limits(**got))
+            got = t.limits({}, base)
         except ConfigError as exc:
-            problems.append(f"tenant {t.name}: {exc}")
-        if t.max_memory is not None and got["memory"] > t.max_memory:
-            problems.append(f"tenant {t.name}: max_memory {t.max_memory} holds no session")
+            problems.append(f"tenant {t.name}: max_memory {t.max_memory} holds no session "
+                            f"({exc})" if t.max_memory is not None and
+                            t.max_memory < base.memory else f"tenant {t.name}: {exc}")
+        else:
+            lowered = [k for k, v in got.to_mapping().items() if v != getattr(base, k)]
+            notes.append(f"tenant {t.name}: a session asking for no limits gets timeout "
+                         f"{got.timeout:g} s, memory {got.memory}"
+                         + (f" (lowered to its bounds: {sorted(lowered)})" if lowered else ""))
         if capacity is not None and (t.max_sessions is None or t.max_sessions >= capacity):
             problems.append(f"tenant {t.name}: max_sessions {t.max_sessions} lets it hold "
                             f"every sandbox of the pool ({capacity}); other tenants would "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -21,7 +22,15 @@ from ..backends import Backend, ProcessSandbox, TenantQuota, get_backend
 from ..backends.worker import limits_to_wire, result_to_wire
 from ..errors import MemexError
 from ..host_tools import Egress, EgressRecord, ToolCallRecord, ToolHost
-from ..runtime_wasm import Limits, Mount, OutputListener, Sandbox, SandboxAPI, TurnResult
+from ..runtime_wasm import (
+    SANDBOX_LIMITS,
+    Limits,
+    Mount,
+    OutputListener,
+    Sandbox,
+    SandboxAPI,
+    TurnResult,
+)
 from ..serving import ConnectionGuard, Shares
 from ._config import KeyRing, ServiceConfig, TenantConfig
 from ._door import ClientDoor
@@ -219,9 +228,8 @@ class Service:
         # unset fields: the service's defaults (the warm sandboxes' timeout), within the
         # tenant's ceiling
         given = body.limits.model_dump(exclude_unset=True) if body.limits is not None else {}
-        limits = Limits(**{**tenant.default_limits(Limits(timeout=self.config.warm_timeout),
-                                                   set(given)), **given})
-        tenant.check_limits(limits)
+        limits = tenant.limits(given, dataclasses.replace(SANDBOX_LIMITS,
+                                                          timeout=self.config.warm_timeout))
         mounts = []
         for m in body.mounts:
             host = Path(m.host).resolve()

@@ -4,13 +4,23 @@ edge that bounds what a client can hold of a server before any application code 
 checkpoints per owner with its bounds (``SessionTable``, ``Bounds``, ``CoreSession``), the
 fair shares that admit each operation in the event loop (``Shares``), and the keeper that
 saves sessions to SQLite, evicts idle ones and brings them back after a restart
-(``Keeper``, ``DurableSession``). Imports no web
-framework: each front end brings its own extra."""
+(``Keeper``, ``DurableSession``); and the one style of their config files (``FileModel``,
+``LimitsTable``, ``Size``, ``Seconds``, ``config_error``). Imports no web framework: each
+front end brings its own extra."""
 
 from ._durable import DurableSession, Keeper, session_fields
 from ._edge import ConnectionGuard, EdgeLimits
+from ._settings import (
+    FileModel,
+    LimitsTable,
+    Seconds,
+    SecondsOrZero,
+    Size,
+    config_error,
+)
 from ._shares import DEFAULT_MAX_RUNNING, Shares
 from ._table import Bounds, CoreSession, QuotaExceeded, SessionTable
 
 __all__ = ["DEFAULT_MAX_RUNNING", "Bounds", "ConnectionGuard", "CoreSession", "DurableSession",
-           "EdgeLimits", "Keeper", "QuotaExceeded", "SessionTable", "Shares", "session_fields"]
+           "EdgeLimits", "FileModel", "Keeper", "LimitsTable", "QuotaExceeded", "Seconds",
+           "SecondsOrZero", "SessionTable", "Shares", "Size", "config_error", "session_fields"]

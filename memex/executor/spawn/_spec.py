@@ -234,13 +234,17 @@ def _limits(raw: Any, budget: Budget, limits: Limits) -> tuple[Budget, Limits]:
                 value > 0 and math.isfinite(value)):
             raise SpawnRefused("limits", f"limits[{key!r}] must be a positive "
                                f"{'int' if number is int else 'number'}, got {value!r}")
-        own = getattr(budget if key in _BUDGET_KEYS else limits, key)
+        if key in _LIMIT_KEYS:
+            lim[key] = value
+            continue
+        own = getattr(budget, key)
         if own is not None and value > own:
             raise SpawnRefused("limits", f"limits[{key!r}]={value} is above this agent's own "
                                f"{own}: a sub-agent's limits can only be tighter")
-        (b if key in _BUDGET_KEYS else lim)[key] = value
-    try:
-        return dataclasses.replace(budget, **b), dataclasses.replace(limits, **lim)
+        b[key] = value
+    try:  # the sandbox's limits: the one reader, this agent's own as base and ceiling
+        return dataclasses.replace(budget, **b), Limits.from_mapping(
+            lim, base=limits, ceiling=limits, where="the sub-agent's limits")
     except ConfigError as exc:
         raise SpawnRefused("limits", str(exc)) from None
 

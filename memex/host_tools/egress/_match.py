@@ -6,13 +6,14 @@ raise :class:`~memex.errors.PolicyError` naming the field."""
 from __future__ import annotations
 
 import ipaddress
-import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ...errors import PolicyError
+from ...errors import ConfigError, PolicyError
+from ...runtime_wasm import parse_seconds as _rt_seconds
+from ...runtime_wasm import parse_size as _rt_size
 from ._addr import (
     BadURL,
     IPAddress,
@@ -190,31 +191,21 @@ class Matcher:
 
 
 def parse_size(value: Any, where: str, source: str | None, *, optional: bool = False) -> int | None:
-    units = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20,
-             "mb": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
+    """The runtime's one size grammar, reported the policy's way (file, key)."""
     if value is None and optional:
         return None
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    if isinstance(value, str):
-        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", value)
-        if m and m.group(2).lower() in units:
-            return int(float(m.group(1)) * units[m.group(2).lower()])
-    raise fail(where, f"expected a byte count like 1048576 or '10M', got {value!r}", source)
+    try:
+        return _rt_size(value, what="")
+    except ConfigError as exc:
+        raise fail(where, str(exc), source) from None
 
 
 def parse_seconds(value: Any, where: str, source: str | None) -> float:
-    units = {"": 1.0, "s": 1.0, "ms": 0.001, "min": 60.0, "m": 60.0}
-    v: float | None = None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        v = float(value)
-    elif isinstance(value, str):
-        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*", value)
-        if m and m.group(2) in units:
-            v = float(m.group(1)) * units[m.group(2)]
-    if v is None or not 0 < v < math.inf:
-        raise fail(where, f"expected seconds > 0 like 30 or '500ms', got {value!r}", source)
-    return v
+    """The runtime's one duration grammar, reported the policy's way (file, key)."""
+    try:
+        return _rt_seconds(value, what="")
+    except ConfigError as exc:
+        raise fail(where, str(exc), source) from None
 
 
 def parse_rate(value: Any, where: str, source: str | None) -> float | None:

@@ -33,7 +33,7 @@ from ...host_tools import (
     ToolSet,
     encode,
 )
-from ...runtime_wasm import Limits, Mount, SandboxAPI, TurnResult, TurnStatus
+from ...runtime_wasm import SANDBOX_LIMITS, Limits, Mount, SandboxAPI, TurnResult, TurnStatus
 from .._sandbox import Guest, SandboxSettings, error_text, interrupt
 
 __all__ = ["MemexSandboxProvider"]
@@ -121,7 +121,7 @@ class MemexSandboxProvider:
         # What every block needs is imported in the sandbox's starting image, so that a fresh
         # sandbox per call maps it instead of importing asyncio each time.
         self._settings = SandboxSettings(
-            limits=limits or Limits(timeout=30), mounts=mounts,
+            limits=limits or SANDBOX_LIMITS, mounts=mounts,
             preload=tuple(dict.fromkeys(("ast", "asyncio", *preload))), policy=policy,
             backend=backend, label="fastmcp")
         self._shared: _Session | None = None

@@ -19,7 +19,7 @@ import contextlib
 import signal
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib.metadata import version
 from typing import Any
 
@@ -27,7 +27,7 @@ from ipykernel.kernelbase import Kernel
 
 from ...executor.loops import trim_traceback
 from ...host_tools import Egress, EgressPolicy
-from ...runtime_wasm import Door, Limits, Mount, Sandbox, TurnResult, TurnStatus
+from ...runtime_wasm import KERNEL_LIMITS, Door, Limits, Mount, Sandbox, TurnResult, TurnStatus
 from .._display import BUNDLE_CALL, FIGURES_CALL, MAX_FIGURES, PRELUDE
 from .._sandbox import LIMIT_WORDS
 
@@ -40,7 +40,7 @@ _LIMIT_WORDS = {**LIMIT_WORDS, "cancelled": "an interrupt"}  # a kernel is inter
 class KernelSettings:
     """The sandbox a kernel runs its cells in (from the kernelspec's arguments)."""
 
-    limits: Limits = field(default_factory=lambda: Limits(timeout=600))
+    limits: Limits = KERNEL_LIMITS
     mounts: tuple[Mount, ...] = ()
     preload: tuple[str, ...] = ()
     policy: str | None = None

@@ -16,7 +16,7 @@ from ipykernel.kernelapp import IPKernelApp
 from jupyter_client.kernelspec import KernelSpecManager
 
 from ...errors import ConfigError
-from ...runtime_wasm import Limits, Mount
+from ...runtime_wasm import KERNEL_LIMITS, Limits, Mount
 from . import _kernel
 
 __all__ = ["install_kernelspec", "kernelspec", "launch", "settings_from_args"]
@@ -24,8 +24,8 @@ __all__ = ["install_kernelspec", "kernelspec", "launch", "settings_from_args"]
 
 def _settings_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="memex kernel", add_help=False)
-    p.add_argument("--timeout", type=float, default=600.0)
-    p.add_argument("--memory", type=int, default=None)
+    p.add_argument("--timeout", default=None)
+    p.add_argument("--memory", default=None)
     p.add_argument("--fuel", type=int, default=None)
     p.add_argument("--mount", action="append", default=[])
     p.add_argument("--preload", default="")
@@ -36,21 +36,21 @@ def _settings_parser() -> argparse.ArgumentParser:
 def settings_from_args(argv: Sequence[str]) -> tuple[_kernel.KernelSettings, list[str]]:
     """The kernel's settings from its argv, and the arguments left for ipykernel."""
     ns, rest = _settings_parser().parse_known_args(list(argv))
-    kw: dict[str, Any] = {"timeout": ns.timeout}
-    if ns.memory is not None:
-        kw["memory"] = ns.memory
-    if ns.fuel is not None:
-        kw["fuel"] = ns.fuel
+    given = {k: v for k, v in (("timeout", ns.timeout), ("memory", ns.memory),
+                               ("fuel", ns.fuel)) if v is not None}
     return _kernel.KernelSettings(
-        limits=Limits(**kw), mounts=tuple(Mount.parse(m) for m in ns.mount),
+        limits=Limits.from_mapping(given, base=KERNEL_LIMITS, where="kernel limits"),
+        mounts=tuple(Mount.parse(m) for m in ns.mount),
         preload=tuple(x for x in ns.preload.split(",") if x), policy=ns.policy), rest
 
 
-def kernelspec(*, display_name: str = "MemEx (sandboxed Python)", timeout: float = 600.0,
+def kernelspec(*, display_name: str = "MemEx (sandboxed Python)", timeout: float | None = None,
                memory: int | None = None, fuel: int | None = None,
                mounts: Sequence[str] = (), preload: Sequence[str] = (),
                policy: str | None = None, python: str | None = None) -> dict[str, Any]:
     """The kernel.json of a MemEx kernel with these sandbox settings."""
+    if timeout is None:
+        timeout = KERNEL_LIMITS.timeout
     argv = [python or sys.executable, "-m", "memex.integrations.jupyter",
             "-f", "{connection_file}", "--timeout", str(timeout)]
     if memory is not None:

@@ -9,57 +9,36 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, ValidationError
 
 from ...errors import ConfigError
-from ...runtime_wasm import Limits, Mount
+from ...runtime_wasm import SANDBOX_LIMITS, Limits, Mount
+from ...serving import FileModel, Seconds, SecondsOrZero, Size, config_error
 
 __all__ = ["BridgeConfig", "HttpConfig", "LimitsConfig", "McpConfig", "MountConfig",
            "SessionsConfig", "load_config"]
 
-_STRICT = ConfigDict(extra="forbid", frozen=True)
-_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
-def _size(value: Any) -> int | None:
-    if value is None or isinstance(value, int):
-        return value
-    t = str(value).strip().upper().removesuffix("B").removesuffix("I")
-    if t and t[-1] in _UNITS:
-        return int(float(t[:-1]) * _UNITS[t[-1]])
-    return int(t)
+class LimitsConfig(FileModel):
+    """Per-call caps of every session's sandbox (see ``memex.Limits``; a model reads what a
+    call prints, so the output caps are smaller than a sandbox's own)."""
 
-
-class LimitsConfig(BaseModel):
-    """Per-call caps of every session's sandbox (see ``memex.Limits``)."""
-
-    model_config = _STRICT
-    timeout: float = Field(default=30.0, gt=0, description="wall seconds per call")
-    memory: int | None = Field(default=1 << 30,
-                               description="guest memory cap, bytes ('1G' works)")
+    timeout: Seconds = Field(default=SANDBOX_LIMITS.timeout, description="wall seconds per "
+                             "call ('500ms', '2min' work)")
+    memory: Size | None = Field(default=None, description="guest memory cap, bytes ('1G' "
+                                "works; unset: the sandbox's default)")
     fuel: int | None = Field(default=None, gt=0, description="instruction budget per call")
-    stdout_bytes: int = Field(default=64 << 10, gt=0, description="stdout kept per call")
-    stderr_bytes: int = Field(default=64 << 10, gt=0, description="stderr kept per call")
-
-    @field_validator("memory", mode="before")
-    @classmethod
-    def _memory_size(cls, value: Any) -> Any:
-        return _size(value)
+    stdout_bytes: Size = Field(default=64 << 10, gt=0, description="stdout kept per call")
+    stderr_bytes: Size = Field(default=64 << 10, gt=0, description="stderr kept per call")
 
     def limits(self) -> Limits:
-        kw: dict[str, Any] = {"timeout": self.timeout, "stdout_bytes": self.stdout_bytes,
-                              "stderr_bytes": self.stderr_bytes}
-        if self.memory is not None:
-            kw["memory"] = self.memory
-        if self.fuel is not None:
-            kw["fuel"] = self.fuel
-        return Limits(**kw)
+        return Limits.from_mapping(self.model_dump(exclude_none=True), where="limits")
 
 
-class MountConfig(BaseModel):
+class MountConfig(FileModel):
     """A host folder granted to every session (read-only unless ``writable``)."""
 
-    model_config = _STRICT
     host: str
     guest: str
     writable: bool = False
@@ -70,33 +49,31 @@ class MountConfig(BaseModel):
                      guest_path=self.guest, writable=self.writable)
 
 
-class BridgeConfig(BaseModel):
+class BridgeConfig(FileModel):
     """An MCP server whose tools the guest may call (``ToolSet.from_mcp``): a ``command`` with
     ``args``/``env``/``cwd`` (stdio) or a ``url`` with ``headers``."""
 
-    model_config = _STRICT
     command: str | None = None
-    args: list[str] = []
+    args: list[str] = Field(default_factory=list)
     env: dict[str, str] | None = None
     cwd: str | None = None
     url: str | None = None
-    headers: dict[str, str] = {}
+    headers: dict[str, str] = Field(default_factory=dict)
     prefix: str = ""
     include: list[str] | None = None
-    timeout: float = Field(default=30.0, gt=0)
+    timeout: Seconds = Field(default=30.0)
 
 
-class SessionsConfig(BaseModel):
+class SessionsConfig(FileModel):
     """The session core's bounds (``memex.serving``), per server and per principal."""
 
-    model_config = _STRICT
-    idle_timeout: float = Field(default=300.0, gt=0,
+    idle_timeout: Seconds = Field(default=300.0,
                                 description="seconds before an idle session ends")
     max_sessions: int = Field(default=16, gt=0, description="sessions of the server in all")
     max_sessions_per_token: int | None = Field(
         default=None, gt=0, description="sessions one principal (a bearer token, the stdio "
         "process) may hold at once (unset: max_sessions)")
-    max_memory_per_token: int | None = Field(
+    max_memory_per_token: Size | None = Field(
         default=None, gt=0, description="bytes of session memory limits and held checkpoints "
         "one principal may hold ('4G' works; unset: no bound)")
     max_running_per_token: int = Field(default=4, gt=0, description="cells one principal "
@@ -109,20 +86,15 @@ class SessionsConfig(BaseModel):
     state_dir: str | None = Field(default=None, description="folder where sessions are saved "
                                   "(state.db): they outlive a restart or a kill -9, called by "
                                   "their handle (named checkpoints do not)")
-    save_interval: float = Field(default=30.0, ge=0, description="seconds between saves of a "
+    save_interval: SecondsOrZero = Field(default=30.0, description="seconds between saves of a "
                                  "changed session (0: after every call)")
     rollback: bool = Field(default=True, description="copy the guest's state after every good "
                            "cell so that a cell a limit stops is undone (off: a trap resets "
                            "the session to a fresh interpreter, and each cell is cheaper)")
 
-    @field_validator("max_memory_per_token", mode="before")
-    @classmethod
-    def _memory_size(cls, value: Any) -> Any:
-        return _size(value)
 
 
-class HttpConfig(BaseModel):
-    model_config = _STRICT
+class HttpConfig(FileModel):
     host: str = "127.0.0.1"
     port: int = Field(default=8765, ge=0, le=65535)
     token_env: str | None = Field(default=None, description="environment variable holding "
@@ -130,21 +102,20 @@ class HttpConfig(BaseModel):
                                   "separated: one per client, each its own principal)")
     no_auth: bool = Field(default=False, description="serve without a token: only on a "
                           "loopback address, with a warning (every local process may use it)")
-    max_request_bytes: int = Field(default=16 << 20, gt=0)
+    max_request_bytes: Size = Field(default=16 << 20, gt=0)
 
 
-class McpConfig(BaseModel):
+class McpConfig(FileModel):
     """The whole server configuration (``memex mcp --config FILE``; flags override keys)."""
 
-    model_config = _STRICT
     name: str = "memex"
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
-    mounts: list[MountConfig] = []
-    preload: list[str] = []
+    mounts: list[MountConfig] = Field(default_factory=list)
+    preload: list[str] = Field(default_factory=list)
     policy: str | None = Field(default=None,
                                description="egress policy file: the guest's network")
     tools: list[str] = Field(default=[], description="host tools as module:attribute")
-    bridge: list[BridgeConfig] = []
+    bridge: list[BridgeConfig] = Field(default_factory=list)
     sessions: SessionsConfig = Field(default_factory=SessionsConfig)
     http: HttpConfig = Field(default_factory=HttpConfig)
     transport: Literal["stdio", "http"] = "stdio"
@@ -183,5 +154,4 @@ def load_config(path: str | Path | None = None, **overrides: Any) -> McpConfig:
     try:
         return McpConfig.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise ConfigError(f"{source}: {problems}") from None
+        raise config_error(source, McpConfig, exc, style="dotted") from None

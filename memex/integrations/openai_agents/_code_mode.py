@@ -32,7 +32,7 @@ from ...backends import Backend
 from ...errors import ConfigError
 from ...executor.loops import render_observation
 from ...host_tools import EgressPolicy, Tool, ToolCallRecord, ToolHost, ToolSet
-from ...runtime_wasm import Limits, Mount, SandboxAPI, TurnStatus
+from ...runtime_wasm import AGENT_LIMITS, Limits, Mount, SandboxAPI, TurnStatus
 from .._sandbox import (
     ACCEPTED,
     NO_OUTPUT,
@@ -110,7 +110,7 @@ class MemexCodeMode:
         self.selector, self.timeout = tools, timeout
         self.per, self.kind, self.name = per, kind, name
         self.submit = kind == "function" if submit is None else submit
-        self._settings = SandboxSettings(limits=limits or Limits(timeout=60), mounts=mounts,
+        self._settings = SandboxSettings(limits=limits or AGENT_LIMITS, mounts=mounts,
                                          preload=preload, policy=policy, backend=backend,
                                          label="openai-agents")
         self._sessions: dict[int, _Session] = {}

@@ -30,7 +30,7 @@ from pydantic_graph import End
 from ...backends import Backend
 from ...executor.loops import render_observation
 from ...host_tools import EgressPolicy, Tool, ToolCallRecord, ToolHost, ToolSet
-from ...runtime_wasm import Limits, Mount, TurnStatus
+from ...runtime_wasm import AGENT_LIMITS, Limits, Mount, TurnStatus
 from .._sandbox import (
     ACCEPTED,
     NO_OUTPUT,
@@ -165,7 +165,7 @@ class MemexCodeMode(AbstractCapability[Any]):
     def _open(self) -> _Session:
         if self._settings is None:
             self._settings = SandboxSettings(
-                limits=self.limits or Limits(timeout=60), mounts=self.mounts,
+                limits=self.limits or AGENT_LIMITS, mounts=self.mounts,
                 preload=self.preload, policy=self.policy, backend=self.backend,
                 label="pydantic-ai")
         return _Session(guest=self._settings.open())

@@ -32,7 +32,7 @@ from ...host_tools import (
     ToolSet,
     encode,
 )
-from ...runtime_wasm import Door, Limits, Mount, SandboxAPI, TurnResult, TurnStatus
+from ...runtime_wasm import AGENT_LIMITS, Door, Limits, Mount, SandboxAPI, TurnResult, TurnStatus
 from .._sandbox import SandboxSettings, error_text
 
 __all__ = ["MemexExecutor"]
@@ -110,7 +110,7 @@ class MemexExecutor(PythonExecutor):
         self._pending: dict[str, Any] = {}
         self._final: list[Any] = []
         self._lock = threading.Lock()
-        self._settings = SandboxSettings(limits=limits or Limits(timeout=60), mounts=mounts,
+        self._settings = SandboxSettings(limits=limits or AGENT_LIMITS, mounts=mounts,
                                          preload=tuple(preload), policy=policy,
                                          backend=backend, label="smolagents")
         self._guest = self._settings.open(self._door)

@@ -1,0 +1,199 @@
+"""Figures of the code's structure, side by side with a baseline revision (issue 31's
+before/after): where the turn-timeout default is written, size parsers, parameters typed
+``Any``, pinned public names, modules per room of the runtime and its import levels.
+
+    python bench/structure.py [--base REV]   # REV: a git revision, default HEAD~0's parent
+
+The baseline is read with ``git archive`` into a temporary folder; nothing is imported from
+either tree (the figures come from the source's syntax)."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import io
+import re
+import subprocess
+import tarfile
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+TIMEOUTS = {30, 60, 600}
+
+
+def _py(root: Path) -> list[Path]:
+    return sorted(p for p in (root / "memex").rglob("*.py") if "/guest/" not in p.as_posix())
+
+
+def _trees(root: Path) -> dict[Path, ast.Module]:
+    return {p: ast.parse(p.read_text(), str(p)) for p in _py(root)}
+
+
+def _num(node: ast.AST | None) -> float | None:
+    if isinstance(node, ast.Constant) and isinstance(node.value, int | float) \
+            and not isinstance(node.value, bool):
+        return float(node.value)
+    return None
+
+
+def timeout_defaults(trees: dict[Path, ast.Module]) -> Counter[float]:
+    """Turn-timeout defaults written as a number: ``Limits(timeout=N)``, ``--timeout``
+    options with ``default=N``, and a ``timeout`` field or parameter defaulting to 30, 60 or
+    600 in the limits' own record and configs."""
+    out: Counter[float] = Counter()
+    for tree in trees.values():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                name = node.func.id if isinstance(node.func, ast.Name) else (
+                    node.func.attr if isinstance(node.func, ast.Attribute) else "")
+                kws = {k.arg: k.value for k in node.keywords}
+                if name == "Limits" and (v := _num(kws.get("timeout"))) is not None:
+                    out[v] += 1
+                if name == "add_argument" and node.args and isinstance(node.args[0],
+                                                                       ast.Constant) \
+                        and node.args[0].value == "--timeout" \
+                        and (v := _num(kws.get("default"))) is not None:
+                    out[v] += 1
+            if isinstance(node, ast.ClassDef) and node.name in ("Limits", "LimitsConfig"):
+                for st in node.body:
+                    if isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name) \
+                            and st.target.id == "timeout":
+                        v = _num(st.value)
+                        if v is None and isinstance(st.value, ast.Call):
+                            v = _num({k.arg: k.value for k in st.value.keywords}.get("default"))
+                        if v in TIMEOUTS:
+                            out[v] += 1
+            if isinstance(node, ast.FunctionDef) and node.name in ("kernelspec",):
+                a = node.args
+                for arg, d in zip(a.kwonlyargs, a.kw_defaults, strict=True):
+                    if arg.arg == "timeout" and _num(d) in TIMEOUTS:
+                        out[_num(d) or 0.0] += 1
+    return out
+
+
+def size_parsers(root: Path) -> int:
+    """Functions that turn text like '512M' into bytes (a unit table of K/M/G), a module-level
+    table counting as one parser."""
+    n = 0
+    unit = re.compile(r"['\"][Mm]['\"]\s*:\s*1 << 20")
+    for p in _py(root):
+        tree = ast.parse(p.read_text())
+        n += sum(1 for node in tree.body if isinstance(node, ast.Assign)
+                 and unit.search(ast.unparse(node)))
+        n += sum(1 for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)
+                 and unit.search(ast.unparse(node)))
+    return n
+
+
+def any_params(trees: dict[Path, ast.Module]) -> int:
+    n = 0
+    for tree in trees.values():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                a = node.args
+                for arg in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg]:
+                    if arg is not None and isinstance(arg.annotation, ast.Name) \
+                            and arg.annotation.id == "Any":
+                        n += 1
+    return n
+
+
+def public_names(root: Path) -> tuple[int, int]:
+    """(names pinned in tests/test_public_api.py, packages pinned)."""
+    tree = ast.parse((root / "tests/test_public_api.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) \
+                and node.target.id == "PINNED" and isinstance(node.value, ast.Dict):
+            lists = [v for v in node.value.values if isinstance(v, ast.List)]
+            return sum(len(v.elts) for v in lists), len(lists)
+    return 0, 0
+
+
+def rooms(root: Path) -> dict[str, int]:
+    rt = root / "memex/runtime_wasm"
+    out: dict[str, int] = {}
+    for p in rt.rglob("*.py"):
+        rel = p.relative_to(rt)
+        if rel.parts[0] == "guest":
+            continue
+        room = "runtime_wasm" if len(rel.parts) == 1 else "runtime_wasm/" + rel.parts[0]
+        out[room] = out.get(room, 0) + 1
+    return out
+
+
+def import_levels(root: Path) -> int:
+    """The longest chain of module-level imports between the runtime's own modules."""
+    rt = root / "memex/runtime_wasm"
+    mods = {}
+    for p in rt.rglob("*.py"):
+        rel = p.relative_to(rt)
+        if rel.parts[0] == "guest":
+            continue
+        name = ".".join(rel.with_suffix("").parts).removesuffix(".__init__").removesuffix(
+            "__init__")
+        mods[name] = p
+    edges: dict[str, set[str]] = {m: set() for m in mods}
+    for m, p in mods.items():
+        pkg = m.split(".")[:-1] if p.name != "__init__.py" else m.split(".")
+        pkg = [x for x in pkg if x]
+        for node in ast.parse(p.read_text()).body:
+            if isinstance(node, ast.ImportFrom) and node.level:
+                base = pkg[: len(pkg) - (node.level - 1)] if node.level > 1 else pkg
+                if node.level - 1 > len(pkg):
+                    continue
+                target = ".".join([*base, *(node.module or "").split(".")]).strip(".")
+                for cand in [target, *(f"{target}.{a.name}".strip(".") for a in node.names)]:
+                    if cand in mods and cand != m:
+                        edges[m].add(cand)
+    depth: dict[str, int] = {}
+
+    def level(m: str, seen: frozenset[str] = frozenset()) -> int:
+        if m in depth:
+            return depth[m]
+        if m in seen:
+            return 0
+        d = 1 + max((level(t, seen | {m}) for t in edges[m]), default=0)
+        depth[m] = d
+        return d
+
+    return max(level(m) for m in mods)
+
+
+def figures(root: Path) -> dict[str, str]:
+    trees = _trees(root)
+    t = timeout_defaults(trees)
+    names, packages = public_names(root)
+    r = rooms(root)
+    return {
+        "turn-timeout defaults written": f"{sum(t.values())} "
+        f"({', '.join(f'{v:g} s: {n}' for v, n in sorted(t.items()))})",
+        "size parsers": str(size_parsers(root)),
+        "parameters typed Any": str(any_params(trees)),
+        "public names pinned": f"{names} in {packages} packages",
+        "runtime rooms (modules)": ", ".join(f"{k} {v}" for k, v in sorted(r.items())),
+        "runtime import levels": str(import_levels(root)),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--base", default="f726a08",
+                    help="the baseline revision (default: the tree before issue 31)")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        blob = subprocess.run(["git", "-C", str(REPO), "archive", args.base, "memex", "tests"],
+                              check=True, capture_output=True).stdout
+        with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
+            tar.extractall(tmp, filter="data")
+        before = figures(Path(tmp))
+    after = figures(REPO)
+    w = max(map(len, before))
+    print(f"{'figure':<{w}}  {args.base:<40}  working tree")
+    for k in before:
+        print(f"{k:<{w}}  {before[k]:<40}  {after[k]}")
+
+
+if __name__ == "__main__":
+    main()
