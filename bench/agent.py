@@ -146,7 +146,7 @@ def scripted(db: Path, ref: FunnelAnswer) -> None:
             script = (code_script(code_steps) if space == "code"
                       else tools_script(strategy[0]))
             with ScriptedLLM(script) as srv:
-                llm = LLMClient("scripted", base_url=srv.base_url, max_tokens=None)
+                llm = LLMClient("scripted", base_url=srv.base_url, max_reply_tokens=None)
                 agent = MemexAgent(model=llm, tools=[sql_tool(db)], submit=FunnelAnswer,
                                    action_space=space, limits=Limits(timeout=60),
                                    observation_chars=10_000_000, budget=Budget(max_turns=5))
@@ -192,7 +192,7 @@ def local(args: argparse.Namespace) -> None:
             rollouts, correct, t0 = [], 0, time.monotonic()
             for seed in range(args.seeds):
                 db = build_warehouse(Path(tmp) / f"w{seed}.db", seed=seed)
-                agent = MemexAgent(model=lm.client(max_tokens=512, timeout=900),
+                agent = MemexAgent(model=lm.client(max_reply_tokens=512, timeout=900),
                                    tools=[sql_tool(db)], submit=FunnelAnswer,
                                    action_space=space,  # type: ignore[arg-type]
                                    aids=aids, limits=Limits(timeout=60), preload=["pandas"],

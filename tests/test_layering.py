@@ -444,7 +444,7 @@ def test_every_third_party_import_is_declared() -> None:
     assert not missing, "undeclared third-party imports:\n" + "\n".join(sorted(set(missing)))
 
 
-# ---- docs/layout.md ---------------------------------------------------------------------------------
+# ---- docs/layout.md ------------------------------------------------------------------------------
 def _layout_entries() -> list[tuple[str, str]]:
     """(path, description) of each line of docs/layout.md's file list."""
     text = (REPO / "docs" / "layout.md").read_text()

@@ -47,7 +47,7 @@ def main() -> None:
         # llama.cpp's server takes message content as plain text only
         model = OpenAIServerModel(model_id=model_id, api_base=base_url, api_key="local",
                                   flatten_messages_as_text=True, temperature=0,
-                                  max_tokens=args.max_tokens)
+                                  max_tokens=args.max_reply_tokens)
         executor = stack.enter_context(MemexExecutor(limits=Limits(timeout=10,
                                                                    memory=512 << 20)))
         agent = CodeAgent(tools=[sales], model=model, executor=executor, max_steps=6)

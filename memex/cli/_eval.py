@@ -59,13 +59,13 @@ def _llm(args: argparse.Namespace, stack: contextlib.ExitStack) -> Any:
     base_url = args.base_url or os.environ.get("OPENAI_BASE_URL")
     if base_url:
         return LLMClient(model=args.model, base_url=base_url, api_key=args.api_key,
-                         max_tokens=args.max_tokens, timeout=args.llm_timeout)
+                         max_reply_tokens=args.max_reply_tokens, timeout=args.llm_timeout)
     if not args.local_model:
         raise ConfigError("no model endpoint: pass --base-url (or set OPENAI_BASE_URL), or "
                           "--local-model qwen-1.5b to serve the local model")
     print(f"memex eval: serving {args.local_model} on 127.0.0.1", file=sys.stderr)
     local = stack.enter_context(LocalModel(args.local_model))
-    return local.client(max_tokens=args.max_tokens, timeout=args.llm_timeout)
+    return local.client(max_reply_tokens=args.max_reply_tokens, timeout=args.llm_timeout)
 
 
 def _judge(args: argparse.Namespace, llm: Any) -> Any:
@@ -73,7 +73,7 @@ def _judge(args: argparse.Namespace, llm: Any) -> Any:
     from ..executor.llm import LLMClient
 
     return LLMClient(model=args.judge_model, base_url=args.judge_base_url or llm.base_url,
-                     api_key=args.api_key, max_tokens=16, timeout=args.llm_timeout)
+                     api_key=args.api_key, max_reply_tokens=16, timeout=args.llm_timeout)
 
 
 def _seeds(text: str) -> list[int]:
@@ -232,7 +232,7 @@ def _model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", default=None, help="(or $OPENAI_API_KEY)")
     p.add_argument("--local-model", default=None, metavar="NAME",
                    help="with no endpoint: serve this local model (qwen-1.5b|qwen-0.5b)")
-    p.add_argument("--max-tokens", type=int, default=768, help="per model reply")
+    p.add_argument("--max-reply-tokens", type=int, default=768, help="tokens per model reply")
     p.add_argument("--llm-timeout", type=float, default=600.0, help="seconds per model call")
     p.add_argument("--max-turns", type=int, default=8)
 

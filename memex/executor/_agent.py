@@ -52,7 +52,7 @@ class MemexAgent:
         trajectory_path: str | None = None, on_step: Callable[[Step], None] | None = None,
         on_text: Callable[[str], None] | None = None, base_url: str | None = None,
         api_key: str | None = None,
-        temperature: float = 0.0, max_tokens: int = 1024, spawn: Any = None,
+        temperature: float = 0.0, max_reply_tokens: int = 1024, spawn: Any = None,
     ) -> None:
         if action_space not in ("code", "tools"):
             raise ConfigError(f"action_space is 'code' or 'tools', got {action_space!r}")
@@ -89,7 +89,7 @@ class MemexAgent:
             self.llm = model
         else:
             self.llm = LLMClient(model=model, base_url=base_url, api_key=api_key,
-                                 temperature=temperature, max_tokens=max_tokens)
+                                 temperature=temperature, max_reply_tokens=max_reply_tokens)
 
     # ---- public -----------------------------------------------------------------------------
     def run(self, task: str, *, inputs: Mapping[str, Any] | None = None) -> Rollout:

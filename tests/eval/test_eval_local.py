@@ -31,7 +31,7 @@ def test_two_questions_with_the_local_model(tmp_path: Path) -> None:
     with LocalModel(MODEL, fetch=False) as lm:
         # bounded so a slow machine ends the rollouts rather than the CI job
         run = run_eval(SUITES["big-outputs"],
-                       llm=lm.client(max_tokens=320, timeout=600, max_retries=0),
+                       llm=lm.client(max_reply_tokens=320, timeout=600, max_retries=0),
                        out=tmp_path, spaces=["code"], tasks=["refund_total", "status_count"],
                        budget=Budget(max_turns=3, max_seconds=400),
                        aids=Aids(resample_tries=1), backend="pool")

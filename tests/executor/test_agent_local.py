@@ -38,7 +38,7 @@ def test_funnel_rollout_with_the_local_model(tmp_path: Path) -> None:
         # turns (a reply repeating an earlier one is asked again once), no model call started
         # after 15 minutes, each at most 15 minutes (an idle 2-core machine answers in 10-50
         # s; one shared with heavy work, far slower).
-        agent = MemexAgent(model=lm.client(max_tokens=320, timeout=900, max_retries=0),
+        agent = MemexAgent(model=lm.client(max_reply_tokens=320, timeout=900, max_retries=0),
                            tools=[sql_tool(db)], submit=FunnelAnswer,
                            limits=Limits(timeout=60), preload=["pandas"],
                            budget=Budget(max_turns=3, max_seconds=900),

@@ -205,7 +205,7 @@ class LLMClient:
                  api_key: str | None = None, *, timeout: float = 300.0, max_retries: int = 3,
                  backoff: float = 0.5, max_backoff: float = 20.0,
                  prices: Mapping[str, Price | tuple[float, float]] | None = None,
-                 temperature: float | None = 0.0, max_tokens: int | None = 1024,
+                 temperature: float | None = 0.0, max_reply_tokens: int | None = 1024,
                  on_retry: Callable[[int, float, LLMError], None] | None = None) -> None:
         self.model = model or _env("MEMEX_MODEL") or ""
         self.base_url = base_url or _env("OPENAI_BASE_URL")
@@ -228,7 +228,7 @@ class LLMClient:
         self.backoff = backoff
         self.max_backoff = max_backoff
         self.temperature = temperature
-        self.max_tokens = max_tokens
+        self.max_reply_tokens = max_reply_tokens
         self.on_retry = on_retry
         table: dict[str, Price] = dict(DEFAULT_PRICES)
         for name, p in (prices or {}).items():
@@ -246,7 +246,7 @@ class LLMClient:
                          timeout=self.timeout, max_retries=self.max_retries,
                          backoff=self.backoff, max_backoff=self.max_backoff,
                          prices=dict(self.prices), temperature=self.temperature,
-                         max_tokens=self.max_tokens, on_retry=self.on_retry)
+                         max_reply_tokens=self.max_reply_tokens, on_retry=self.on_retry)
 
     # -- resources -------------------------------------------------------------------------------
 
@@ -291,11 +291,11 @@ class LLMClient:
 
     def _kwargs(self, messages: Sequence[Mapping[str, Any]], *,
                 tools: Sequence[Mapping[str, Any]] | None, tool_choice: Any, stop: Any,
-                temperature: float | None, max_tokens: int | None, seed: int | None,
+                temperature: float | None, max_reply_tokens: int | None, seed: int | None,
                 extra_body: Mapping[str, Any] | None) -> dict[str, Any]:
         kw: dict[str, Any] = {"model": self.model, "messages": _clean_messages(messages)}
         temp = self.temperature if temperature is None else temperature
-        limit = self.max_tokens if max_tokens is None else max_tokens
+        limit = self.max_reply_tokens if max_reply_tokens is None else max_reply_tokens
         for key, value in (("tools", list(tools) if tools else None),
                            ("tool_choice", tool_choice), ("stop", stop), ("temperature", temp),
                            ("max_tokens", limit), ("seed", seed),
@@ -397,11 +397,11 @@ class LLMClient:
     def complete(self, messages: Sequence[Mapping[str, Any]], *,
                  tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: Any = None,
                  stop: str | Sequence[str] | None = None, temperature: float | None = None,
-                 max_tokens: int | None = None, seed: int | None = None,
+                 max_reply_tokens: int | None = None, seed: int | None = None,
                  extra_body: Mapping[str, Any] | None = None) -> Completion:
         """One chat completion, retried as configured; raises :class:`LLMError` for good."""
         kw = self._kwargs(messages, tools=tools, tool_choice=tool_choice, stop=stop,
-                          temperature=temperature, max_tokens=max_tokens, seed=seed,
+                          temperature=temperature, max_reply_tokens=max_reply_tokens, seed=seed,
                           extra_body=extra_body)
         client = self._sync()
         resp, attempts, latency = self._retrying(lambda: client.chat.completions.create(**kw))
@@ -410,7 +410,7 @@ class LLMClient:
     async def acomplete(self, messages: Sequence[Mapping[str, Any]], *,
                         tools: Sequence[Mapping[str, Any]] | None = None,
                         tool_choice: Any = None, stop: str | Sequence[str] | None = None,
-                        temperature: float | None = None, max_tokens: int | None = None,
+                        temperature: float | None = None, max_reply_tokens: int | None = None,
                         seed: int | None = None,
                         extra_body: Mapping[str, Any] | None = None) -> Completion:
         """:meth:`complete` for asyncio. Each call opens its own async connection pool, so it
@@ -418,7 +418,7 @@ class LLMClient:
         if self._closed:
             raise ConfigError("this LLMClient is closed")
         kw = self._kwargs(messages, tools=tools, tool_choice=tool_choice, stop=stop,
-                          temperature=temperature, max_tokens=max_tokens, seed=seed,
+                          temperature=temperature, max_reply_tokens=max_reply_tokens, seed=seed,
                           extra_body=extra_body)
         async with openai.AsyncOpenAI(api_key=self._api_key, base_url=self.base_url,
                                       timeout=self.timeout, max_retries=0) as client:
@@ -429,7 +429,7 @@ class LLMClient:
     def stream(self, messages: Sequence[Mapping[str, Any]], *,
                tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: Any = None,
                stop: str | Sequence[str] | None = None, temperature: float | None = None,
-               max_tokens: int | None = None, seed: int | None = None,
+               max_reply_tokens: int | None = None, seed: int | None = None,
                extra_body: Mapping[str, Any] | None = None) -> Iterator[str | Completion]:
         """Yield the reply's text deltas as they arrive, then the final :class:`Completion`.
 
@@ -439,7 +439,7 @@ class LLMClient:
         (``stream_options.include_usage``); for an endpoint that sends none it is estimated
         (``usage_estimated``)."""
         kw = self._kwargs(messages, tools=tools, tool_choice=tool_choice, stop=stop,
-                          temperature=temperature, max_tokens=max_tokens, seed=seed,
+                          temperature=temperature, max_reply_tokens=max_reply_tokens, seed=seed,
                           extra_body=extra_body)
         kw["stream"] = True
         kw["stream_options"] = {"include_usage": True}

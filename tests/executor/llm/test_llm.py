@@ -127,7 +127,7 @@ def test_null_content_is_sent_as_empty_string() -> None:
 
 def test_per_call_settings_are_sent() -> None:
     with ScriptedLLM(["ok"]) as llm, client_for(llm) as c:
-        c.complete(USER, stop=["```\n"], temperature=0.7, max_tokens=33, seed=5,
+        c.complete(USER, stop=["```\n"], temperature=0.7, max_reply_tokens=33, seed=5,
                    extra_body={"top_k": 1})
         body = llm.requests[0].body
     assert body["stop"] == ["```\n"]
