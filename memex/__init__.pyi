@@ -68,6 +68,7 @@ from .host_tools import (
 from .executor import (
     Aids as Aids,
     Budget as Budget,
+    EndReason as EndReason,
     MemexAgent as MemexAgent,
     Rollout as Rollout,
     Step as Step,

@@ -24,6 +24,7 @@ PINNED: dict[str, list[str]] = {
     "memex": [
         "Aids", "ArtifactsError", "Backend", "BackendBusy", "Budget", "Checkpoint", "ConfigError",
         "Door", "DoorCall", "DoorContext", "DoorError", "Egress", "EgressDecision", "EgressLimits",
+        "EndReason",
         "EgressPolicy", "EgressRecord", "EgressRule", "EgressSecret", "EvalTask", "GateDecision",
         "GuestException", "GuestFileError", "GuestFileTooLarge", "GuestStartError", "ImageError",
         "LLMClient",
@@ -90,9 +91,9 @@ PINNED: dict[str, list[str]] = {
         "load_document", "parse_address", "parse_url", "system_resolver",
     ],
     "memex.executor": [
-        "ActionSpace", "Aids", "Budget", "MemexAgent", "Rollout", "Step", "ToolCallInfo",
-        "Trajectory", "TrajectoryWriter", "TreeBudget", "load_trajectories", "render_step",
-        "render_trajectory", "save_trajectories",
+        "ActionSpace", "Aids", "Budget", "Caps", "EndReason", "MemexAgent", "Rollout", "Step",
+        "ToolCallInfo", "Trajectory", "TrajectoryWriter", "TreeBudget", "load_trajectories",
+        "render_step", "render_trajectory", "save_trajectories",
     ],
     "memex.executor.llm": [
         "DEFAULT_LOCAL_MODEL", "DEFAULT_PRICES", "MODELS", "Completion", "LLMClient", "LocalModel",

@@ -6,7 +6,7 @@ rendered by ``_render``). The prompt texts are in ``_prompt``; a rollout's sandb
 half is ``guest/agent_prelude.py``."""
 
 from ._agent import ActionSpace, MemexAgent
-from ._config import Aids, Budget
+from ._config import Aids, Budget, Caps, EndReason
 from ._render import render_step, render_trajectory
 from ._run import Rollout
 from ._trajectory import (
@@ -23,6 +23,8 @@ __all__ = [
     "ActionSpace",
     "Aids",
     "Budget",
+    "Caps",
+    "EndReason",
     "MemexAgent",
     "Rollout",
     "Step",

@@ -1,33 +1,105 @@
-"""What a rollout may spend (:class:`Budget`) and which help a small model gets
+"""What a rollout may spend (:class:`Budget`, and the :class:`Caps` it shares with the agent
+tree's budget), why a rollout ended (:class:`EndReason`) and which help a small model gets
 (:class:`Aids`): plain records shared by the agent, its run, the loops and the spawn tree."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from enum import StrEnum
 
 from ..errors import ConfigError
 
-__all__ = ["Aids", "Budget"]
+__all__ = ["Aids", "Budget", "Caps", "EndReason"]
+
+_CAPS = ("max_turns", "max_tokens", "max_seconds", "max_cost")
+
+
+class EndReason(StrEnum):
+    """Why a rollout ended (a ``str``: it compares and serializes as its value)."""
+
+    SUBMITTED = "submitted"  # a valid answer was submitted
+    MAX_TURNS = "max_turns"  # its own budget ran out: model calls...
+    MAX_TOKENS = "max_tokens"  # ...prompt + completion tokens...
+    MAX_SECONDS = "max_seconds"  # ...wall time...
+    MAX_COST = "max_cost"  # ...USD
+    TREE_MAX_TURNS = "tree_max_turns"  # the agent tree's budget ran out (TreeBudget)
+    TREE_MAX_TOKENS = "tree_max_tokens"
+    TREE_MAX_SECONDS = "tree_max_seconds"
+    TREE_MAX_COST = "tree_max_cost"
+    LLM_ERROR = "llm_error"  # a model call failed past its retries
+    SANDBOX_ERROR = "sandbox_error"  # the sandbox could not go on
+    CANCELLED = "cancelled"  # a sub-agent cancelled by its parent, or its parent ended
+    ERROR = "error"  # a sub-agent that could not start
+    RUNNING = "running"  # not ended yet
+    INCOMPLETE = "incomplete"  # a trajectory file whose end event is missing (the run died)
+
+    @property
+    def cap(self) -> str | None:
+        """The budget field that ran out (``max_tokens`` for both MAX_TOKENS and
+        TREE_MAX_TOKENS), else None."""
+        name = self.value.removeprefix("tree_")
+        return name if name in _CAPS else None
+
+    @property
+    def tree(self) -> bool:
+        """Whether the agent tree's budget (not the rollout's own) ran out."""
+        return self.value.startswith("tree_")
+
+    def of_tree(self) -> EndReason:
+        """The same cap, run out in the tree's budget."""
+        if self.cap is None:
+            raise ValueError(f"{self.value} is not a budget's end")
+        return EndReason(f"tree_{self.cap}")
 
 
 @dataclass(frozen=True, kw_only=True)
-class Budget:
-    """When a rollout stops without an answer (None: no bound). ``max_turns`` counts model
-    calls (turns; one more when a submit is rejected on the last turn, see
-    ``Aids.grace_turn``)."""
+class Caps:
+    """The four things a rollout spends, each bounded or not (None): model calls, tokens,
+    wall seconds and USD. :meth:`over` is the one checker; :class:`Budget` (one rollout) and
+    ``TreeBudget`` (a root and its sub-agents) are Caps with more fields."""
 
-    max_turns: int = 12
+    max_turns: int | None = None
     max_tokens: int | None = None
     max_seconds: float | None = None
     max_cost: float | None = None
 
     def __post_init__(self) -> None:
-        if self.max_turns < 1:
-            raise ConfigError("Budget.max_turns must be >= 1")
-        for name in ("max_tokens", "max_seconds", "max_cost"):
+        for name in _CAPS:
             v = getattr(self, name)
-            if v is not None and not v > 0:
-                raise ConfigError(f"Budget.{name} must be > 0 or None")
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)
+                                  or not 0 < v < math.inf):
+                raise ConfigError(f"{type(self).__name__}.{name} must be > 0 or None, "
+                                  f"got {v!r}")
+
+    def over(self, *, turns: int | None = None, tokens: int = 0, seconds: float = 0.0,
+             cost: float | None = None) -> EndReason | None:
+        """The first cap reached by what was spent (``turns`` None: not checked here), in
+        the order turns, tokens, seconds, cost; None while all hold."""
+        if turns is not None and self.max_turns is not None and turns >= self.max_turns:
+            return EndReason.MAX_TURNS
+        if self.max_tokens is not None and tokens >= self.max_tokens:
+            return EndReason.MAX_TOKENS
+        if self.max_seconds is not None and seconds >= self.max_seconds:
+            return EndReason.MAX_SECONDS
+        if self.max_cost is not None and cost is not None and cost >= self.max_cost:
+            return EndReason.MAX_COST
+        return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Budget(Caps):
+    """When a rollout stops without an answer (None: no bound). ``max_turns`` counts model
+    calls (turns; one more when a submit is rejected on the last turn, see
+    ``Aids.grace_turn``)."""
+
+    max_turns: int = 12
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_turns, bool) or not isinstance(self.max_turns, int) \
+                or self.max_turns < 1:
+            raise ConfigError(f"Budget.max_turns must be an int >= 1, got {self.max_turns!r}")
+        super().__post_init__()
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -19,7 +19,7 @@ from pydantic_core import to_jsonable_python
 
 from ..errors import ConfigError, LLMError, MemexError
 from ..host_tools import ToolCallRecord
-from ._config import Aids
+from ._config import Aids, EndReason
 from ._prompt import REMOVED, answer_fields, answer_is_object, render_schema
 from ._session import AgentSession
 from ._trajectory import Step, ToolCallInfo, Trajectory, TrajectoryWriter
@@ -38,12 +38,13 @@ _NAME_ERROR = re.compile(r"NameError: name '(\w+)' is not defined")
 @dataclass(frozen=True, kw_only=True)
 class Rollout:
     """The outcome of one run. ``answer`` is the typed object the submit schema describes
-    (None when nothing valid was submitted); ``end_reason`` is ``submitted``, ``max_turns``,
-    ``max_tokens``, ``max_seconds``, ``max_cost``, ``llm_error`` or ``sandbox_error``."""
+    (None when nothing valid was submitted); ``end_reason`` says why it ended (an
+    :class:`EndReason`: submitted, a budget of its own or of its agent tree, a failed model
+    call or sandbox, a cancel)."""
 
     answer: Any
     submitted: bool
-    end_reason: str
+    end_reason: EndReason
     trajectory: Trajectory
     error: str | None = None
 
@@ -239,7 +240,7 @@ class Run:
     # ---- driving ---------------------------------------------------------------------------
     def go(self) -> Rollout:
         session = None
-        end, error = "max_turns", None
+        end, error = EndReason.MAX_TURNS, None
         try:
             if self.writer:
                 self.writer.start(self.traj)
@@ -262,19 +263,20 @@ class Run:
                 if self._grace_due(step.status == "rejected", len(self.steps)):
                     self.graced = True
                 if session.submitted:
-                    end = "submitted"
+                    end = EndReason.SUBMITTED
                     break
         except _LLMFailed as exc:
-            end, error = "llm_error", str(exc)
+            end, error = EndReason.LLM_ERROR, str(exc)
         except MemexError as exc:
             if session is None and isinstance(exc, ConfigError):
                 raise
-            end, error = "sandbox_error", f"{type(exc).__name__}: {exc}"
+            end, error = EndReason.SANDBOX_ERROR, f"{type(exc).__name__}: {exc}"
         finally:
             rollout = self._finish(session, end, error)
         return rollout
 
-    def _finish(self, session: AgentSession | None, end: str, error: str | None) -> Rollout:
+    def _finish(self, session: AgentSession | None, end: EndReason, error: str | None
+                ) -> Rollout:
         submitted = session is not None and session.submitted
         answer = session.answer if session is not None and submitted else None
         if self.node is not None:  # sub-agents: stopped, joined, attached to their steps
@@ -309,20 +311,14 @@ class Run:
             spawn=self.node, prepared=prepared, on_call=self.pending_calls.append,
             explain_errors=a.aids.explain_errors, wide_tables=a.aids.wide_tables)
 
-    def _budget_reason(self) -> str | None:
-        b = self.agent.budget
-        if len(self.steps) >= self._turn_limit():
-            return "max_turns"
-        if b.max_tokens is not None and self.prompt_tokens + self.completion_tokens \
-                >= b.max_tokens:
-            return "max_tokens"
-        if b.max_seconds is not None and time.monotonic() - self.t0 >= b.max_seconds:
-            return "max_seconds"
-        if b.max_cost is not None and self.cost is not None and self.cost >= b.max_cost:
-            return "max_cost"
-        if self.node is not None:  # the tree's budget, and a cancel from the parent
-            return self.node.stop_reason()
-        return None
+    def _budget_reason(self) -> EndReason | None:
+        if len(self.steps) >= self._turn_limit():  # its own turns, a grace turn included
+            return EndReason.MAX_TURNS
+        end = self.agent.budget.over(tokens=self.prompt_tokens + self.completion_tokens,
+                                     seconds=time.monotonic() - self.t0, cost=self.cost)
+        if end is None and self.node is not None:  # the tree's, and a cancel from the parent
+            end = self.node.stop_reason()
+        return end
 
     def _add(self, step: Step) -> None:
         self.steps.append(step)

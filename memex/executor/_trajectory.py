@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..errors import ConfigError
+from ._config import EndReason
 
 __all__ = ["Step", "ToolCallInfo", "Trajectory", "TrajectoryWriter", "load_trajectories",
            "save_trajectories"]
@@ -77,7 +78,7 @@ class Trajectory:
     messages: tuple[Mapping[str, Any], ...] = ()
     answer: Any = None
     submitted: bool = False
-    end_reason: str = "running"
+    end_reason: EndReason = EndReason.RUNNING
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost: float | None = None
@@ -104,8 +105,9 @@ class Trajectory:
             d["inputs"] = dict(d.get("inputs") or {})
             d["steps"] = tuple(_step(s) for s in d.get("steps") or ())
             d["messages"] = tuple(d.get("messages") or ())
+            d["end_reason"] = EndReason(d.get("end_reason", EndReason.RUNNING))
             return cls(**d)
-        except (TypeError, KeyError, AttributeError) as exc:
+        except (TypeError, KeyError, AttributeError, ValueError) as exc:
             raise ConfigError(f"not a MemEx trajectory record: {exc}") from exc
 
     def save(self, path: str | os.PathLike[str]) -> None:

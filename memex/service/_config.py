@@ -164,13 +164,13 @@ class _TenantFile(FileModel):
     """``[tenants.NAME]``."""
 
     keys: list[str] = Field(default_factory=list)
-    max_sessions: int | None = Field(default=8, gt=0)
+    max_sessions: int | None = Field(default=8, ge=0)
     max_memory: Size | None = None
     max_disk: Size | None = None
-    max_checkpoints: int = Field(default=64, gt=0)
+    max_checkpoints: int = Field(default=64, ge=0)
     turns_per_second: float | None = Field(default=None, gt=0)
-    max_running: int | None = Field(default=None, gt=0)
-    queued: int = Field(default=16, gt=0)
+    max_running: int | None = Field(default=None, ge=0)
+    queued: int = Field(default=16, ge=0)
     ceiling: LimitsTable = Field(default_factory=LimitsTable)
     mounts: list[_MountFile] = Field(default_factory=list)
     egress: str | None = None

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from ...errors import MemexError
 from ...host_tools import EncodeError, encode
 from ...runtime_wasm import Door, DoorContext, Sandbox
+from .._config import EndReason
 from .._session import AgentSession, prelude_cells
 from .._trajectory import Step, Trajectory
 from ..llm import Completion, LLMClient
@@ -85,7 +86,7 @@ class SpawnTree:
         self.cost = 0.0
         self.spawned = 0
         self.live = 0
-        self.exhausted: str | None = None
+        self.exhausted: EndReason | None = None
         self.nodes: list[Node] = []
         self.templates = Templates()
         self._llms: dict[tuple[int, str], LLMClient] = {}
@@ -93,34 +94,26 @@ class SpawnTree:
         self._closed = False
         self.root = Node(self, None, node_id="", depth=0, task="")
         if budget.max_seconds is not None:
-            self._timer = threading.Timer(budget.max_seconds, self.trip, ("max_seconds",))
+            self._timer = threading.Timer(budget.max_seconds, self.trip,
+                                          (EndReason.MAX_SECONDS,))
             self._timer.name = "memex-agent-tree-timer"
             self._timer.daemon = True
             self._timer.start()
 
     # ---- budget -------------------------------------------------------------------------
-    def _over(self) -> str | None:
-        b = self.budget
-        if b.max_tokens is not None and self.tokens >= b.max_tokens:
-            return "max_tokens"
-        if b.max_cost is not None and self.cost >= b.max_cost:
-            return "max_cost"
-        if b.max_seconds is not None and time.monotonic() - self.t0 >= b.max_seconds:
-            return "max_seconds"
-        return None
+    def _over(self, turns: int | None = None) -> EndReason | None:
+        return self.budget.over(turns=turns, tokens=self.tokens, cost=self.cost,
+                                seconds=time.monotonic() - self.t0)
 
-    def reserve_turn(self) -> str | None:
+    def reserve_turn(self) -> EndReason | None:
         """Count one model call against the tree; the reason it may not happen, if any."""
         with self.cond:
-            what = self.exhausted or self._over()
-            if what is None and self.budget.max_turns is not None \
-                    and self.turns >= self.budget.max_turns:
-                what = "max_turns"
+            what = self.exhausted or self._over(self.turns)
             if what is None:
                 self.turns += 1
                 return None
         self.trip(what)
-        return f"tree_{what}"
+        return what.of_tree()
 
     def charge(self, tokens: int, cost: float | None) -> None:
         with self.cond:
@@ -140,15 +133,15 @@ class SpawnTree:
             parts.append(f"{time.monotonic() - self.t0:.1f}/{b.max_seconds:g}s")
         return ", ".join(parts)
 
-    def trip(self, what: str) -> None:
+    def trip(self, what: EndReason) -> None:
         """The tree's ``what`` budget ran out: every running sub-agent is cancelled."""
         with self.cond:
             if self.exhausted is None:
                 self.exhausted = what
             victims = [n for n in self.nodes if n.status == "running"]
-        reason = f"the agent tree's {what} budget ran out ({self.usage()})"
+        reason = f"the agent tree's {what.cap} budget ran out ({self.usage()})"
         for n in victims:
-            n.stop("budget", reason, f"tree_{what}")
+            n.stop("budget", reason, what.of_tree())
 
     def seconds_left(self) -> float | None:
         b = self.budget
@@ -200,7 +193,7 @@ class Node:
         self.status = "running"  # running | done | failed | cancelled
         self.kind: str | None = None
         self.reason = ""
-        self.stopped: tuple[str, str, str] | None = None  # kind, reason, end_reason
+        self.stopped: tuple[str, str, EndReason] | None = None  # kind, reason, end
         self.answer: Any = None
         self.answer_enc: Any = _UNSET
         self.trajectory: Trajectory | None = None
@@ -208,7 +201,7 @@ class Node:
         self._closer: threading.Thread | None = None
 
     # ---- hooks for the rollout (Run) ---------------------------------------------------
-    def stop_reason(self) -> str | None:
+    def stop_reason(self) -> EndReason | None:
         """Why this rollout may not make another model call (checked before each one)."""
         if self.stopped is not None:
             return self.stopped[2]
@@ -224,8 +217,8 @@ class Node:
         left = self.tree.seconds_left()
         return None if left is None else max(0.0, left) + TREE_GRACE
 
-    def end_reason(self, end: str) -> str:
-        if end != "submitted" and self.stopped is not None:
+    def end_reason(self, end: EndReason) -> EndReason:
+        if end is not EndReason.SUBMITTED and self.stopped is not None:
             return self.stopped[2]
         return end
 
@@ -291,7 +284,7 @@ class Node:
         with self.tree.cond:
             children = list(self.children)
         for c in children:
-            c.stop("cancelled", f"its parent agent ended ({end})", "cancelled")
+            c.stop("cancelled", f"its parent agent ended ({end})", EndReason.CANCELLED)
         for c in children:
             if c.thread is not None:
                 c.thread.join()
@@ -316,7 +309,7 @@ class Node:
                 for i, s in enumerate(steps)]
 
     # ---- lifecycle of a child ----------------------------------------------------------
-    def stop(self, kind: str, reason: str, end_reason: str) -> bool:
+    def stop(self, kind: str, reason: str, end_reason: EndReason) -> bool:
         """Decide this child's outcome as a failure now and interrupt its work; False if it
         had already ended."""
         tree = self.tree
@@ -377,7 +370,7 @@ class Node:
         return Trajectory(id=uuid.uuid4().hex[:16], task=self.task,
                           model=str(a.llm.model) if a is not None else "",
                           action_space=a.action_space if a is not None else "",
-                          started=time.time(), end_reason="error", error=error)
+                          started=time.time(), end_reason=EndReason.ERROR, error=error)
 
     # ---- door ops (this node is the parent) --------------------------------------------
     def _op_spawn(self, spec: Any) -> dict[str, Any]:
@@ -474,7 +467,7 @@ class Node:
     def _op_cancel(self, agent_id: Any) -> bool:
         node = self.by_id.get(agent_id) if isinstance(agent_id, str) else None
         return node is not None and node.stop("cancelled", "cancelled by its parent agent",
-                                              "cancelled")
+                                              EndReason.CANCELLED)
 
     def _op_wait(self, ctx: DoorContext, ids: Any, timeout: Any = None, mode: Any = "all"
                  ) -> dict[str, Any]:
