@@ -329,6 +329,56 @@ def test_no_import_cycles() -> None:
     assert not found, f"import cycles between MemEx modules:\n{shown}"
 
 
+def _guest_name(path: Path) -> str:
+    """A guest module's name inside the guest: ``memex_guest.tools``, or its file's stem."""
+    parts = path.relative_to(ROOT).parts
+    if "memex_guest" in parts:
+        rest = parts[parts.index("memex_guest"):]
+        name = ".".join(rest).removesuffix(".py")
+        return name.removesuffix(".__init__")
+    return path.stem
+
+
+def _guest_edges() -> dict[str, set[str]]:
+    """The guest modules' import graph (the same rules as the host's: imports inside
+    functions count, TYPE_CHECKING blocks do not)."""
+    names = {_guest_name(p): p for p in GUEST_FILES}
+    graph: dict[str, set[str]] = {}
+    for name, path in names.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        tree = ast.parse(path.read_text(), str(path))
+        reached: set[str] = set()
+        for node in _import_nodes(tree):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                mod = ".".join([*base, node.module] if node.module else base)
+                targets = [f"{mod}.{a.name}" for a in node.names]
+            else:
+                targets = [f"{node.module}.{a.name}" for a in node.names]
+            for t in targets:  # a module, else the module holding the name (as _module_of)
+                m = t if t in names else t.rpartition(".")[0]
+                if m in names and m != name:
+                    reached.add(m)
+        graph[name] = reached
+    return graph
+
+
+def test_no_import_cycles_in_the_guest() -> None:
+    """The guest packages (memex_guest, the agent prelude, the spawn API) have no cycle
+    either: records are a leaf (_records), typed values (_typed) import only that, and the
+    wire codec (_codec) loads _typed on need."""
+    graph = _guest_edges()
+    # the graph is built from the real files (a positive control for the check below)
+    assert "memex_guest._typed" in graph["memex_guest._codec"]
+    assert {"memex_guest._codec", "memex_guest._typed"} <= graph["memex_guest.codec"]
+    assert graph["memex_guest._records"] == set()
+    found = _cycles(graph)
+    shown = "\n".join(" -> ".join(_a_cycle(graph, c)) for c in found)
+    assert not found, f"import cycles between guest modules:\n{shown}"
+
+
 def test_allowed_cycles_still_exist() -> None:
     live = {tuple(c) for c in _cycles(_edges())}
     stale = [c for c in ALLOWED_CYCLES if c not in live]

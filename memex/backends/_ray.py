@@ -33,6 +33,7 @@ from ..runtime_wasm import (
     Limits,
     Mount,
     Sandbox,
+    SandboxHandle,
     TurnResult,
     checkpoint_from_bytes,
     checkpoint_to_bytes,
@@ -238,9 +239,12 @@ class _HostRef:
             self.actor.door_reply.remote(*args)
 
 
-class RaySandbox:
+class RaySandbox(SandboxHandle):
     """A sandbox in a Ray actor: the SandboxAPI of ``memex.Sandbox``; ``checkpoint()``
     returns a :class:`RayCheckpoint`."""
+
+    close_on_collect = False  # the backend holds each handle until it is closed or the
+    # backend closes, so no finalizer would run
 
     def __init__(self, backend: RayBackend, host: _HostRef, sid: int, *, door: Door,
                  limits: Limits, spec: dict[str, Any], tenant: str | None) -> None:
@@ -251,10 +255,6 @@ class RaySandbox:
         self._lock = threading.RLock()
         self._closed_reason: str | None = None
         self._lost: str | None = None
-
-    @property
-    def closed(self) -> bool:
-        return self._closed_reason is not None
 
     def _check_open(self) -> None:
         if self._lost is not None:
@@ -333,20 +333,14 @@ class RaySandbox:
         self._check_open()
         self._do("write_file", guest_path, bytes(memoryview(data)))
 
-    def close(self) -> None:
+    def _shutdown(self, reason: str) -> None:
         if self._closed_reason is not None:
             return
-        self._closed_reason = "closed"
+        self._closed_reason = reason
         if self._host.dead is None:
             with contextlib.suppress(Exception):
                 self._host.actor.close.remote(self.sid)  # not awaited, as in the pool
         self._backend._forget(self)
-
-    def __enter__(self) -> RaySandbox:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"<RaySandbox turns={self.turns} {self._closed_reason or 'open'}>"

@@ -38,6 +38,7 @@ from ..runtime_wasm import (
     Limits,
     Mount,
     OutputListener,
+    SandboxHandle,
     TurnResult,
     serving_door,
     unpack_bounded,
@@ -359,9 +360,12 @@ class _TurnLink:
             self._ws.close()
 
 
-class RemoteSandbox:
+class RemoteSandbox(SandboxHandle):
     """A sandbox held by the service: the ``SandboxAPI`` of ``memex.Sandbox``, with the same
     results, errors and limits. ``checkpoint()`` returns a :class:`RemoteCheckpoint`."""
+
+    close_on_collect = False  # no network call from a finalizer: RemoteBackend.close() closes
+    # the sessions still open
 
     def __init__(self, backend: RemoteBackend, info: dict[str, Any], door: Door) -> None:
         self._backend = backend
@@ -370,7 +374,7 @@ class RemoteSandbox:
         self.door = door
         self.turns = int(info.get("turns", 0))
         self._lock = threading.RLock()
-        self._closed: str | None = None
+        self._closed_reason: str | None = None
         self._link: _DoorLink | None = None  # opened by the first turn that may need it
         self._turns: _TurnLink | None = None  # opened by the first turn
         self.restored: dict[str, Any] | None = info.get("restored")
@@ -400,13 +404,9 @@ class RemoteSandbox:
                 return None
         return self._turns
 
-    @property
-    def closed(self) -> bool:
-        return self._closed is not None
-
     def _check_open(self) -> None:
-        if self._closed is not None:
-            raise SandboxClosed(self._closed)
+        if self._closed_reason is not None:
+            raise SandboxClosed(self._closed_reason)
 
     def run(self, code: str, *, timeout: float | None = None, filename: str | None = None,
             on_output: OutputListener | None = None) -> TurnResult:
@@ -430,7 +430,7 @@ class RemoteSandbox:
                     out = link.run({"code": code, "timeout": timeout, "filename": filename},
                                    budget + _GRACE)
                 finally:
-                    if self._closed is not None:  # closed while this turn ran
+                    if self._closed_reason is not None:  # closed while this turn ran
                         self._drop_turns()
             elif on_output is None:
                 out = client.run(self.id, code, timeout=timeout, filename=filename,
@@ -491,19 +491,19 @@ class RemoteSandbox:
         with self._lock:
             self._check_open()
             self._backend.client.park(self.id)
-            self._closed = "parked for another node"
+            self._closed_reason = "parked for another node"
             self._drop_turns()
         if self._link is not None:
             self._link.close()
         self._backend._forget(self)
         return self.id
 
-    def close(self) -> None:
-        """Close the session on the service (a running turn ends ``cancelled``). Idempotent;
-        does not wait for a running turn's lock."""
-        if self._closed is not None:
+    def _shutdown(self, reason: str) -> None:
+        """Close the session on the service (a running turn ends ``cancelled``); does not
+        wait for a running turn's lock."""
+        if self._closed_reason is not None:
             return
-        self._closed = "closed by the caller"
+        self._closed_reason = "closed by the caller" if reason == "closed" else reason
         try:
             self._backend.client.close_session(self.id)
         except SandboxError:
@@ -522,12 +522,6 @@ class RemoteSandbox:
         if self._turns is not None:
             self._turns.close()
             self._turns = None
-
-    def __enter__(self) -> RemoteSandbox:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"<RemoteSandbox {self.id} turns={self.turns}{' closed' if self.closed else ''}>"

@@ -42,6 +42,7 @@ from ..runtime_wasm import (
     Limits,
     Mount,
     OutputListener,
+    SandboxHandle,
     TurnResult,
     TurnStatus,
     remove_tree,
@@ -73,7 +74,7 @@ def check_run_args(code: object, timeout: object) -> None:
         raise ConfigError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
 
 
-class ProcessSandbox:
+class ProcessSandbox(SandboxHandle):
     """A sandbox in a worker process: the :class:`~memex.runtime_wasm.SandboxAPI` of
     ``memex.Sandbox``, with the same results, errors and limits. ``checkpoint()`` returns a
     :class:`ProcessCheckpoint`."""
@@ -104,10 +105,6 @@ class ProcessSandbox:
         self._door_server: DoorServer | None = None
 
     # ---- state ----------------------------------------------------------------------------
-    @property
-    def closed(self) -> bool:
-        return self._closed_reason is not None
-
     @property
     def resumable(self) -> bool:
         """The caller holds an image of the latest guest state (shipped shortly after each
@@ -360,14 +357,14 @@ class ProcessSandbox:
         self._check_open()
         self._call("write_file", guest_path, bytes(memoryview(data)))
 
-    # ---- lifecycle --------------------------------------------------------------------------
-    def close(self) -> None:
+    # ---- lifecycle (close, the context manager, __del__: SandboxHandle) ---------------------
+    def _shutdown(self, reason: str) -> None:
         """Close the sandbox (its worker tears it down, interrupting a running turn, without
-        the caller waiting). Idempotent."""
+        the caller waiting)."""
         with self._state:
             if self._closed_reason is not None:
                 return
-            self._closed_reason = "closed"
+            self._closed_reason = reason
         if self._lost is None and self._worker.alive:
             # Not awaited: the worker tears the sandbox down (interrupting a running turn)
             # while the caller goes on; later requests about it find it gone.
@@ -387,19 +384,6 @@ class ProcessSandbox:
         if stash is not None:
             remove_tree(str(stash))
         self._backend._unregister(self)
-
-    def __enter__(self) -> ProcessSandbox:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            if self._closed_reason is None:
-                self._closed_reason = "garbage collected"
-                self._worker.send("close", self.sid)
-                self._release()
 
     def __repr__(self) -> str:
         state = self._closed_reason or f"open in worker {self._worker.pid}"

@@ -20,6 +20,7 @@ from ._bounded import DecodeCost, unpack_bounded
 from ._dirty import dirty_tracking
 from ._door import Door, DoorCall, DoorContext, DoorError, serving_door
 from ._engine import compile_module, load_module, module_path
+from ._handle import SandboxHandle
 from ._instance import GuestKilled
 from ._output import OutputListener
 from ._prepare import prepare
@@ -68,6 +69,7 @@ __all__ = [
     "OutputListener",
     "Sandbox",
     "SandboxAPI",
+    "SandboxHandle",
     "TurnResult",
     "TurnStatus",
     "Workers",

@@ -34,6 +34,7 @@ from ._files import (
     mpl_data_dir,
     stdlib_dir,
 )
+from ._handle import SandboxHandle
 from ._image import MemoryImage
 from ._imagefile import read_image_file, write_image_file
 from ._instance import Instance, InstanceSpec, TurnOutcome
@@ -65,7 +66,7 @@ class Checkpoint:
         return self._image.size
 
 
-class Sandbox:
+class Sandbox(SandboxHandle):
     """A persistent, capped Python kernel in WebAssembly.
 
     >>> with Sandbox(limits=Limits(timeout=5)) as sb:
@@ -127,7 +128,7 @@ class Sandbox:
         try:
             self._start(_image)
         except BaseException:
-            self._teardown("failed to start")
+            self._shutdown("failed to start")
             raise
         with _LIVE_LOCK:
             _LIVE.add(self)
@@ -275,10 +276,6 @@ class Sandbox:
             )
 
     # ---- state --------------------------------------------------------------------------
-    @property
-    def closed(self) -> bool:
-        return self._closed_reason is not None
-
     def _check_open(self) -> None:
         if self._closed_reason is not None:
             raise SandboxClosed(self._closed_reason)
@@ -487,7 +484,7 @@ class Sandbox:
         try:
             self._fresh_instance()
         except Exception as exc:
-            self._teardown(f"guest could not be restored after a trap: {exc}")
+            self._shutdown(f"guest could not be restored after a trap: {exc}")
             return False
         return self.rollback
 
@@ -638,12 +635,9 @@ class Sandbox:
         self._check_open()
         _hostfiles.write_file(self._spec.preopens, self._disk, guest_path, data)
 
-    # ---- lifecycle ----------------------------------------------------------------------
-    def close(self) -> None:
-        """Release the guest, its thread and its /tmp. Idempotent."""
-        self._teardown("closed")
-
-    def _teardown(self, reason: str) -> None:
+    # ---- lifecycle (close, the context manager, __del__: SandboxHandle) -------------------
+    def _shutdown(self, reason: str) -> None:
+        """Release the guest, its thread and its /tmp (once)."""
         if self._closed_reason is not None:
             return
         with self.__dict__.get("_running_lock") or contextlib.nullcontext():
@@ -677,17 +671,6 @@ class Sandbox:
             _tree.remove(str(scratch))
         with _LIVE_LOCK:
             _LIVE.discard(self)
-
-    def __enter__(self) -> Sandbox:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            if self._closed_reason is None:
-                self._teardown("garbage collected")
 
     def __repr__(self) -> str:
         state = self._closed_reason or "open"
@@ -739,9 +722,9 @@ def _reap() -> None:
             if sb.closed or sb._busy:
                 continue
             if lim.lifetime is not None and now - sb.created > lim.lifetime:
-                sb._teardown("lifetime ended")
+                sb._shutdown("lifetime ended")
             elif lim.idle_timeout is not None and now - sb.last_used > lim.idle_timeout:
-                sb._teardown("idle timeout")
+                sb._shutdown("idle timeout")
 
 
 def _start_reaper() -> None:
@@ -758,4 +741,4 @@ def _close_all() -> None:
         live = list(_LIVE)
     for sb in live:
         with contextlib.suppress(Exception):
-            sb._teardown("interpreter exit")
+            sb._shutdown("interpreter exit")

@@ -33,9 +33,9 @@ def test_caps_refuse_what_is_not_a_positive_number_naming_the_record() -> None:
         for bad in (0, -1, True, float("inf"), "5"):
             with pytest.raises(ConfigError, match=rf"{cls.__name__}.max_tokens must be > 0"):
                 cls(max_tokens=bad)  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match="Budget.max_turns must be an int >= 1"):
+    with pytest.raises(ConfigError, match=r"Budget.max_turns must be an int >= 1"):
         Budget(max_turns=0)
-    with pytest.raises(ConfigError, match="TreeBudget.max_depth"):
+    with pytest.raises(ConfigError, match=r"TreeBudget.max_depth"):
         TreeBudget(max_depth=-1)
 
 

@@ -44,15 +44,39 @@ class Raw:
         self.data = data
 
 
-_typed_mod = []  # [memex_guest.codec] once loaded
+_typed_mod = []  # [memex_guest._typed] once loaded (numpy/pandas-aware, imported on need)
 
 
 def _typed():
     if not _typed_mod:
-        from . import codec
+        from . import _typed as typed
 
-        _typed_mod.append(codec)
+        _typed_mod.append(typed)
     return _typed_mod[0]
+
+
+def msgpack_default(typed):
+    """A ``default=`` hook for msgpack.packb, consistent with the fast encoder."""
+    import msgpack
+
+    def default(obj):
+        if isinstance(obj, Raw):
+            return unpackb(obj.data)
+        code, payload = _typed().convert(obj, typed)
+        if code is None:
+            return payload
+        return msgpack.ExtType(code, packb(payload, True))
+
+    return default
+
+
+def ext_hook(code, data):
+    """An ``ext_hook=`` for msgpack.unpackb: ext types 1-8 become typed values."""
+    if 1 <= code <= 8:
+        return _typed().from_ext(code, unpackb(data))
+    import msgpack
+
+    return msgpack.ExtType(code, data)
 
 
 def ext_bytes(code, data):
@@ -171,7 +195,7 @@ def packb(obj, typed=False):
         import msgpack
 
         return msgpack.packb(obj, use_bin_type=True, strict_types=typed,
-                             default=_typed().msgpack_default(typed))
+                             default=msgpack_default(typed))
     return b"".join(out)
 
 
@@ -400,4 +424,4 @@ def unpackb(b):
         pass
     import msgpack
 
-    return msgpack.unpackb(b, raw=False, strict_map_key=False, ext_hook=_typed().ext_hook)
+    return msgpack.unpackb(b, raw=False, strict_map_key=False, ext_hook=ext_hook)
