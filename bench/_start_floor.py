@@ -2,7 +2,7 @@
 
 Run by bench/runtime.py (``_start_floor.py MODULE.cwasm WASM_STACK ASYNC_STACK``) beside
 ``python -c pass`` and ``memex run -c pass``, in one loop. It loads MemEx's own C API binding
-(``runtime_wasm/_capi.py``, by file, so the ``memex`` package is not imported), opens the
+(``runtime_wasm/engine/_capi.py``, by file, so the ``memex`` package is not imported), opens the
 engine library, makes an engine with the runtime's settings and maps the precompiled guest
 module — the steps no start can skip — and stops there: no instance, no turn, no records, no
 CLI. A ``memex run`` can come down to this plus one instantiation and one turn, not below.
@@ -14,7 +14,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-CAPI = Path(__file__).resolve().parent.parent / "memex" / "runtime_wasm" / "_capi.py"
+CAPI = Path(__file__).resolve().parent.parent / "memex" / "runtime_wasm" / "engine" / "_capi.py"
 
 
 def main(module: str, wasm_stack: int, async_stack: int) -> None:

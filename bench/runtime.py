@@ -42,11 +42,11 @@ if str(ROOT) not in sys.path:
 
 from _fmt import TOUCH_1MIB, ballast, fmt  # noqa: E402  (bench/ is on sys.path when a script runs)
 
-import memex.runtime_wasm._lz4 as _lz4  # noqa: E402  (patched for the codec's baseline)
 import memex.runtime_wasm._sandbox as _sandbox  # noqa: E402  (patched for the eager load)
+import memex.runtime_wasm.images._lz4 as _lz4  # noqa: E402  (patched for the codec's baseline)
 from memex.runtime_wasm import Door, Limits, Sandbox, dirty_tracking, module_path  # noqa: E402
-from memex.runtime_wasm._dirty import TRACKER  # noqa: E402  (switched off for the baseline)
-from memex.runtime_wasm._engine import ASYNC_STACK, WASM_STACK  # noqa: E402  (the floor's engine)
+from memex.runtime_wasm.engine._engine import ASYNC_STACK, WASM_STACK  # noqa: E402  (the floor's engine)
+from memex.runtime_wasm.images._dirty import TRACKER  # noqa: E402  (switched off for the baseline)
 
 Row = tuple[str, str, str, str]  # section, what, value, note
 ROWS: list[Row] = []
@@ -648,7 +648,7 @@ _SMALL = ("import time, os\nos.makedirs('/tmp/many', exist_ok=True)\nt = time.pe
 
 
 def bench_disk(q: bool) -> None:
-    """The cost of disk accounting (runtime_wasm/_disk.py) on write-heavy cells: the same cell
+    """The cost of disk accounting (runtime_wasm/files/_disk.py) on write-heavy cells: the same cell
     in a sandbox whose WASI file calls are shadowed (quotas on) and one where they are not."""
     limits = Limits(timeout=120, disk_bytes=1 << 30, disk_files=20_000)
     n = 3 if q else 7  # 10,000 files take seconds per run: few repetitions when quick

@@ -15,7 +15,7 @@ import pytest
 from served import Served, start_server
 
 import memex.runtime_wasm as rw
-import memex.runtime_wasm._engine as _engine
+import memex.runtime_wasm.engine._engine as _engine
 from memex import Limits, ModuleCacheMissing, Sandbox
 from memex.backends import Backend, get_backend
 from memex.runtime_wasm import SandboxAPI

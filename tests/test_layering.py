@@ -9,7 +9,7 @@
   wasmtime only inside the runtime; guest code (every ``guest/`` folder) nothing of the host;
 * no import cycle between MemEx modules, counting imports inside functions (the way cycles
   hide) and leaving out ``if TYPE_CHECKING:`` blocks (they never run);
-* a private module (``_name``) is imported only from inside the package that holds it; tests,
+* a private module (``_name``) is imported only from inside its layer (``memex.<layer>``); tests,
   benchmarks and examples use public names, but for the few listed below on purpose;
 * every third-party package the code imports is declared in pyproject.toml;
 * docs/layout.md (the README links it) lists exactly the files under ``memex/``.
@@ -41,21 +41,21 @@ ALLOWED_CYCLES: dict[tuple[str, ...], str] = {}
 # file -> {private target: why}.
 ALLOWED_PRIVATE: dict[str, dict[str, str]] = {
     "bench/runtime.py": {
-        "memex.runtime_wasm._dirty.TRACKER": "switched off for the whole-copy baseline rows",
-        "memex.runtime_wasm._engine.ASYNC_STACK": "the start-up floor's engine settings",
-        "memex.runtime_wasm._engine.WASM_STACK": "the start-up floor's engine settings",
-        "memex.runtime_wasm._lz4": "plain lz4.block on one thread, for the codec's baseline",
+        "memex.runtime_wasm.images._dirty.TRACKER": "switched off for the whole-copy baseline rows",
+        "memex.runtime_wasm.engine._engine.ASYNC_STACK": "the start-up floor's engine settings",
+        "memex.runtime_wasm.engine._engine.WASM_STACK": "the start-up floor's engine settings",
+        "memex.runtime_wasm.images._lz4": "plain lz4.block on one thread, for the codec's baseline",
         "memex.runtime_wasm._sandbox": "loads decompressed eagerly, for the load's baseline",
     },
     "tests/runtime_wasm/test_capi.py": {
-        "memex.runtime_wasm._capi": "the C API binding's errors, traps and version check",
-        "memex.runtime_wasm._engine.engine": "an engine to compile small test modules on",
-        "memex.runtime_wasm._ffi.RawFunc": "calls into a test module through the hot path",
-        "memex.runtime_wasm._ffi.set_epoch_deadline": "a test store's epoch deadline",
-        "memex.runtime_wasm._signals.ensure": "what every turn does before entering wasm",
+        "memex.runtime_wasm.engine._capi": "the C API binding's errors, traps and version check",
+        "memex.runtime_wasm.engine._engine.engine": "an engine to compile small test modules on",
+        "memex.runtime_wasm.engine._ffi.RawFunc": "calls into a test module through the hot path",
+        "memex.runtime_wasm.engine._ffi.set_epoch_deadline": "a test store's epoch deadline",
+        "memex.runtime_wasm.engine._signals.ensure": "what every turn does before entering wasm",
     },
     "tests/runtime_wasm/test_image_codec.py": {
-        "memex.runtime_wasm._lz4": "the codec's fallback, threads and C calls, unit-tested",
+        "memex.runtime_wasm.images._lz4": "the codec's fallback, threads and C calls, unit-tested",
     },
     "tests/cli/test_repl.py": {
         "memex.cli._repl.needs_more": "how the REPL decides a statement is complete",
@@ -66,7 +66,7 @@ ALLOWED_PRIVATE: dict[str, dict[str, str]] = {
         "memex.cli._selftest._need": "checks that fail, to test how failures are reported",
     },
     "tests/conftest.py": {
-        "memex.runtime_wasm._engine": "the tripwire that stops any test from compiling",
+        "memex.runtime_wasm.engine._engine": "the tripwire that stops any test from compiling",
     },
     "tests/executor/llm/test_llm.py": {
         "memex.executor.llm._client._retry_after": "the Retry-After parser, unit-tested",
@@ -96,13 +96,13 @@ ALLOWED_PRIVATE: dict[str, dict[str, str]] = {
     },
     "tests/runtime_wasm/test_warm_images.py": {
         "memex.runtime_wasm._warm": "an empty warm-image folder, to build and damage images in",
-        "memex.runtime_wasm._imagefile.open_raw_image": "raw image files, damaged on purpose",
-        "memex.runtime_wasm._imagefile.write_raw_image": "raw image files, damaged on purpose",
-        "memex.runtime_wasm._image.MemoryImage": "a warm image's learned first-turn pages, "
+        "memex.runtime_wasm.images._imagefile.open_raw_image": "raw image files, damaged",
+        "memex.runtime_wasm.images._imagefile.write_raw_image": "raw image files, damaged",
+        "memex.runtime_wasm.images._image.MemoryImage": "a warm image's learned first-turn pages, "
                                                  "switched off to count the faults they save",
     },
     "tests/runtime_wasm/test_incremental_images.py": {
-        "memex.runtime_wasm._dirty": "the page tracker itself, and switching it off to test "
+        "memex.runtime_wasm.images._dirty": "the page tracker itself, and switching it off to test "
                                      "the whole-copy path",
     },
 }
@@ -321,6 +321,37 @@ def test_guest_code_imports_nothing_from_the_host(path: Path) -> None:
             assert not name.startswith("memex.") and name != "memex", f"{path}: {name}"
 
 
+# ---- the runtime's rooms ------------------------------------------------------------------------
+RT = "memex.runtime_wasm"
+# Each room may import the rooms listed for it and the runtime's leaf modules; the instance,
+# the door, the sandbox and what builds on them sit on top and import any room.
+ROOMS = {"engine": set(), "files": {"engine"}, "images": {"engine", "files"}}
+RUNTIME_LEAVES = {f"{RT}._records", f"{RT}._units", f"{RT}._bounded"}
+
+
+def _room_of(module: str) -> str | None:
+    rest = module.removeprefix(RT + ".").split(".")
+    return rest[0] if module.startswith(RT + ".") and rest[0] in ROOMS else None
+
+
+def test_the_runtime_rooms_import_only_downwards() -> None:
+    graph = _edges()
+    bad = []
+    for name, targets in graph.items():
+        room = _room_of(name)
+        if room is None:
+            continue
+        for t in targets:
+            if not t.startswith(RT) or t in RUNTIME_LEAVES:
+                continue
+            if _room_of(t) not in {room, *ROOMS[room]}:
+                bad.append(f"{name} imports {t}")
+    assert not bad, "a runtime room imports above itself:\n" + "\n".join(sorted(bad))
+    # the rooms are real: each holds modules, and the top imports them
+    assert all(any(_room_of(m) == r for m in graph) for r in ROOMS)
+    assert f"{RT}.engine._engine" in graph[f"{RT}._sandbox"]
+
+
 # ---- cycles -------------------------------------------------------------------------------------
 def test_no_import_cycles() -> None:
     graph = _edges()
@@ -422,18 +453,20 @@ def _private_reach(importer: str, targets: list[str]) -> list[str]:
         owner = _private_owner(target)
         if owner is None:
             continue
-        # a private name of a private module: its owner is the module's package too
-        if importer != owner and not importer.startswith(owner + "."):
+        # private means private to the layer (memex.<layer>): its modules import each other
+        # freely; a private name of the root package stays the root's
+        scope = ".".join(owner.split(".")[:2])
+        if importer != scope and not importer.startswith(scope + "."):
             bad.append(target)
     return bad
 
 
-def test_private_modules_are_imported_only_inside_their_package() -> None:
+def test_private_modules_are_imported_only_inside_their_layer() -> None:
     bad = []
     for name, path in MODULES.items():
         bad += [f"{name} imports {t}" for t in _private_reach(name, _imports(path))]
-    assert not bad, ("a package's private modules are for that package only; promote the "
-                     "seam to its public surface instead:\n" + "\n".join(bad))
+    assert not bad, ("a layer's private modules are for that layer only; promote the seam "
+                     "to its public surface instead:\n" + "\n".join(bad))
 
 
 def _outside_files() -> list[Path]:
@@ -460,10 +493,16 @@ def test_private_import_rule() -> None:
     assert _private_owner("memex.executor.llm._client._retry_after") == "memex.executor.llm"
     assert _private_owner("memex.executor.llm.LLMClient") is None
     assert _private_reach("memex.executor.loops._code", ["memex.executor._trajectory"]) == []
-    assert _private_reach("memex.executor._run", ["memex.executor.loops._code"]) == [
-        "memex.executor.loops._code"]
-    assert _private_reach("memex.cli._run", ["memex.runtime_wasm._engine.FLAVOURS"]) == [
-        "memex.runtime_wasm._engine.FLAVOURS"]
+    # inside one layer, private modules are shared: the runtime's rooms, executor's packages
+    assert _private_reach("memex.executor._run", ["memex.executor.loops._code"]) == []
+    assert _private_reach("memex.runtime_wasm._sandbox",
+                          ["memex.runtime_wasm.engine._engine.load_module"]) == []
+    # across layers they are not, neighbours or not
+    assert _private_reach("memex.service._config", ["memex.serving._settings.Size"]) == [
+        "memex.serving._settings.Size"]
+    assert _private_reach("<outside>", ["memex.executor._run"]) == ["memex.executor._run"]
+    assert _private_reach("memex.cli._run", ["memex.runtime_wasm.engine._engine.FLAVOURS"]) == [
+        "memex.runtime_wasm.engine._engine.FLAVOURS"]
 
 
 # ---- third-party imports ------------------------------------------------------------------------

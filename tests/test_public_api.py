@@ -218,7 +218,7 @@ def test_import_memex_loads_only_errors_and_the_runtime() -> None:
 
 HEAVY = ["anyio", "httpx", "httpx2", "jsonschema", "numpy", "openai", "pandas", "pydantic",
          "pydantic_core", "rich", "yaml",
-         # the runtime binds wasmtime's library itself (runtime_wasm/_capi.py): wasmtime-py's
+         # the runtime binds wasmtime's library itself (runtime_wasm/engine/_capi.py): wasmtime-py's
          # Python layer is ~25 ms of import; msgpack waits for the first door frame
          "wasmtime", "msgpack", "zipfile"]
 

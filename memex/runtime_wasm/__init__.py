@@ -15,11 +15,8 @@ one grammar for sizes and durations (``parse_size``, ``parse_seconds``) that
 ``Limits.from_mapping`` and every config reader use.
 """
 
-from ._artifacts import Artifacts, find_artifacts
 from ._bounded import DecodeCost, unpack_bounded
-from ._dirty import dirty_tracking
 from ._door import Door, DoorCall, DoorContext, DoorError, serving_door
-from ._engine import compile_module, load_module, module_path
 from ._handle import SandboxHandle
 from ._instance import GuestKilled
 from ._output import OutputListener
@@ -45,9 +42,12 @@ from ._transfer import (
     open_from_checkpoint,
     scratch_dir,
 )
-from ._tree import remove as remove_tree
 from ._units import parse_seconds, parse_size
 from ._workers import Job, Workers
+from .engine._artifacts import Artifacts, find_artifacts
+from .engine._engine import compile_module, load_module, module_path
+from .files._tree import remove as remove_tree
+from .images._dirty import dirty_tracking
 
 __all__ = [
     "AGENT_LIMITS",

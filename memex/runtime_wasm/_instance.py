@@ -29,12 +29,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..errors import GuestStartError
-from . import _capi, _ffi, _signals
 from ._bounded import json_loads
-from ._capi import EXTERN_FUNC, EXTERN_MEMORY, TrapCode, WasmError
-from ._disk import DiskLedger, DiskUse, GuestFiles
-from ._engine import TICK_SECONDS, LoadedModule, engine, ticks_for
 from ._output import StreamCapture
+from .engine import _capi, _ffi, _signals
+from .engine._capi import EXTERN_FUNC, EXTERN_MEMORY, TrapCode, WasmError
+from .engine._engine import TICK_SECONDS, LoadedModule, engine, ticks_for
+from .files._disk import DiskLedger, DiskUse, GuestFiles
 
 __all__ = ["DoorFn", "GuestKilled", "Instance", "InstanceSpec", "TurnOutcome"]
 

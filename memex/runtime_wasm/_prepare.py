@@ -12,14 +12,14 @@ import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import _engine
-from ._artifacts import find_artifacts
-from ._dirty import dirty_tracking
-from ._engine import FLAVOURS, Flavour, load_module, module_path
-from ._files import bundle_dir, mpl_data_dir, stdlib_dir
 from ._records import Limits
 from ._sandbox import Sandbox
 from ._warm import precompile_bundle, warm_image
+from .engine import _engine
+from .engine._artifacts import find_artifacts
+from .engine._engine import FLAVOURS, Flavour, load_module, module_path
+from .engine._files import bundle_dir, mpl_data_dir, stdlib_dir
+from .images._dirty import dirty_tracking
 
 __all__ = ["prepare"]
 

@@ -21,12 +21,14 @@ from ..errors import (
     SandboxClosed,
     SandboxError,
 )
-from . import _hostfiles, _tree
-from ._dirty import TRACKER, MemoryWatch, Runs
-from ._disk import DiskLedger, DiskPlace, DiskUse
 from ._door import Door, serving_door
-from ._engine import LoadedModule, load_module
-from ._files import (
+from ._handle import SandboxHandle
+from ._instance import Instance, InstanceSpec, TurnOutcome
+from ._output import OutputListener
+from ._records import GuestException, GuestFile, Limits, Mount, TurnResult, TurnStatus
+from ._warm import warm_image, warm_image_named
+from .engine._engine import LoadedModule, load_module
+from .engine._files import (
     GUEST_BUNDLE,
     GUEST_LIB,
     bootstrap_source,
@@ -34,14 +36,12 @@ from ._files import (
     mpl_data_dir,
     stdlib_dir,
 )
-from ._handle import SandboxHandle
-from ._image import MemoryImage
-from ._imagefile import read_image_file, write_image_file
-from ._instance import Instance, InstanceSpec, TurnOutcome
-from ._output import OutputListener
-from ._records import GuestException, GuestFile, Limits, Mount, TurnResult, TurnStatus
-from ._runner import Runner
-from ._warm import warm_image, warm_image_named
+from .engine._runner import Runner
+from .files import _hostfiles, _tree
+from .files._disk import DiskLedger, DiskPlace, DiskUse
+from .images._dirty import TRACKER, MemoryWatch, Runs
+from .images._image import MemoryImage
+from .images._imagefile import read_image_file, write_image_file
 
 __all__ = ["Checkpoint", "Sandbox"]
 

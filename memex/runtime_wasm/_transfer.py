@@ -19,11 +19,11 @@ from typing import Any
 
 from ..errors import ConfigError, ImageError
 from ._bounded import DecodeCost, inflate, unpack_bounded
-from ._dirty import PAGE
 from ._door import Door, _msgpack
-from ._image import MemoryImage
 from ._records import Limits, Mount
 from ._sandbox import Checkpoint, Sandbox
+from .images._dirty import PAGE
+from .images._image import MemoryImage
 
 __all__ = [
     "checkpoint_from_bytes",

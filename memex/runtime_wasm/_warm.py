@@ -33,13 +33,13 @@ from pathlib import Path
 from typing import overload
 
 from ..errors import ConfigError, GuestStartError, ImageError
-from . import _tree
-from ._cache import cache_dir, file_lock
-from ._engine import LoadedModule
-from ._files import GUEST_BUNDLE, GUEST_LIB, bootstrap_source, bundle_dir, driver_source
-from ._image import MemoryImage
-from ._imagefile import open_raw_image, write_raw_image
 from ._instance import Instance, InstanceSpec
+from .engine._cache import cache_dir, file_lock
+from .engine._engine import LoadedModule
+from .engine._files import GUEST_BUNDLE, GUEST_LIB, bootstrap_source, bundle_dir, driver_source
+from .files import _tree
+from .images._image import MemoryImage
+from .images._imagefile import open_raw_image, write_raw_image
 
 __all__ = ["CACHE_BYTES_ENV", "cache_bound", "precompile_bundle", "warm_image",
            "warm_image_named"]

@@ -1,4 +1,4 @@
-"""The wasmtime C API binding (runtime_wasm/_capi.py): engine errors and traps come back as
+"""The wasmtime C API binding (runtime_wasm/engine/_capi.py): engine errors and traps come back as
 WasmError with their codes, the library is wasmtime-py's own, and nothing leaks a raw
 pointer or crashes on bad input."""
 
@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from memex.runtime_wasm import _capi
-from memex.runtime_wasm._capi import EXTERN_FUNC, EXTERN_MEMORY, TrapCode, WasmError
-from memex.runtime_wasm._engine import engine
-from memex.runtime_wasm._ffi import RawFunc, set_epoch_deadline
-from memex.runtime_wasm._signals import ensure
+from memex.runtime_wasm.engine import _capi
+from memex.runtime_wasm.engine._capi import EXTERN_FUNC, EXTERN_MEMORY, TrapCode, WasmError
+from memex.runtime_wasm.engine._engine import engine
+from memex.runtime_wasm.engine._ffi import RawFunc, set_epoch_deadline
+from memex.runtime_wasm.engine._signals import ensure
 
 TRAPS = """(module
   (memory (export "memory") 1 100)

@@ -1,4 +1,4 @@
-"""Disk quotas, the open-descriptor cap and link rules (runtime_wasm/_disk.py): every write,
+"""Disk quotas, the open-descriptor cap and link rules (runtime_wasm/files/_disk.py): every write,
 truncate, create and link a guest makes in its writable places is counted and refused past
 ``Limits.disk_bytes`` / ``disk_files`` / ``open_files`` with an errno in the guest; the sandbox
 stays usable and the host never loses a descriptor or a byte of disk to a guest."""

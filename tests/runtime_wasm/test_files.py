@@ -172,7 +172,7 @@ def test_write_through_symlink_escape_fails(mounted: Sandbox, tree: dict[str, Pa
 
 
 def test_guest_made_symlinks_do_not_escape(mounted: Sandbox, tree: dict[str, Path]) -> None:
-    # Writable places refuse links outright (runtime_wasm/_disk.py; Mount(links=True) admits
+    # Writable places refuse links outright (runtime_wasm/files/_disk.py; Mount(links=True) admits
     # links inside the mount only): nothing a guest links can lead out, in the guest or in the
     # host-side read_file/write_file.
     r = mounted.run(

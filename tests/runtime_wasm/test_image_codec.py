@@ -14,7 +14,7 @@ import lz4.block
 import pytest
 
 from memex import ImageError, Limits, Sandbox, TurnStatus
-from memex.runtime_wasm import _lz4
+from memex.runtime_wasm.images import _lz4
 
 HEADER = struct.Struct("<8sII")
 RUN = struct.Struct("<QIII")

@@ -16,7 +16,7 @@ import pytest
 
 from memex import Limits, Sandbox, TurnStatus
 from memex.runtime_wasm import dirty_tracking
-from memex.runtime_wasm._dirty import PAGE, TRACKER, DirtyTracker, MemoryWatch
+from memex.runtime_wasm.images._dirty import PAGE, TRACKER, DirtyTracker, MemoryWatch
 
 MakeSandbox = Callable[..., Sandbox]
 

@@ -14,7 +14,7 @@ import pytest
 
 from memex import ConfigError, ImageError, Sandbox
 from memex.runtime_wasm import _warm, load_module
-from memex.runtime_wasm._imagefile import open_raw_image, write_raw_image
+from memex.runtime_wasm.images._imagefile import open_raw_image, write_raw_image
 
 
 @pytest.fixture
@@ -186,7 +186,7 @@ def test_a_first_turns_pages_are_written_before_it_runs() -> None:
     of a copy-on-write fault each: fewer faults in their first turn, the same results."""
     import resource
 
-    from memex.runtime_wasm._image import MemoryImage
+    from memex.runtime_wasm.images._image import MemoryImage
 
     def first_turn_faults() -> tuple[int, str | None]:
         sb = Sandbox()

@@ -30,7 +30,7 @@ __all__ = [
 
 GUEST_LIB = "/usr/local/lib"
 GUEST_BUNDLE = "/memex"
-_GUEST_SRC = Path(__file__).resolve().parent / "guest"
+_GUEST_SRC = Path(__file__).resolve().parent.parent / "guest"
 
 
 def _materialize(final: Path, build: Callable[[Path], None]) -> Path:

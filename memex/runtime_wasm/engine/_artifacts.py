@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ArtifactsError
+from ...errors import ArtifactsError
 from ._cache import cache_dir
 
 __all__ = ["Artifacts", "find_artifacts", "sha256_file"]

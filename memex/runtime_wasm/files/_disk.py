@@ -55,8 +55,8 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ..engine._ffi import MemoryRef, WasiCall
 from . import _tree
-from ._ffi import MemoryRef, WasiCall
 
 __all__ = ["MAX_DEPTH", "MAX_DIR_ENTRIES", "MAX_PATH", "DiskLedger", "DiskPlace", "DiskUse",
            "GuestFiles", "descends", "inside"]

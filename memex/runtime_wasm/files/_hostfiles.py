@@ -13,10 +13,10 @@ import stat
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..errors import GuestFileError, GuestFileTooLarge
+from ...errors import GuestFileError, GuestFileTooLarge
+from .._records import GuestFile
+from ..engine._files import GUEST_BUNDLE, GUEST_LIB
 from ._disk import MAX_DEPTH, MAX_DIR_ENTRIES, MAX_PATH, DiskUse
-from ._files import GUEST_BUNDLE, GUEST_LIB
-from ._records import GuestFile
 
 __all__ = ["host_path", "list_files", "read_file", "write_file"]
 

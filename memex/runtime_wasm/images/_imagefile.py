@@ -22,9 +22,9 @@ from pathlib import Path
 
 import lz4.block
 
-from ..errors import ImageError
-from ._bounded import inflate, json_loads
-from ._cache import atomic_write
+from ...errors import ImageError
+from .._bounded import inflate, json_loads
+from ..engine._cache import atomic_write
 from ._dirty import PAGE
 from ._image import MemoryImage, mapped
 from ._lz4 import compress_at, decompress_into, parallel_map

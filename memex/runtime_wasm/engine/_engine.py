@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from ..errors import ModuleCacheMissing, SetupError
+from ...errors import ModuleCacheMissing, SetupError
 from . import _capi, _signals
 from ._artifacts import Artifacts, find_artifacts
 from ._cache import atomic_write, cache_dir, file_lock

@@ -19,12 +19,12 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from ..errors import ImageError
+from ...errors import ImageError
 from ._dirty import PAGE as _PAGE
 from ._dirty import Runs
 
 if TYPE_CHECKING:
-    from ._instance import Instance
+    from .._instance import Instance
 
 __all__ = ["MemoryImage", "mapped"]
 
