@@ -32,7 +32,7 @@ from typing import Any
 from ..errors import BackendBusy, ConfigError, MemexError, SandboxClosed
 from ..runtime_wasm import Door, Limits, Mount
 from ._subprocess import ProcessSandbox, SubprocessBackend
-from .worker import WorkerClient, WorkerDied
+from .worker._client import WorkerClient, WorkerDied
 
 __all__ = ["PoolBackend", "PoolStats", "TenantQuota"]
 

@@ -44,12 +44,12 @@ from ._contract import Backend
 from ._subprocess import SubprocessBackend, check_run_args
 from .worker import (
     error_from_wire,
-    error_to_wire,
     limits_from_wire,
     mounts_from_wire,
     result_from_wire,
     result_to_wire,
 )
+from .worker._wire import error_to_wire
 
 __all__ = ["RayBackend", "RayCheckpoint", "RaySandbox"]
 

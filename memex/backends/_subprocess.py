@@ -49,16 +49,8 @@ from ..runtime_wasm import (
     serving_door,
 )
 from ._contract import Backend
-from .worker import (
-    DoorServer,
-    ProcessCheckpoint,
-    WorkerClient,
-    WorkerDied,
-    door_socketpair,
-    limits_to_wire,
-    mounts_to_wire,
-    result_from_wire,
-)
+from .worker import limits_to_wire, mounts_to_wire, result_from_wire
+from .worker._client import DoorServer, ProcessCheckpoint, WorkerClient, WorkerDied, door_socketpair
 
 __all__ = ["ProcessCheckpoint", "ProcessSandbox", "SubprocessBackend", "check_run_args"]
 

@@ -23,7 +23,8 @@ from ._run import Rollout, Run
 from ._session import make_submit_tool
 from ._trajectory import Step
 from .llm import LLMClient
-from .spawn import TreeBudget, describe_input
+from .spawn import TreeBudget
+from .spawn._spec import describe_input
 
 __all__ = ["ActionSpace", "MemexAgent"]
 

@@ -24,8 +24,10 @@ from ._prompt import REMOVED, answer_fields, answer_is_object, render_schema
 from ._session import AgentSession
 from ._trajectory import Step, ToolCallInfo, Trajectory, TrajectoryWriter
 from .llm import Completion
-from .loops import code_turn, tools_turn
-from .spawn import Node, SpawnTree, describe_input
+from .loops._code import code_turn
+from .loops._tools import tools_turn
+from .spawn._spec import describe_input
+from .spawn._tree import Node, SpawnTree
 
 if TYPE_CHECKING:
     from ._agent import MemexAgent

@@ -13,23 +13,12 @@ See docs/service.md.
 """
 
 from ._app import create_app
-from ._config import (
-    KeyRing,
-    MountGrant,
-    ServiceConfig,
-    TenantConfig,
-    check_config,
-    hash_key,
-    load_config,
-)
-from ._door import ClientDoor
+from ._config import MountGrant, ServiceConfig, TenantConfig, check_config, hash_key, load_config
 from ._models import API_VERSION
 from ._serve import serve
 
 __all__ = [
     "API_VERSION",
-    "ClientDoor",
-    "KeyRing",
     "MountGrant",
     "ServiceConfig",
     "TenantConfig",

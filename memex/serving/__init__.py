@@ -18,9 +18,23 @@ from ._settings import (
     Size,
     config_error,
 )
-from ._shares import DEFAULT_MAX_RUNNING, Shares
-from ._table import Bounds, CoreSession, QuotaExceeded, SessionTable
+from ._shares import Shares
+from ._table import Bounds, QuotaExceeded, SessionTable
 
-__all__ = ["DEFAULT_MAX_RUNNING", "Bounds", "ConnectionGuard", "CoreSession", "DurableSession",
-           "EdgeLimits", "FileModel", "Keeper", "LimitsTable", "QuotaExceeded", "Seconds",
-           "SecondsOrZero", "SessionTable", "Shares", "Size", "config_error", "session_fields"]
+__all__ = [
+    "Bounds",
+    "ConnectionGuard",
+    "DurableSession",
+    "EdgeLimits",
+    "FileModel",
+    "Keeper",
+    "LimitsTable",
+    "QuotaExceeded",
+    "Seconds",
+    "SecondsOrZero",
+    "SessionTable",
+    "Shares",
+    "Size",
+    "config_error",
+    "session_fields",
+]

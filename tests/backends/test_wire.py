@@ -17,22 +17,24 @@ from hypothesis import strategies as st
 
 from memex import ConfigError, GuestFileError, Limits, Mount, Sandbox, SandboxClosed
 from memex.backends.worker import (
-    HEADER,
-    MAX_FDS,
-    MAX_FRAME,
-    Channel,
-    ChannelClosed,
     FrameDecoder,
     ProtocolError,
     encode_frame,
     error_from_wire,
-    error_to_wire,
     limits_from_wire,
     limits_to_wire,
     mounts_from_wire,
     mounts_to_wire,
     result_from_wire,
     result_to_wire,
+)
+from memex.backends.worker._wire import (
+    HEADER,
+    MAX_FDS,
+    MAX_FRAME,
+    Channel,
+    ChannelClosed,
+    error_to_wire,
 )
 from memex.errors import BackendBusy, ImageError, SandboxError, SandboxLost
 from memex.runtime_wasm import (

@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 
 from memex.executor import Aids, Budget, MemexAgent
 from memex.executor.llm import LLMClient, ScriptedLLM, ScriptedReply, ScriptedToolCall
-from memex.executor.loops import cut_after_code
+from memex.executor.loops._parse import cut_after_code
 from memex.host_tools import tool
 from memex.runtime_wasm import Limits
 

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from memex import Limits, Sandbox
-from memex.serving import Bounds, CoreSession, QuotaExceeded, SessionTable
+from memex.serving import Bounds, QuotaExceeded, SessionTable
+from memex.serving._table import CoreSession
 
 GIB = 1 << 30
 

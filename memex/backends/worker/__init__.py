@@ -3,19 +3,11 @@
 door frames, death) and the wire between them (``_wire``: length-prefixed msgpack frames over a
 Unix socket, file descriptors passed alongside)."""
 
-from ._client import DoorServer, ProcessCheckpoint, WorkerClient, WorkerDied, door_socketpair
-from ._main import main
 from ._wire import (
-    HEADER,
-    MAX_FDS,
-    MAX_FRAME,
-    Channel,
-    ChannelClosed,
     FrameDecoder,
     ProtocolError,
     encode_frame,
     error_from_wire,
-    error_to_wire,
     limits_from_wire,
     limits_to_wire,
     mounts_from_wire,
@@ -25,24 +17,12 @@ from ._wire import (
 )
 
 __all__ = [
-    "HEADER",
-    "MAX_FDS",
-    "MAX_FRAME",
-    "Channel",
-    "ChannelClosed",
-    "DoorServer",
     "FrameDecoder",
-    "ProcessCheckpoint",
     "ProtocolError",
-    "WorkerClient",
-    "WorkerDied",
-    "door_socketpair",
     "encode_frame",
     "error_from_wire",
-    "error_to_wire",
     "limits_from_wire",
     "limits_to_wire",
-    "main",
     "mounts_from_wire",
     "mounts_to_wire",
     "result_from_wire",

@@ -7,20 +7,8 @@ is ``guest/boot.py`` (loaded in every session of a tree) and ``guest/api.py`` (f
 use). The tree starts child rollouts through the function it is given (``StartRollout``), so
 it never imports the agent."""
 
-from ._budget import FAILURE_KINDS, TreeBudget, failure
-from ._spec import GuestObject, SpawnRefused, describe_input, from_guest, parse_spec
-from ._tree import Node, SpawnTree, StartRollout
+from ._budget import TreeBudget
 
 __all__ = [
-    "FAILURE_KINDS",
-    "GuestObject",
-    "Node",
-    "SpawnRefused",
-    "SpawnTree",
-    "StartRollout",
     "TreeBudget",
-    "describe_input",
-    "failure",
-    "from_guest",
-    "parse_spec",
 ]

@@ -5,12 +5,12 @@ every problem located (``_load``), URL and address parsing (``_addr``) and match
 (``Fetcher``), and the door op that serves guests' requests with an audit record each
 (``Egress``). Its guest half is ``memex_guest.net`` in the runtime's guest bundle."""
 
-from ._addr import BadURL, Target, UnsupportedScheme, classify, parse_address, parse_url
-from ._fetch import Fetcher, FetchRequest, FetchResponse, system_resolver
+from ._addr import BadURL, parse_url
+from ._fetch import Fetcher, FetchRequest, system_resolver
 from ._host import Egress, EgressRecord
 from ._load import fmt_path, load_document
 from ._policy import EgressPolicy
-from ._rules import EgressDecision, EgressLimits, EgressRule, EgressSecret, SecretUnavailable
+from ._rules import EgressDecision, EgressLimits, EgressRule, EgressSecret
 
 __all__ = [
     "BadURL",
@@ -22,15 +22,9 @@ __all__ = [
     "EgressRule",
     "EgressSecret",
     "FetchRequest",
-    "FetchResponse",
     "Fetcher",
-    "SecretUnavailable",
-    "Target",
-    "UnsupportedScheme",
-    "classify",
     "fmt_path",
     "load_document",
-    "parse_address",
     "parse_url",
     "system_resolver",
 ]

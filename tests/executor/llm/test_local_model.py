@@ -26,10 +26,10 @@ from memex.executor.llm import (
     LocalModel,
     ModelSpec,
     fetch_model,
-    join_parts,
     model_dir,
     verify_model_file,
 )
+from memex.executor.llm._local import join_parts
 
 PIECES = [bytes([i]) * (1000 + i) for i in range(1, 4)]
 BLOB = b"".join(PIECES)

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from memex.executor.loops import defined_by_later, missing_name
+from memex.executor.loops._order import defined_by_later, missing_name
 
 
 @pytest.mark.parametrize(("later", "found"), [

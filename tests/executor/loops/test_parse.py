@@ -7,7 +7,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from memex.executor.loops import extract_code, extract_tool_calls
+from memex.executor.loops._parse import extract_code, extract_tool_calls
 
 
 def test_python_blocks_in_order() -> None:
@@ -84,7 +84,7 @@ def test_tool_call_json_round_trips(args: dict[str, object], name: str) -> None:
 
 
 def test_traceback_trim_keeps_cells_and_the_raising_frame() -> None:
-    from memex.executor.loops import trim_traceback
+    from memex.executor.loops._observe import trim_traceback
 
     tb = ('Traceback (most recent call last):\n'
           '  File "/lib/pandas/base.py", line 3641, in get_loc\n'
@@ -108,7 +108,7 @@ def test_traceback_trim_keeps_cells_and_the_raising_frame() -> None:
 
 
 def test_traceback_trim_drops_memex_plumbing_silently() -> None:
-    from memex.executor.loops import trim_traceback
+    from memex.executor.loops._observe import trim_traceback
 
     tb = ("Traceback (most recent call last):\n"
           '  File "<cell-5>", line 1, in <module>\n'

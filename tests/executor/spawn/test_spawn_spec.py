@@ -14,7 +14,13 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from memex.executor import Budget, Trajectory
-from memex.executor.spawn import GuestObject, SpawnRefused, describe_input, from_guest, parse_spec
+from memex.executor.spawn._spec import (
+    GuestObject,
+    SpawnRefused,
+    describe_input,
+    from_guest,
+    parse_spec,
+)
 from memex.host_tools import RecordFields, ToolSet, decode, encode, tool
 from memex.host_tools._codec import EXT_RECORD  # the ABI's record code, on purpose
 from memex.runtime_wasm import Limits
@@ -145,7 +151,7 @@ def test_tree_close_is_idempotent_and_stops_its_timer() -> None:
     import threading
 
     from memex.executor import TreeBudget
-    from memex.executor.spawn import SpawnTree
+    from memex.executor.spawn._tree import SpawnTree
 
     def timers() -> int:
         return sum(t.name == "memex-agent-tree-timer" for t in threading.enumerate())

@@ -10,8 +10,14 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from memex.host_tools.egress import BadURL, UnsupportedScheme, classify, parse_address, parse_url
-from memex.host_tools.egress._addr import normalise_host, parse_ipv4  # the parser's internals
+from memex.host_tools.egress import BadURL, parse_url
+from memex.host_tools.egress._addr import (  # the parser's internals
+    UnsupportedScheme,
+    classify,
+    normalise_host,
+    parse_address,
+    parse_ipv4,
+)
 
 u32 = st.integers(min_value=0, max_value=2**32 - 1)
 

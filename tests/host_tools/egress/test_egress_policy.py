@@ -15,7 +15,9 @@ from hypothesis import strategies as st
 
 from memex.errors import ConfigError, PolicyError
 from memex.host_tools import EgressLimits, EgressPolicy, EgressRule, EgressSecret
-from memex.host_tools.egress import SecretUnavailable, parse_address, parse_url
+from memex.host_tools.egress import parse_url
+from memex.host_tools.egress._addr import parse_address
+from memex.host_tools.egress._rules import SecretUnavailable
 
 
 def policy(*rules: dict[str, Any], **extra: Any) -> EgressPolicy:
