@@ -46,7 +46,7 @@ from funnel_data import (  # noqa: E402
 )
 
 from memex import Limits  # noqa: E402
-from memex.executor import Aids, Budget, MemexAgent, Rollout  # noqa: E402
+from memex.executor import Aids, Budget, Hooks, MemexAgent, Rollout, SandboxSpec  # noqa: E402
 from memex.executor.llm import (  # noqa: E402
     LLMClient,
     ScriptedLLM,
@@ -148,8 +148,10 @@ def scripted(db: Path, ref: FunnelAnswer) -> None:
             with ScriptedLLM(script) as srv:
                 llm = LLMClient("scripted", base_url=srv.base_url, max_reply_tokens=None)
                 agent = MemexAgent(model=llm, tools=[sql_tool(db)], submit=FunnelAnswer,
-                                   action_space=space, limits=Limits(timeout=60),
-                                   observation_chars=10_000_000, budget=Budget(max_turns=5))
+                                   action_space=space,
+                                   sandbox=SandboxSpec(limits=Limits(timeout=60),
+                                                       observation_chars=10_000_000),
+                                   budget=Budget(max_turns=5))
                 r = agent.run(TASK)
                 largest = max(sum(len(json.dumps(m)) for m in q.messages) // 4
                               for q in srv.requests)
@@ -195,9 +197,10 @@ def local(args: argparse.Namespace) -> None:
                 agent = MemexAgent(model=lm.client(max_reply_tokens=512, timeout=900),
                                    tools=[sql_tool(db)], submit=FunnelAnswer,
                                    action_space=space,  # type: ignore[arg-type]
-                                   aids=aids, limits=Limits(timeout=60), preload=["pandas"],
+                                   aids=aids, sandbox=SandboxSpec(limits=Limits(timeout=60),
+                                                                  preload=("pandas",)),
                                    budget=Budget(max_turns=args.max_turns),
-                                   trajectory_path=args.trajectories)
+                                   hooks=Hooks(trajectory_path=args.trajectories))
                 r = agent.run(TASK)
                 ok = score(r.answer, reference_answer(db))
                 correct += ok

@@ -39,7 +39,7 @@ for p in (ROOT, ROOT / "bench"):
 from _fmt import fmt  # noqa: E402
 
 from memex import Limits, Sandbox  # noqa: E402
-from memex.executor import Budget, MemexAgent, Rollout, TreeBudget  # noqa: E402
+from memex.executor import Budget, MemexAgent, Rollout, SandboxSpec, TreeBudget  # noqa: E402
 from memex.executor.llm import LLMClient, ScriptedLLM, ScriptedReply  # noqa: E402
 from memex.host_tools import tool  # noqa: E402
 
@@ -97,7 +97,8 @@ def run_root(scripts: dict[str, Any], **kw: Any) -> tuple[Rollout, Router]:
     router = Router(scripts)
     with ScriptedLLM(router) as srv:
         llm = LLMClient("scripted", base_url=srv.base_url, max_retries=0, timeout=120)
-        agent = MemexAgent(model=llm, tools=[lookup], limits=Limits(timeout=120),
+        agent = MemexAgent(model=llm, tools=[lookup],
+                           sandbox=SandboxSpec(limits=Limits(timeout=120)),
                            spawn=TreeBudget(max_live=N, max_children=200),
                            budget=Budget(max_turns=30), **kw)
         r = agent.run("root")

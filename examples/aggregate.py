@@ -21,7 +21,7 @@ from _llm_choice import add_arguments, open_llm
 from funnel_data import FunnelAnswer, build_warehouse, reference_answer, score
 from rich.console import Console
 
-from memex.executor import Budget, MemexAgent, load_trajectories, render_step
+from memex.executor import Budget, Hooks, MemexAgent, load_trajectories, render_step
 
 TASK = ("`runs` holds trajectories of several agents that answered the same funnel question "
         "(per-segment signup-to-activation conversion and the worst segment). Each has "
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
         agent = MemexAgent(model=open_llm(args, stack), submit=FunnelAnswer,
                            budget=Budget(max_turns=args.max_turns),
-                           on_step=lambda s: render_step(s, console))
+                           hooks=Hooks(on_step=lambda s: render_step(s, console)))
         rollout = agent.run(TASK, inputs={"runs": runs})
         ref = reference_answer(build_warehouse(Path(tmp) / "w.db", seed=args.seed))
     single = sum(score(FunnelAnswer.model_validate(t.answer), ref) for t in runs

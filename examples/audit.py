@@ -22,7 +22,7 @@ from _llm_choice import add_arguments, open_llm
 from pydantic import BaseModel, Field
 from rich.console import Console
 
-from memex.executor import Budget, MemexAgent, load_trajectories, render_step
+from memex.executor import Budget, Hooks, MemexAgent, load_trajectories, render_step
 
 Outcome = Literal["answered", "no_submit", "code_errors", "repetition", "llm_error"]
 
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         agent = MemexAgent(model=open_llm(args, stack), submit=Audit,
                            budget=Budget(max_turns=args.max_turns),
-                           on_step=lambda s: render_step(s, console))
+                           hooks=Hooks(on_step=lambda s: render_step(s, console)))
         rollout = agent.run(TASK, inputs={"runs": runs})
     want = {t.id: expected(t) for t in runs}
     if rollout.answer is None:

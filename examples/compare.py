@@ -28,7 +28,7 @@ from rich.table import Table
 
 from memex import Limits
 from memex.eval import SUITES, grade
-from memex.executor import Budget, MemexAgent, Rollout, render_step
+from memex.executor import Budget, Hooks, MemexAgent, Rollout, SandboxSpec, render_step
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,9 +56,10 @@ def main(argv: list[str] | None = None) -> int:
                               "shown)...", highlight=False)
             agent = MemexAgent(
                 model=llm, tools=ws.tools, submit=task.answer, action_space=space,
-                limits=Limits(timeout=60), preload=ws.preload,
+                sandbox=SandboxSpec(limits=Limits(timeout=60), preload=ws.preload),
                 budget=Budget(max_turns=args.max_turns, max_seconds=args.max_seconds),
-                on_step=(lambda s: render_step(s, console)) if space == "code" else None)
+                hooks=Hooks(on_step=(lambda s: render_step(s, console)) if space == "code"
+                            else None))
             rollouts[space] = agent.run(task.question)
     table = Table(title=f"big-outputs · {task.id} · seed {args.seed} · {llm.model}")
     for col in ("action space", "correct", "answer", "context tokens", "completion tokens",

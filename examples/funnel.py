@@ -23,7 +23,7 @@ from funnel_data import TASK, FunnelAnswer, build_warehouse, reference_answer, s
 from rich.console import Console
 
 from memex import Limits
-from memex.executor import Budget, MemexAgent, render_step
+from memex.executor import Budget, Hooks, MemexAgent, SandboxSpec, render_step
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,9 +41,11 @@ def main(argv: list[str] | None = None) -> int:
         llm = open_llm(args, stack)
         agent = MemexAgent(
             model=llm, tools=[sql_tool(db)], submit=FunnelAnswer,
-            action_space=args.action_space, limits=Limits(timeout=60), preload=["pandas"],
-            budget=Budget(max_turns=args.max_turns), trajectory_path=args.trajectory,
-            on_step=lambda s: render_step(s, console))
+            action_space=args.action_space,
+            sandbox=SandboxSpec(limits=Limits(timeout=60), preload=("pandas",)),
+            budget=Budget(max_turns=args.max_turns),
+            hooks=Hooks(trajectory_path=args.trajectory,
+                        on_step=lambda s: render_step(s, console)))
         console.print(f"[bold]task:[/bold] {TASK}\n", highlight=False)
         rollout = agent.run(TASK)
         ref = reference_answer(db)

@@ -33,7 +33,15 @@ from funnel_data import TASK, FunnelAnswer, build_warehouse, reference_answer, s
 from rich.console import Console
 
 from memex import Limits
-from memex.executor import Budget, MemexAgent, Trajectory, TreeBudget, render_step
+from memex.executor import (
+    Budget,
+    Hooks,
+    MemexAgent,
+    SandboxSpec,
+    Trajectory,
+    TreeBudget,
+    render_step,
+)
 from memex.executor.llm import LLMClient, ScriptedLLM
 
 AGGREGATE = (
@@ -173,11 +181,13 @@ def main(argv: list[str] | None = None) -> int:
         else:
             llm = open_llm(args, stack)
         agent = MemexAgent(
-            model=llm, tools=[sql_tool(db)], submit=FunnelAnswer, preload=["pandas"],
-            limits=Limits(timeout=900), budget=Budget(max_turns=args.max_turns),
+            model=llm, tools=[sql_tool(db)], submit=FunnelAnswer,
+            sandbox=SandboxSpec(limits=Limits(timeout=900), preload=("pandas",)),
+            budget=Budget(max_turns=args.max_turns),
             spawn=TreeBudget(max_depth=1, max_live=args.n + 1, max_children=args.n + 1,
                              max_tokens=args.max_tokens_tree),
-            trajectory_path=args.trajectory, on_step=lambda s: render_step(s, console))
+            hooks=Hooks(trajectory_path=args.trajectory,
+                        on_step=lambda s: render_step(s, console)))
         console.print("[bold]root task:[/bold]")
         console.print(plan + "\n", markup=False, highlight=False)
         rollout = agent.run(plan, inputs={"QUESTION": question, "AGGREGATE": AGGREGATE})

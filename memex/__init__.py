@@ -30,8 +30,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "ToolHost", "ToolParam", "ToolRequest", "ToolSet", "tool",
     ),
     "memex.executor": (
-        "Aids", "Budget", "EndReason", "MemexAgent", "Rollout", "Step", "Trajectory",
-        "TreeBudget", "load_trajectories",
+        "Aids", "Budget", "EndReason", "Hooks", "MemexAgent", "ModelSettings", "Rollout",
+        "SandboxSpec", "Step", "ToolPolicy", "Trajectory", "TreeBudget", "load_trajectories",
     ),
     "memex.executor.llm": ("LLMClient", "LocalModel", "ScriptedLLM"),
     "memex.eval": ("EvalTask", "Suite", "Workspace", "run_eval"),

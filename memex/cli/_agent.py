@@ -76,7 +76,7 @@ def load_input(path: str) -> Any:
 def cmd_agent(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from ..executor import Budget, MemexAgent, render_step
+    from ..executor import Budget, Hooks, MemexAgent, ModelSettings, SandboxSpec, render_step
     from ..runtime_wasm import AGENT_LIMITS
 
     tools: Any = []
@@ -104,12 +104,13 @@ def cmd_agent(args: argparse.Namespace) -> int:
         render_step(step, console)
 
     agent = MemexAgent(
-        model=args.model, base_url=args.base_url, api_key=args.api_key, tools=tools,
-        submit=schema, action_space=args.action_space, limits=limits(args, AGENT_LIMITS),
+        model=ModelSettings(model=args.model, base_url=args.base_url, api_key=args.api_key),
+        tools=tools, submit=schema, action_space=args.action_space,
+        sandbox=SandboxSpec(limits=limits(args, AGENT_LIMITS), backend=args.backend),
         budget=Budget(max_turns=args.max_turns, max_tokens=args.max_tokens,
                       max_seconds=args.max_seconds, max_cost=args.max_cost),
-        trajectory_path=args.trajectory, on_step=on_step,
-        on_text=on_text if args.stream else None, backend=args.backend)
+        hooks=Hooks(trajectory_path=args.trajectory, on_step=on_step,
+                    on_text=on_text if args.stream else None))
     rollout = agent.run(args.task, inputs=inputs)
     t = rollout.trajectory
     answer = json.dumps(t.answer, ensure_ascii=False) if rollout.submitted else "none"

@@ -26,7 +26,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from ..errors import ConfigError
-from ..executor import Budget, MemexAgent, Trajectory, load_trajectories
+from ..executor import Budget, MemexAgent, SandboxSpec, Trajectory, load_trajectories
 from ..executor.llm import LLMClient
 from ._results import TRAJECTORIES, JsonlFile, RolloutResult, load_results, read_jsonl
 
@@ -92,7 +92,7 @@ def audit(out: str | Path, *, llm: LLMClient, limit: int | None = None, max_turn
     trajectories = {t.id: t for t in load_trajectories(folder / TRAJECTORIES)}
     verdicts = []
     with MemexAgent(model=llm, submit=FailureClass, budget=Budget(max_turns=max_turns),
-                    backend=backend, preload=["pandas"]) as agent, \
+                    sandbox=SandboxSpec(backend=backend, preload=("pandas",))) as agent, \
             contextlib.closing(JsonlFile(folder / AUDIT)) as f:
         for i, r in enumerate(todo, 1):
             t = trajectories.get(r.trajectory)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..backends import Backend, get_backend
 from ..errors import ConfigError, LLMError
-from ..executor import Aids, Budget, MemexAgent, Rollout, TrajectoryWriter
+from ..executor import Aids, Budget, MemexAgent, Rollout, SandboxSpec, TrajectoryWriter
 from ..executor.llm import LLMClient
 from ..runtime_wasm import AGENT_LIMITS, Limits
 from ._grade import grade
@@ -162,8 +162,8 @@ class _Runner:
         agent = MemexAgent(
             model=self.llm, tools=ws.tools, submit=job.task.answer,
             instructions=ws.instructions, action_space=job.space,  # type: ignore[arg-type]
-            limits=self.limits, budget=self.budget, aids=self.aids, preload=ws.preload,
-            backend=self.backend)
+            sandbox=SandboxSpec(limits=self.limits, preload=ws.preload, backend=self.backend),
+            budget=self.budget, aids=self.aids)
         rollout = agent.run(job.task.question, inputs=ws.inputs)
         t = rollout.trajectory
         note = None

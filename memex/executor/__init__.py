@@ -9,6 +9,7 @@ from ._agent import ActionSpace, MemexAgent
 from ._config import Aids, Budget, Caps, EndReason
 from ._render import render_step, render_trajectory
 from ._run import Rollout
+from ._spec import AgentSpec, Hooks, ModelSettings, SandboxSpec, ToolPolicy
 from ._trajectory import (
     Step,
     ToolCallInfo,
@@ -21,14 +22,19 @@ from .spawn import TreeBudget
 
 __all__ = [
     "ActionSpace",
+    "AgentSpec",
     "Aids",
     "Budget",
     "Caps",
     "EndReason",
+    "Hooks",
     "MemexAgent",
+    "ModelSettings",
     "Rollout",
+    "SandboxSpec",
     "Step",
     "ToolCallInfo",
+    "ToolPolicy",
     "Trajectory",
     "TrajectoryWriter",
     "TreeBudget",

@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic_core import to_jsonable_python
 
@@ -22,15 +22,13 @@ from ..host_tools import ToolCallRecord
 from ._config import Aids, EndReason
 from ._prompt import REMOVED, answer_fields, answer_is_object, render_schema
 from ._session import AgentSession
+from ._spec import AgentSpec
 from ._trajectory import Step, ToolCallInfo, Trajectory, TrajectoryWriter
 from .llm import Completion
 from .loops._code import code_turn
 from .loops._tools import tools_turn
 from .spawn._spec import describe_input
 from .spawn._tree import Node, SpawnTree
-
-if TYPE_CHECKING:
-    from ._agent import MemexAgent
 
 __all__ = ["Rollout", "Run"]
 
@@ -67,23 +65,23 @@ class Run:
     """State of one rollout. ``node`` is its place in a sub-agent tree (None: spawning off,
     or a root whose tree this run makes)."""
 
-    def __init__(self, agent: MemexAgent, task: str, inputs: dict[str, Any],
+    def __init__(self, spec: AgentSpec, task: str, inputs: dict[str, Any],
                  node: Node | None = None) -> None:
         if not isinstance(task, str) or not task.strip():
             raise ConfigError("the task must be a non-empty string")
-        if node is None and agent.spawn is not None:
-            node = SpawnTree(agent.spawn, start=_start_child).root
+        if node is None and spec.spawn is not None:
+            node = SpawnTree(spec.spawn, start=_start_child).root
         self.node = node
         if node is not None:
             node.run = self
-        self.agent = agent
+        self.spec = spec
         self.task = task
         self.inputs = inputs
         self.t0 = time.monotonic()
         self.traj = Trajectory(
-            id=uuid.uuid4().hex[:16], task=task, model=str(agent.llm.model),
-            action_space=agent.action_space if agent.code_via == "text" or
-            agent.action_space == "tools" else "code/tool_call",
+            id=uuid.uuid4().hex[:16], task=task, model=str(spec.llm.model),
+            action_space=spec.action_space if spec.model.code_via == "text" or
+            spec.action_space == "tools" else "code/tool_call",
             started=time.time(), inputs={k: describe_input(v) for k, v in inputs.items()})
         self.steps: list[Step] = []
         self.messages: list[dict[str, Any]] = []
@@ -98,7 +96,8 @@ class Run:
         # not a time limit): only these are asked again; polling or retrying a timed-out
         # wait with the same code is legitimate
         self.failed: set[str] = set()
-        self.writer = TrajectoryWriter(agent.trajectory_path) if agent.trajectory_path else None
+        path = spec.hooks.trajectory_path
+        self.writer = TrajectoryWriter(path) if path else None
         self.variables: dict[str, str] = {}
         # one more turn was given for a submit rejected on the last one (Aids.grace_turn)
         self.graced = False
@@ -106,22 +105,22 @@ class Run:
     # ---- the TurnContext of the loops ------------------------------------------------------
     @property
     def aids(self) -> Aids:
-        return self.agent.aids
+        return self.spec.aids
 
     @property
     def observation_chars(self) -> int:
-        return self.agent.observation_chars
+        return self.spec.sandbox.observation_chars
 
     @property
     def native_code(self) -> bool:
-        return self.agent.code_via == "tool_call"
+        return self.spec.model.code_via == "tool_call"
 
     @property
     def turn(self) -> int:
         return len(self.steps)
 
     def tool_definitions(self) -> list[dict[str, Any]]:
-        return self.agent.tool_definitions()
+        return self.spec.tool_definitions()
 
     def seen(self, key: str) -> bool:
         return key in self.replies
@@ -144,22 +143,22 @@ class Run:
         self.pending_calls.clear()
 
     def turn_timeout(self) -> float | None:
-        b = self.agent.budget
+        b = self.spec.budget
         left = None if b.max_seconds is None else b.max_seconds - (time.monotonic() - self.t0)
         tree_left = self.node.turn_seconds_left() if self.node is not None else None
         if tree_left is not None:
             left = tree_left if left is None else min(left, tree_left)
         if left is None:
             return None
-        return max(0.05, min(self.agent.limits.timeout, left))
+        return max(0.05, min(self.spec.sandbox.limits.timeout, left))
 
     def _turn_limit(self) -> int:
-        return self.agent.budget.max_turns + (1 if self.graced else 0)
+        return self.spec.budget.max_turns + (1 if self.graced else 0)
 
     def _grace_due(self, rejected: bool, turns_done: int) -> bool:
         """A submit rejected on the last turn gets one more turn (once): the model has just
         learnt what was wrong with its answer and is likeliest to fix it now."""
-        return (rejected and self.agent.aids.grace_turn and not self.graced
+        return (rejected and self.spec.aids.grace_turn and not self.graced
                 and turns_done == self._turn_limit())
 
     def reminder(self, *, rejected: bool = False) -> str:
@@ -167,13 +166,13 @@ class Run:
         if self._grace_due(rejected, len(self.steps) + 1):
             return ("\n[Your answer was rejected on the last turn: you get one more turn. Fix "
                     "the answer and submit it.]")
-        if self.agent.aids.submit_reminder and 0 < left <= 2:
+        if self.spec.aids.submit_reminder and 0 < left <= 2:
             return (f"\n[{left} turn{'s' if left > 1 else ''} left: submit your best answer "
                     "now if you have one.]")
         return ""
 
     def explain(self, status: str, error: str | None, text: str) -> str:
-        a = self.agent
+        a = self.spec
         if not a.aids.explain_errors:
             return ""
         if status == "rejected":
@@ -203,8 +202,8 @@ class Run:
             ("int = ", "float = ", "bool = ", "str len "))]
         if not plain:
             return ""
-        fields = answer_fields(self.agent.submit_schema)
-        if len(fields) > 1 or (not fields and answer_is_object(self.agent.submit_schema)):
+        fields = answer_fields(self.spec.submit_schema)
+        if len(fields) > 1 or (not fields and answer_is_object(self.spec.submit_schema)):
             return ""
         name = plain[-1]
         value = f'{{"{fields[0][0]}": {name}}}' if fields else name
@@ -220,7 +219,7 @@ class Run:
         still in the sandbox), leaving a one-line remark in the message before it, so there
         is nothing left to copy. Returns the completion kept and the usage of every call made
         for it (``resampled``: how many times it was asked again)."""
-        aids = self.agent.aids
+        aids = self.spec.aids
         t0 = time.monotonic()
         c = self._complete(**kwargs)
         prompt, completion, cost = c.usage.prompt_tokens, c.usage.completion_tokens, c.cost
@@ -247,14 +246,14 @@ class Run:
             if self.writer:
                 self.writer.start(self.traj)
             session = self._open_session()
-            system = self.agent.system_prompt(self.inputs)
+            system = self.spec.system_prompt(self.inputs)
             if self.node is not None and self.node.prompt_section():
                 system += "\n\n" + self.node.prompt_section()
             self.messages = [
                 {"role": "system", "content": system},
                 {"role": "user", "content": f"Task: {self.task}"},
             ]
-            turn = tools_turn if self.agent.action_space == "tools" else code_turn
+            turn = tools_turn if self.spec.action_space == "tools" else code_turn
             while True:
                 stop = self._budget_reason()
                 if stop:
@@ -301,14 +300,15 @@ class Run:
                        trajectory=self.traj, error=error)
 
     def _open_session(self) -> AgentSession:
-        a = self.agent
+        a = self.spec
         opener = a.backend.open if a.backend is not None else None
         door, prepared = None, False
         if self.node is not None:  # a sub-agent: a fork of its parent or of a template
             opener, door, prepared = self.node.session_options(opener)
         return AgentSession(
-            tools=a.tools, submit_schema=a.submit_schema, limits=a.limits, mounts=a.mounts,
-            preload=a.preload, inputs=self.inputs, tool_budget=a.tool_budget, gate=a.gate,
+            tools=a.tools, submit_schema=a.submit_schema, limits=a.sandbox.limits,
+            mounts=a.sandbox.mounts, preload=a.sandbox.preload, inputs=self.inputs,
+            tool_budget=a.tool_policy.budget, gate=a.tool_policy.gate,
             install_tools=a.action_space == "code", open_sandbox=opener, door=door,
             spawn=self.node, prepared=prepared, on_call=self.pending_calls.append,
             explain_errors=a.aids.explain_errors, wide_tables=a.aids.wide_tables)
@@ -316,7 +316,7 @@ class Run:
     def _budget_reason(self) -> EndReason | None:
         if len(self.steps) >= self._turn_limit():  # its own turns, a grace turn included
             return EndReason.MAX_TURNS
-        end = self.agent.budget.over(tokens=self.prompt_tokens + self.completion_tokens,
+        end = self.spec.budget.over(tokens=self.prompt_tokens + self.completion_tokens,
                                      seconds=time.monotonic() - self.t0, cost=self.cost)
         if end is None and self.node is not None:  # the tree's, and a cancel from the parent
             end = self.node.stop_reason()
@@ -326,22 +326,22 @@ class Run:
         self.steps.append(step)
         if self.writer:
             self.writer.step(self.traj, step)
-        if self.agent.on_step is not None:
-            self.agent.on_step(step)
+        if self.spec.hooks.on_step is not None:
+            self.spec.hooks.on_step(step)
 
     # ---- model calls -----------------------------------------------------------------------
     def _complete(self, messages: list[dict[str, Any]] | None = None, **kwargs: Any
                   ) -> Completion:
-        a = self.agent
+        a = self.spec
         c: Completion | None = None
         messages = self.messages if messages is None else messages
         try:
-            if a.on_text is None:
+            if a.hooks.on_text is None:
                 c = a.llm.complete(messages, **kwargs)
             else:  # stream the text to the caller as it arrives
                 for part in a.llm.stream(messages, **kwargs):
                     if isinstance(part, str):
-                        a.on_text(part)
+                        a.hooks.on_text(part)
                     else:
                         c = part
                 if c is None:
@@ -358,9 +358,9 @@ class Run:
 
     def _ask_again(self, key: str, tries: int, **kwargs: Any) -> Completion:
         """Ask again for a reply that repeated the failed reply ``key``: see :meth:`complete`."""
-        a = self.agent
-        if a.on_text is not None:
-            a.on_text("\n[this repeats an earlier reply word for word; asking again]\n")
+        a = self.spec
+        if a.hooks.on_text is not None:
+            a.hooks.on_text("\n[this repeats an earlier reply word for word; asking again]\n")
         turn, outcome, msg = self.replies[key]
         code = a.action_space == "code"
         if code and msg is not None:
@@ -418,10 +418,11 @@ def _assigned(blocks: list[str]) -> list[str]:
     return out
 
 
-def _start_child(agent: Any, task: str, inputs: dict[str, Any], node: Node) -> Rollout:
+def _start_child(spec: AgentSpec, task: str, inputs: dict[str, Any], node: Node
+                 ) -> Rollout:
     """How a spawn tree starts a sub-agent's rollout (given to the tree, so that the tree
-    never imports the agent)."""
-    return Run(agent, task, inputs, node=node).go()
+    never imports the run)."""
+    return Run(spec, task, inputs, node=node).go()
 
 
 def _info(r: ToolCallRecord) -> ToolCallInfo:

@@ -10,7 +10,7 @@ This layer imports ``memex.runtime_wasm`` (the door) and nothing of ``memex.back
 """
 
 from ._codec import DecodeError, EncodeError, RecordFields, decode, encode
-from ._host import GateDecision, ToolBudget, ToolCallRecord, ToolHost, ToolRequest
+from ._host import Gate, GateDecision, ToolBudget, ToolCallRecord, ToolHost, ToolRequest
 from ._mcp_content import McpAudio, McpImage, McpResource, McpResourceLink
 from ._params import ArgumentsInvalid, ReturnInvalid, ToolParam
 from ._tool import Tool, tool
@@ -36,6 +36,7 @@ __all__ = [
     "EgressRule",
     "EgressSecret",
     "EncodeError",
+    "Gate",
     "GateDecision",
     "McpAudio",
     "McpImage",

@@ -14,7 +14,10 @@ from memex.backends import get_backend
 from memex.executor import (
     Aids,
     Budget,
+    Hooks,
     MemexAgent,
+    ModelSettings,
+    SandboxSpec,
     Trajectory,
     load_trajectories,
 )
@@ -50,11 +53,16 @@ def py(code: str, text: str = "Running code.") -> str:
     return f"{text}\n```python\n{code}\n```"
 
 
-def make_agent(srv: ScriptedLLM, **kw: Any) -> MemexAgent:
+def _on(backend: Any) -> SandboxSpec:
+    return SandboxSpec(limits=Limits(timeout=20), backend=backend)
+
+
+def make_agent(srv: ScriptedLLM, *, code_via: Any = "text", **kw: Any) -> MemexAgent:
     llm = LLMClient("scripted", base_url=srv.base_url, max_retries=kw.pop("retries", 2),
                     backoff=0.01, timeout=kw.pop("llm_timeout", 30))
-    kw.setdefault("limits", Limits(timeout=20))
-    return MemexAgent(model=llm, tools=[numbers], submit=Answer, **kw)
+    kw.setdefault("sandbox", SandboxSpec(limits=Limits(timeout=20)))
+    return MemexAgent(model=ModelSettings(client=llm, code_via=code_via), tools=[numbers],
+                      submit=Answer, **kw)
 
 
 def observations(srv: ScriptedLLM) -> list[str]:
@@ -101,7 +109,8 @@ def test_traceback_trimmed_and_state_survives_errors() -> None:
 def test_long_output_is_bounded_with_a_marker() -> None:
     script = [py("print('A' * 50000 + 'THE-END')"), py("submit(total=1, label='y')")]
     with ScriptedLLM(script) as srv:
-        r = make_agent(srv, observation_chars=1000).run("t")
+        box = SandboxSpec(limits=Limits(timeout=20), observation_chars=1000)
+        r = make_agent(srv, sandbox=box).run("t")
     obs = r.trajectory.steps[0].observation
     assert "characters elided ...]" in obs and obs.rstrip().endswith("THE-END")
     assert len(obs) < 1300
@@ -249,7 +258,7 @@ def test_each_budget_ends_the_rollout(budget: Budget, reason: str) -> None:
     with ScriptedLLM(forever) as srv:
         llm = LLMClient("priced", base_url=srv.base_url, prices={"priced": (10.0, 10.0)})
         agent = MemexAgent(model=llm, tools=[numbers], submit=Answer, budget=budget,
-                           limits=Limits(timeout=20))
+                           sandbox=SandboxSpec(limits=Limits(timeout=20)))
         r = agent.run("loop forever")
     assert not r.submitted and r.answer is None
     assert r.end_reason == reason == r.trajectory.end_reason
@@ -315,7 +324,7 @@ def test_trajectory_jsonl_round_trip_and_inputs(tmp_path: Path) -> None:
     script = [py("print(df.dtypes['when'], arr.dtype, arr.shape, int(df.a.sum()))"),
               py("submit(total=int(arr.sum()), label=str(df.when.dt.year[0]))")]
     with ScriptedLLM(script) as srv:
-        r = make_agent(srv, trajectory_path=str(path)).run(
+        r = make_agent(srv, hooks=Hooks(trajectory_path=str(path))).run(
             "use the inputs", inputs={"df": df, "arr": np.arange(6).reshape(2, 3)})
     assert "datetime64" in r.trajectory.steps[0].observation
     assert "int64 (2, 3) 6" in r.trajectory.steps[0].observation
@@ -361,7 +370,7 @@ def test_bad_configuration_raises() -> None:
 @pytest.mark.parametrize("backend", ["inprocess", "subprocess", "pool"])
 def test_the_same_rollout_on_every_local_backend(backend: str) -> None:
     script = [py("xs = numbers(4)\nprint(sum(xs))"), py("submit(total=sum(xs), label='b')")]
-    with ScriptedLLM(script) as srv, make_agent(srv, backend=backend) as agent:
+    with ScriptedLLM(script) as srv, make_agent(srv, sandbox=_on(backend)) as agent:
         r = agent.run("t")
     assert r.answer == Answer(total=14, label="b")
     assert "14" in r.trajectory.steps[0].observation
@@ -372,7 +381,7 @@ def test_the_same_rollout_on_a_memex_serve_service(memex_server: Any) -> None:
     """MemexAgent unchanged on RemoteBackend: the tool runs here, the guest on the service."""
     script = [py("xs = numbers(4)\nprint(sum(xs))"), py("submit(total=sum(xs), label='r')")]
     backend = get_backend("remote", url=memex_server.url, api_key=memex_server.keys["a"])
-    with backend, ScriptedLLM(script) as srv, make_agent(srv, backend=backend) as agent:
+    with backend, ScriptedLLM(script) as srv, make_agent(srv, sandbox=_on(backend)) as agent:
         r = agent.run("t")
     assert r.answer == Answer(total=14, label="r")
     assert "14" in r.trajectory.steps[0].observation

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from memex.executor import Aids, Budget, MemexAgent, load_trajectories
+from memex.executor import Aids, Budget, Hooks, MemexAgent, SandboxSpec, load_trajectories
 from memex.executor.llm import LocalModel, local_model_unavailable
 from memex.runtime_wasm import Limits
 
@@ -40,10 +40,11 @@ def test_funnel_rollout_with_the_local_model(tmp_path: Path) -> None:
         # s; one shared with heavy work, far slower).
         agent = MemexAgent(model=lm.client(max_reply_tokens=320, timeout=900, max_retries=0),
                            tools=[sql_tool(db)], submit=FunnelAnswer,
-                           limits=Limits(timeout=60), preload=["pandas"],
+                           sandbox=SandboxSpec(limits=Limits(timeout=60),
+                                               preload=("pandas",)),
                            budget=Budget(max_turns=3, max_seconds=900),
                            aids=Aids(resample_tries=1),
-                           trajectory_path=str(path))
+                           hooks=Hooks(trajectory_path=str(path)))
         r = agent.run(TASK)
     t = r.trajectory
     assert r.end_reason in ("submitted", "max_turns", "max_seconds"), (r.end_reason, r.error)

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from pydantic import BaseModel, Field
 
-from memex.executor import Aids, Budget, MemexAgent
+from memex.executor import Aids, Budget, MemexAgent, SandboxSpec
 from memex.executor.llm import LLMClient, ScriptedLLM, ScriptedReply, ScriptedToolCall
 from memex.executor.loops._parse import cut_after_code
 from memex.host_tools import tool
@@ -51,7 +51,8 @@ def agent(srv: ScriptedLLM, **kw: Any) -> MemexAgent:
     kw.setdefault("tools", [sql, list_tables])
     kw.setdefault("submit", Funnel)
     return MemexAgent(model=LLMClient("scripted", base_url=srv.base_url, max_retries=0),
-                      limits=Limits(timeout=30), preload=["pandas"], **kw)
+                      sandbox=SandboxSpec(limits=Limits(timeout=30), preload=("pandas",)),
+                      **kw)
 
 
 def test_the_example_uses_the_rollouts_own_tools_and_answer_fields() -> None:

@@ -11,7 +11,7 @@ import pytest
 from pydantic import BaseModel
 
 from memex import Limits
-from memex.executor import MemexAgent, TreeBudget
+from memex.executor import MemexAgent, SandboxSpec, TreeBudget
 from memex.executor.llm import LLMClient, ScriptedLLM, ScriptedReply
 
 
@@ -50,9 +50,9 @@ def test_a_spawn_flood_is_refused_fast_and_bounded(backend: str) -> None:
     before = {t.name for t in threading.enumerate()}
     with ScriptedLLM(_router) as srv:
         llm = LLMClient("scripted", base_url=srv.base_url, max_retries=0, timeout=30)
-        agent = MemexAgent(model=llm, submit=Count, backend=backend,
-                           limits=Limits(timeout=30), spawn=TreeBudget(max_live=2,
-                                                                       max_children=4))
+        agent = MemexAgent(model=llm, submit=Count,
+                           sandbox=SandboxSpec(backend=backend, limits=Limits(timeout=30)),
+                           spawn=TreeBudget(max_live=2, max_children=4))
         with agent:
             r = agent.run("root")
     assert r.answer == Count(started=2, refused=998), r.trajectory.steps[0].observation

@@ -24,7 +24,7 @@ from served import Served, launch, start_server
 
 from memex import ConfigError, Limits, ServiceError, TurnStatus
 from memex.backends import Client, get_backend
-from memex.executor import MemexAgent
+from memex.executor import MemexAgent, SandboxSpec
 from memex.executor.llm import LLMClient, ScriptedLLM
 from memex.host_tools import ToolHost, ToolSet
 from memex.service import load_config
@@ -263,8 +263,8 @@ def test_an_agent_offers_and_calls_operator_tools(ops_server: Served) -> None:
     tools = ToolSet([local_pid]) | ToolSet.from_service(backend.client.tools())
     with backend, ScriptedLLM(script) as srv:
         llm = LLMClient("scripted", base_url=srv.base_url, max_retries=0, timeout=30)
-        with MemexAgent(model=llm, tools=tools, submit=Found, backend=backend,
-                        limits=Limits(timeout=20)) as agent:
+        with MemexAgent(model=llm, tools=tools, submit=Found,
+                        sandbox=SandboxSpec(backend=backend, limits=Limits(timeout=20))) as agent:
             r = agent.run("find alpha")
     assert r.answer == Found(title="alpha #0", pid=ops_server.proc.pid), r
     system = srv.requests[0].messages[0]["content"]

@@ -20,7 +20,7 @@ from ...runtime_wasm import Door, Sandbox, TurnStatus
 from .._session import make_submit_tool
 
 if TYPE_CHECKING:
-    from .._agent import MemexAgent
+    from .._spec import AgentSpec
 
 __all__ = ["Templates"]
 
@@ -48,11 +48,12 @@ class Templates:
         self._entries: dict[tuple[Any, ...], _Entry] = {}
         self._closed = False
 
-    def opener(self, agent: MemexAgent, define: str) -> Callable[..., Sandbox]:
+    def opener(self, agent: AgentSpec, define: str) -> Callable[..., Sandbox]:
         """A session opener for ``agent``'s sub-agent: a fork of the matching template
         (built on first use; ``define`` is the prelude's definitions cell)."""
         key = (tuple(t.name for t in agent.tools), _schema_key(agent.submit_schema),
-               agent.limits, agent.mounts, agent.preload, agent.action_space)
+               agent.sandbox.limits, agent.sandbox.mounts, agent.sandbox.preload,
+               agent.action_space)
         with self._lock:
             if self._closed:
                 raise MemexError("the agent tree has ended")
@@ -80,8 +81,9 @@ class Templates:
                     e.sandbox = None
 
 
-def _build(agent: MemexAgent, define: str) -> Sandbox:
-    sb = Sandbox(limits=agent.limits, mounts=agent.mounts, preload=agent.preload)
+def _build(agent: AgentSpec, define: str) -> Sandbox:
+    box = agent.sandbox
+    sb = Sandbox(limits=box.limits, mounts=box.mounts, preload=box.preload)
     try:
         cells = [define]
         if agent.action_space == "code":

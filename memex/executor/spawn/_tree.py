@@ -24,7 +24,6 @@ of the parent that spawned them.
 from __future__ import annotations
 
 import contextlib
-import copy
 import threading
 import time
 import uuid
@@ -38,6 +37,7 @@ from ...host_tools import EncodeError, encode
 from ...runtime_wasm import Door, DoorContext, Sandbox
 from .._config import EndReason
 from .._session import AgentSession, prelude_cells
+from .._spec import Hooks
 from .._trajectory import Step, Trajectory
 from ..llm import Completion, LLMClient
 from ._budget import TreeBudget, failure
@@ -45,12 +45,12 @@ from ._spec import ChildSpec, SpawnRefused, holds_objects, parse_spec
 from ._template import Templates
 
 if TYPE_CHECKING:
-    from .._agent import MemexAgent
     from .._run import Rollout, Run
+    from .._spec import AgentSpec
 
 # How the tree starts a sub-agent's rollout: (agent, task, inputs, node) -> its Rollout. The
 # executor's run gives it to the tree, so the tree never imports the agent.
-StartRollout = Callable[["MemexAgent", str, dict[str, Any], "Node"], "Rollout"]
+StartRollout = Callable[["AgentSpec", str, dict[str, Any], "Node"], "Rollout"]
 
 __all__ = ["Node", "SpawnTree", "StartRollout"]
 
@@ -172,7 +172,7 @@ class Node:
     """One rollout of a tree: the root (``parent is None``) or a sub-agent."""
 
     def __init__(self, tree: SpawnTree, parent: Node | None, *, node_id: str, depth: int,
-                 task: str, agent: MemexAgent | None = None,
+                 task: str, agent: AgentSpec | None = None,
                  inputs: dict[str, Any] | None = None, pickled: tuple[str, ...] = (),
                  step_index: int = 0) -> None:
         self.tree = tree
@@ -389,8 +389,8 @@ class Node:
             raise SpawnRefused("depth", f"sub-agents may nest {b.max_depth} level(s) deep and "
                                f"this agent is at depth {self.depth}: do this work here")
         records = {name: cls for cls, name in session.toolset.record_names.items()}
-        spec = parse_spec(raw, tools=run.agent.tools, records=records, budget=run.agent.budget,
-                          limits=run.agent.limits, allowed_models=b.models)
+        spec = parse_spec(raw, tools=run.spec.tools, records=records, budget=run.spec.budget,
+                          limits=run.spec.sandbox.limits, allowed_models=b.models)
         sandbox = session.sandbox
         if spec.fork and not isinstance(sandbox, Sandbox):
             raise SpawnRefused("fork", "fork=True needs an in-process sandbox")
@@ -436,21 +436,17 @@ class Node:
                                f"the sub-agent could not be started: {exc}") from None
         return node
 
-    def _child_agent(self, spec: ChildSpec) -> MemexAgent:
+    def _child_agent(self, spec: ChildSpec) -> AgentSpec:
+        """The parent's spec with the child's tools, answer schema, instructions, budget,
+        limits and model; nobody watches a child's rollout but its parent."""
         assert self.run is not None
-        parent = self.run.agent
-        a = copy.copy(parent)
-        a.tools = spec.tools
-        a.submit_schema = spec.submit
-        a.instructions = spec.instructions
-        a.budget = spec.budget
-        a.limits = spec.limits
-        a.trajectory_path = None
-        a.on_step = None
-        a.on_text = None
+        parent = self.run.spec
+        llm = parent.llm
         if spec.model is not None and spec.model != parent.llm.model:
-            a.llm = self.tree.llm_for(parent.llm, spec.model)
-        return a
+            llm = self.tree.llm_for(parent.llm, spec.model)
+        return replace(parent, llm=llm, tools=spec.tools, submit_schema=spec.submit,
+                       instructions=spec.instructions, budget=spec.budget,
+                       sandbox=replace(parent.sandbox, limits=spec.limits), hooks=Hooks())
 
     def _lookup(self, ids: Any) -> list[tuple[str, Node | None]]:
         if not isinstance(ids, list):

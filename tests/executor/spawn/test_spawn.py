@@ -12,7 +12,15 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from memex.executor import MemexAgent, Rollout, Trajectory, TreeBudget, load_trajectories
+from memex.executor import (
+    Hooks,
+    MemexAgent,
+    Rollout,
+    SandboxSpec,
+    Trajectory,
+    TreeBudget,
+    load_trajectories,
+)
 from memex.executor.llm import LLMClient, ScriptedError, ScriptedLLM, ScriptedReply
 from memex.host_tools import tool
 from memex.runtime_wasm import Limits
@@ -75,7 +83,7 @@ class Router:
 def make_agent(srv: ScriptedLLM, *, tree: TreeBudget | None = None, **kw: Any) -> MemexAgent:
     llm = LLMClient("scripted", base_url=srv.base_url, max_retries=kw.pop("retries", 0),
                     backoff=0.01, timeout=30, prices=kw.pop("prices", None))
-    kw.setdefault("limits", Limits(timeout=30))
+    kw.setdefault("sandbox", SandboxSpec(limits=Limits(timeout=30)))
     kw.setdefault("tools", [numbers, shout])
     return MemexAgent(model=llm, spawn=tree or TreeBudget(), **kw)
 
@@ -252,7 +260,7 @@ def test_nested_spawning_to_depth_3_and_trajectories_nest(tmp_path: Path) -> Non
                   "    print(e.kind, e)"), py("submit(100)")]
     r, _ = run_tree({"root": nest(0), "level 1": nest(1), "level 2": nest(2),
                      "level 3": deepest}, tree=TreeBudget(max_depth=3), submit=int,
-                    trajectory_path=str(path))
+                    hooks=Hooks(trajectory_path=str(path)))
     assert r.answer == 103 and r.end_reason == "submitted"
     t1 = r.trajectory.steps[0].children[0]
     t2 = t1.steps[0].children[0]
@@ -341,7 +349,7 @@ def test_child_failure_kinds() -> None:
         "no memory": [py("print(1)")],
         "raises": [py("raise ValueError('x')"), py("1/0"), py("submit(1)")],
         "bad input": [py("print(x)")],
-    }, preload=["pandas"], submit=Answer)
+    }, sandbox=SandboxSpec(limits=Limits(timeout=30), preload=("pandas",)), submit=Answer)
     text = obs(r, 0)
     assert "'llm fails': ('error', 'failed', '1')" in text
     assert "'slow': ('timeout', 'failed', '2')" in text
@@ -387,7 +395,7 @@ def test_waits_end_before_the_block_deadline() -> None:
 
     nap = py("import time\ntime.sleep(1.5)")
     r, _ = run_tree({"root": root, "takes a while": [nap, nap, py("submit(9)")]},
-                    limits=Limits(timeout=2), submit=Answer)
+                    sandbox=SandboxSpec(limits=Limits(timeout=2)), submit=Answer)
     first = r.trajectory.steps[0]
     assert "T1 sub-agent(s) 1 did not finish within 0.2s" in first.observation
     assert first.status == "error" and first.error == "TimeoutError"  # not killed

@@ -198,5 +198,5 @@ def test_bad_configuration_raises() -> None:
         llm = LLMClient("x", base_url=srv.base_url)
         with pytest.raises(ConfigError, match="spawn takes a TreeBudget"):
             MemexAgent(model=llm, spawn="yes")
-        assert MemexAgent(model=llm, spawn=True).spawn == TreeBudget()
+        assert MemexAgent(model=llm, spawn=True).spec.spawn == TreeBudget()
     assert Router({})  # the shared test helper is importable here

@@ -218,7 +218,7 @@ def test_arguments_are_checked_against_the_input_schema(mcp_tools: ToolSet,
 def test_an_agent_uses_mcp_tools_in_both_action_spaces(mcp_tools: ToolSet) -> None:
     from pydantic import BaseModel
 
-    from memex.executor import MemexAgent
+    from memex.executor import MemexAgent, SandboxSpec
     from memex.executor.llm import LLMClient, ScriptedLLM, ScriptedReply, ScriptedToolCall
 
     class Answer(BaseModel):
@@ -227,7 +227,7 @@ def test_an_agent_uses_mcp_tools_in_both_action_spaces(mcp_tools: ToolSet) -> No
     def agent(srv: ScriptedLLM, space: str) -> MemexAgent:
         llm = LLMClient("scripted", base_url=srv.base_url, max_retries=0, timeout=30)
         return MemexAgent(model=llm, tools=mcp_tools, submit=Answer, action_space=space,  # type: ignore[arg-type]
-                          limits=Limits(timeout=20))
+                          sandbox=SandboxSpec(limits=Limits(timeout=20)))
 
     code = ["```python\nw = get_weather('Oslo', days=3)\nprint(w.high)\n```",
             "```python\nsubmit({'high': w.high})\n```"]
