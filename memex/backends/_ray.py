@@ -126,7 +126,7 @@ class _Host:
             pass
         return out
 
-    def door_reply(self, seq: int, kind: str, payload: Any) -> None:
+    def door_reply(self, seq: int, kind: str, payload: object) -> None:
         with self.lock:
             box = self.waits.get(seq)
         if box is not None and len(box) == 1:
@@ -195,7 +195,7 @@ class RayCheckpoint:
 
     __slots__ = ("ref", "size", "turns")
 
-    def __init__(self, ref: Any, size: int, turns: int) -> None:
+    def __init__(self, ref: object, size: int, turns: int) -> None:
         self.ref, self.size, self.turns = ref, size, turns
 
     def __repr__(self) -> str:
@@ -391,7 +391,7 @@ class RayBackend(Backend):
         cls = ray.remote(max_concurrency=max_concurrency, **(actor_options or {}))(_Host)
         self._hosts = [_HostRef(self, cls.remote()) for _ in range(actors)]
 
-    def _get(self, ref: Any, timeout: float) -> Any:
+    def _get(self, ref: object, timeout: float) -> Any:
         ray = self._ray
         try:
             return ray.get(ref, timeout=timeout)

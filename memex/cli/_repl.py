@@ -84,7 +84,7 @@ def _run_cell(sb: Sandbox, source: str) -> tuple[TurnResult, bool]:
     """Run one cell; Ctrl-C (SIGINT) meanwhile interrupts it. (result, interrupted)."""
     hit: list[bool] = []
 
-    def on_sigint(_sig: int, _frame: Any) -> None:
+    def on_sigint(_sig: int, _frame: object) -> None:
         hit.append(True)
         sb.interrupt()
 

@@ -35,7 +35,7 @@ def normalise_text(s: str) -> str:
     return _SPACE.sub(" ", s.casefold()).strip(_EDGE)
 
 
-def grade(got: Any, want: Any, kind: str = "exact", *, tolerance: float = 1e-6) -> bool:
+def grade(got: object, want: object, kind: str = "exact", *, tolerance: float = 1e-6) -> bool:
     """Whether ``got`` matches the reference ``want`` under grader ``kind``."""
     if kind not in GRADERS:
         raise ConfigError(f"unknown grader {kind!r}: one of {', '.join(GRADERS)}")
@@ -49,14 +49,14 @@ def grade(got: Any, want: Any, kind: str = "exact", *, tolerance: float = 1e-6) 
     return _match(got, want, kind, tol, 0)
 
 
-def _number(v: Any) -> float | None:
+def _number(v: object) -> float | None:
     if isinstance(v, bool):
         return None
     # "1,234" or "12.5%" stay text: the answer schema says what is a number
     return float(v) if isinstance(v, int | float) else None
 
 
-def _match(got: Any, want: Any, kind: str, tol: float, depth: int) -> bool:
+def _match(got: object, want: object, kind: str, tol: float, depth: int) -> bool:
     if depth > 32:
         return False
     w = _number(want)

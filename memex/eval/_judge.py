@@ -26,7 +26,7 @@ Answer to grade: {answer}"""
 _VERDICT = re.compile(r"\b(CORRECT|WRONG)\b")
 
 
-def judge(llm: LLMClient, question: str, answer: Any, reference: Any) -> tuple[bool, str]:
+def judge(llm: LLMClient, question: str, answer: object, reference: object) -> tuple[bool, str]:
     """(correct, the judge's reply). A reply with neither verdict, or a failed call, counts
     as wrong, and the reply says why."""
     prompt = JUDGE_PROMPT.format(question=question,

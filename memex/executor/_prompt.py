@@ -105,7 +105,7 @@ CONVERT_HINT = ("submit() takes plain Python values (dict, list, str, int, float
                 "series.tolist(), series.iloc[0], float(x), int(x), str(x)).")
 
 
-def code_example(call: str | None, schema: Any) -> str:
+def code_example(call: str | None, schema: object) -> str:
     """The worked example of the code action space, built from the rollout's own first tool
     call (``call``, e.g. ``sql(query="...")``) and answer ``schema``: a small model copies
     the example's names and shapes, so they must be ones that exist (a fixed example made
@@ -129,7 +129,7 @@ def code_example(call: str | None, schema: Any) -> str:
             f"submit({value})\n```\n" + CONVERT_HINT)
 
 
-def tools_example(call: str | None, schema: Any) -> str:
+def tools_example(call: str | None, schema: object) -> str:
     """The tool-calling twin of :func:`code_example` (``call`` as ``name`` with JSON
     arguments); the answer's values are described, not given."""
     first = f"call {call}, read what it returns, " if call else ""
@@ -141,7 +141,7 @@ def tools_example(call: str | None, schema: Any) -> str:
             f'{{"answer": {shape}}}, each value taken from the results.')
 
 
-def answer_fields(schema: Any) -> list[tuple[str, str]]:
+def answer_fields(schema: object) -> list[tuple[str, str]]:
     """(name, rendered type) of each top-level field of an object schema whose field names
     are identifiers; [] for any other schema."""
     js = _json_schema(schema)
@@ -154,7 +154,7 @@ def answer_fields(schema: Any) -> list[tuple[str, str]]:
     return [(n, _render(sub, defs, 1)) for n, sub in props.items()]
 
 
-def answer_is_object(schema: Any) -> bool:
+def answer_is_object(schema: object) -> bool:
     """The schema describes an object with named fields (a model, a TypedDict...)."""
     return _json_schema(schema).get("type") == "object"
 
@@ -176,7 +176,7 @@ def _json_schema(schema: Any) -> Mapping[str, Any]:
     return js
 
 
-def placeholder(schema: Any, *, style: str = "python") -> str:
+def placeholder(schema: object, *, style: str = "python") -> str:
     """A made-up value in the shape of ``schema`` (a type or JSON Schema), as a Python
     literal (``style="python"``) or JSON text (``"json"``): for tool arguments in the
     worked example."""
@@ -185,7 +185,7 @@ def placeholder(schema: Any, *, style: str = "python") -> str:
     return json.dumps(value) if style == "json" else repr(value)
 
 
-def _example(js: Any, defs: Mapping[str, Any], depth: int) -> Any:
+def _example(js: object, defs: Mapping[str, Any], depth: int) -> Any:
     if not isinstance(js, Mapping) or depth > 4:
         return "..."
     if "$ref" in js:
@@ -212,7 +212,7 @@ def _example(js: Any, defs: Mapping[str, Any], depth: int) -> Any:
     return {"string": "abc", "integer": 3, "number": 0.25, "boolean": True}.get(str(t), "...")
 
 
-def render_schema(schema: Any) -> str:
+def render_schema(schema: object) -> str:
     """A compact description of a submit schema: ``{field: type — description, ...}``."""
     if schema is None:
         return "any value"
@@ -222,7 +222,7 @@ def render_schema(schema: Any) -> str:
     return _render(js, js.get("$defs", {}), 0)
 
 
-def _render(js: Any, defs: Mapping[str, Any], depth: int) -> str:
+def _render(js: object, defs: Mapping[str, Any], depth: int) -> str:
     if not isinstance(js, Mapping) or depth > 4:
         return "value"
     if "$ref" in js:
@@ -262,7 +262,7 @@ def _n(x: int) -> str:
     return f"{x:,}"
 
 
-def describe_value(value: Any, *, limit: int = 160) -> str:
+def describe_value(value: object, *, limit: int = 160) -> str:
     """One line about a value for the prompt: type and size, never its contents in bulk."""
     text = _describe(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -307,7 +307,7 @@ def _describe(v: Any) -> str:
     return f"{t.__name__}: {repr(v)[:80]}"
 
 
-def _short(v: Any) -> str:
+def _short(v: object) -> str:
     if isinstance(v, list | tuple | set | frozenset | Mapping) or (
             type(v).__module__.partition(".")[0] in ("pandas", "numpy")):
         return _describe(v)

@@ -14,7 +14,7 @@ _FENCED = re.compile(r"^[ \t]*(`{3,}|~{3,})[^\n]*\n.*?(^[ \t]*\1[ \t]*$|\Z)",
                      re.MULTILINE | re.DOTALL)
 
 
-def _console(console: Any) -> Any:
+def _console(console: object) -> Any:
     if console is not None:
         return console
     from rich.console import Console
@@ -22,7 +22,7 @@ def _console(console: Any) -> Any:
     return Console()
 
 
-def render_step(step: Step, console: Any = None, *, indent: int = 0) -> None:
+def render_step(step: Step, console: object = None, *, indent: int = 0) -> None:
     """One step: the model's text, each code block (highlighted), tool calls, the
     observation and the step's tokens/timings."""
     from rich.padding import Padding
@@ -55,7 +55,7 @@ def render_step(step: Step, console: Any = None, *, indent: int = 0) -> None:
         render_trajectory(child, con, indent=indent + 4)
 
 
-def render_trajectory(t: Trajectory, console: Any = None, *, indent: int = 0) -> None:
+def render_trajectory(t: Trajectory, console: object = None, *, indent: int = 0) -> None:
     """A whole trajectory: header, every step, the end (answer, reason, totals)."""
     from rich.padding import Padding
     from rich.text import Text

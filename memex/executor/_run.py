@@ -432,7 +432,7 @@ def _info(r: ToolCallRecord) -> ToolCallInfo:
                         duration=r.duration)
 
 
-def _jsonable_answer(answer: Any) -> Any:
+def _jsonable_answer(answer: object) -> Any:
     try:
         return to_jsonable_python(answer, serialize_unknown=True)
     except Exception:

@@ -41,14 +41,14 @@ class _SubmitBox:
         self.answer: Any = None
         self.attempts = 0
 
-    def accept(self, answer: Any) -> None:
+    def accept(self, answer: object) -> None:
         with self.lock:
             self.attempts += 1
             if not self.accepted:
                 self.accepted, self.answer = True, answer
 
 
-def make_submit_tool(schema: Any, on_accept: Callable[[Any], None]) -> Tool:
+def make_submit_tool(schema: object, on_accept: Callable[[Any], None]) -> Tool:
     """The ``submit(answer)`` tool: ``schema`` is a type (pydantic model, dataclass,
     TypedDict, ``list[int]``...), a JSON Schema mapping, or None (any value)."""
     if isinstance(schema, Mapping):
@@ -56,12 +56,12 @@ def make_submit_tool(schema: Any, on_accept: Callable[[Any], None]) -> Tool:
                       "parameters": {"type": "object", "properties": {"answer": dict(schema)},
                                      "required": ["answer"], "additionalProperties": False}}
 
-        def handler_js(answer: Any) -> None:
+        def handler_js(answer: object) -> None:
             on_accept(answer)
 
         return Tool.from_openai(definition, handler_js, inline=True)
 
-    def submit(answer: Any) -> None:
+    def submit(answer: object) -> None:
         on_accept(answer)
 
     submit.__annotations__ = {"answer": Any if schema is None else schema, "return": None}
@@ -135,7 +135,7 @@ class AgentSession:
             self.close()
             raise
 
-    def _op_input(self, name: Any) -> Any:
+    def _op_input(self, name: object) -> Any:
         if name not in self._encoded:
             raise KeyError(f"no input named {name!r}")
         return self._encoded[name]
@@ -174,10 +174,10 @@ class AgentSession:
             self.sandbox.run(cell, filename="<memex-agent-after-turn>")
         return self._kept, self._vars
 
-    def _op_vars(self, items: Any) -> None:
+    def _op_vars(self, items: object) -> None:
         self._vars = _str_pairs(items, 100, 200)
 
-    def _op_kept(self, items: Any) -> None:
+    def _op_kept(self, items: object) -> None:
         self._kept = _str_pairs(items, 100, 120)
 
     @property
@@ -214,7 +214,7 @@ _REPORT_KEPT = "try:\n    __memex_keep_tools__()\nexcept Exception:\n    pass\n"
 _REPORT_VARIABLES = "try:\n    __memex_new_variables__()\nexcept Exception:\n    pass\n"
 
 
-def _str_pairs(items: Any, first: int, second: int) -> list[tuple[str, str]]:
+def _str_pairs(items: object, first: int, second: int) -> list[tuple[str, str]]:
     """Up to 50 pairs of strings from what the guest sent (a list of 2-lists), each string cut
     to its bound; anything else in it is skipped."""
     if not isinstance(items, list):

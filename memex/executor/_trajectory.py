@@ -133,7 +133,7 @@ def _step(s: Mapping[str, Any]) -> Step:
     return Step(**d)
 
 
-def _jsonable(v: Any) -> Any:
+def _jsonable(v: object) -> Any:
     if isinstance(v, dict):
         return {str(k): _jsonable(x) for k, x in v.items()}
     if isinstance(v, list | tuple):

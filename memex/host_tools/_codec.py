@@ -69,19 +69,19 @@ class RecordFields(dict[str, Any]):
         return f"{self.type_name}({', '.join(f'{k}={v!r}' for k, v in self.items())})"
 
 
-def _pack(obj: Any) -> bytes:
+def _pack(obj: object) -> bytes:
     data: bytes = msgpack.packb(obj, use_bin_type=True)
     return data
 
 
 # ---- encode ---------------------------------------------------------------------------------
-def encode(value: Any, *, names: Mapping[type, str] | None = None, max_depth: int = 256) -> Any:
+def encode(value: object, *, names: Mapping[type, str] | None = None, max_depth: int = 256) -> Any:
     """``value`` as plain msgpack values and ExtType leaves. ``names`` maps record classes
     (pydantic models, dataclasses) to the guest's class names (default: ``__name__``)."""
     return _Encoder(names or {}, max_depth).enc(value, 0)
 
 
-def packb(value: Any, **kwargs: Any) -> bytes:
+def packb(value: object, **kwargs: Any) -> bytes:
     return _pack(encode(value, **kwargs))
 
 
@@ -154,7 +154,7 @@ class _Encoder:
         fields = {str(k): self.enc(x, d) for k, x in items}
         return msgpack.ExtType(EXT_RECORD, _pack([name, fields]))
 
-    def _numpy(self, v: Any, d: int) -> Any:
+    def _numpy(self, v: object, d: int) -> Any:
         import numpy as np
 
         if isinstance(v, np.ndarray):
@@ -171,7 +171,7 @@ class _Encoder:
             return self.enc(v.item(), d - 1)
         raise EncodeError(f"a numpy {type(v).__qualname__} value cannot be sent")
 
-    def _pandas(self, v: Any, d: int) -> Any:
+    def _pandas(self, v: object, d: int) -> Any:
         import pandas as pd
 
         if isinstance(v, pd.DataFrame):
@@ -243,14 +243,14 @@ class _Encoder:
         return {"kind": "object", "values": values}
 
 
-def _missing(x: Any) -> bool:
+def _missing(x: object) -> bool:
     if x is None or (type(x) is float and math.isnan(x)):
         return True
     pd = sys.modules.get("pandas")
     return pd is not None and (x is pd.NA or x is pd.NaT)
 
 
-def _tzname(tz: Any) -> str:
+def _tzname(tz: object) -> str:
     for attr in ("key", "zone"):  # zoneinfo, pytz
         name = getattr(tz, attr, None)
         if isinstance(name, str):
@@ -276,7 +276,7 @@ DEFAULT_MAX_BYTES = 16 << 20
 given no budget of its own: the door's default request cap."""
 
 
-def decode(obj: Any, *, max_depth: int = 64, cost: DecodeCost | None = None) -> Any:
+def decode(obj: object, *, max_depth: int = 64, cost: DecodeCost | None = None) -> Any:
     """The Python value of a tree the door unpacked (ExtType leaves decoded). Containers and
     ext payloads nested deeper than ``max_depth`` raise :class:`TooDeep`. Ext payloads are
     decoded under ``cost`` (the budget of the frame they came in, from ``DoorContext.cost``;

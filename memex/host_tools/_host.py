@@ -124,7 +124,7 @@ class _Call:
                  "may_still_run", "name", "ran", "reply_bytes", "request_bytes", "start", "tb",
                  "tool", "value")
 
-    def __init__(self, call_id: Any, name: str, batch: bool, start: float) -> None:
+    def __init__(self, call_id: object, name: str, batch: bool, start: float) -> None:
         self.call_id, self.name, self.batch, self.start = call_id, name, batch, start
         self.tool: Tool | None = None
         self.arguments: Any = None
@@ -170,7 +170,7 @@ _SCALARS = (int, float, bool, type(None))
 _I64 = 1 << 63
 
 
-def _summarize(args: Any, limit: int = 300) -> str:
+def _summarize(args: object, limit: int = 300) -> str:
     """A bounded one-line text of the arguments (fast for small maps of scalars)."""
     if type(args) is dict and all(
             type(v) in _SCALARS or (type(v) is str and len(v) <= 60) for v in args.values()):
@@ -178,7 +178,7 @@ def _summarize(args: Any, limit: int = 300) -> str:
         if len(text) <= limit:
             return text
 
-    def short(v: Any) -> Any:
+    def short(v: object) -> Any:
         shape = getattr(v, "shape", None)
         if (shape is not None and hasattr(v, "dtype")) or type(v).__name__ == "DataFrame":
             return _Label(f"{type(v).__name__}(shape={tuple(shape or ())})")
@@ -206,7 +206,7 @@ def _exc_message(exc: BaseException) -> str:
         return type(exc).__name__
 
 
-def _size(value: Any) -> int:
+def _size(value: object) -> int:
     try:
         return len(msgpack.packb(value, use_bin_type=True))
     except Exception:  # cannot happen for what the door unpacked; stay total anyway
@@ -293,14 +293,14 @@ class ToolHost:
     def _op_list(self) -> list[dict[str, str]]:
         return self.tools.describe()
 
-    def _op_call(self, ctx: DoorContext, name: Any = None, arguments: Any = None) -> Any:
+    def _op_call(self, ctx: DoorContext, name: object = None, arguments: object = None) -> Any:
         call = self._run(ctx, [(None, name, arguments)], batch=False)[0]
         if call.error is None:
             return call.value
         err = dict(call.error)
         raise DoorError(err.pop("kind"), err.pop("message"), **err)
 
-    def _op_batch(self, ctx: DoorContext, calls: Any = None) -> list[list[Any]]:
+    def _op_batch(self, ctx: DoorContext, calls: object = None) -> list[list[Any]]:
         if not isinstance(calls, list) or not all(
                 isinstance(c, list) and len(c) == 3 for c in calls):
             raise DoorError("protocol", "tools.batch takes [[call_id, name, arguments], ...]")
@@ -334,8 +334,8 @@ class ToolHost:
                 self._turn_key, self._turn_calls = key, 0
         return turn
 
-    def _prepare(self, ctx: DoorContext, call: _Call, turn: int | None, name: Any,
-                 arguments: Any, frame_bytes: int | None) -> None:
+    def _prepare(self, ctx: DoorContext, call: _Call, turn: int | None, name: object,
+                 arguments: object, frame_bytes: int | None) -> None:
         tool = self.tools.get(name) if isinstance(name, str) else None
         if tool is None:
             near = difflib.get_close_matches(call.name, self.tools.names, n=3)

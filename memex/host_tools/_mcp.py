@@ -295,7 +295,7 @@ class _ToolFailed(Exception):
     """The server answered ``isError``: the guest gets its message."""
 
 
-def _is_wrapper(schema: Any) -> bool:
+def _is_wrapper(schema: object) -> bool:
     """The ``{"result": x}`` object SDKs put around a primitive return."""
     return (isinstance(schema, dict) and schema.get("type") == "object"
             and isinstance(schema.get("properties"), dict)
@@ -334,7 +334,7 @@ def _record_class(name: str, schema: Mapping[str, Any], root: Mapping[str, Any],
     return dataclasses.make_dataclass(cls_name, fields, frozen=True, kw_only=True)
 
 
-def _build(ann: Any, value: Any) -> Any:
+def _build(ann: object, value: object) -> Any:
     """``value`` (JSON) as an instance of the record class ``ann`` built by _record_class."""
     if isinstance(ann, type) and dataclasses.is_dataclass(ann) and isinstance(value, dict):
         kw = {}
@@ -347,7 +347,7 @@ def _build(ann: Any, value: Any) -> Any:
     return value
 
 
-def _content(item: Any) -> Any:
+def _content(item: object) -> Any:
     if isinstance(item, mt.TextContent):
         text = item.text
         if text.strip()[:1] in ("{", "[", '"') or text.strip() in ("true", "false", "null") \

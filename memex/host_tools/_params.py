@@ -37,7 +37,7 @@ class Checker(Protocol):
     """What validates a tool's calls: its arguments, its return, and its JSON Schema."""
 
     def arguments(self, given: dict[str, Any]) -> dict[str, Any]: ...
-    def returns(self, value: Any) -> Any: ...
+    def returns(self, value: object) -> Any: ...
     def json_schema(self) -> dict[str, Any]: ...
 
 
@@ -56,7 +56,7 @@ class ToolParam:
     description: str = ""
 
 
-def is_async(fn: Any) -> bool:
+def is_async(fn: object) -> bool:
     """Whether calling ``fn`` gives a coroutine (async generators are refused)."""
     if inspect.isasyncgenfunction(fn):
         raise ToolDefinitionError(f"{fn!r}: async generators cannot be tools")

@@ -81,7 +81,7 @@ def _with_tuples(cls: type[Any]) -> type[Any]:
     return typing.cast(type[Any], jsonschema.validators.extend(cls, type_checker=checker))
 
 
-def validator_errors(validator: jsonschema.protocols.Validator, instance: Any
+def validator_errors(validator: jsonschema.protocols.Validator, instance: object
                      ) -> list[dict[str, Any]]:
     out = []
     for err in sorted(validator.iter_errors(instance), key=lambda e: list(map(str, e.path))):
@@ -94,7 +94,7 @@ def validator_errors(validator: jsonschema.protocols.Validator, instance: Any
     return out
 
 
-def _short_message(message: str, instance: Any) -> str:
+def _short_message(message: str, instance: object) -> str:
     """jsonschema's message with a long value (a whole DataFrame's repr) shortened to its
     type and first line: the message is read by a model, whose context it would fill."""
     text = repr(instance)
@@ -119,7 +119,7 @@ class _SchemaChecker:
             raise ArgumentsInvalid(errors)
         return dict(given)
 
-    def returns(self, value: Any) -> Any:
+    def returns(self, value: object) -> Any:
         if self._ret is not None:
             errors = validator_errors(self._ret, value)
             if errors:
@@ -130,7 +130,7 @@ class _SchemaChecker:
         return dict(self._schema)
 
 
-def schema_type(schema: Any, root: Mapping[str, Any], depth: int = 0) -> Any:
+def schema_type(schema: object, root: Mapping[str, Any], depth: int = 0) -> Any:
     """The Python annotation a JSON Schema describes, for the guest stub (``Any`` when the
     schema says more than an annotation can)."""
     if not isinstance(schema, dict) or depth > 16:

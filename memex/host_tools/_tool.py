@@ -190,7 +190,7 @@ def _check_name(name: object) -> None:
         raise ToolDefinitionError(f"tool name {name!r} has whitespace or control characters")
 
 
-def _hints(fn: Any, name: str) -> dict[str, Any]:
+def _hints(fn: object, name: str) -> dict[str, Any]:
     target = fn
     if not (inspect.isfunction(fn) or inspect.ismethod(fn)) and callable(fn):
         target = getattr(fn, "__init__" if isinstance(fn, type) else "__call__")
@@ -275,7 +275,7 @@ class _PydanticChecker:
     same rules and error entries, no model instance: ~3 us less per call); the model stays
     the source of the JSON Schema and the fallback."""
 
-    def __init__(self, name: str, params: list[ToolParam], ret: Any) -> None:
+    def __init__(self, name: str, params: list[ToolParam], ret: object) -> None:
         fields: dict[str, Any] = {}
         self._names: dict[str, str] = {}
         for i, p in enumerate(params):
@@ -305,7 +305,7 @@ class _PydanticChecker:
             raise ArgumentsInvalid(pydantic_errors(exc)) from None
         return {self._names[f]: getattr(m, f) for f in self._names if f in m.model_fields_set}
 
-    def returns(self, value: Any) -> Any:
+    def returns(self, value: object) -> Any:
         if self._ret is None:
             return value
         try:

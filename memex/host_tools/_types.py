@@ -115,12 +115,12 @@ def safe_identifier(name: str, taken: cabc.Container[str] = (),
     return alias
 
 
-def _module_class(tp: Any, module: str, name: str) -> bool:
+def _module_class(tp: object, module: str, name: str) -> bool:
     mod = sys.modules.get(module)
     return mod is not None and tp is getattr(mod, name, None)
 
 
-def numpy_pandas_name(tp: Any) -> str | None:
+def numpy_pandas_name(tp: object) -> str | None:
     """``numpy.ndarray``/``pandas.DataFrame``/``pandas.Series`` when ``tp`` is one (without
     importing numpy or pandas: an annotation naming them means they are loaded)."""
     origin = typing.get_origin(tp) or tp
@@ -130,7 +130,7 @@ def numpy_pandas_name(tp: Any) -> str | None:
     return None
 
 
-def is_record_type(tp: Any) -> bool:
+def is_record_type(tp: object) -> bool:
     """Pydantic models, dataclasses and TypedDicts become guest record classes."""
     if not isinstance(tp, type):
         return False
@@ -173,7 +173,7 @@ class TypeRenderer:
         self.names: dict[type, str] = {}
         self.records: list[RecordDef] = []  # in dependency order (fields first)
 
-    def render(self, tp: Any) -> Rendered:
+    def render(self, tp: object) -> Rendered:
         if tp is None or tp is type(None):
             return _NONE
         if tp is Any or tp is inspect.Parameter.empty or isinstance(tp, str | typing.TypeVar):
@@ -206,7 +206,7 @@ class TypeRenderer:
             return _simple(tp.__qualname__)
         return _ANY
 
-    def _generic(self, tp: Any, origin: Any, args: tuple[Any, ...]) -> Rendered:
+    def _generic(self, tp: object, origin: object, args: tuple[Any, ...]) -> Rendered:
         if origin is typing.Annotated:
             return self.render(args[0])
         if origin is typing.Union or origin is types.UnionType:
@@ -299,7 +299,7 @@ def _literal_ok(value: Any, depth: int = 0) -> bool:
     return False
 
 
-def render_default(value: Any) -> tuple[str, str] | None:
+def render_default(value: object) -> tuple[str, str] | None:
     """``(source, guest repr)`` of a default the stub can carry, or None (then the stub uses
     the MISSING sentinel and the host applies the default)."""
     if isinstance(value, enum.Enum):
@@ -325,7 +325,7 @@ def render_default(value: Any) -> tuple[str, str] | None:
     return (text, text) if _evals_to(text, value) else None
 
 
-def _evals_to(text: str, value: Any) -> bool:
+def _evals_to(text: str, value: object) -> bool:
     try:
         got = eval(text, {"__builtins__": {}, "datetime": datetime, "decimal": decimal})
     except Exception:

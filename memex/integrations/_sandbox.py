@@ -123,7 +123,7 @@ def submit_tool(adapter: TypeAdapter[Any], accept: Callable[[Any], None] | None)
     """``submit(answer)``: checked against ``adapter`` on the host, then handed to ``accept``
     (None: a stand-in for the catalogue)."""
 
-    def submit(answer: Any) -> None:
+    def submit(answer: object) -> None:
         if accept is None:
             return
         try:

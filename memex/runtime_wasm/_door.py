@@ -299,7 +299,7 @@ class Door:
             return self._error(rid, "unknown_op", f"no handler for {op!r}", op, start, frame)
         return rid, op, entry, args, kwargs, cost
 
-    def _reply(self, rid: Any, op: str, value: Any, start: float, frame: bytes) -> bytes:
+    def _reply(self, rid: object, op: str, value: object, start: float, frame: bytes) -> bytes:
         try:
             reply: bytes = _msgpack().packb({"v": 1, "id": rid, "ok": True, "value": value},
                                          use_bin_type=True)
@@ -312,13 +312,13 @@ class Door:
         self._record(op, True, None, start, frame, len(reply), False)
         return reply
 
-    def _error(self, rid: Any, kind: str, message: str, op: str | None, start: float,
+    def _error(self, rid: object, kind: str, message: str, op: str | None, start: float,
                frame: bytes, may_still_run: bool = False) -> bytes:
         return self._reply_error(rid, {"kind": kind, "message": _text(message,
                                                                       MAX_MESSAGE_CHARS)},
                                  op, start, frame, may_still_run)
 
-    def _reply_error(self, rid: Any, err: dict[str, Any], op: str | None, start: float,
+    def _reply_error(self, rid: object, err: dict[str, Any], op: str | None, start: float,
                      frame: bytes, may_still_run: bool) -> bytes:
         reply: bytes = _msgpack().packb({"v": 1, "id": rid, "ok": False, "error": err},
                                      use_bin_type=True)

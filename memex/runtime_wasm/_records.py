@@ -156,7 +156,7 @@ class Limits:
         return dataclasses.asdict(self)
 
 
-def _parse_field(name: str, value: Any, what: str) -> Any:
+def _parse_field(name: str, value: object, what: str) -> Any:
     if value is None:
         return None  # Limits itself refuses None where a field must be bounded
     if name in _SIZES:

@@ -22,7 +22,7 @@ _SECOND_UNITS = {"": 1.0, "s": 1.0, "sec": 1.0, "ms": 0.001, "m": 60.0, "min": 6
 _NUMBER = re.compile(r"\s*(\d{1,30}(?:\.\d{1,30})?)\s*([A-Za-z]{0,3})\s*")
 
 
-def parse_size(value: Any, *, what: str = "size") -> int:
+def parse_size(value: object, *, what: str = "size") -> int:
     """Bytes from an int >= 0 or text such as ``512M`` (a :class:`ConfigError` naming ``what``
     otherwise). Text is at most 64 characters, so a hostile value costs nothing to refuse."""
     n: float | None = None
@@ -38,7 +38,7 @@ def parse_size(value: Any, *, what: str = "size") -> int:
     return int(n)
 
 
-def parse_seconds(value: Any, *, what: str = "duration") -> float:
+def parse_seconds(value: object, *, what: str = "duration") -> float:
     """Seconds > 0 from a number or text such as ``30``, ``500ms``, ``2min``, ``1h``."""
     n: float | None = None
     if isinstance(value, int | float) and not isinstance(value, bool):

@@ -46,7 +46,7 @@ _TOOL_OPS = frozenset({"tools.call", "tools.batch", "tools.list"})
 _HERE, _THERE, _LIST = object(), object(), object()
 
 
-def _pack(obj: Any) -> bytes:
+def _pack(obj: object) -> bytes:
     out: bytes = msgpack.packb(obj, use_bin_type=True)
     return out
 

@@ -112,7 +112,7 @@ class ServeKeeper(Keeper[Session]):
                              "turns": turns}))
         return turns
 
-    def share_checkpoint(self, tenant: str, cid: str, checkpoint: Any, shared: Path) -> None:
+    def share_checkpoint(self, tenant: str, cid: str, checkpoint: object, shared: Path) -> None:
         """Write a held checkpoint to ``shared/<tenant>/checkpoints/<cid>``, where any node's
         restore of that id finds it (:meth:`shared_checkpoint`)."""
         folder = shared / tenant / "checkpoints"

@@ -51,7 +51,7 @@ def _module(where: str, target: str, base: Path, tenant: str) -> Any:
                           f"{exc}") from exc
 
 
-def _tools_of(where: str, value: Any) -> Iterable[Tool | Any]:
+def _tools_of(where: str, value: object) -> Iterable[Tool | Any]:
     if isinstance(value, ToolSet):
         return list(value)
     if isinstance(value, Tool) or callable(value):

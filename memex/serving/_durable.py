@@ -195,7 +195,7 @@ class Keeper(Generic[S]):
         return bool(_SAFE.match(name))
 
     @staticmethod
-    def image_bytes(checkpoint: Any) -> bytes:
+    def image_bytes(checkpoint: object) -> bytes:
         """A checkpoint of any backend as the bytes a save holds."""
         return _to_bytes(checkpoint)
 

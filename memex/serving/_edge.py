@@ -81,7 +81,7 @@ class ConnectionGuard:
         self.timed_out = 0  # connections closed for a slow head or body
 
     # ---- bookkeeping ------------------------------------------------------------------------
-    def admit(self, transport: object, peer: str, proto: Any) -> bool:
+    def admit(self, transport: object, peer: str, proto: object) -> bool:
         evict: list[Any] = []
         with self._lock:
             if len(self._open) >= self.max_connections:
@@ -129,7 +129,7 @@ class ConnectionGuard:
         with self._lock:
             self._forget_pending(transport)
 
-    def waiting(self, transport: object, proto: Any) -> None:
+    def waiting(self, transport: object, proto: object) -> None:
         """A keep-alive connection began a new request: pending again until its head is in."""
         with self._lock:
             if transport in self._open and transport not in self._pending:
@@ -161,7 +161,7 @@ class ConnectionGuard:
             it closes (the HTTP protocol's own ``connection_lost`` is not called then)."""
             made = ws_classes.get(cls)
             if made is None:
-                def connection_lost(self: Any, exc: Exception | None) -> None:
+                def connection_lost(self: object, exc: Exception | None) -> None:
                     guard.release(getattr(self, "transport", None))
                     cls.connection_lost(self, exc)
 

@@ -24,7 +24,7 @@ class FileModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
-def _size(value: Any) -> Any:
+def _size(value: object) -> Any:
     if value is None:
         return None
     try:
@@ -33,7 +33,7 @@ def _size(value: Any) -> Any:
         raise ValueError(str(exc)) from None
 
 
-def _seconds(value: Any) -> Any:
+def _seconds(value: object) -> Any:
     if value is None:
         return None
     try:
@@ -42,7 +42,7 @@ def _seconds(value: Any) -> Any:
         raise ValueError(str(exc)) from None
 
 
-def _seconds_or_zero(value: Any) -> Any:
+def _seconds_or_zero(value: object) -> Any:
     if value == 0 and not isinstance(value, bool):
         return 0.0
     try:
@@ -82,7 +82,7 @@ class LimitsTable(FileModel):
         return Limits.from_mapping(self.given(), base=base, where=where)
 
 
-def _inner(annotation: Any) -> Any:
+def _inner(annotation: object) -> Any:
     """The model or mapping inside ``X | None`` and ``Annotated[X, ...]``."""
     while True:
         origin = typing.get_origin(annotation)

@@ -228,7 +228,7 @@ class SessionTable(Generic[S]):
             return dict(collections.Counter(s.owner for s in self._sessions.values()))
 
     # ---- checkpoints --------------------------------------------------------------------
-    def hold(self, owner: str, bounds: Bounds, checkpoint: Any, cid: str, *,
+    def hold(self, owner: str, bounds: Bounds, checkpoint: object, cid: str, *,
              session: str | None = None) -> str:
         """Keep a checkpoint for the owner under ``cid`` (replacing one of that id); ``cid``.
         Its guest memory's size counts against ``max_memory`` with the owner's live sessions:

@@ -162,19 +162,19 @@ class Worker:
         self._side = ThreadPoolExecutor(max_workers=8, thread_name_prefix="memex-worker-side")
 
     # ---- replies ----------------------------------------------------------------------------
-    def _streamer(self, rid: Any) -> Callable[[str, str], None]:
+    def _streamer(self, rid: object) -> Callable[[str, str], None]:
         """Output as the guest writes it, to the caller (on the sandbox's thread)."""
         def out(stream: str, text: str) -> None:
             with contextlib.suppress(ChannelClosed):
                 self.chan.send(["out", rid, stream, text])
         return out
 
-    def _ok(self, rid: Any, value: Any = None, fds: tuple[int, ...] = ()) -> None:
+    def _ok(self, rid: object, value: object = None, fds: tuple[int, ...] = ()) -> None:
         if rid is not None:
             with contextlib.suppress(ChannelClosed):
                 self.chan.send(["ok", rid, value], fds)
 
-    def _err(self, rid: Any, exc: BaseException) -> None:
+    def _err(self, rid: object, exc: BaseException) -> None:
         if not isinstance(exc, MemexError):
             traceback.print_exception(exc, file=sys.stderr)
         if rid is not None:
@@ -253,7 +253,7 @@ class Worker:
             for fd in fds:
                 os.close(fd)
 
-    def _open(self, s: _Session, rid: Any, spec: dict[str, Any], fds: list[int]) -> None:
+    def _open(self, s: _Session, rid: object, spec: dict[str, Any], fds: list[int]) -> None:
         resumed = bool(spec.get("image"))
         if len(fds) < 1 + resumed or (len(fds) > 1 and not resumed):
             raise ProtocolError("open needs the door socket (and the image when resuming)")

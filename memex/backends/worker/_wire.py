@@ -203,7 +203,7 @@ def result_to_wire(r: TurnResult) -> dict[str, Any]:
     return r.to_dict()
 
 
-def result_from_wire(d: Any) -> TurnResult:
+def result_from_wire(d: object) -> TurnResult:
     if not isinstance(d, dict):
         raise ProtocolError("a turn result must be a map")
     try:
@@ -228,7 +228,7 @@ def limits_to_wire(limits: Limits) -> dict[str, Any]:
     return dataclasses.asdict(limits)
 
 
-def limits_from_wire(d: Any) -> Limits:
+def limits_from_wire(d: object) -> Limits:
     if not isinstance(d, dict):
         raise ProtocolError("limits must be a map")
     try:
@@ -241,7 +241,7 @@ def mounts_to_wire(mounts: Sequence[Mount]) -> list[list[Any]]:
     return [[os.fspath(m.host_path), m.guest_path, m.writable, m.links] for m in mounts]
 
 
-def mounts_from_wire(items: Any) -> list[Mount]:
+def mounts_from_wire(items: object) -> list[Mount]:
     if not isinstance(items, list):
         raise ProtocolError("mounts must be an array")
     try:

@@ -109,7 +109,7 @@ def _tasks(seed: int, data: dict[str, Any]) -> tuple[EvalTask, ...]:
     inv = data["inventory"]
     cat = rng.choice(CATEGORIES)
 
-    def task(id: str, q: str, field: str, kind: str, ref: Any, **kw: Any) -> EvalTask:
+    def task(id: str, q: str, field: str, kind: str, ref: object, **kw: Any) -> EvalTask:
         return EvalTask(id=id, question=q, answer=_schema(field, kind), reference={field: ref},
                         tags=("big-outputs",), **kw)
 

@@ -215,7 +215,7 @@ def _tasks(seed: int, facts: dict[str, Any]) -> tuple[EvalTask, ...]:
     revised = sorted({(i, r) for (i, r) in final if final[(i, r)] != first[(i, r)]})
     out: list[EvalTask] = []
 
-    def add(kind: str, q: str, field: str, typ: str, ref: Any, **kw: Any) -> None:
+    def add(kind: str, q: str, field: str, typ: str, ref: object, **kw: Any) -> None:
         out.append(EvalTask(id=f"{kind}_{len(out) + 1}", question=q, answer=_schema(field, typ),
                             reference={field: ref}, tags=(kind,), **kw))
 

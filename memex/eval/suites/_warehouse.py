@@ -246,7 +246,7 @@ _JSON = {"integer": {"type": "integer"}, "number": {"type": "number"},
          "list": {"type": "array", "items": {"type": "string"}}}
 
 
-def _plain(v: Any) -> Any:
+def _plain(v: object) -> Any:
     if isinstance(v, dt.date | dt.datetime):
         return v.isoformat()
     if hasattr(v, "item"):  # numpy scalars

@@ -290,7 +290,7 @@ class LLMClient:
     # -- requests --------------------------------------------------------------------------------
 
     def _kwargs(self, messages: Sequence[Mapping[str, Any]], *,
-                tools: Sequence[Mapping[str, Any]] | None, tool_choice: Any, stop: Any,
+                tools: Sequence[Mapping[str, Any]] | None, tool_choice: object, stop: object,
                 temperature: float | None, max_reply_tokens: int | None, seed: int | None,
                 extra_body: Mapping[str, Any] | None) -> dict[str, Any]:
         kw: dict[str, Any] = {"model": self.model, "messages": _clean_messages(messages)}
@@ -395,7 +395,7 @@ class LLMClient:
             await asyncio.sleep(pause)
 
     def complete(self, messages: Sequence[Mapping[str, Any]], *,
-                 tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: Any = None,
+                 tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: object = None,
                  stop: str | Sequence[str] | None = None, temperature: float | None = None,
                  max_reply_tokens: int | None = None, seed: int | None = None,
                  extra_body: Mapping[str, Any] | None = None) -> Completion:
@@ -409,7 +409,7 @@ class LLMClient:
 
     async def acomplete(self, messages: Sequence[Mapping[str, Any]], *,
                         tools: Sequence[Mapping[str, Any]] | None = None,
-                        tool_choice: Any = None, stop: str | Sequence[str] | None = None,
+                        tool_choice: object = None, stop: str | Sequence[str] | None = None,
                         temperature: float | None = None, max_reply_tokens: int | None = None,
                         seed: int | None = None,
                         extra_body: Mapping[str, Any] | None = None) -> Completion:
@@ -427,7 +427,7 @@ class LLMClient:
         return self._completion(resp, attempts, latency)
 
     def stream(self, messages: Sequence[Mapping[str, Any]], *,
-               tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: Any = None,
+               tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: object = None,
                stop: str | Sequence[str] | None = None, temperature: float | None = None,
                max_reply_tokens: int | None = None, seed: int | None = None,
                extra_body: Mapping[str, Any] | None = None) -> Iterator[str | Completion]:
@@ -487,7 +487,7 @@ class LLMClient:
                          usage_estimated=estimated)
 
 
-def _usage(raw: Any) -> Usage:
+def _usage(raw: object) -> Usage:
     if raw is None:
         return Usage()
     prompt = int(getattr(raw, "prompt_tokens", 0) or 0)

@@ -118,7 +118,7 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # quiet: tests read records
         pass
 
-    def _json(self, status: int, payload: Any, headers: Mapping[str, str] | None = None) -> None:
+    def _json(self, status: int, payload: object, headers: Mapping[str, str] | None = None) -> None:
         data = json.dumps(payload).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -209,7 +209,7 @@ class _Handler(BaseHTTPRequestHandler):
         created = int(time.time())
 
         def chunk(delta: dict[str, Any], finish_reason: str | None = None,
-                  choices: bool = True, chunk_usage: Any = None) -> None:
+                  choices: bool = True, chunk_usage: object = None) -> None:
             payload: dict[str, Any] = {
                 "id": ident, "object": "chat.completion.chunk", "created": created,
                 "model": model, "system_fingerprint": None,

@@ -134,7 +134,7 @@ def extract_tool_calls(text: str) -> list[TextToolCall]:
     return calls
 
 
-def _as_call(obj: Any, source: str) -> TextToolCall | None:
+def _as_call(obj: object, source: str) -> TextToolCall | None:
     if not isinstance(obj, dict):
         return None
     if "function" in obj and isinstance(obj["function"], dict):  # OpenAI-shaped

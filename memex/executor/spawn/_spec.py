@@ -74,7 +74,7 @@ class ChildSpec:
     instructions: str
 
 
-def parse_spec(spec: Any, *, tools: ToolSet, records: Mapping[str, type],
+def parse_spec(spec: object, *, tools: ToolSet, records: Mapping[str, type],
                budget: Budget, limits: Limits, allowed_models: tuple[str, ...] | None
                ) -> ChildSpec:
     """Check a guest's spawn request against the parent's tools, record classes (guest name
@@ -111,7 +111,7 @@ def parse_spec(spec: Any, *, tools: ToolSet, records: Mapping[str, type],
                      instructions=instructions)
 
 
-def _tools(raw: Any, tools: ToolSet) -> ToolSet:
+def _tools(raw: object, tools: ToolSet) -> ToolSet:
     if raw is None:
         return tools
     if not isinstance(raw, list | tuple) or not all(isinstance(n, str) for n in raw):
@@ -124,7 +124,7 @@ def _tools(raw: Any, tools: ToolSet) -> ToolSet:
     return tools.filter(list(raw))
 
 
-def _inputs(raw: Any, tools: ToolSet) -> tuple[dict[str, Any], tuple[str, ...]]:
+def _inputs(raw: object, tools: ToolSet) -> tuple[dict[str, Any], tuple[str, ...]]:
     if raw is None:
         return {}, ()
     if not isinstance(raw, dict):
@@ -148,7 +148,7 @@ def _inputs(raw: Any, tools: ToolSet) -> tuple[dict[str, Any], tuple[str, ...]]:
     return out, tuple(pickled)
 
 
-def from_guest(v: Any, found: list[bool], depth: int = 0) -> Any:
+def from_guest(v: object, found: list[bool], depth: int = 0) -> Any:
     """A decoded guest value with pickled values as :class:`GuestObject` and trajectory
     records as :class:`~memex.executor.Trajectory` (other records stay ``RecordFields``);
     ``found`` gets an entry for each GuestObject."""
@@ -178,7 +178,7 @@ def from_guest(v: Any, found: list[bool], depth: int = 0) -> Any:
     return v
 
 
-def holds_objects(v: Any, depth: int = 0) -> bool:
+def holds_objects(v: object, depth: int = 0) -> bool:
     """Whether a value (a sub-agent's answer) holds a value a guest pickled."""
     if depth > 256 or type(v) in _PLAIN:
         return False
@@ -192,7 +192,7 @@ def holds_objects(v: Any, depth: int = 0) -> bool:
     return False
 
 
-def _submit(raw: Any, records: Mapping[str, type]) -> Any:
+def _submit(raw: object, records: Mapping[str, type]) -> Any:
     if raw is None:
         return None
     if not isinstance(raw, dict) or len(raw) != 1:
@@ -218,7 +218,7 @@ def _submit(raw: Any, records: Mapping[str, type]) -> Any:
     return schema
 
 
-def _limits(raw: Any, budget: Budget, limits: Limits) -> tuple[Budget, Limits]:
+def _limits(raw: object, budget: Budget, limits: Limits) -> tuple[Budget, Limits]:
     if raw is None:
         return budget, limits
     if not isinstance(raw, dict):
@@ -249,7 +249,7 @@ def _limits(raw: Any, budget: Budget, limits: Limits) -> tuple[Budget, Limits]:
         raise SpawnRefused("limits", str(exc)) from None
 
 
-def describe_input(v: Any) -> str:
+def describe_input(v: object) -> str:
     """One line about an input for the prompt (``_prompt.describe_value`` plus the values
     that arrive from a guest)."""
     if isinstance(v, GuestObject):

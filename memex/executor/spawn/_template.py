@@ -28,13 +28,13 @@ __all__ = ["Templates"]
 class _Entry:
     __slots__ = ("keep", "lock", "sandbox")
 
-    def __init__(self, keep: Any) -> None:
+    def __init__(self, keep: object) -> None:
         self.lock = threading.Lock()
         self.sandbox: Sandbox | None = None
         self.keep = keep  # the schema object, so its id stays this entry's
 
 
-def _schema_key(schema: Any) -> tuple[str, Any]:
+def _schema_key(schema: object) -> tuple[str, Any]:
     if isinstance(schema, Mapping):
         return "json", json.dumps(schema, sort_keys=True, default=repr)
     return "obj", id(schema)

@@ -278,7 +278,7 @@ class Node:
         left = max(0, b.max_children - self.tree.spawned)
         return PROMPT.format(max_live=b.max_live, left=left, levels=b.max_depth - self.depth)
 
-    def finish(self, end: str, submitted: bool, answer: Any) -> None:
+    def finish(self, end: str, submitted: bool, answer: object) -> None:
         """The rollout ended: cancel its running children and join every child thread. A
         sub-agent's answer is given to its parent now, before its sandbox closes."""
         with self.tree.cond:
@@ -373,13 +373,13 @@ class Node:
                           started=time.time(), end_reason=EndReason.ERROR, error=error)
 
     # ---- door ops (this node is the parent) --------------------------------------------
-    def _op_spawn(self, spec: Any) -> dict[str, Any]:
+    def _op_spawn(self, spec: object) -> dict[str, Any]:
         try:
             return {"id": self._spawn(spec).id}
         except SpawnRefused as exc:
             return {"error": exc.kind, "message": exc.message}
 
-    def _spawn(self, raw: Any) -> Node:
+    def _spawn(self, raw: object) -> Node:
         tree, b, run, session = self.tree, self.tree.budget, self.run, self.session
         if run is None or session is None:
             raise SpawnRefused("protocol", "this agent is not running")
@@ -448,7 +448,7 @@ class Node:
                        instructions=spec.instructions, budget=spec.budget,
                        sandbox=replace(parent.sandbox, limits=spec.limits), hooks=Hooks())
 
-    def _lookup(self, ids: Any) -> list[tuple[str, Node | None]]:
+    def _lookup(self, ids: object) -> list[tuple[str, Node | None]]:
         if not isinstance(ids, list):
             ids = [ids]
         return [(str(i), self.by_id.get(i) if isinstance(i, str) else None) for i in ids]
@@ -456,16 +456,16 @@ class Node:
     def _op_api(self) -> str:
         return _guest_source("api.py")
 
-    def _op_poll(self, ids: Any) -> dict[str, str]:
+    def _op_poll(self, ids: object) -> dict[str, str]:
         with self.tree.cond:
             return {i: n.status if n is not None else "unknown" for i, n in self._lookup(ids)}
 
-    def _op_cancel(self, agent_id: Any) -> bool:
+    def _op_cancel(self, agent_id: object) -> bool:
         node = self.by_id.get(agent_id) if isinstance(agent_id, str) else None
         return node is not None and node.stop("cancelled", "cancelled by its parent agent",
                                               EndReason.CANCELLED)
 
-    def _op_wait(self, ctx: DoorContext, ids: Any, timeout: Any = None, mode: Any = "all"
+    def _op_wait(self, ctx: DoorContext, ids: object, timeout: object = None, mode: object = "all"
                  ) -> dict[str, Any]:
         nodes = self._lookup(ids)
         now = time.monotonic()
@@ -510,7 +510,7 @@ class Node:
         answer, pickled = node.answer_enc
         return {"status": "done", "answer": answer, "pickled": pickled}
 
-    def _op_trajectory(self, ctx: DoorContext, agent_id: Any) -> dict[str, Any]:
+    def _op_trajectory(self, ctx: DoorContext, agent_id: object) -> dict[str, Any]:
         node = self.by_id.get(agent_id) if isinstance(agent_id, str) else None
         if node is None:
             return {"error": f"no sub-agent {agent_id!r} here (a handle works only in the "

@@ -528,7 +528,7 @@ def _undo(coding: str, body: bytes, cap: int, url: str) -> bytes:
                        "cannot decode to check it for secrets", url=url)
 
 
-def parse_guest_request(value: Any) -> FetchRequest:
+def parse_guest_request(value: object) -> FetchRequest:
     """Validate the map a guest sent to ``net.fetch`` (ValueError with the reason)."""
     if not isinstance(value, dict):
         raise ValueError("net.fetch takes one map {url, method, headers, body, timeout, ...}")

@@ -250,7 +250,7 @@ class Egress:
             with contextlib.suppress(Exception):
                 self.on_record(rec)
 
-    def _op_fetch(self, ctx: DoorContext, request: Any = None) -> Any:
+    def _op_fetch(self, ctx: DoorContext, request: object = None) -> Any:
         turn = self._turn(ctx)
         start = time.monotonic()
         deadline = min(ctx.deadline, start + ctx.door.call_timeout) - _MARGIN

@@ -208,7 +208,7 @@ class _Issues:
                 path = (*base, m.group(1)) + ((int(m.group(2)),) if m.group(2) else ())
             self.add(path, e.reason)
 
-    def keys(self, table: Any, path: PathKey, allowed: tuple[str, ...], what: str) -> bool:
+    def keys(self, table: object, path: PathKey, allowed: tuple[str, ...], what: str) -> bool:
         if not isinstance(table, Mapping):
             self.add(path, f"{what} must be a table/mapping, got {type(table).__name__}")
             return False
@@ -239,7 +239,7 @@ def _converted(table: Mapping[str, Any], iss: _Issues, path: PathKey) -> dict[st
     return out
 
 
-def policy_from_data(cls: type[P], data: Any, *, source: str = "<dict>",
+def policy_from_data(cls: type[P], data: object, *, source: str = "<dict>",
                      locate: Locator | None = None) -> P:
     """Build and validate a policy of class ``cls`` (``EgressPolicy``) from a mapping shaped
     like the file format; every problem is collected before one PolicyError is raised."""
@@ -288,7 +288,7 @@ def _strip(raw: Any, iss: _Issues) -> Any:
     return strip
 
 
-def _rules(raw_rules: Any, iss: _Issues, source: str) -> list[EgressRule]:
+def _rules(raw_rules: object, iss: _Issues, source: str) -> list[EgressRule]:
     rules: list[EgressRule] = []
     names: dict[str, int] = {}
     if not isinstance(raw_rules, list):
@@ -321,7 +321,7 @@ def _rules(raw_rules: Any, iss: _Issues, source: str) -> list[EgressRule]:
     return rules
 
 
-def _secrets(raw_secrets: Any, iss: _Issues, source: str) -> list[EgressSecret]:
+def _secrets(raw_secrets: object, iss: _Issues, source: str) -> list[EgressSecret]:
     secrets: list[EgressSecret] = []
     if not isinstance(raw_secrets, list):
         iss.add(("secrets",), "secrets must be a list of tables ([[secrets]] in TOML)")

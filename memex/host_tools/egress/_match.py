@@ -36,7 +36,7 @@ def fail(path: str, reason: str, source: str | None) -> PolicyError:
     return PolicyError(reason, source=source, path=path)
 
 
-def as_tuple(value: Any, path: str, source: str | None) -> tuple[Any, ...]:
+def as_tuple(value: object, path: str, source: str | None) -> tuple[Any, ...]:
     if value is None:
         return ()
     if isinstance(value, (str, int)):
@@ -96,7 +96,7 @@ def network(text: str) -> IPNetwork:
     return ipaddress.ip_network(addr)
 
 
-def _host_pattern(text: Any) -> _HostPattern:
+def _host_pattern(text: object) -> _HostPattern:
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"a host pattern must be a non-empty string, got {text!r}")
     t = text.strip()
@@ -123,7 +123,7 @@ def _host_pattern(text: Any) -> _HostPattern:
     return _HostPattern("exact", name)
 
 
-def _port_range(value: Any) -> tuple[int, int]:
+def _port_range(value: object) -> tuple[int, int]:
     if isinstance(value, bool):
         raise ValueError(f"invalid port {value!r}")
     if isinstance(value, int):
@@ -138,7 +138,7 @@ def _port_range(value: Any) -> tuple[int, int]:
     return lo, hi
 
 
-def _path_prefix(value: Any) -> str:
+def _path_prefix(value: object) -> str:
     if not isinstance(value, str) or not value.startswith("/"):
         raise ValueError(f"a path prefix must be a string starting with '/', got {value!r}")
     try:
@@ -170,7 +170,7 @@ class Matcher:
                     raise fail(f"{where}.{name}{suffix}", str(exc), source) from None
             return out
 
-        def scheme_of(v: Any) -> str:
+        def scheme_of(v: object) -> str:
             if not isinstance(v, str) or v.lower() not in SCHEMES:
                 raise ValueError(f"unsupported scheme {v!r} (http or https)")
             return v.lower()
@@ -190,7 +190,7 @@ class Matcher:
         return not self.paths or any(_path_match(p, t.path) for p in self.paths)
 
 
-def parse_size(value: Any, where: str, source: str | None, *, optional: bool = False) -> int | None:
+def parse_size(value: object, where: str, source: str | None, *, optional: bool = False) -> int | None:
     """The runtime's one size grammar, reported the policy's way (file, key)."""
     if value is None and optional:
         return None
@@ -200,7 +200,7 @@ def parse_size(value: Any, where: str, source: str | None, *, optional: bool = F
         raise fail(where, str(exc), source) from None
 
 
-def parse_seconds(value: Any, where: str, source: str | None) -> float:
+def parse_seconds(value: object, where: str, source: str | None) -> float:
     """The runtime's one duration grammar, reported the policy's way (file, key)."""
     try:
         return _rt_seconds(value, what="")
@@ -208,7 +208,7 @@ def parse_seconds(value: Any, where: str, source: str | None) -> float:
         raise fail(where, str(exc), source) from None
 
 
-def parse_rate(value: Any, where: str, source: str | None) -> float | None:
+def parse_rate(value: object, where: str, source: str | None) -> float | None:
     if value is None:
         return None
     per = {"s": 1.0, "sec": 1.0, "second": 1.0, "m": 60.0, "min": 60.0, "minute": 60.0,

@@ -292,7 +292,7 @@ async def _awaited(value: Any) -> Any:
 
 
 def _result_tool(s: _Session) -> Tool:
-    def handler(value: Any) -> None:
+    def handler(value: object) -> None:
         s.results.append(value)
 
     return Tool.from_openai({"name": _RESULT, "description": "(internal) the block's value",

@@ -83,21 +83,21 @@ class MemexKernel(Kernel):
         self._lock = threading.Lock()
 
     # ---- door ops the guest calls after a cell ------------------------------------------------
-    def _on_figure(self, png: Any) -> None:
+    def _on_figure(self, png: object) -> None:
         if isinstance(png, bytes) and len(self._figures) < MAX_FIGURES:
             self._figures.append(png)
 
     def _on_pyplot(self) -> None:
         self._pyplot = True
 
-    def _on_bundle(self, bundle: Any) -> None:
+    def _on_bundle(self, bundle: object) -> None:
         if isinstance(bundle, dict):
             self._bundle = bundle
 
     # ---- execution --------------------------------------------------------------------------
     async def do_execute(self, code: str, silent: bool, store_history: bool = True,
-                         user_expressions: Any = None, allow_stdin: bool = False, *,
-                         cell_meta: Any = None, cell_id: Any = None) -> dict[str, Any]:
+                         user_expressions: object = None, allow_stdin: bool = False, *,
+                         cell_meta: object = None, cell_id: object = None) -> dict[str, Any]:
         count = self.execution_count  # the base class counts (and announces) the cell
         loop = asyncio.get_running_loop()
 

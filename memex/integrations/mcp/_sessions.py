@@ -208,7 +208,7 @@ class Sessions:
                 raise SessionError(f"the session's guest could not be prepared: {r.exception}")
             s.pyplot = False
 
-    def _figure(self, s: Session, png: Any) -> None:
+    def _figure(self, s: Session, png: object) -> None:
         if isinstance(png, bytes) and len(png) <= MAX_FIGURE_BYTES and \
                 len(s.figures) < MAX_FIGURES:
             s.figures.append(png)

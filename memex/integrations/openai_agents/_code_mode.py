@@ -146,7 +146,7 @@ class MemexCodeMode:
                 outside.append(t)
         return inside, outside
 
-    def tool(self, tools: Sequence[FunctionTool], *, output_type: Any = None
+    def tool(self, tools: Sequence[FunctionTool], *, output_type: object = None
              ) -> FunctionTool | CustomTool:
         """The ``run_python`` tool with ``tools`` bound in the guest (``submit`` checked
         against ``output_type`` when submit is on)."""
@@ -222,7 +222,7 @@ class MemexCodeMode:
                 interrupt(s.guest.sandbox)  # the run was cancelled: stop the cell, roll it back
             raise
 
-    def _run(self, anchor: Any, binding: _Binding, ctx: ToolContext[Any],
+    def _run(self, anchor: object, binding: _Binding, ctx: ToolContext[Any],
              loop: asyncio.AbstractEventLoop, code: str) -> str:
         """(worker thread) One cell, with this call's context serving the guest's calls."""
         s = self._session(anchor)
@@ -296,7 +296,7 @@ class MemexCodeMode:
             return ctx.context
         return ctx.usage
 
-    def _session(self, anchor: Any) -> _Session:
+    def _session(self, anchor: object) -> _Session:
         key = id(anchor)
         with self._lock:
             if self._closed:
@@ -403,7 +403,7 @@ class _EndOnSubmit:
     """``tool_use_behavior``: an accepted ``submit()`` ends the run with its answer; other
     results follow the agent's own behaviour."""
 
-    def __init__(self, inner: Any, mode: MemexCodeMode) -> None:
+    def __init__(self, inner: object, mode: MemexCodeMode) -> None:
         self.inner, self.mode = inner, mode
 
     async def __call__(self, ctx: RunContextWrapper[Any], results: list[FunctionToolResult]

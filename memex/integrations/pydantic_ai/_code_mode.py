@@ -94,7 +94,7 @@ class MemexCodeMode(AbstractCapability[Any]):
         with self._lock:  # (tool_calls copies it under the lock)
             self._calls.append(rec)  # a bounded deque: the oldest records drop out
 
-    def for_agent(self, agent: Any) -> MemexCodeMode:
+    def for_agent(self, agent: object) -> MemexCodeMode:
         out = replace(self)
         out._output = getattr(agent, "output_type", str)
         out._sessions, out._lock = self._sessions, self._lock
@@ -111,14 +111,14 @@ class MemexCodeMode(AbstractCapability[Any]):
                 + (" When you have the answer, call submit(answer) in code." if self.submit
                    else ""))
 
-    async def after_node_run(self, ctx: RunContext[Any], *, node: Any, result: Any) -> Any:
+    async def after_node_run(self, ctx: RunContext[Any], *, node: object, result: object) -> Any:
         """A ``submit()`` that was accepted during this node ends the run with its answer."""
         s = self._sessions.get(self._key(ctx) or "")
         if s is not None and s.answer and not isinstance(result, End):
             return End(FinalResult(s.answer[-1], tool_name=RUN_PYTHON))
         return result
 
-    async def after_run(self, ctx: RunContext[Any], *, result: Any) -> Any:
+    async def after_run(self, ctx: RunContext[Any], *, result: object) -> Any:
         if self.per == "run":
             s = self._pop(self._key(ctx))
             if s is not None:
