@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
 
 from ..errors import LLMError
 from ..executor.llm import LLMClient

@@ -190,7 +190,8 @@ class Matcher:
         return not self.paths or any(_path_match(p, t.path) for p in self.paths)
 
 
-def parse_size(value: object, where: str, source: str | None, *, optional: bool = False) -> int | None:
+def parse_size(value: object, where: str, source: str | None, *,
+               optional: bool = False) -> int | None:
     """The runtime's one size grammar, reported the policy's way (file, key)."""
     if value is None and optional:
         return None
