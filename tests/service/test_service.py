@@ -15,6 +15,7 @@ import sys
 import textwrap
 import threading
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -564,3 +565,21 @@ def test_the_client_reads_its_url_and_key_from_the_environment(
     monkeypatch.delenv("MEMEX_API_KEY")
     with pytest.raises(ConfigError, match=r"\$MEMEX_API_KEY"):
         RemoteBackend()
+
+
+def test_the_documented_serve_toml_parses_sizes_and_durations_included(tmp_path: Path) -> None:
+    """docs/service.md's serve.toml is a file the server reads (its sizes written '32M', '8G',
+    its ceiling '1G'), not prose that may drift."""
+    from memex.service._config import parse_config
+
+    doc = (REPO / "docs" / "service.md").read_text()
+    text = doc.split("```toml\n", 1)[1].split("```", 1)[0]
+    data = tomllib.loads(text.replace('"sha256:..."', f'"{hash_key("k" * 20)}"'))
+    acme = data["tenants"]["acme"]
+    for outside in ("egress", "tools", "mounts"):  # files and folders of another machine
+        acme.pop(outside)
+    config = parse_config(data, path=tmp_path / "serve.toml")
+    assert config.max_body_bytes == 32 << 20 and config.edge.header_timeout == 10
+    t = config.tenants["acme"]
+    assert (t.max_memory, t.max_disk) == (8 << 30, 16 << 30)
+    assert t.ceiling == {"timeout": 60.0, "memory": 1 << 30}
