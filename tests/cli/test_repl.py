@@ -221,3 +221,23 @@ def test_help_is_plain_text(command: str) -> None:
 ])
 def test_needs_more_decides_like_the_python_repl(source: str, more: bool) -> None:
     assert needs_more(source) is more
+
+
+def test_history_follows_the_xdg_state_rule(monkeypatch: pytest.MonkeyPatch,
+                                            tmp_path: Path) -> None:
+    from memex.cli._repl import _history_file
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.delenv("MEMEX_HISTFILE", raising=False)
+    assert _history_file() == str(tmp_path / "state" / "memex" / "history")
+    monkeypatch.setenv("MEMEX_HISTFILE", "")
+    assert _history_file() is None  # keep none
+    monkeypatch.delenv("MEMEX_HISTFILE")
+    monkeypatch.delenv("XDG_STATE_HOME")
+    assert _history_file() == str(tmp_path / "home" / ".local" / "state" / "memex" / "history")
+    # an earlier version's file is still read while it is the only one
+    (tmp_path / "home2").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path / "home2"))
+    (tmp_path / "home2" / ".memex_history").write_text("x = 1\n")
+    assert _history_file() == str(tmp_path / "home2" / ".memex_history")

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ...errors import ConfigError, LocalModelError, ModelFileError
+from ...runtime_wasm import cache_dir as memex_cache_dir
 from ._client import LLMClient
 
 __all__ = [
@@ -101,12 +102,13 @@ def _spec(model: str | ModelSpec) -> ModelSpec:
 
 
 def model_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
-    """Where model files live: ``cache_dir``, else ``$MEMEX_MODEL_DIR``, else
-    ``~/.cache/memex/models``."""
+    """Where model files live: ``cache_dir``, else ``$MEMEX_MODEL_DIR``, else ``models`` in
+    MemEx's one cache folder (``memex.runtime_wasm.cache_dir``: ``$MEMEX_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/memex``, else ``~/.cache/memex``)."""
     if cache_dir is not None:
         return Path(cache_dir)
     env = os.environ.get("MEMEX_MODEL_DIR", "").strip()
-    return Path(env) if env else Path.home() / ".cache" / "memex" / "models"
+    return Path(env) if env else memex_cache_dir() / "models"
 
 
 def _marker(path: Path) -> Path:

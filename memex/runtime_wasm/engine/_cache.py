@@ -1,5 +1,8 @@
-"""Where MemEx keeps what it builds once per machine: compiled modules, the guest bundle,
-warm images. ``$MEMEX_CACHE_DIR`` overrides the user cache folder."""
+"""Where MemEx keeps what it writes, by one rule (XDG): what it builds or fetches once per
+machine (compiled modules, the guest bundle, warm images, model files) in the cache folder,
+``$MEMEX_CACHE_DIR``, else ``$XDG_CACHE_HOME/memex``, else ``~/.cache/memex``; what a person's
+use leaves (the REPL's history) in the state folder, ``$XDG_STATE_HOME/memex``, else
+``~/.local/state/memex``."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["atomic_write", "cache_dir", "file_lock"]
+__all__ = ["atomic_write", "cache_dir", "file_lock", "state_dir"]
 
 CACHE_ENV = "MEMEX_CACHE_DIR"
 
@@ -20,6 +23,12 @@ def cache_dir() -> Path:
         return Path(env)
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg) if xdg else Path.home() / ".cache"
+    return base / "memex"
+
+
+def state_dir() -> Path:
+    xdg = os.environ.get("XDG_STATE_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".local" / "state"
     return base / "memex"
 
 

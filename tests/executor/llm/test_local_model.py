@@ -78,8 +78,14 @@ def test_pinned_specs_are_sane() -> None:
 
 
 def test_model_dir_resolution(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.delenv("MEMEX_MODEL_DIR", raising=False)
+    """Models follow MemEx's one cache rule (XDG) unless $MEMEX_MODEL_DIR names a folder."""
+    for name in ("MEMEX_MODEL_DIR", "MEMEX_CACHE_DIR", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
     assert model_dir() == Path.home() / ".cache" / "memex" / "models"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert model_dir() == tmp_path / "xdg" / "memex" / "models"
+    monkeypatch.setenv("MEMEX_CACHE_DIR", str(tmp_path / "mc"))
+    assert model_dir() == tmp_path / "mc" / "models"
     monkeypatch.setenv("MEMEX_MODEL_DIR", str(tmp_path))
     assert model_dir() == tmp_path
     assert model_dir(tmp_path / "x") == tmp_path / "x"
