@@ -7,15 +7,17 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..backends import Backend
 from ._config import ServiceConfig
-from ._http import Access, ApiError, AuthFirst, BodyCap, invalid_request
+from ._http import PUBLIC_PATHS, Access, ApiError, AuthFirst, BodyCap, invalid_request
 from ._models import API_VERSION
 from ._routes import router
 from ._service import Service
@@ -45,6 +47,8 @@ def create_app(config: ServiceConfig, *, backend: Backend | None = None) -> Fast
     app.add_middleware(Access, metrics=svc.metrics, log=config.access_log)
     app.include_router(router)
 
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
         return exc.response()
@@ -65,3 +69,31 @@ def create_app(config: ServiceConfig, *, backend: Backend | None = None) -> Fast
         return ApiError(500, "internal", f"internal error ({type(exc).__name__})").response()
 
     return app
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """The OpenAPI document with the bearer scheme declared: the key is checked by the
+    ``AuthFirst`` middleware (before any route), which FastAPI's generator cannot see, so
+    generated clients and the docs page would not know every route but the public ones
+    needs ``Authorization: Bearer <key>`` and may answer 401."""
+    if app.openapi_schema is not None:
+        return app.openapi_schema
+    doc = get_openapi(title=app.title, version=app.version, description=app.description,
+                      routes=app.routes)
+    doc.setdefault("components", {})["securitySchemes"] = {"bearer": {
+        "type": "http", "scheme": "bearer",
+        "description": "a tenant's API key (serve.toml keeps its sha256); for /metrics, one "
+                       "of metrics_keys"}}
+    doc["security"] = [{"bearer": []}]
+    unauthorized = {"description": "no key, or a key no tenant holds (answered from the "
+                    "headers alone, before the body is read)",
+                    "content": {"application/json": {"schema": {
+                        "$ref": "#/components/schemas/ErrorBody"}}}}
+    for path, ops in doc.get("paths", {}).items():
+        for op in ops.values():
+            if path in PUBLIC_PATHS and path != "/metrics":  # /metrics takes a metrics key
+                op["security"] = []  # answered without a key
+            else:
+                op.setdefault("responses", {}).setdefault("401", unauthorized)
+    app.openapi_schema = doc
+    return doc
