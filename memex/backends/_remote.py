@@ -40,6 +40,7 @@ from ..runtime_wasm import (
     OutputListener,
     SandboxHandle,
     TurnResult,
+    retry_after,
     serving_door,
     unpack_bounded,
 )
@@ -66,13 +67,23 @@ KEY_ENV = "MEMEX_API_KEY"
 """The variable the client reads its API key from when none is passed."""
 
 
+IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
+"""The methods a refused call is retried for: doing them twice is doing them once."""
+MAX_RETRY_WAIT = 30.0
+"""The longest one wait a Retry-After may ask of the client; longer, the error is raised."""
+
+
 class Client:
     """The service's HTTP API, one method per endpoint (docs/service.md). Thread-safe: one
     connection pool shared by every handle of a backend. ``url`` and ``api_key`` default to
-    ``$MEMEX_URL`` and ``$MEMEX_API_KEY`` (a key kept out of code and of ``ps``)."""
+    ``$MEMEX_URL`` and ``$MEMEX_API_KEY`` (a key kept out of code and of ``ps``).
+
+    An idempotent call (GET, PUT, DELETE) the service refuses for now (429 or 503 with a
+    ``Retry-After``) is made again after the wait it asks for, at most ``retries`` times
+    and each wait at most 30 s; a POST (a turn, a create) never is: the caller decides."""
 
     def __init__(self, url: str | None = None, api_key: str | None = None, *,
-                 timeout: float = 60.0) -> None:
+                 timeout: float = 60.0, retries: int = 3) -> None:
         if url is None:
             url = os.environ.get(URL_ENV)
             if not url:
@@ -85,6 +96,9 @@ class Client:
             raise ConfigError(f"url must be an http(s):// URL, got {url!r}")
         if not isinstance(api_key, str) or not api_key:
             raise ConfigError("api_key must be a non-empty str")
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ConfigError(f"retries must be an int >= 0, got {retries!r}")
+        self.retries = retries
         self.url = url.rstrip("/")
         self.api_key = api_key
         self.timeout = timeout
@@ -102,17 +116,35 @@ class Client:
 
     def request(self, method: str, path: str, *, timeout: float | None = None,
                 **kwargs: Any) -> httpx2.Response:
-        """One call; a typed error body is raised as its MemEx class."""
-        try:
-            resp = self._http.request(method, path, timeout=timeout or self.timeout, **kwargs)
-        except httpx2.TimeoutException as exc:
-            raise ServiceError(f"{method} {path}: the service did not answer in time") from exc
-        except httpx2.HTTPError as exc:
-            raise ServiceError(f"{method} {path}: cannot reach the service at {self.url}: "
-                               f"{type(exc).__name__}: {exc}") from exc
+        """One call (idempotent ones again after a Retry-After, see the class); a typed
+        error body is raised as its MemEx class."""
+        attempt = 0
+        while True:
+            try:
+                resp = self._http.request(method, path, timeout=timeout or self.timeout,
+                                          **kwargs)
+            except httpx2.TimeoutException as exc:
+                raise ServiceError(f"{method} {path}: the service did not answer in time"
+                                   ) from exc
+            except httpx2.HTTPError as exc:
+                raise ServiceError(f"{method} {path}: cannot reach the service at {self.url}: "
+                                   f"{type(exc).__name__}: {exc}") from exc
+            wait = self._retry_wait(method, resp, attempt)
+            if wait is None:
+                break
+            attempt += 1
+            time.sleep(wait)
         if resp.status_code >= 400:
             _raise(resp, f"{method} {path}")
         return resp
+
+    def _retry_wait(self, method: str, resp: httpx2.Response, attempt: int) -> float | None:
+        """How long to wait before asking again, or None: answer the caller now."""
+        if resp.status_code not in (429, 503) or method.upper() not in IDEMPOTENT \
+                or attempt >= self.retries:
+            return None
+        wait = retry_after(resp.headers)
+        return wait if wait is not None and wait <= MAX_RETRY_WAIT else None
 
     def json(self, method: str, path: str, **kwargs: Any) -> Any:
         resp = self.request(method, path, **kwargs)
@@ -531,13 +563,14 @@ class RemoteBackend(Backend):
     """Sandboxes on a ``memex serve`` service at ``url``, as the tenant whose ``api_key``
     this is (each read from ``$MEMEX_URL`` / ``$MEMEX_API_KEY`` when not passed; the service
     decides the tenant, ``open(tenant=...)`` is ignored). ``open`` with no limits gets the
-    service's default (those of its warm sandboxes)."""
+    service's default (those of its warm sandboxes). ``retries``: how often an idempotent
+    call the service refuses for now is made again after its Retry-After (see Client)."""
 
     name = "remote"
 
     def __init__(self, *, url: str | None = None, api_key: str | None = None,
-                 timeout: float = 60.0) -> None:
-        self.client = Client(url, api_key, timeout=timeout)
+                 timeout: float = 60.0, retries: int = 3) -> None:
+        self.client = Client(url, api_key, timeout=timeout, retries=retries)
         self._lock = threading.Lock()
         self._live: weakref.WeakSet[RemoteSandbox] = weakref.WeakSet()
         self._closed = False

@@ -42,7 +42,7 @@ from ._transfer import (
     open_from_checkpoint,
     scratch_dir,
 )
-from ._units import parse_seconds, parse_size
+from ._units import parse_seconds, parse_size, retry_after
 from ._workers import Job, Workers
 from .engine._artifacts import Artifacts, find_artifacts
 from .engine._cache import cache_dir, state_dir
@@ -89,6 +89,7 @@ __all__ = [
     "parse_size",
     "prepare",
     "remove_tree",
+    "retry_after",
     "scratch_dir",
     "serving_door",
     "state_dir",

@@ -5,12 +5,15 @@ MCP config, the egress policy, request bodies): ``512M``, ``1.5GiB``, ``65536``;
 
 from __future__ import annotations
 
+import email.utils
 import math
 import re
+import time
+from collections.abc import Mapping
 
 from ..errors import ConfigError
 
-__all__ = ["parse_seconds", "parse_size"]
+__all__ = ["parse_seconds", "parse_size", "retry_after"]
 
 MAX_SIZE = 1 << 62
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20,
@@ -50,3 +53,26 @@ def parse_seconds(value: object, *, what: str = "duration") -> float:
         raise ConfigError(f"{what}: " * bool(what) + "expected seconds > 0 such as 30 or "
                           f"'500ms', got {value!r:.80}")
     return n
+
+
+def retry_after(headers: Mapping[str, str] | None) -> float | None:
+    """Seconds an HTTP answer asks the caller to wait: ``retry-after-ms``, else
+    ``Retry-After`` (seconds or an HTTP date); None when it asks nothing or says nonsense.
+    One parser for the LLM client's retries and the service client's."""
+    if headers is None:
+        return None
+    for header, divisor in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        value = headers.get(header)
+        if value is None or len(value) > 64:
+            continue
+        try:
+            seconds = float(value) / divisor
+        except ValueError:
+            if divisor == 1000.0:
+                continue
+            parsed = email.utils.parsedate_tz(value)
+            if parsed is None:
+                return None
+            seconds = email.utils.mktime_tz(parsed) - time.time()
+        return max(0.0, seconds) if math.isfinite(seconds) else None
+    return None

@@ -11,7 +11,6 @@ or ``httpx`` exception escapes.
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import json
 import math
 import os
@@ -25,6 +24,7 @@ import httpx2
 import openai
 
 from ...errors import ConfigError, LLMConnectionError, LLMError, LLMResponseError, LLMTimeoutError
+from ...runtime_wasm import retry_after
 
 __all__ = [
     "DEFAULT_PRICES",
@@ -155,25 +155,7 @@ def _env(name: str) -> str | None:
     return value or None
 
 
-def _retry_after(headers: Mapping[str, str] | None) -> float | None:
-    """Seconds asked for by ``retry-after-ms`` or ``Retry-After`` (seconds or HTTP date)."""
-    if headers is None:
-        return None
-    for header, divisor in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
-        value = headers.get(header)
-        if value is None:
-            continue
-        try:
-            seconds = float(value) / divisor
-        except ValueError:
-            if divisor == 1000.0:
-                continue
-            parsed = email.utils.parsedate_tz(value)
-            if parsed is None:
-                return None
-            seconds = email.utils.mktime_tz(parsed) - time.time()
-        return max(0.0, seconds) if math.isfinite(seconds) else None
-    return None
+_retry_after = retry_after  # the runtime's one parser of Retry-After
 
 
 def _clean_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
