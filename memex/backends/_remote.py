@@ -516,6 +516,19 @@ class RemoteSandbox(SandboxHandle):
             self._check_open()
             self._backend.client.write_file(self.id, guest_path, bytes(data))
 
+    def detach(self) -> str:
+        """Let go of the session without ending it: this handle is closed, the session lives
+        on in the service (until its own limits end it), and ``RemoteBackend.attach(id)``
+        takes it again, from this process or another. Returns the session id."""
+        with self._lock:
+            self._check_open()
+            self._closed_reason = "detached: the session lives on in the service"
+            self._drop_turns()
+        if self._link is not None:
+            self._link.close()
+        self._backend._forget(self)
+        return self.id
+
     def park(self) -> str:
         """Hand the session to another node of the service: saved to the nodes' shared
         folder and closed here. ``RemoteBackend(url=<other node>).unpark(id)`` takes it;
@@ -597,6 +610,28 @@ class RemoteBackend(Backend):
                 "mounts": [{"host": os.fspath(m.host_path), "guest": m.guest_path,
                             "writable": m.writable, "links": m.links} for m in mounts]}
         info = self.client.create(**body)
+        return self._adopt(info, door if door is not None else Door())
+
+    def attach(self, session_id: str, *, door: Door | None = None) -> RemoteSandbox:
+        """A handle on a live session of this tenant by its id, from any process: the
+        reattach a worker needs after a restart, or a second process needs to share one
+        (``RemoteSandbox.detach()`` lets go without ending it). ``door`` serves the
+        session's client tools from this process (several handles may serve them; a call
+        goes to the least busy). The handle owns the session as ``open``'s does: its
+        ``close()`` ends it."""
+        if self._closed:
+            raise SandboxClosed("the remote backend was closed")
+        if not isinstance(session_id, str) or not session_id:
+            raise ConfigError("attach takes a session id (RemoteSandbox.id)")
+        if door is not None and not isinstance(door, Door):
+            raise ConfigError(f"door must be a Door, got {type(door).__name__}")
+        try:
+            info = self.client.session(session_id)
+        except ServiceError as exc:
+            if exc.status != 404:
+                raise
+            raise SandboxClosed(f"no session {session_id!r} lives for this key (closed, "
+                                "ended by a limit, or another tenant's)") from None
         return self._adopt(info, door if door is not None else Door())
 
     def unpark(self, sid: str, *, door: Door | None = None) -> RemoteSandbox:

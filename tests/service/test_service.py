@@ -28,6 +28,7 @@ from websockets.sync.client import connect
 from memex import (
     BackendBusy,
     ConfigError,
+    Door,
     Limits,
     Mount,
     SandboxClosed,
@@ -602,3 +603,33 @@ def test_the_documented_serve_toml_parses_sizes_and_durations_included(tmp_path:
     t = config.tenants["acme"]
     assert (t.max_memory, t.max_disk) == (8 << 30, 16 << 30)
     assert t.ceiling == {"timeout": 60.0, "memory": 1 << 30}
+
+
+def test_a_new_process_reattaches_to_a_live_session_by_id(memex_server: Any) -> None:
+    """One process opens a session, leaves state in it and detaches; another attaches by
+    id, finds the state, serves the session's client tools from its own door, and ends it.
+    Another tenant's key finds nothing under that id."""
+    code = textwrap.dedent(f"""
+        from memex import RemoteBackend
+        with RemoteBackend(url={memex_server.url!r}, api_key={memex_server.keys['a']!r}) as b:
+            sb = b.open()
+            sb.run("kept = 6 * 7")
+            print(sb.detach())
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True)
+    sid = out.stdout.strip().splitlines()[-1]
+    other = RemoteBackend(url=memex_server.url, api_key=memex_server.keys["b"])
+    with pytest.raises(SandboxClosed, match="no session"):
+        other.attach(sid)  # not this tenant's
+    other.close()
+    door = Door()
+    door.register("twice", lambda x: 2 * x)
+    with RemoteBackend(url=memex_server.url, api_key=memex_server.keys["a"]) as backend:
+        sb = backend.attach(sid, door=door)
+        assert sb.run("kept").value == "42"  # the first process's state, alive
+        r = sb.run("from memex_guest import call\ncall('twice', kept)")
+        assert r.value == "84", r
+        sb.close()
+        with pytest.raises(SandboxClosed, match="no session"):
+            backend.attach(sid)  # closed: gone
