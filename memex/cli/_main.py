@@ -33,6 +33,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="memex", description=DESCRIPTION)
     parser.add_argument("--version", action=_Version, nargs=0,
                         help="print the version of memex and of what it runs on, and exit")
+    parser.add_argument("--log-level", choices=LOG_LEVELS, default=None,
+                        help="what memex logs to stderr (default: $MEMEX_LOG_LEVEL, else "
+                             "warning; memex serve: info, as JSON lines)")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMANDS if command is None else (command,):
         importlib.import_module(f"{__package__}._{name}").add_parser(sub)
@@ -67,11 +70,12 @@ def version_line() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    first = argv[0] if argv else None
     if argv == ["--version"]:  # without importing every command's module
         print(version_line())
         return 0
+    first = next((a for a in argv if a in COMMANDS), None)  # the command, if any
     args = build_parser(first if first in COMMANDS else None).parse_args(argv)
+    _log_level(args.log_level or os.environ.get(LOG_ENV), serving=args.command == "serve")
     from ..errors import MemexError
 
     try:
@@ -81,6 +85,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_ENV = "MEMEX_LOG_LEVEL"
+
+
+def _log_level(name: str | None, *, serving: bool) -> None:
+    """MemEx's loggers at ``name`` on stderr (``memex serve`` puts its JSON lines in place
+    of this handler, at the level set here)."""
+    import logging
+
+    if name is not None and name not in LOG_LEVELS:
+        print(f"memex: ${LOG_ENV} is one of {', '.join(LOG_LEVELS)}, not {name!r}; "
+              "using warning", file=sys.stderr)
+        name = None
+    level = getattr(logging, (name or ("info" if serving else "warning")).upper())
+    log = logging.getLogger("memex")
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("memex: %(levelname)s %(name)s: %(message)s"))
+        log.addHandler(handler)
+        log.propagate = False
+    log.setLevel(level)
 
 
 def run() -> NoReturn:

@@ -22,6 +22,7 @@ from ..errors import (
     SandboxClosed,
     SandboxLost,
 )
+from ._logs import REQUEST_ID, request_id_from
 from ._metrics import Metrics
 
 __all__ = ["MAX_JSON_CONTAINERS", "PUBLIC_PATHS", "Access", "ApiError", "AuthFirst", "BodyCap",
@@ -212,15 +213,28 @@ class Access:
         self.app, self.metrics, self.log = app, metrics, log
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
+        rid = request_id_from(scope.get("headers") or [])
+        token = REQUEST_ID.set(rid)  # every line logged while serving it carries its id
+        try:
+            if scope["type"] == "websocket":
+                await self.app(scope, receive, send)
+                return
+            await self._http(scope, receive, send, rid)
+        finally:
+            REQUEST_ID.reset(token)
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send, rid: str) -> None:
         start = time.perf_counter()
         status = [500]
 
         async def seen(msg: Message) -> None:
             if msg["type"] == "http.response.start":
                 status[0] = msg["status"]
+                msg = {**msg, "headers": [*msg.get("headers", ()),
+                                          (b"x-request-id", rid.encode())]}
             await send(msg)
 
         try:

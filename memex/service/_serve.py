@@ -5,7 +5,6 @@ session is closed and the backend stopped (the app's shutdown)."""
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 from collections.abc import Callable
 
@@ -15,6 +14,7 @@ from ..backends import Backend
 from ..serving import ConnectionGuard
 from ._app import create_app
 from ._config import ServiceConfig
+from ._logs import configure
 
 __all__ = ["serve"]
 
@@ -23,19 +23,13 @@ def serve(config: ServiceConfig, *, backend: Backend | None = None,
           ready: Callable[[str], None] | None = None) -> None:
     """Serve until stopped. ``ready(url)`` is called once the port accepts connections (with
     ``port = 0`` the URL names the port the system chose)."""
-    if config.access_log:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        for name in ("memex.service.access", "memex.service.audit"):
-            log = logging.getLogger(name)
-            log.addHandler(handler)
-            log.setLevel(logging.INFO)
-            log.propagate = False
+    configure(logging.getLogger("memex").level or logging.INFO, access=config.access_log)
     app = create_app(config, backend=backend)
     guard = ConnectionGuard(config.edge)
     app.state.service.edge = guard
     server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port,
                                            log_level="warning", access_log=False,
+                                           log_config=None,  # our JSON lines (_logs)
                                            lifespan="on", ws_max_size=64 << 20,
                                            **guard.config()))
 

@@ -162,3 +162,22 @@ def test_eval_run_help_names_every_bundled_suite() -> None:
     assert p.returncode == 0
     text = " ".join(p.stdout.split())
     assert len(SUITES) >= 3 and all(name in text for name in SUITES), text
+
+
+def test_log_level_flag_and_variable() -> None:
+    probe = ("import logging, sys\nfrom memex.cli import main\n"
+             "main(sys.argv[1:])\nprint(logging.getLogger('memex').getEffectiveLevel())")
+    env = {k: v for k, v in os.environ.items() if k != "MEMEX_LOG_LEVEL"}
+
+    def level(*args: str, **extra: str) -> str:
+        p = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True,
+                           text=True, timeout=120, env={**env, **extra})
+        assert p.returncode == 0, p.stderr
+        return p.stdout.strip().splitlines()[-1]
+
+    assert level("run", "-c", "pass") == "30"  # warning by default
+    assert level("--log-level", "debug", "run", "-c", "pass") == "10"
+    assert level("run", "-c", "pass", MEMEX_LOG_LEVEL="error") == "40"
+    assert level("--log-level", "info", "run", "-c", "pass", MEMEX_LOG_LEVEL="error") == "20"
+    p = memex("--log-level", "loud", "run", "-c", "pass")
+    assert p.returncode == 2 and "invalid choice" in p.stderr

@@ -633,3 +633,55 @@ def test_a_new_process_reattaches_to_a_live_session_by_id(memex_server: Any) -> 
         sb.close()
         with pytest.raises(SandboxClosed, match="no session"):
             backend.attach(sid)  # closed: gone
+
+
+def test_one_json_log_format_with_the_request_id(memex_server: Any) -> None:
+    """Every line the server writes is one JSON object; a request's lines (access and audit)
+    carry its id: the client's X-Request-ID when sane, else one made and echoed."""
+    sid = raw(memex_server, "POST", "/v1/sessions", json={}).json()["id"]
+    r = raw(memex_server, "POST", f"/v1/sessions/{sid}/run", json={"code": "1 + 1"},
+            headers={"X-Request-ID": "trace-7f3a"})
+    assert r.status_code == 200 and r.headers["x-request-id"] == "trace-7f3a"
+    made = raw(memex_server, "GET", f"/v1/sessions/{sid}",
+               headers={"X-Request-ID": "not a sane id; {\"x\": 1}"}).headers["x-request-id"]
+    assert re.fullmatch(r"[0-9a-f]{32}", made)  # a client's odd text never reaches the log
+    raw(memex_server, "DELETE", f"/v1/sessions/{sid}")
+    log = memex_server.wait_for_log(made)
+    # the log holds stdout too: the command's own banner is the one line that is not JSON
+    other = [x for x in log.splitlines() if x.strip() and not x.startswith("{")]
+    assert all(x.startswith("memex serve: serving http://") for x in other), other
+    lines = [json.loads(x) for x in log.splitlines() if x.startswith("{")]
+    assert all(isinstance(x, dict) and "ts" in x and "level" in x for x in lines)
+    mine = [x for x in lines if x.get("request_id") == "trace-7f3a"]
+    assert {x.get("path") for x in mine} >= {f"/v1/sessions/{sid}/run"}  # the access line
+    assert any(x.get("event") == "run" and x.get("session") == sid for x in mine)  # audit
+    assert any(x.get("request_id") == made and x.get("path") == f"/v1/sessions/{sid}"
+               for x in lines)
+
+
+def test_a_traceback_is_one_json_line_too() -> None:
+    import io
+    import logging
+
+    from memex.service._logs import REQUEST_ID, JsonLines
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonLines())
+    log = logging.getLogger("memex.test.jsonlines")
+    log.addHandler(handler)
+    log.propagate = False
+    token = REQUEST_ID.set("r-1")
+    try:
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            log.exception("unhandled error")
+        log.warning('{"event": "x", "level": "not overwritten"}')
+    finally:
+        REQUEST_ID.reset(token)
+        log.removeHandler(handler)
+    first, second = (json.loads(x) for x in stream.getvalue().splitlines())
+    assert first["message"] == "unhandled error" and first["request_id"] == "r-1"
+    assert "Traceback" in first["exc"] and "ValueError: boom" in first["exc"]
+    assert second["event"] == "x" and second["level"] == "warning"  # ours win
