@@ -43,7 +43,7 @@ from ._models import (
     ToolList,
     ToolOut,
 )
-from ._service import AUDIT, Service, quota_error
+from ._service import Service, quota_error
 from ._sessions import QuotaExceeded, Session, new_checkpoint_id
 from ._tools import describe_tools
 
@@ -119,11 +119,13 @@ async def tools(tenant: Tenant) -> ToolList:
 # ---- sessions -----------------------------------------------------------------------------
 @router.post(f"{V1}/sessions", status_code=201, responses=_ERRORS)
 async def create(body: CreateSession, tenant: Tenant, svc: Svc) -> SessionOut:
+    await svc.reap(tenant.name)  # sessions its limits ended hold no quota, to the second
     return svc.out(await svc.blocking(svc.make_session, tenant, body, tenant=tenant.name))
 
 
 @router.get(f"{V1}/sessions", responses=_ERRORS)
 async def list_sessions(tenant: Tenant, svc: Svc) -> SessionList:
+    await svc.reap(tenant.name)
     return SessionList(sessions=[svc.out(s) for s in svc.table.of(tenant.name)])
 
 
@@ -134,16 +136,10 @@ async def get_session(sid: str, tenant: Tenant, svc: Svc) -> SessionOut:
 
 @router.delete(f"{V1}/sessions/{{sid}}", status_code=204, responses=_ERRORS)
 async def close(sid: str, tenant: Tenant, svc: Svc) -> Response:
-    s = svc.table.pop(tenant.name, sid)
+    s = svc.table.get(tenant.name, sid)
     if s is None:
         raise ApiError(404, "not_found", f"no session {sid!r}")
-    if s.sandbox is not None:
-        await svc.blocking(s.sandbox.close, tenant=tenant.name)
-    svc.table.orphan_checkpoints(s.id, svc.config.checkpoint_ttl)
-    svc.keeper.forget(s)
-    svc.release_door(s)
-    AUDIT.info(json.dumps({"event": "close", "tenant": tenant.name, "session": sid,
-                           "turns": s.turns}))
+    await svc.end(s, "closed by the client")
     return Response(status_code=204)
 
 

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -103,10 +104,33 @@ class Service:
         self._sweeper = asyncio.ensure_future(self._sweep())
 
     async def _sweep(self) -> None:
-        """Release the checkpoints of closed sessions once their time is out."""
+        """End the sessions whose own limits ended them (their quota freed within a second),
+        and release the checkpoints of closed sessions once their time is out."""
+        every = min(10.0, max(0.5, self.config.checkpoint_ttl / 4))
+        last = time.monotonic()
         while True:
-            await asyncio.sleep(min(10.0, max(0.5, self.config.checkpoint_ttl / 4)))
-            self.table.expire()
+            await asyncio.sleep(1.0)
+            await self.reap()
+            if time.monotonic() - last >= every:
+                last = time.monotonic()
+                self.table.expire()
+
+    async def reap(self, owner: str | None = None) -> None:
+        """End every session (of ``owner``) that its limits ended, as a close would."""
+        for s, why in self.table.ended(owner):
+            await self.end(s, why)
+
+    async def end(self, s: Session, why: str) -> None:
+        """Take ``s`` out of the table and let go of all it holds; the audit says why."""
+        if self.table.pop(s.tenant, s.id) is None:
+            return  # someone else ended it
+        if s.sandbox is not None:
+            await self.blocking(s.sandbox.close, tenant=s.tenant)
+        self.table.orphan_checkpoints(s.id, self.config.checkpoint_ttl)
+        self.keeper.forget(s)
+        self.release_door(s)
+        AUDIT.info(json.dumps({"event": "close", "tenant": s.tenant, "session": s.id,
+                               "turns": s.turns, "why": why}))
 
     async def stop(self) -> None:
         sweeper = getattr(self, "_sweeper", None)
@@ -167,6 +191,9 @@ class Service:
         s = self.table.get(tenant.name, sid)
         if s is None:
             raise ApiError(404, "not_found", f"no session {sid!r}")
+        for gone, why in self.table.ended(tenant.name):
+            if gone is s:  # ended by its limits: the sweep frees it within a second
+                raise ApiError(404, "not_found", f"no session {sid!r}: {why}")
         return s  # last_used moves with uses of its sandbox (Keeper.using), not lookups
 
     def shared(self) -> Path:

@@ -212,6 +212,27 @@ class SessionTable(Generic[S]):
             return [s for s in self._sessions.values()
                     if now - s.last_used > seconds and not s.running and not s.saving]
 
+    def ended(self, owner: str | None = None, now: float | None = None) -> list[tuple[S, str]]:
+        """The sessions (of ``owner``, or all) whose own limits ended them, with why: past
+        ``Limits.lifetime`` since created, past ``Limits.idle_timeout`` since last used, or
+        their sandbox closed (a trap it could not recover from). Counted from the table's
+        clock, not the sandbox's, so a session in a worker process, or saved away, ends on
+        time too; one in use now is left to finish (its sandbox's own timer stops it)."""
+        now = time.time() if now is None else now
+        out = []
+        with self._lock:
+            for s in self._sessions.values():
+                if s.running or s.saving or (owner is not None and s.owner != owner):
+                    continue
+                lim = s.limits
+                if lim.lifetime is not None and now - s.created >= lim.lifetime:
+                    out.append((s, "its lifetime ended"))
+                elif lim.idle_timeout is not None and now - s.last_used >= lim.idle_timeout:
+                    out.append((s, "its idle timeout passed"))
+                elif s.sandbox is not None and s.sandbox.closed:
+                    out.append((s, "its sandbox closed"))
+        return out
+
     def drain(self) -> list[S]:
         """Every session, removed from the table, and every checkpoint released (the server
         stops)."""

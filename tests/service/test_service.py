@@ -685,3 +685,46 @@ def test_a_traceback_is_one_json_line_too() -> None:
     assert first["message"] == "unhandled error" and first["request_id"] == "r-1"
     assert "Traceback" in first["exc"] and "ValueError: boom" in first["exc"]
     assert second["event"] == "x" and second["level"] == "warning"  # ours win
+
+
+def test_sessions_end_by_their_ttl_and_free_the_quota(tmp_path: Path) -> None:
+    """A session's TTL is its Limits: ``lifetime`` from creation, ``idle_timeout`` from its
+    last use, each set by the client and bounded by the tenant's ceiling (a session asking
+    for none gets the ceiling). An ended session leaves the list, frees its quota and
+    answers 404 saying why; one in use is not cut short by the idle timeout; one without a
+    TTL stays (positive control)."""
+    served = start_server(tmp_path, {
+        "a": "max_sessions = 2",
+        "b": "max_sessions = 2\n[tenants.b.ceiling]\nlifetime = 1.5"})
+    try:
+        a = Client(served.url, served.keys["a"])
+        keep = a.create()["id"]
+        brief = a.create(limits={"lifetime": 1})["id"]
+        with pytest.raises(ServiceError, match="bound is 2"):
+            a.create()  # the quota is full while it lives
+        time.sleep(1.5)
+        assert [s["id"] for s in a.sessions()] == [keep]
+        with pytest.raises(ServiceError, match="no session"):
+            a.run(brief, "1")
+        idle = a.create(limits={"idle_timeout": 1})["id"]  # the freed place
+        r = a.run(idle, "import time\ntime.sleep(2)\n'done'")  # in use past its idle time
+        assert r["result"]["value"] == "'done'", r
+        assert idle in [s["id"] for s in a.sessions()]
+        deadline = time.monotonic() + 10
+        while idle in [s["id"] for s in a.sessions()] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert [s["id"] for s in a.sessions()] == [keep]  # idle past 1 s after its use
+        assert a.run(keep, "6 * 7")["result"]["value"] == "42"
+        b = Client(served.url, served.keys["b"])
+        capped = b.create()  # asked for no lifetime: the ceiling's
+        assert capped["limits"]["lifetime"] == 1.5
+        with pytest.raises(ConfigError, match="above the ceiling"):
+            b.create(limits={"lifetime": 60})
+        deadline = time.monotonic() + 10
+        while b.sessions() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert b.sessions() == []
+    finally:
+        served.stop()
+    log = served.log.read_text()
+    assert '"why": "its lifetime ended"' in log and '"why": "its idle timeout passed"' in log
