@@ -96,8 +96,8 @@ PINNED: dict[str, list[str]] = {
     "memex.executor": [
         "ActionSpace", "AgentSpec", "Aids", "Budget", "Caps", "EndReason", "Hooks", "MemexAgent",
         "ModelSettings", "Rollout", "SandboxSpec", "Step", "ToolCallInfo", "ToolPolicy",
-        "Trajectory", "TrajectoryWriter", "TreeBudget", "load_trajectories", "render_step",
-        "render_trajectory", "save_trajectories",
+        "Trajectory", "TrajectoryWriter", "TreeBudget", "load_trajectories", "make_submit_tool",
+        "render_step", "render_trajectory", "save_trajectories",
     ],
     "memex.executor.llm": [
         "DEFAULT_LOCAL_MODEL", "DEFAULT_PRICES", "MODELS", "Completion", "LLMClient", "LocalModel",

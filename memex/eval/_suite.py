@@ -70,6 +70,22 @@ class Workspace:
         if len(set(ids)) != len(ids):
             dup = sorted({i for i in ids if ids.count(i) > 1})
             raise ConfigError(f"a workspace's task ids must be unique, repeated: {dup}")
+        for t in self.tasks:
+            _check_reference(t)
+
+
+def _check_reference(task: EvalTask) -> None:
+    """Refuse a task whose reference the agent could not submit: its answer schema's own
+    check (the submit tool's) must accept it, else every answer would be graded wrong."""
+    from ..executor import make_submit_tool
+    from ..host_tools import ArgumentsInvalid
+
+    try:
+        make_submit_tool(task.answer, lambda _a: None).checker.arguments(
+            {"answer": task.reference})
+    except ArgumentsInvalid as exc:
+        raise ConfigError(f"task {task.id!r}: its reference {task.reference!r:.120} does not "
+                          f"fit its answer schema: {exc}") from None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -9,6 +9,7 @@ from ._agent import ActionSpace, MemexAgent
 from ._config import Aids, Budget, Caps, EndReason
 from ._render import render_step, render_trajectory
 from ._run import Rollout
+from ._session import make_submit_tool
 from ._spec import AgentSpec, Hooks, ModelSettings, SandboxSpec, ToolPolicy
 from ._trajectory import (
     Step,
@@ -39,6 +40,7 @@ __all__ = [
     "TrajectoryWriter",
     "TreeBudget",
     "load_trajectories",
+    "make_submit_tool",
     "render_step",
     "render_trajectory",
     "save_trajectories",

@@ -89,3 +89,25 @@ def test_deep_nesting_is_bounded() -> None:
         v = [v]
     # past the depth bound (32) nothing matches, and nothing recurses without end
     assert grade(v, v) is False
+
+
+def test_a_reference_the_agent_could_not_submit_is_refused_when_the_workspace_is_built(
+) -> None:
+    """A scalar reference under an object schema would grade every answer wrong: the
+    workspace refuses it, naming the task; a fitting reference (positive control) builds."""
+    import pydantic
+
+    from memex.errors import ConfigError
+    from memex.eval import EvalTask, Workspace
+
+    class Total(pydantic.BaseModel):
+        total: int
+
+    schema = {"type": "object", "properties": {"total": {"type": "integer"}},
+              "required": ["total"]}
+    Workspace(tasks=(EvalTask(id="ok", question="q", answer=Total, reference={"total": 3}),
+                     EvalTask(id="js", question="q", answer=schema, reference={"total": 3}),
+                     EvalTask(id="any", question="q", answer=None, reference=3)))
+    for answer in (Total, schema):
+        with pytest.raises(ConfigError, match=r"task 'bad': its reference 3 does not fit"):
+            Workspace(tasks=(EvalTask(id="bad", question="q", answer=answer, reference=3),))
