@@ -315,6 +315,26 @@ def test_tool_calling_baseline_native_and_text_calls() -> None:
     assert names == {"numbers", "python_exec", "submit"}
 
 
+def test_a_tool_call_that_cannot_be_read_is_told_to_the_model() -> None:
+    """A reply that marks a tool call but whose JSON does not parse, or that names no tool,
+    gets an error observation the model can act on; it is never dropped silently."""
+    script = [
+        '<tool_call>{"name": "numbers", "arguments": {"n": 4}</tool_call>',  # a brace short
+        '<tool_call>{"arguments": {"n": 4}}</tool_call>',  # no name
+        '<tool_call>{"name": "submit", "arguments": {"answer": {"total": 1, "label": "x"}}}'
+        "</tool_call>",
+    ]
+    with ScriptedLLM(script) as srv:
+        r = make_agent(srv, action_space="tools").run("t")
+    assert r.submitted
+    first, second = r.trajectory.steps[:2]
+    assert "not valid JSON" in first.observation and first.tool_calls
+    assert "needs a \"name\"" in second.observation and second.tool_calls
+    # what the model read next holds the error (the context, not only the trajectory)
+    told = json.dumps(srv.requests[1].messages)
+    assert "not valid JSON" in told
+
+
 def test_trajectory_jsonl_round_trip_and_inputs(tmp_path: Path) -> None:
     import numpy as np
     import pandas as pd

@@ -115,11 +115,14 @@ def extract_tool_calls(text: str) -> list[TextToolCall]:
     ``arguments`` may be an object or a JSON string. Text without any gives ``[]``.
     """
     found: list[tuple[Any, str]] = []
+    broken: list[TextToolCall] = []  # marked as calls, but unreadable: told, never dropped
     for m in _TAG.finditer(text):
-        found.append((_loads(m.group(1)), "tool_call_tag"))
+        found.append((_marked(m.group(1), "tool_call_tag", broken), "tool_call_tag"))
     if not found:
         for tag, body, _closed in _fences(text):
-            if tag in ("json", "tool_call", "") and _loads(body.strip()) is not None:
+            if tag == "tool_call":
+                found.append((_marked(body.strip(), "json_fence", broken), "json_fence"))
+            elif tag in ("json", "") and _loads(body.strip()) is not None:
                 found.append((_loads(body.strip()), "json_fence"))
     if not found:
         s = text.strip()
@@ -129,9 +132,30 @@ def extract_tool_calls(text: str) -> list[TextToolCall]:
     for obj, source in found:
         for item in obj if isinstance(obj, list) else [obj]:
             call = _as_call(item, source)
+            if call is None and source == "tool_call_tag" and item is not None:
+                call = TextToolCall(name="", arguments=_brief(item), source=source,
+                                    error="a tool call needs a \"name\" and \"arguments\"")
             if call is not None:
                 calls.append(call)
-    return calls
+    return broken + calls
+
+
+def _marked(body: str, source: str, broken: list[TextToolCall]) -> Any:
+    """What a body marked as a tool call holds; when it is not JSON, an error call the
+    model is told about instead."""
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        broken.append(TextToolCall(name="", arguments=body[:300], source=source,
+                                   error=f"the tool call is not valid JSON ({exc})"))
+        return None
+
+
+def _brief(item: object) -> str:
+    try:
+        return json.dumps(item)[:300]
+    except (TypeError, ValueError):
+        return repr(item)[:300]
 
 
 def _as_call(obj: object, source: str) -> TextToolCall | None:

@@ -59,7 +59,14 @@ def test_bad_arguments_are_reported_not_raised() -> None:
     [c] = extract_tool_calls('{"name": "f", "arguments": "[1, 2]"}')
     assert c.error and "not a JSON object" in c.error
     assert extract_tool_calls('{"arguments": {}}') == []  # no name: not a call
-    assert extract_tool_calls("```json\n{broken\n```") == []
+    assert extract_tool_calls("```json\n{broken\n```") == []  # a JSON fence may be data
+    # a block marked as a tool call is one: unreadable, it is an error call, not nothing
+    [c] = extract_tool_calls("<tool_call>{broken</tool_call>")
+    assert c.error and "not valid JSON" in c.error and c.arguments == "{broken"
+    [c] = extract_tool_calls("```tool_call\n{broken\n```")
+    assert c.error and "not valid JSON" in c.error
+    [c] = extract_tool_calls('<tool_call>{"arguments": {}}</tool_call>')
+    assert c.error and "needs a" in c.error
 
 
 @given(st.text())
