@@ -128,7 +128,8 @@ class Run:
     def remember(self, key: str, outcome: str, message: dict[str, Any] | None, *,
                  failed: bool) -> None:
         """Record how this turn's reply (by its repeat key) ended; ``failed``: running the
-        same reply again would fail the same way (it is then asked again, see Aids)."""
+        same reply again would end the same way (it is then asked again, see Aids): a code
+        block that raised, or tool calls however they ended."""
         if key not in self.replies:
             self.replies[key] = (self.turn, outcome, message)
             if failed:

@@ -233,6 +233,25 @@ def test_tool_calling_repeats_are_asked_again_too() -> None:
     assert r.submitted and r.trajectory.steps[1].resampled == 1
 
 
+def test_a_tool_call_repeating_a_successful_one_is_asked_again_too() -> None:
+    """In tool calling, the same calls give the same results, which are above already: a
+    reply repeating a successful call word for word is asked again, as a failed one is."""
+    def reply(req: dict[str, Any]) -> ScriptedReply:
+        turn = sum(1 for m in req["messages"] if m["role"] == "assistant")
+        if turn <= 1 and not req.get("temperature"):  # the same good call, twice
+            return ScriptedReply(content="", tool_calls=(
+                ScriptedToolCall(name="numbers", arguments={"n": 3}),))
+        return ScriptedReply(content="", tool_calls=(ScriptedToolCall(
+            name="submit", arguments={"answer": {"total": 5, "label": "t"}}),))
+
+    with ScriptedLLM(reply) as srv:
+        r = make_agent(srv, action_space="tools").run("t")
+    assert r.submitted and r.trajectory.steps[0].status == "ok"
+    assert r.trajectory.steps[1].resampled == 1
+    note = srv.requests[2].messages[-1]["content"]
+    assert "word for word; its results are in the conversation above" in note
+
+
 def test_several_blocks_run_in_order_and_stop_at_an_error() -> None:
     reply = ("```python\nx = 2\n```\n```python\nprint(x * 10)\n```\n"
              "```python\nraise ValueError('nope')\n```\n```python\nprint('never')\n```")

@@ -139,9 +139,11 @@ def tools_turn(ctx: TurnContext, session: TurnSession) -> Step:
     exec_s = time.monotonic() - t1
     key = _key(c)
     if key is not None:
+        # the same calls again end the same way, failed or not (their results are above):
+        # asked again unless they timed out, where waiting longer is a fair retry
         ctx.remember(key, f"it ended with {error}: {bound_text(texts[-1][2], 300)}"
                      if error else "its results are in the conversation above", None,
-                     failed=error is not None and "timeout" not in error.lower())
+                     failed=error is None or "timeout" not in error.lower())
     obs = _observe(ctx, calls, texts, status, error)
     return Step(index=index, reply=reply, action="tool_calls", observation=obs,
                 status=status, tool_calls=tuple(infos), exec_seconds=exec_s, error=error,
