@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ._common import limits, seconds
+from ._common import add_model_options, limits, llm_from_args, seconds
 
 __all__ = ["add_parser", "load_input"]
 
@@ -76,7 +77,7 @@ def load_input(path: str) -> Any:
 def cmd_agent(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from ..executor import Budget, Hooks, MemexAgent, ModelSettings, SandboxSpec, render_step
+    from ..executor import Budget, Hooks, MemexAgent, SandboxSpec, render_step
     from ..runtime_wasm import AGENT_LIMITS
 
     tools: Any = []
@@ -103,15 +104,16 @@ def cmd_agent(args: argparse.Namespace) -> int:
             streamed.clear()
         render_step(step, console)
 
-    agent = MemexAgent(
-        model=ModelSettings(model=args.model, base_url=args.base_url, api_key=args.api_key),
-        tools=tools, submit=schema, action_space=args.action_space,
-        sandbox=SandboxSpec(limits=limits(args, AGENT_LIMITS), backend=args.backend),
-        budget=Budget(max_turns=args.max_turns, max_tokens=args.max_tokens,
-                      max_seconds=args.max_seconds, max_cost=args.max_cost),
-        hooks=Hooks(trajectory_path=args.trajectory, on_step=on_step,
-                    on_text=on_text if args.stream else None))
-    rollout = agent.run(args.task, inputs=inputs)
+    with contextlib.ExitStack() as stack:
+        agent = stack.enter_context(MemexAgent(
+            model=llm_from_args(args, stack, "agent"),
+            tools=tools, submit=schema, action_space=args.action_space,
+            sandbox=SandboxSpec(limits=limits(args, AGENT_LIMITS), backend=args.backend),
+            budget=Budget(max_turns=args.max_turns, max_tokens=args.max_tokens,
+                          max_seconds=args.max_seconds, max_cost=args.max_cost),
+            hooks=Hooks(trajectory_path=args.trajectory, on_step=on_step,
+                        on_text=on_text if args.stream else None)))
+        rollout = agent.run(args.task, inputs=inputs)
     t = rollout.trajectory
     answer = json.dumps(t.answer, ensure_ascii=False) if rollout.submitted else "none"
     console.print(f"[bold]end:[/bold] {rollout.end_reason} · answer {answer} · "
@@ -125,10 +127,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("agent", help="run an agent on a task, streaming each turn")
     p.add_argument("task")
-    p.add_argument("--model", default=None, help="model name (or $MEMEX_MODEL)")
-    p.add_argument("--base-url", default=None, help="OpenAI-compatible endpoint "
-                   "(or $OPENAI_BASE_URL)")
-    p.add_argument("--api-key", default=None, help="(or $OPENAI_API_KEY)")
+    add_model_options(p, max_reply_tokens=1024)
     p.add_argument("--tools", action="append", default=[], metavar="MODULE:ATTR",
                    help="a tool, list of tools or ToolSet (repeatable)")
     p.add_argument("--input", action="append", default=[], metavar="NAME=FILE",

@@ -4,15 +4,17 @@ parser, printing a turn's result the way ``python`` would, and exit codes."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..runtime_wasm import Limits, Mount, TurnResult
 
-__all__ = ["add_sandbox_options", "exit_code", "limits", "mounts", "preload", "print_result",
-           "seconds", "size"]
+__all__ = ["add_model_options", "add_sandbox_options", "exit_code", "limits", "llm_from_args",
+           "mounts", "preload", "print_result", "seconds", "size"]
 
 
 def size(text: str) -> int:
@@ -36,6 +38,37 @@ def seconds(text: str) -> float:
     except ConfigError:
         raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 30, 500ms, "
                                          "2min)") from None
+
+
+def add_model_options(p: argparse.ArgumentParser, *, max_reply_tokens: int = 768) -> None:
+    """Where the model is: an endpoint, else a local model served on 127.0.0.1."""
+    p.add_argument("--model", default=None, help="model name at the endpoint (or $MEMEX_MODEL)")
+    p.add_argument("--base-url", default=None, help="OpenAI-compatible endpoint "
+                   "(or $OPENAI_BASE_URL)")
+    p.add_argument("--api-key", default=None, help="(or $OPENAI_API_KEY)")
+    p.add_argument("--local-model", default=None, metavar="NAME",
+                   help="with no endpoint, the local model served on 127.0.0.1 (default "
+                        "qwen-1.5b, fetched once; needs memex[local])")
+    p.add_argument("--max-reply-tokens", type=int, default=max_reply_tokens,
+                   help="tokens per model reply")
+    p.add_argument("--llm-timeout", type=float, default=600.0, help="seconds per model call")
+
+
+def llm_from_args(args: argparse.Namespace, stack: contextlib.ExitStack, who: str) -> Any:
+    """The model client the flags name: the endpoint (``--base-url`` or $OPENAI_BASE_URL),
+    else the local model served for the command's duration, as ``./build.sh demo`` does,
+    saying so on stderr."""
+    from ..executor.llm import DEFAULT_LOCAL_MODEL, LLMClient, LocalModel
+
+    base_url = args.base_url or os.environ.get("OPENAI_BASE_URL")
+    if base_url:
+        return LLMClient(model=args.model, base_url=base_url, api_key=args.api_key,
+                         max_reply_tokens=args.max_reply_tokens, timeout=args.llm_timeout)
+    name = args.local_model or DEFAULT_LOCAL_MODEL
+    print(f"memex {who}: no endpoint configured (--base-url, $OPENAI_BASE_URL): serving the "
+          f"local model {name} on 127.0.0.1", file=sys.stderr)
+    local = stack.enter_context(LocalModel(name))
+    return local.client(max_reply_tokens=args.max_reply_tokens, timeout=args.llm_timeout)
 
 
 def add_sandbox_options(p: argparse.ArgumentParser) -> None:

@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from ..errors import ConfigError
-from ._common import limits, seconds
+from ._common import add_model_options, limits, llm_from_args, seconds
 
 __all__ = ["add_parser"]
 
@@ -54,18 +54,7 @@ def _aids(specs: list[str]) -> tuple[Any, str]:
 
 
 def _llm(args: argparse.Namespace, stack: contextlib.ExitStack) -> Any:
-    from ..executor.llm import LLMClient, LocalModel
-
-    base_url = args.base_url or os.environ.get("OPENAI_BASE_URL")
-    if base_url:
-        return LLMClient(model=args.model, base_url=base_url, api_key=args.api_key,
-                         max_reply_tokens=args.max_reply_tokens, timeout=args.llm_timeout)
-    if not args.local_model:
-        raise ConfigError("no model endpoint: pass --base-url (or set OPENAI_BASE_URL), or "
-                          "--local-model qwen-1.5b to serve the local model")
-    print(f"memex eval: serving {args.local_model} on 127.0.0.1", file=sys.stderr)
-    local = stack.enter_context(LocalModel(args.local_model))
-    return local.client(max_reply_tokens=args.max_reply_tokens, timeout=args.llm_timeout)
+    return llm_from_args(args, stack, "eval")
 
 
 def _judge(args: argparse.Namespace, llm: Any) -> Any:
@@ -226,14 +215,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def _model_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="model name at the endpoint (or $MEMEX_MODEL)")
-    p.add_argument("--base-url", default=None, help="OpenAI-compatible endpoint "
-                   "(or $OPENAI_BASE_URL)")
-    p.add_argument("--api-key", default=None, help="(or $OPENAI_API_KEY)")
-    p.add_argument("--local-model", default=None, metavar="NAME",
-                   help="with no endpoint: serve this local model (qwen-1.5b|qwen-0.5b)")
-    p.add_argument("--max-reply-tokens", type=int, default=768, help="tokens per model reply")
-    p.add_argument("--llm-timeout", type=float, default=600.0, help="seconds per model call")
+    add_model_options(p)
     p.add_argument("--max-turns", type=int, default=8)
 
 

@@ -181,3 +181,18 @@ def test_log_level_flag_and_variable() -> None:
     assert level("--log-level", "info", "run", "-c", "pass", MEMEX_LOG_LEVEL="error") == "20"
     p = memex("--log-level", "loud", "run", "-c", "pass")
     assert p.returncode == 2 and "invalid choice" in p.stderr
+
+
+@pytest.mark.parametrize("command", [("eval", "run", "warehouse", "--out", "{tmp}"),
+                                     ("agent", "what is 6 * 7?")])
+def test_with_no_endpoint_the_command_serves_the_local_model_and_says_so(
+        command: tuple[str, ...], tmp_path: Path) -> None:
+    """No --base-url and no $OPENAI_BASE_URL: the command serves the local model (as
+    ./build.sh demo does) instead of refusing; an unknown one is refused by name."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_BASE_URL", "MEMEX_MODEL")}
+    args = [a.replace("{tmp}", str(tmp_path / "out")) for a in command]
+    p = subprocess.run([sys.executable, "-m", "memex", *args, "--local-model", "nope"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 2, p
+    assert "no endpoint configured" in p.stderr and "serving the local model nope" in p.stderr
+    assert "unknown local model 'nope'" in p.stderr
