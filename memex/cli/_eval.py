@@ -119,7 +119,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         try:
             run = run_eval(
                 suite, llm=llm, out=args.out, spaces=spaces, seeds=seeds,
-                concurrency=args.concurrency,
+                concurrency=args.concurrency, order=args.order.replace("-", "_"),
                 tasks=args.task or None, limit=args.limit, variant=variant, aids=aids,
                 budget=Budget(max_turns=args.max_turns, max_seconds=args.max_seconds),
                 limits=limits(args, AGENT_LIMITS),
@@ -237,6 +237,10 @@ def add_parser(sub: Any) -> None:
     r.add_argument("--spaces", default="code,tools", help="code,tools (default both)")
     r.add_argument("--seeds", default="1", help="N (seeds 0..N-1) or a list: 0,3-5")
     r.add_argument("--concurrency", type=int, default=1, help="rollouts at a time")
+    r.add_argument("--order", choices=("interleaved", "by-space"), default="interleaved",
+                   help="interleaved: each task in every action space in turn (a run stopped "
+                        "early still compares them); by-space: every rollout of one space, "
+                        "then the next")
     r.add_argument("--out", required=True, help="run folder (results.jsonl, trajectories)")
     r.add_argument("--task", action="append", default=[], metavar="ID",
                    help="only this task (repeatable)")

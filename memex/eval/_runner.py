@@ -27,6 +27,7 @@ from ._suite import EvalTask, Suite, Workspace
 __all__ = ["ENDPOINT_FAILURES", "EvalRun", "Job", "run_eval"]
 
 SPACES = ("code", "tools")
+ORDERS = ("interleaved", "by_space")
 # what a rollout's tool calls do not count: the answer, and code run as a call
 _NOT_TOOLS = ("submit", "python_exec")
 ENDPOINT_FAILURES = 3
@@ -61,7 +62,7 @@ def run_eval(
     limit: int | None = None, variant: str = "default", aids: Aids | None = None,
     budget: Budget | None = None, limits: Limits | None = None,
     backend: str | Backend = "pool", progress: Callable[[RolloutResult, int, int], None]
-    | None = None, judge: LLMClient | None = None,
+    | None = None, judge: LLMClient | None = None, order: str = "interleaved",
 ) -> EvalRun:
     """Run ``suite`` on ``llm`` in each action space of ``spaces`` for each seed; results
     go to ``out/results.jsonl`` and trajectories to ``out/trajectories.jsonl``.
@@ -71,12 +72,18 @@ def run_eval(
     ``memex eval report``). ``backend`` is a backend name (made here, ``concurrency``
     workers, closed at the end) or a Backend of the caller's. ``progress(result, done,
     total)`` is called after each rollout. ``judge`` is the model that grades tasks whose
-    grader is ``judge`` (none: such tasks are refused before anything runs).
+    grader is ``judge`` (none: such tasks are refused before anything runs). ``order``:
+    ``interleaved`` (the default: seed by seed, task by task, each task in every action
+    space in turn, so a run stopped early still compares the spaces on the same tasks) or
+    ``by_space`` (every rollout of the first space, then the next: one model cache warm for
+    one prompt style at a time).
 
     A rollout whose endpoint failed (``RolloutResult.endpoint_failed``) is written but not
     counted: the next run of the same folder runs it again. After ``ENDPOINT_FAILURES`` of
     them in a row the run stops with :class:`~memex.errors.LLMError`; what finished is on
     disk."""
+    if order not in ORDERS:
+        raise ConfigError(f"order is one of {', '.join(ORDERS)}, got {order!r}")
     bad = [s for s in spaces if s not in SPACES]
     if bad or not spaces:
         raise ConfigError(f"action spaces are {SPACES}, got {list(spaces)}")
@@ -108,6 +115,8 @@ def run_eval(
                         skipped += 1
                     else:
                         plan.append((Job(seed=seed, task=task, space=space), ws))
+        if order == "by_space":  # stable: within a space, the interleaved order
+            plan.sort(key=lambda jw: list(spaces).index(jw[0].space))
         be: Backend | None = None
         if plan:
             if isinstance(backend, str):

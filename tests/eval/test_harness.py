@@ -476,3 +476,17 @@ def test_a_damaged_results_file_is_refused_with_the_line(srv: ScriptedLLM, tmp_p
     (tmp_path / "audit.jsonl").write_text('{"trajectory": "x"}\n{}\n')
     with pytest.raises(ConfigError, match=r"audit.jsonl:1: not a valid audit verdict"):
         load_audit(tmp_path)
+
+
+@pytest.mark.parametrize(("order", "want"), [
+    ("interleaved", ["code", "tools", "code", "tools"]),
+    ("by_space", ["code", "code", "tools", "tools"]),
+])
+def test_the_run_order_is_selectable(srv: ScriptedLLM, tmp_path: Path, order: str,
+                                     want: list[str]) -> None:
+    seen: list[str] = []
+    run_eval(SUITE, llm=client(srv), out=tmp_path, backend="inprocess", order=order,
+             progress=lambda r, _d, _t: seen.append(r.space))
+    assert seen == want
+    with pytest.raises(ConfigError, match="order is one of"):
+        run_eval(SUITE, llm=client(srv), out=tmp_path / "x", order="random")
