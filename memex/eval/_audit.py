@@ -26,13 +26,24 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from ..errors import ConfigError
-from ..executor import Budget, MemexAgent, SandboxSpec, Trajectory, load_trajectories
+from ..executor import (
+    Budget,
+    Hooks,
+    MemexAgent,
+    SandboxSpec,
+    Trajectory,
+    load_trajectories,
+)
 from ..executor.llm import LLMClient
 from ._results import TRAJECTORIES, JsonlFile, RolloutResult, load_results, read_jsonl
 
-__all__ = ["AUDIT", "FAILURE_KINDS", "AuditVerdict", "FailureClass", "audit", "load_audit"]
+__all__ = ["AUDIT", "AUDIT_TRAJECTORIES", "FAILURE_KINDS", "AuditVerdict", "FailureClass",
+           "audit", "load_audit"]
 
 AUDIT = "audit.jsonl"
+AUDIT_TRAJECTORIES = "audit-trajectories.jsonl"
+"""The auditor's own rollouts, beside its verdicts: each verdict's ``audit_trajectory``
+names its rollout there, so a verdict can be traced to what the auditor read and ran."""
 
 FailureKind = Literal[
     "preliminary_vs_revised", "ambiguous_term", "wrong_column", "wrong_table",
@@ -62,6 +73,7 @@ class AuditVerdict:
     evidence: str
     end_reason: str
     auditor: str
+    audit_trajectory: str = ""  # the auditor's rollout in audit-trajectories.jsonl
 
 
 TASK = (
@@ -92,7 +104,8 @@ def audit(out: str | Path, *, llm: LLMClient, limit: int | None = None, max_turn
     trajectories = {t.id: t for t in load_trajectories(folder / TRAJECTORIES)}
     verdicts = []
     with MemexAgent(model=llm, submit=FailureClass, budget=Budget(max_turns=max_turns),
-                    sandbox=SandboxSpec(backend=backend, preload=("pandas",))) as agent, \
+                    sandbox=SandboxSpec(backend=backend, preload=("pandas",)),
+                    hooks=Hooks(trajectory_path=folder / AUDIT_TRAJECTORIES)) as agent, \
             contextlib.closing(JsonlFile(folder / AUDIT)) as f:
         for i, r in enumerate(todo, 1):
             t = trajectories.get(r.trajectory)
@@ -114,7 +127,8 @@ def _audit_one(agent: MemexAgent, r: RolloutResult, t: Trajectory, auditor: str
     return AuditVerdict(
         trajectory=r.trajectory, suite=r.suite, task=r.task, space=r.space, seed=r.seed,
         kind=answer.kind if answer else None, evidence=answer.evidence if answer else "",
-        end_reason=rollout.end_reason, auditor=auditor)
+        end_reason=rollout.end_reason, auditor=auditor,
+        audit_trajectory=rollout.trajectory.id)
 
 
 def load_audit(out: str | Path) -> list[AuditVerdict]:

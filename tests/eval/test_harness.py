@@ -292,6 +292,12 @@ def test_the_audit_agent_classifies_each_failure(tmp_path: Path) -> None:
         assert all(v.evidence == "step 1 submitted -1 submitted" for v in verdicts)
         assert audit(tmp_path, llm=client(s)) == []  # audited ones are not audited again
     assert load_audit(tmp_path) == verdicts
+    # each verdict traces to the auditor's own rollout, saved beside the verdicts
+    from memex.executor import load_trajectories
+    mine = {t.id: t for t in load_trajectories(tmp_path / "audit-trajectories.jsonl")}
+    assert {v.audit_trajectory for v in verdicts} == set(mine)
+    assert all("print(question" in mine[v.audit_trajectory].steps[0].code[0]
+               for v in verdicts)
 
 
 def test_an_audit_that_gives_no_valid_verdict_is_recorded_as_such(tmp_path: Path) -> None:
