@@ -10,6 +10,8 @@ import argparse
 import sys
 import time
 
+from ._progress import byte_bar
+
 __all__ = ["add_parser"]
 
 _MODELS = ("qwen-1.5b", "qwen-0.5b")  # keys of memex.executor.llm.MODELS (pinned)
@@ -23,7 +25,9 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     from ..executor.llm import fetch_model
 
     start = time.monotonic()
-    path = fetch_model(args.model, cache_dir=args.dir, force=args.force, log=_say)
+    with byte_bar(f"downloading {args.model}") as progress:
+        path = fetch_model(args.model, cache_dir=args.dir, force=args.force, log=_say,
+                           progress=progress)
     _say(f"{args.model} verified in {time.monotonic() - start:.0f}s")
     print(path)
     return 0

@@ -5,46 +5,21 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
+from ._progress import activity
+
 __all__ = ["add_parser"]
-
-
-def _spinner(label: str, stop: threading.Event) -> None:
-    start = time.monotonic()
-    frames = "|/-\\"
-    i = 0
-    tty = sys.stderr.isatty()
-    last = -1
-    while not stop.wait(0.2 if tty else 1.0):
-        elapsed = int(time.monotonic() - start)
-        if tty:
-            sys.stderr.write(f"\r  {frames[i % 4]} {label} ... {elapsed}s")
-            sys.stderr.flush()
-        elif elapsed // 15 != last:
-            last = elapsed // 15
-            sys.stderr.write(f"  {label} ... {elapsed}s\n")
-            sys.stderr.flush()
-        i += 1
-    if tty:
-        sys.stderr.write("\r" + " " * (len(label) + 20) + "\r")
 
 
 @contextlib.contextmanager
 def _progress(flavour: str) -> Iterator[None]:
-    stop = threading.Event()
-    t = threading.Thread(target=_spinner, args=(f"compiling {flavour}", stop), daemon=True)
-    t.start()
     start = time.monotonic()
-    try:
+    with activity(f"compiling {flavour}"):
         yield
-    finally:
-        stop.set()
-        t.join()
-        _step(f"{flavour} compiled in {time.monotonic() - start:.0f}s")
+    _step(f"{flavour} compiled in {time.monotonic() - start:.0f}s")
 
 
 def _step(label: str) -> None:

