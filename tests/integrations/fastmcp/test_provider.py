@@ -159,7 +159,7 @@ def test_on_another_backend_and_with_a_policy(backend: str) -> None:
     probe = ("import urllib.request\ntry:\n    urllib.request.urlopen('http://127.0.0.1:9/')\n"
              "except Exception as e:\n    return type(e).__name__")
     # 5 s: the probe's first urllib import in a cold worker guest took over 2 s once, on a
-    # machine whose two cores ran another test session beside this one (a CI run at b5aa4ea);
+    # machine whose two cores ran another test session beside this one (a CI run at 2dd6337);
     # the deadline only has to end the endless loop, not be tight
     with MemexSandboxProvider(backend=backend, policy=EgressPolicy(),
                               limits=Limits(timeout=5)) as p:
