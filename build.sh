@@ -64,15 +64,30 @@ sys.exit(0 if any(b"ggml_backend_amx_mul_mat" in p.read_bytes() for p in libs) e
 PY
 }
 
+# A line every 30 s while a silent step runs (pip builds llama.cpp without a word for 4-15
+# minutes): a person, or a CI log, sees it is alive and how long it has taken.
+with_heartbeat() {
+    local label=$1
+    shift
+    ( s=0; while sleep 30; do s=$((s + 30)); echo "build.sh: $label ... ${s}s" >&2; done ) &
+    local beat=$! rc=0
+    "$@" || rc=$?
+    kill "$beat" 2>/dev/null || true
+    wait "$beat" 2>/dev/null || true
+    return "$rc"
+}
+
 setup_local_model() {
     echo "build.sh: installing memex[local] (the first llama.cpp build takes minutes)" >&2
     local args="${CMAKE_ARGS:-$(llama_cmake_args)}"
-    CMAKE_ARGS="$args" pip_install -e ".[local]"
+    CMAKE_ARGS="$args" with_heartbeat "installing memex[local] (building llama.cpp)" \
+        pip_install -e ".[local]"
     if [ -z "${CMAKE_ARGS:-}" ] && [ "$(uname -m)" = x86_64 ] && llama_uses_amx; then
         echo "build.sh: rebuilding llama.cpp with AMX off (a build from pip's cache uses it)" >&2
         local pin
         pin=$(grep -o 'llama-cpp-python\[server\]==[0-9.]*' pyproject.toml)
-        CMAKE_ARGS="$args" pip_install --no-cache-dir --force-reinstall --no-deps "${pin/\[server\]/}"
+        CMAKE_ARGS="$args" with_heartbeat "rebuilding llama.cpp" \
+            pip_install --no-cache-dir --force-reinstall --no-deps "${pin/\[server\]/}"
     fi
     "$VENV/bin/memex" model fetch "$@" >/dev/null
 }
