@@ -121,9 +121,11 @@ class ServeKeeper(Keeper[Session]):
         self.log.info(json.dumps({"event": "share_checkpoint", "tenant": tenant,
                              "checkpoint": cid}))
 
-    def shared_checkpoint(self, tenant: str, cid: str, shared: Path | None) -> Any | None:
+    def shared_checkpoint(self, tenant: str, cid: str, shared: Path | None, *,
+                          max_memory: int) -> Any | None:
         """A checkpoint another node shared under this id for the tenant, read back (None if
-        there is none); one that cannot be read is an ImageError."""
+        there is none); one that cannot be read, or whose memory would pass ``max_memory``
+        (the session it is restored into), is an ImageError before it inflates."""
         if shared is None or not self.safe_id(cid):
             return None
         try:
@@ -133,7 +135,7 @@ class ServeKeeper(Keeper[Session]):
         except OSError as exc:
             raise ImageError(f"the shared checkpoint {cid!r} cannot be read: {exc}") from exc
         try:
-            return self._from_bytes(blob)
+            return self._from_bytes(blob, max_memory)
         except (ImageError, ValueError) as exc:
             raise ImageError(f"the shared checkpoint {cid!r} cannot be read back: {exc}"
                              ) from exc

@@ -286,7 +286,8 @@ async def restore(sid: str, body: RestoreIn, tenant: Tenant, svc: Svc) -> Respon
     def put_back(sb: SandboxAPI[Any]) -> None:
         cp = svc.table.checkpoint(tenant.name, cid)
         if cp is None:  # one another node shared, read on first use and held here
-            cp = svc.keeper.shared_checkpoint(tenant.name, cid, svc.config.shared_dir)
+            cp = svc.keeper.shared_checkpoint(tenant.name, cid, svc.config.shared_dir,
+                                              max_memory=s.limits.memory)
             if cp is None:
                 raise ApiError(404, "not_found", f"no checkpoint {cid!r} (unknown, released, "
                                "or past the tenant's max_checkpoints)")

@@ -311,7 +311,7 @@ class Keeper(Generic[S]):
                 files_path = folder / f"{s.id}.files"
                 packed = files_path.read_bytes() if files_path.exists() else None
             files = _files_from(packed)
-            cp = self._from_bytes(blob) if blob is not None else None
+            cp = self._from_bytes(blob, s.limits.memory) if blob is not None else None
         except (OSError, ImageError, ValueError, sqlite3.Error) as exc:
             s.lost = f"its saved state cannot be read back: {exc}"
             raise SandboxLost(s.lost) from exc
@@ -370,11 +370,13 @@ class Keeper(Generic[S]):
             n += 1
         return n
 
-    def _from_bytes(self, blob: bytes) -> Any:
-        """A checkpoint of this server's backend from its saved bytes (``_to_bytes``)."""
+    def _from_bytes(self, blob: bytes, max_memory: int) -> Any:
+        """A checkpoint of this server's backend from its saved bytes (``_to_bytes``),
+        refused before it inflates when its memory would pass the session's own limit (a
+        state file is outside input: it is decoded at the depth the session may hold)."""
         if self.opener is not None or self.backend().name == "inprocess":
-            return checkpoint_from_bytes(blob)
-        return ProcessCheckpoint.from_bytes(blob)
+            return checkpoint_from_bytes(blob, max_memory=max_memory)
+        return ProcessCheckpoint.from_bytes(blob, max_memory=max_memory)
 
     # ---- the keeper thread ----------------------------------------------------------------
     def start(self) -> None:

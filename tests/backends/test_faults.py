@@ -535,3 +535,25 @@ def test_ray_actor_death_is_sandbox_lost_and_checkpoints_move() -> None:
         assert second.run("state['moved']").value == "True"  # the other actor lives on
     finally:
         b.close()
+
+
+def test_a_saved_checkpoint_is_decoded_at_the_depth_its_session_may_hold() -> None:
+    """A state file is outside input: the keeper reads a session's saved image with the
+    session's own memory limit as the bound, so one declaring more is refused before it
+    inflates (the restore would refuse it only after); at the limit it loads (control)."""
+    from memex import Sandbox
+    from memex.backends.worker._client import ProcessCheckpoint
+    from memex.errors import ImageError
+    from memex.runtime_wasm import checkpoint_from_bytes, checkpoint_to_bytes
+
+    with Sandbox(limits=Limits(memory=256 << 20)) as sb:
+        sb.run("ballast = bytearray(96 << 20)")
+        blob = checkpoint_to_bytes(sb.checkpoint())
+    for read in (lambda m: checkpoint_from_bytes(blob, max_memory=m),
+                 lambda m: ProcessCheckpoint.from_bytes(blob, max_memory=m)):
+        with pytest.raises(ImageError):
+            read(64 << 20)  # a session of 64 MiB could never hold it
+        cp = read(256 << 20)
+        close = getattr(cp, "close", None)
+        if close is not None:
+            close()

@@ -107,9 +107,13 @@ class ProcessCheckpoint:
         return checkpoint_to_bytes(checkpoint_from_fds(fds, copy._meta))
 
     @classmethod
-    def from_bytes(cls, blob: bytes | bytearray | memoryview) -> ProcessCheckpoint:
-        """A checkpoint from :meth:`to_bytes`; a corrupt blob raises ImageError."""
-        fds, meta = checkpoint_to_fds(checkpoint_from_bytes(blob))
+    def from_bytes(cls, blob: bytes | bytearray | memoryview, *,
+                   max_memory: int | None = None) -> ProcessCheckpoint:
+        """A checkpoint from :meth:`to_bytes`; a corrupt blob, or one whose memory would pass
+        ``max_memory`` (default: the wasm32 bound), raises ImageError before it inflates."""
+        cp = (checkpoint_from_bytes(blob) if max_memory is None
+              else checkpoint_from_bytes(blob, max_memory=max_memory))
+        fds, meta = checkpoint_to_fds(cp)
         return cls(fds, meta)
 
     def __del__(self) -> None:

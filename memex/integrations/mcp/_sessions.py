@@ -339,9 +339,13 @@ class Sessions:
         return True
 
     def _sweep(self) -> None:
+        """End the sessions idle past ``idle_timeout`` and those their own limits ended (a
+        sandbox that closed itself), so neither holds a token's quota."""
         idle = self.config.sessions.idle_timeout
         while not self._stop.wait(min(5.0, idle / 4)):
             for s in self.table.idle(idle):
+                self.end(s)
+            for s, _why in self.table.ended():
                 self.end(s)
 
     def close(self) -> None:
