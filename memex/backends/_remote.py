@@ -522,12 +522,8 @@ class RemoteSandbox(SandboxHandle):
         takes it again, from this process or another. Returns the session id."""
         with self._lock:
             self._check_open()
-            self._closed_reason = "detached: the session lives on in the service"
-            self._drop_turns()
-        if self._link is not None:
-            self._link.close()
-        self._backend._forget(self)
-        return self.id
+            self._let_go("detached: the session lives on in the service")
+        return self._forgotten()
 
     def park(self) -> str:
         """Hand the session to another node of the service: saved to the nodes' shared
@@ -536,8 +532,15 @@ class RemoteSandbox(SandboxHandle):
         with self._lock:
             self._check_open()
             self._backend.client.park(self.id)
-            self._closed_reason = "parked for another node"
-            self._drop_turns()
+            self._let_go("parked for another node")
+        return self._forgotten()
+
+    def _let_go(self, reason: str) -> None:
+        """Close this handle, not the session (under the handle's lock)."""
+        self._closed_reason = reason
+        self._drop_turns()
+
+    def _forgotten(self) -> str:
         if self._link is not None:
             self._link.close()
         self._backend._forget(self)

@@ -36,8 +36,8 @@ def request_id_from(headers: list[tuple[bytes, bytes]]) -> str:
 
 class JsonLines(logging.Formatter):
     """A record as one JSON object: ``ts``, ``level``, ``logger``, the request id, then the
-    message's own fields when it is a JSON object (the access and audit lines are), else
-    ``message``; an exception as ``exc`` (its traceback, one string)."""
+    message's own fields when it is a MemEx logger's JSON object (the access and audit lines
+    are), else ``message``; an exception as ``exc`` (its traceback, one string)."""
 
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, object] = {
@@ -48,7 +48,9 @@ class JsonLines(logging.Formatter):
             out["request_id"] = rid
         text = record.getMessage()
         fields = None
-        if text.startswith("{"):
+        # only MemEx's own lines are JSON to merge: another library's message may carry text
+        # a client chose, which must not become fields of the line (a forged "tenant")
+        if text.startswith("{") and record.name.startswith("memex"):
             try:
                 fields = json.loads(text)
             except ValueError:

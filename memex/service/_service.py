@@ -191,9 +191,9 @@ class Service:
         s = self.table.get(tenant.name, sid)
         if s is None:
             raise ApiError(404, "not_found", f"no session {sid!r}")
-        for gone, why in self.table.ended(tenant.name):
-            if gone is s:  # ended by its limits: the sweep frees it within a second
-                raise ApiError(404, "not_found", f"no session {sid!r}: {why}")
+        why = s.why_ended()  # this session only: a lookup is on every request's path
+        if why is not None:  # ended by its limits: the sweep frees it within a second
+            raise ApiError(404, "not_found", f"no session {sid!r}: {why}")
         return s  # last_used moves with uses of its sandbox (Keeper.using), not lookups
 
     def shared(self) -> Path:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import types
 import typing
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
@@ -24,22 +25,21 @@ class FileModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
-def _size(value: object) -> Any:
-    if value is None:
-        return None
-    try:
-        return parse_size(value, what="")
-    except ConfigError as exc:
-        raise ValueError(str(exc)) from None
+def _field(parse: Callable[..., Any]) -> Callable[[object], Any]:
+    """The runtime's parser as a pydantic validator (its ConfigError a ValueError, so that
+    pydantic names the table and the key)."""
+    def validate(value: object) -> Any:
+        if value is None:
+            return None
+        try:
+            return parse(value, what="")
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+    return validate
 
 
-def _seconds(value: object) -> Any:
-    if value is None:
-        return None
-    try:
-        return parse_seconds(value, what="")
-    except ConfigError as exc:
-        raise ValueError(str(exc)) from None
+_size = _field(parse_size)
+_seconds = _field(parse_seconds)
 
 
 def _seconds_or_zero(value: object) -> Any:

@@ -72,6 +72,24 @@ class CoreSession:
     def __post_init__(self) -> None:
         self.cond = threading.Condition(self.lock)  # running and saving change under it
 
+    def why_ended(self, now: float | None = None) -> str | None:
+        """Why its own limits ended this session, if they did: past ``Limits.lifetime``
+        since created, past ``Limits.idle_timeout`` since last used, or its sandbox closed
+        (a trap it could not recover from). Counted from the core's clock, not the
+        sandbox's, so a session in a worker process, or saved away, ends on time too; one in
+        use now is left to finish (its sandbox's own timer stops it)."""
+        if self.running or self.saving:
+            return None
+        now = time.time() if now is None else now
+        lim = self.limits
+        if lim.lifetime is not None and now - self.created >= lim.lifetime:
+            return "its lifetime ended"
+        if lim.idle_timeout is not None and now - self.last_used >= lim.idle_timeout:
+            return "its idle timeout passed"
+        if self.sandbox is not None and self.sandbox.closed:
+            return "its sandbox closed"
+        return None
+
     @contextlib.contextmanager
     def use(self, open_: Callable[[], SandboxAPI[Any]]) -> Iterator[SandboxAPI[Any]]:
         """The session's sandbox for one operation (``open_()`` makes it, under the
@@ -213,25 +231,13 @@ class SessionTable(Generic[S]):
                     if now - s.last_used > seconds and not s.running and not s.saving]
 
     def ended(self, owner: str | None = None, now: float | None = None) -> list[tuple[S, str]]:
-        """The sessions (of ``owner``, or all) whose own limits ended them, with why: past
-        ``Limits.lifetime`` since created, past ``Limits.idle_timeout`` since last used, or
-        their sandbox closed (a trap it could not recover from). Counted from the table's
-        clock, not the sandbox's, so a session in a worker process, or saved away, ends on
-        time too; one in use now is left to finish (its sandbox's own timer stops it)."""
+        """The sessions (of ``owner``, or all) whose own limits ended them, with why
+        (:meth:`CoreSession.why_ended`)."""
         now = time.time() if now is None else now
-        out = []
         with self._lock:
-            for s in self._sessions.values():
-                if s.running or s.saving or (owner is not None and s.owner != owner):
-                    continue
-                lim = s.limits
-                if lim.lifetime is not None and now - s.created >= lim.lifetime:
-                    out.append((s, "its lifetime ended"))
-                elif lim.idle_timeout is not None and now - s.last_used >= lim.idle_timeout:
-                    out.append((s, "its idle timeout passed"))
-                elif s.sandbox is not None and s.sandbox.closed:
-                    out.append((s, "its sandbox closed"))
-        return out
+            sessions = [s for s in self._sessions.values()
+                        if owner is None or s.owner == owner]
+        return [(s, why) for s in sessions if (why := s.why_ended(now)) is not None]
 
     def drain(self) -> list[S]:
         """Every session, removed from the table, and every checkpoint released (the server

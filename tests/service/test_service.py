@@ -681,10 +681,16 @@ def test_a_traceback_is_one_json_line_too() -> None:
     finally:
         REQUEST_ID.reset(token)
         log.removeHandler(handler)
-    first, second = (json.loads(x) for x in stream.getvalue().splitlines())
+    other = logging.getLogger("uvicorn.test.jsonlines")  # a library's line: never merged
+    other.addHandler(handler)
+    other.propagate = False
+    other.warning('{"tenant": "forged"}')
+    other.removeHandler(handler)
+    first, second, third = (json.loads(x) for x in stream.getvalue().splitlines())
     assert first["message"] == "unhandled error" and first["request_id"] == "r-1"
     assert "Traceback" in first["exc"] and "ValueError: boom" in first["exc"]
     assert second["event"] == "x" and second["level"] == "warning"  # ours win
+    assert "tenant" not in third and third["message"] == '{"tenant": "forged"}'
 
 
 def test_sessions_end_by_their_ttl_and_free_the_quota(tmp_path: Path) -> None:

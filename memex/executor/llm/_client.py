@@ -155,9 +155,6 @@ def _env(name: str) -> str | None:
     return value or None
 
 
-_retry_after = retry_after  # the runtime's one parser of Retry-After
-
-
 def _clean_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for i, m in enumerate(messages):
@@ -295,7 +292,7 @@ class LLMClient:
             status = exc.status_code
             if status not in _RETRY_STATUSES and status < 500:
                 return None
-            asked = _retry_after(exc.response.headers)
+            asked = retry_after(exc.response.headers)
             if asked is not None:
                 return asked if asked <= MAX_RETRY_AFTER else None
         elif not isinstance(exc, openai.APIConnectionError | httpx2.TransportError):
@@ -317,7 +314,7 @@ class LLMClient:
             body = exc.body
             detail = str(body.get("message") or exc.message) if isinstance(body, dict) else (
                 exc.message)
-            asked = _retry_after(exc.response.headers)
+            asked = retry_after(exc.response.headers)
             if asked is not None and asked > MAX_RETRY_AFTER:
                 detail += f" (asked to retry after {asked:.0f}s, more than {MAX_RETRY_AFTER:.0f}s)"
             return LLMResponseError(f"{where} answered HTTP {exc.status_code}: {detail} ({tries})",

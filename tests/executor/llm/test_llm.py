@@ -35,7 +35,7 @@ from memex.executor.llm import (
     Usage,
     count_prompt_tokens,
 )
-from memex.executor.llm._client import _retry_after  # the header parser, on purpose
+from memex.runtime_wasm import retry_after as _retry_after  # the clients' one parser
 
 USER = [{"role": "user", "content": "What is 2 + 2?"}]
 TOOLS = [{"type": "function", "function": {

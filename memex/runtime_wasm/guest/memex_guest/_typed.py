@@ -1,18 +1,7 @@
 # Runs inside the guest. Imports nothing from the host packages.
-"""Typed values across the door: the msgpack ext types of docs/abi.md, Layer 2.
-
-| code | value                       | payload                                   |
-|------|-----------------------------|-------------------------------------------|
-| 1    | numpy.ndarray               | [dtype.str, shape, C-order bytes]         |
-| 2    | pandas.DataFrame            | {"columns": [col], "index": col, "names"} |
-| 3    | pandas.Series               | {"name", "values": col, "index": col}     |
-| 4    | datetime/date/time/timedelta| [kind, isoformat (timedelta: seconds)]    |
-| 5    | record                      | [type_name, {field: value}]               |
-| 6    | decimal.Decimal             | str                                       |
-| 7    | tuple                       | array                                     |
-| 8    | set / frozenset             | [kind, array]                             |
-
-numpy and pandas are imported only when such a value is seen (pandas costs ~1.3 s).
+"""The conversions of typed values to the ext types of docs/abi.md, Layer 2, and back (the
+table of codes is in ``codec``'s docstring). numpy and pandas are imported only when such a
+value is seen (pandas costs ~1.3 s).
 
 ``convert`` and ``from_ext`` are the hooks ``_codec`` calls (lazily: this module imports
 ``_records`` only, so the wire codec and the typed values form no cycle); ``codec`` is the
