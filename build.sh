@@ -109,7 +109,7 @@ case "${1:-setup}" in
         ;;
     test)
         # Ray and the integrations are optional extras; CI installs them so their tests run.
-        setup "[dev,eval,serve,ray,mcp,jupyter,smolagents,pydantic-ai,openai-agents,fastmcp]"
+        setup "[dev,eval,serve,ray,cluster,mcp,jupyter,smolagents,pydantic-ai,openai-agents,fastmcp]"
         # The end-to-end agent test runs against the real local model.
         setup_local_model
         "$VENV/bin/ruff" check memex tests bench examples

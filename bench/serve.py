@@ -18,7 +18,11 @@ in this process the same pool backend and an in-process sandbox as baselines. Pr
   one session from 8 clients; an unauthenticated client sending 30 MiB JSON bodies from 4
   threads; 1,100 connections that send half a request head and wait), and the server's peak
   memory above idle during each: targets p99 within 2x of alone, memory <= 100 MiB above idle
-  (``--only attacks`` runs this part alone).
+  (``--only attacks`` runs this part alone);
+* the cluster's figures (``bench/_cluster.py``; ``--only cluster`` runs them alone): a trivial
+  cell through a Ray cluster's front vs a single-node service (target overhead <= 2 ms),
+  session create, the control actor's calls per second, turns/s with 1 and 2 worker nodes,
+  and the time from a node's death to its session's next result elsewhere.
 
 It asserts nothing; the targets are printed beside the figures.
 """
@@ -119,7 +123,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--clients", type=int, default=50)
-    ap.add_argument("--only", choices=["attacks"], default=None)
+    ap.add_argument("--only", choices=["attacks", "cluster"], default=None)
     ap.add_argument("--attack", choices=["turns", "bodies", "half_open"], help=argparse.SUPPRESS)
     ap.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
@@ -133,6 +137,11 @@ def main() -> None:
     clients = args.clients if not args.quick else 10
     lim = Limits(timeout=TIMEOUT)
 
+    if args.only == "cluster":
+        from _cluster import cluster_figures
+
+        cluster_figures(scale)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         proc, url, keys = start_server(Path(tmp), clients)
         try:
@@ -250,6 +259,14 @@ def main() -> None:
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(60)
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        print("\n(the cluster figures need memex[cluster]: skipped)")
+    else:
+        from _cluster import cluster_figures
+
+        cluster_figures(scale)
 
 
 def _rss(pid: int) -> int:

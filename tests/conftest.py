@@ -103,7 +103,7 @@ BACKEND_OPTIONS: dict[str, dict[str, Any]] = {
     "inprocess": {},
     "subprocess": {"workers": 1},
     "pool": {"workers": 2, "warm": 2, "limits": Limits(timeout=DEFAULT_TIMEOUT)},
-    "ray": {"actors": 2, "init_options": {"num_cpus": 2}},
+    "ray": {"actors": 2, "address": "local", "init_options": {"num_cpus": 2}},
 }
 
 OpenSandbox = Callable[..., SandboxAPI[Any]]
@@ -160,3 +160,25 @@ def memex_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     })
     yield served
     served.stop()
+
+
+# ---- an S3-compatible store on 127.0.0.1 (moto's server mode) -------------------------------
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[dict[str, Any]]:
+    """A real S3 API on 127.0.0.1 (moto's server, a thread of this process) with one bucket
+    ``memex``; the fsspec storage options that reach it."""
+    pytest.importorskip("s3fs")
+    server_mod = pytest.importorskip("moto.server")
+    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    options = {"key": "testing", "secret": "testing", "skip_instance_cache": True,
+               "client_kwargs": {"endpoint_url": f"http://{host}:{port}",
+                                 "region_name": "us-east-1"}}
+    import boto3  # moto's own dependency
+
+    boto3.client("s3", endpoint_url=f"http://{host}:{port}", region_name="us-east-1",
+                 aws_access_key_id="testing",
+                 aws_secret_access_key="testing").create_bucket(Bucket="memex")
+    yield {"uri": "s3://memex", "options": options, "endpoint": f"http://{host}:{port}"}
+    server.stop()

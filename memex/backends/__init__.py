@@ -11,11 +11,14 @@ reach a sandbox through the door it is opened with, whichever backend holds it.
 
 from typing import TYPE_CHECKING, Any
 
+from ._clientdoor import ClientDoor
+from ._cluster import Slab, session_key
 from ._contract import Backend
 from ._inprocess import InProcessBackend
 from ._pool import PoolBackend, PoolStats, TenantQuota
 from ._ray import RayBackend, RayCheckpoint, RaySandbox
 from ._registry import BACKENDS, get_backend
+from ._storage import Storage
 from ._subprocess import ProcessCheckpoint, ProcessSandbox, SubprocessBackend
 
 if TYPE_CHECKING:
@@ -27,6 +30,7 @@ __all__ = [
     "BACKENDS",
     "Backend",
     "Client",
+    "ClientDoor",
     "InProcessBackend",
     "PoolBackend",
     "PoolStats",
@@ -38,9 +42,12 @@ __all__ = [
     "RemoteBackend",
     "RemoteCheckpoint",
     "RemoteSandbox",
+    "Slab",
+    "Storage",
     "SubprocessBackend",
     "TenantQuota",
     "get_backend",
+    "session_key",
 ]
 
 

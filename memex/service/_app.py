@@ -28,7 +28,12 @@ __all__ = ["create_app"]
 def create_app(config: ServiceConfig, *, backend: Backend | None = None) -> FastAPI:
     """The service for ``config``; ``backend`` (default: built from the config) holds the
     sandboxes and is closed with the app."""
-    svc = Service(config, backend)
+    if config.cluster is not None:
+        from ._cluster import ClusterService  # Ray only when serving on a cluster
+
+        svc: Service = ClusterService(config)
+    else:
+        svc = Service(config, backend)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

@@ -127,6 +127,7 @@ class ServiceConfig:
     shared_dir: Path | None = None  # where sessions are parked for another node to take
     metrics_keys: tuple[str, ...] = ()  # key hashes /metrics asks for
     metrics_public: bool = False  # /metrics open to anyone (it names every tenant)
+    cluster: ClusterConfig | None = None  # serve on a Ray cluster: _cluster
     edge: EdgeLimits = field(default_factory=EdgeLimits)  # connections: _edge
     tenants: Mapping[str, TenantConfig] = field(default_factory=dict)
     path: Path | None = None
@@ -209,8 +210,36 @@ class _ServerFile(FileModel):
     keep_alive_timeout: Seconds | None = None
 
 
+class _ClusterFile(FileModel):
+    """``[cluster]``: serve on a Ray cluster (docs/scaling.md)."""
+
+    address: str
+    storage: str
+    storage_options: dict[str, Any] = Field(default_factory=dict)
+    namespace: str = Field(default="memex", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    slab_memory: Size = 4 << 30
+    slab_cpus: float = Field(default=1.0, gt=0)
+    save_interval: SecondsOrZero = 2.0
+    place_timeout: Seconds = 60.0
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """Where the cluster is and how its sessions are held (``[cluster]``)."""
+
+    address: str
+    storage: str
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+    namespace: str = "memex"
+    slab_memory: int = 4 << 30
+    slab_cpus: float = 1.0
+    save_interval: float = 2.0
+    place_timeout: float = 60.0
+
+
 class _ServeFile(FileModel):
     server: _ServerFile = Field(default_factory=_ServerFile)
+    cluster: _ClusterFile | None = None
     tenants: dict[str, _TenantFile] = Field(default_factory=dict)
 
 
@@ -267,6 +296,16 @@ def parse_config(data: Mapping[str, Any], *, path: Path | None = None) -> Servic
             if k in seen:
                 raise ConfigError(f"one key is listed for tenants {seen[k]!r} and {t.name!r}")
             seen[k] = t.name
+    if f.cluster is not None:
+        opts["cluster"] = ClusterConfig(**f.cluster.model_dump())
+        for k in ("state_dir", "shared_dir"):
+            if opts.get(k) is not None:
+                raise ConfigError(f"[server] {k}: a cluster keeps its sessions in [cluster] "
+                                  "storage, not in a folder of one node")
+        for t in tenants.values():
+            if t.egress is not None or t.tools is not None:
+                raise ConfigError(f"[tenants.{t.name}]: egress and operator tools are not "
+                                  "served in cluster mode yet (docs/scaling.md)")
     if opts.get("state_dir") is not None and "idle_evict" not in opts:
         opts["idle_evict"] = 600.0  # a durable server evicts idle sessions by default
     return ServiceConfig(**opts, tenants=tenants, path=path)
@@ -297,6 +336,14 @@ def check_config(config: ServiceConfig) -> tuple[list[str], list[str]]:
             problems.append(f"tenant {t.name}: max_sessions {t.max_sessions} lets it hold "
                             f"every sandbox of the pool ({capacity}); other tenants would "
                             "get 429 while it holds them")
+    if config.cluster is not None:
+        for t in config.tenants.values():
+            top = t.ceiling.get("memory") if t.ceiling else None
+            if top is None or top > config.cluster.slab_memory:
+                problems.append(f"tenant {t.name}: its sessions may ask for more memory "
+                                f"({top}) than a slab holds ({config.cluster.slab_memory}): "
+                                f"such a create is refused; set [tenants.{t.name}.ceiling] "
+                                "memory")
     if config.state_dir is not None and config.idle_evict is None:
         notes.append("idle sessions are saved and evicted after 600 s (idle_evict)")
     return notes, problems
@@ -322,12 +369,25 @@ class KeyRing:
     lookup: a ``stat``). A file that no longer parses keeps the last good tenants and is
     reported through ``last_error``."""
 
-    def __init__(self, config: ServiceConfig) -> None:
+    def __init__(self, config: ServiceConfig, *, watch: bool = True) -> None:
         self._lock = threading.Lock()
         self._tenants = dict(config.tenants)
         self._path = config.path
+        self._watch = watch  # off on a cluster: the control actor's copy rules (adopt)
         self._stamp = self._stat()
         self.last_error: str | None = None
+
+    def adopt(self, text: str) -> None:
+        """Serve the tenants of ``text``: a serve.toml the cluster holds (a text that does
+        not parse keeps the last good tenants, reported through ``last_error``)."""
+        try:
+            tenants = parse_config(tomllib.loads(text), path=self._path).tenants
+        except (ConfigError, tomllib.TOMLDecodeError) as exc:
+            self.last_error = str(exc)
+            return
+        with self._lock:
+            self._tenants = dict(tenants)
+            self.last_error = None
 
     def _stat(self) -> tuple[int, int] | None:
         if self._path is None:
@@ -339,6 +399,8 @@ class KeyRing:
         return (st.st_mtime_ns, st.st_size)
 
     def _refresh(self) -> None:
+        if not self._watch:
+            return
         stamp = self._stat()
         if stamp is None or stamp == self._stamp or self._path is None:
             return

@@ -15,11 +15,11 @@ from typing import Any
 
 import msgpack
 
+from ..backends import ClientDoor
 from ..errors import ImageError, MemexError, SandboxError, SandboxLost
 from ..runtime_wasm import SandboxAPI
 from ..serving import Keeper, QuotaExceeded, session_fields
 from ._config import TenantConfig
-from ._door import ClientDoor
 from ._sessions import Session
 
 __all__ = ["ServeKeeper", "session_of_meta"]

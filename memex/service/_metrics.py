@@ -4,6 +4,7 @@ HTTP answers by status. One registry per app (two apps in one process never shar
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -40,6 +41,16 @@ class Metrics:
                            "whole request head yet) and closed by the edge (refused, "
                            "evicted, timed_out: counts since start)", ["state"], registry=r)
         self._known: set[str] = set()
+        # on a cluster: the control actor's view (every front reports the same one)
+        self._nodes = Gauge("memex_cluster_nodes", "the cluster's nodes by state (alive, "
+                            "dead, draining)", ["state"], registry=r)
+        self._slabs = Gauge("memex_cluster_slab", "each live slab's sessions, and the memory "
+                            "its sessions' limits take of its capacity (bytes)",
+                            ["node", "slab", "what"], registry=r)
+        self._running = Gauge("memex_cluster_running", "turns running across the cluster",
+                              ["tenant"], registry=r)
+        self._control = Gauge("memex_cluster_control_calls", "calls the control actor "
+                              "answered since it started, by kind", ["kind"], registry=r)
 
     def turn(self, tenant: str, r: TurnResult) -> None:
         self._turns.labels(tenant, r.status.value).inc()
@@ -61,6 +72,23 @@ class Metrics:
     def edge(self, stats: Mapping[str, int]) -> None:
         for state, n in stats.items():
             self._edge.labels(state).set(n)
+
+    def cluster(self, stats: Mapping[str, Any]) -> None:
+        """The cluster's state as the control actor reports it (``Control.stats``)."""
+        for g in (self._nodes, self._slabs, self._running):
+            g.clear()
+        states = {"alive": 0, "dead": 0, "draining": 0}
+        for n in stats["nodes"]:
+            states["draining" if n["draining"] else "alive" if n["alive"] else "dead"] += 1
+        for state, count in states.items():
+            self._nodes.labels(state).set(count)
+        for slab in stats["slabs"]:
+            for what in ("sessions", "used", "capacity"):
+                self._slabs.labels(slab["node"], slab["name"], what).set(slab[what])
+        for tenant, n in stats["running"].items():
+            self._running.labels(tenant).set(n)
+        for kind, n in stats["counts"].items():
+            self._control.labels(kind).set(n)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

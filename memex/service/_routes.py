@@ -44,7 +44,7 @@ from ._models import (
     ToolOut,
 )
 from ._service import Service, quota_error
-from ._sessions import QuotaExceeded, Session, new_checkpoint_id
+from ._sessions import QuotaExceeded, Session
 from ._tools import describe_tools
 
 __all__ = ["router"]
@@ -103,7 +103,8 @@ async def metrics(request: Request, svc: Svc) -> Response:
                                                          _key_of(request.headers)):
         raise ApiError(401, "unauthorized", "/metrics asks for one of [server] metrics_keys "
                        "(Authorization: Bearer <key>)", headers={"WWW-Authenticate": "Bearer"})
-    svc.metrics.sessions(svc.table.counts())
+    await svc.observe()
+    svc.metrics.sessions(await svc.session_counts())
     svc.metrics.config_error(svc.keys.last_error)
     svc.metrics.edge(svc.edge.stats() if svc.edge is not None else {})
     return Response(svc.metrics.render(), media_type=svc.metrics.content_type)
@@ -125,18 +126,17 @@ async def create(body: CreateSession, tenant: Tenant, svc: Svc) -> SessionOut:
 
 @router.get(f"{V1}/sessions", responses=_ERRORS)
 async def list_sessions(tenant: Tenant, svc: Svc) -> SessionList:
-    await svc.reap(tenant.name)
-    return SessionList(sessions=[svc.out(s) for s in svc.table.of(tenant.name)])
+    return SessionList(sessions=[svc.out(s) for s in await svc.listed(tenant)])
 
 
 @router.get(f"{V1}/sessions/{{sid}}", responses=_ERRORS)
 async def get_session(sid: str, tenant: Tenant, svc: Svc) -> SessionOut:
-    return svc.out(svc.session_of(tenant, sid))
+    return svc.out(await svc.session_of(tenant, sid))
 
 
 @router.delete(f"{V1}/sessions/{{sid}}", status_code=204, responses=_ERRORS)
 async def close(sid: str, tenant: Tenant, svc: Svc) -> Response:
-    s = svc.table.get(tenant.name, sid)
+    s = await svc.find(tenant, sid)
     if s is None:
         raise ApiError(404, "not_found", f"no session {sid!r}")
     await svc.end(s, "closed by the client")
@@ -145,7 +145,7 @@ async def close(sid: str, tenant: Tenant, svc: Svc) -> Response:
 
 @router.post(f"{V1}/sessions/{{sid}}/fork", status_code=201, responses=_ERRORS)
 async def fork(sid: str, tenant: Tenant, svc: Svc) -> SessionOut:
-    s = svc.session_of(tenant, sid)
+    s = await svc.session_of(tenant, sid)
     try:
         return svc.out(await svc.ordered(s, tenant, svc.fork_of(s, tenant)))
     except QuotaExceeded as exc:
@@ -154,7 +154,7 @@ async def fork(sid: str, tenant: Tenant, svc: Svc) -> SessionOut:
 
 @router.post(f"{V1}/sessions/{{sid}}/park", status_code=204, responses=_ERRORS)
 async def park(sid: str, tenant: Tenant, svc: Svc) -> Response:
-    s = svc.session_of(tenant, sid)
+    s = await svc.session_of(tenant, sid)
     await svc.blocking(svc.keeper.park, s, svc.shared(), tenant=tenant.name)
     svc.release_door(s)
     return Response(status_code=204)
@@ -186,7 +186,7 @@ async def run(sid: str, body: RunIn, tenant: Tenant, svc: Svc) -> Response:
                      "server-sent events: output {stream, text} as the guest writes, then "
                      "result (the body of /run) or error (an error body)"}})
 async def run_stream(sid: str, body: RunIn, tenant: Tenant, svc: Svc) -> StreamingResponse:
-    s = svc.session_of(tenant, sid)
+    s = await svc.session_of(tenant, sid)
     out = _Output(asyncio.get_running_loop())
     # admitted before the answer starts: a refusal has the status /run would give it
     admission = contextlib.AsyncExitStack()
@@ -265,49 +265,20 @@ class _Output:
 # ---- checkpoints --------------------------------------------------------------------------
 @router.post(f"{V1}/sessions/{{sid}}/checkpoints", status_code=201, responses=_ERRORS)
 async def checkpoint(sid: str, tenant: Tenant, svc: Svc) -> CheckpointOut:
-    s = svc.session_of(tenant, sid)
-    cp = await svc.ordered(s, tenant, lambda sb: sb.checkpoint())
-    try:
-        cid = svc.table.hold(tenant.name, tenant.bounds(), cp, new_checkpoint_id(),
-                             session=s.id)
-        return CheckpointOut(checkpoint=cid)
-    except QuotaExceeded as exc:
-        close = getattr(cp, "close", None)
-        if callable(close):
-            close()
-        raise quota_error(exc) from None
+    s = await svc.session_of(tenant, sid)
+    return CheckpointOut(checkpoint=await svc.take_checkpoint(s, tenant))
 
 
 @router.post(f"{V1}/sessions/{{sid}}/restore", status_code=204, responses=_ERRORS)
 async def restore(sid: str, body: RestoreIn, tenant: Tenant, svc: Svc) -> Response:
-    s = svc.session_of(tenant, sid)
-    cid = body.checkpoint
-
-    def put_back(sb: SandboxAPI[Any]) -> None:
-        cp = svc.table.checkpoint(tenant.name, cid)
-        if cp is None:  # one another node shared, read on first use and held here
-            cp = svc.keeper.shared_checkpoint(tenant.name, cid, svc.config.shared_dir,
-                                              max_memory=s.limits.memory)
-            if cp is None:
-                raise ApiError(404, "not_found", f"no checkpoint {cid!r} (unknown, released, "
-                               "or past the tenant's max_checkpoints)")
-            svc.table.hold(tenant.name, tenant.bounds(), cp, cid)
-        sb.restore(cp)
-        svc.keeper.changed(s)
-
-    try:
-        await svc.ordered(s, tenant, put_back)
-    except QuotaExceeded as exc:
-        raise quota_error(exc) from None
+    s = await svc.session_of(tenant, sid)
+    await svc.restore_checkpoint(s, tenant, body.checkpoint)
     return Response(status_code=204)
 
 
 @router.delete(f"{V1}/checkpoints/{{cid}}", status_code=204, responses=_ERRORS)
 async def drop_checkpoint(cid: str, tenant: Tenant, svc: Svc) -> Response:
-    held = svc.table.drop_checkpoint(tenant.name, cid)
-    shared = await svc.blocking(svc.keeper.unshare_checkpoint, tenant.name, cid,
-                                svc.config.shared_dir, tenant=tenant.name)
-    if not (held or shared):
+    if not await svc.drop_checkpoint(tenant, cid):
         raise ApiError(404, "not_found", f"no checkpoint {cid!r}")
     return Response(status_code=204)
 
@@ -331,7 +302,7 @@ async def read_file(sid: str, path: Annotated[str, Query()], tenant: Tenant, svc
                     max_bytes: Annotated[int | None, Query(ge=0)] = None) -> Response:
     """A file of the session, refused (413) before it is read when it is larger than the
     server's response cap or ``max_bytes``."""
-    s = svc.session_of(tenant, sid)
+    s = await svc.session_of(tenant, sid)
     cap = svc.config.max_body_bytes if max_bytes is None else min(max_bytes,
                                                                    svc.config.max_body_bytes)
     data = await svc.blocking(svc.on(s, lambda sb: sb.read_file(path, max_bytes=cap)),
@@ -343,7 +314,7 @@ async def read_file(sid: str, path: Annotated[str, Query()], tenant: Tenant, svc
 async def list_files(sid: str, tenant: Tenant, svc: Svc,
                      path: Annotated[str, Query()] = "/tmp",
                      limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000) -> FileList:
-    s = svc.session_of(tenant, sid)
+    s = await svc.session_of(tenant, sid)
 
     def listing(sb: SandboxAPI[Any]) -> list[GuestFile]:
         if not isinstance(sb, Sandbox | ProcessSandbox):
@@ -358,7 +329,7 @@ async def list_files(sid: str, tenant: Tenant, svc: Svc,
 @router.put(f"{V1}/sessions/{{sid}}/files", status_code=204, responses=_ERRORS)
 async def write_file(sid: str, request: Request, path: Annotated[str, Query()],
                      tenant: Tenant, svc: Svc) -> Response:
-    s = svc.session_of(tenant, sid)
+    s = await svc.session_of(tenant, sid)
     data = await request.body()
     await svc.blocking(svc.on(s, lambda sb: sb.write_file(path, data)), tenant=tenant.name)
     return Response(status_code=204)
@@ -373,7 +344,7 @@ async def turns(ws: WebSocket, sid: str) -> None:
     svc: Service = ws.app.state.service
     key = _key_of(ws.headers)
     tenant = svc.keys.lookup(key)
-    if tenant is None or svc.table.get(tenant.name, sid) is None:
+    if tenant is None or await svc.find(tenant, sid) is None:
         await ws.close(code=4401 if tenant is None else 4404)
         return
     await ws.accept()
@@ -434,7 +405,7 @@ async def door(ws: WebSocket, sid: str) -> None:
     svc: Service = ws.app.state.service
     key = _key_of(ws.headers)
     tenant = svc.keys.lookup(key)
-    s = svc.table.get(tenant.name, sid) if tenant is not None else None
+    s = await svc.find(tenant, sid) if tenant is not None else None
     if s is None:
         await ws.close(code=4401 if tenant is None else 4404)
         return

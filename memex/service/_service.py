@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from ..backends import Backend, ProcessSandbox, TenantQuota, get_backend
+from ..backends import Backend, ClientDoor, ProcessSandbox, TenantQuota, get_backend
 from ..backends.worker import limits_to_wire, result_to_wire
 from ..errors import MemexError
 from ..host_tools import Egress, EgressRecord, ToolCallRecord, ToolHost
@@ -34,12 +34,11 @@ from ..runtime_wasm import (
 )
 from ..serving import ConnectionGuard, Shares
 from ._config import KeyRing, ServiceConfig, TenantConfig
-from ._door import ClientDoor
 from ._durable import ServeKeeper, session_of_meta
 from ._http import ApiError, translate
 from ._metrics import Metrics
 from ._models import CreateSession, RunIn, SessionOut
-from ._sessions import QuotaExceeded, Session, SessionTable, new_session_id
+from ._sessions import QuotaExceeded, Session, SessionTable, new_checkpoint_id, new_session_id
 
 __all__ = ["AUDIT", "Service"]
 
@@ -187,14 +186,71 @@ class Service:
                 return fn(sb)
         return call
 
-    def session_of(self, tenant: TenantConfig, sid: str) -> Session:
-        s = self.table.get(tenant.name, sid)
+    async def find(self, tenant: TenantConfig, sid: str) -> Session | None:
+        """The tenant's session ``sid``, or None (another tenant's is None too)."""
+        return self.table.get(tenant.name, sid)
+
+    async def listed(self, tenant: TenantConfig) -> list[Session]:
+        await self.reap(tenant.name)  # sessions its limits ended hold no quota, to the second
+        return self.table.of(tenant.name)
+
+    async def observe(self) -> None:
+        """Bring /metrics' gauges of what lies beyond this process up to date (a
+        cluster's)."""
+
+    async def session_counts(self) -> dict[str, int]:
+        """Live sessions per tenant (for /metrics)."""
+        return self.table.counts()
+
+    async def session_of(self, tenant: TenantConfig, sid: str) -> Session:
+        s = await self.find(tenant, sid)
         if s is None:
             raise ApiError(404, "not_found", f"no session {sid!r}")
         why = s.why_ended()  # this session only: a lookup is on every request's path
         if why is not None:  # ended by its limits: the sweep frees it within a second
             raise ApiError(404, "not_found", f"no session {sid!r}: {why}")
         return s  # last_used moves with uses of its sandbox (Keeper.using), not lookups
+
+    # ---- checkpoints --------------------------------------------------------------------------
+    async def take_checkpoint(self, s: Session, tenant: TenantConfig) -> str:
+        """A checkpoint of the session held for the tenant; its id."""
+        cp = await self.ordered(s, tenant, lambda sb: sb.checkpoint())
+        try:
+            return self.table.hold(tenant.name, tenant.bounds(), cp, new_checkpoint_id(),
+                                   session=s.id)
+        except QuotaExceeded as exc:
+            close = getattr(cp, "close", None)
+            if callable(close):
+                close()
+            raise quota_error(exc) from None
+
+    async def restore_checkpoint(self, s: Session, tenant: TenantConfig, cid: str) -> None:
+        """The session back to the tenant's checkpoint ``cid`` (held here, or shared by
+        another node)."""
+        def put_back(sb: SandboxAPI[Any]) -> None:
+            cp = self.table.checkpoint(tenant.name, cid)
+            if cp is None:  # one another node shared, read on first use and held here
+                cp = self.keeper.shared_checkpoint(tenant.name, cid, self.config.shared_dir,
+                                                   max_memory=s.limits.memory)
+                if cp is None:
+                    raise ApiError(404, "not_found", f"no checkpoint {cid!r} (unknown, "
+                                   "released, or past the tenant's max_checkpoints)")
+                self.table.hold(tenant.name, tenant.bounds(), cp, cid)
+            sb.restore(cp)
+            self.keeper.changed(s)
+
+        try:
+            await self.ordered(s, tenant, put_back)
+        except QuotaExceeded as exc:
+            raise quota_error(exc) from None
+
+    async def drop_checkpoint(self, tenant: TenantConfig, cid: str) -> bool:
+        """Release the tenant's checkpoint ``cid`` (and its shared copy); whether there was
+        one."""
+        held = self.table.drop_checkpoint(tenant.name, cid)
+        shared = await self.blocking(self.keeper.unshare_checkpoint, tenant.name, cid,
+                                     self.config.shared_dir, tenant=tenant.name)
+        return bool(held or shared)
 
     def shared(self) -> Path:
         if self.config.shared_dir is None:
@@ -323,7 +379,7 @@ class Service:
     async def run_turn(self, tenant: TenantConfig, sid: str, body: RunIn) -> dict[str, Any]:
         """One turn of ``body`` in the tenant's session ``sid``: the body of ``/run``'s
         answer (the turns socket sends the same)."""
-        s = self.session_of(tenant, sid)
+        s = await self.session_of(tenant, sid)
         r: TurnResult = await self.ordered(s, tenant, self.turn_of(s, tenant, body), turn=True)
         return self.answer_of(s, tenant, body, r)
 

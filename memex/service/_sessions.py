@@ -10,8 +10,8 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
+from ..backends import ClientDoor
 from ..serving import DurableSession, QuotaExceeded, SessionTable
-from ._door import ClientDoor
 
 __all__ = ["QuotaExceeded", "Session", "SessionTable", "new_checkpoint_id", "new_session_id"]
 

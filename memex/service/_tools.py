@@ -6,7 +6,7 @@ a Python file (relative to the config) or an importable module, and an attribute
 a list of those.
 
 On a session's door the server answers calls to these names itself and forwards every other
-tool call to the client (``_door.ClientDoor``), so a client can neither answer in the
+tool call to the client (``backends.ClientDoor``), so a client can neither answer in the
 operator's place nor see the operator's handlers. ``GET /v1/tools`` describes them (OpenAI
 function definitions), which is how a client offers them to its model."""
 

@@ -4,10 +4,12 @@ edge that bounds what a client can hold of a server before any application code 
 checkpoints per owner with its bounds (``SessionTable``, ``Bounds``, ``CoreSession``), the
 fair shares that admit each operation in the event loop (``Shares``), and the keeper that
 saves sessions to SQLite, evicts idle ones and brings them back after a restart
-(``Keeper``, ``DurableSession``); and the one style of their config files (``FileModel``,
+(``Keeper``, ``DurableSession``); a cluster's control actor (``Control``: directory, ledger,
+placement and recovery across Ray nodes); and the one style of their config files (``FileModel``,
 ``LimitsTable``, ``Size``, ``Seconds``, ``config_error``). Imports no web framework: each
 front end brings its own extra."""
 
+from ._control import CONTROL_NAME, Control, checkpoint_key
 from ._durable import DurableSession, Keeper, session_fields
 from ._edge import ConnectionGuard, EdgeLimits
 from ._settings import (
@@ -22,8 +24,10 @@ from ._shares import Shares
 from ._table import Bounds, QuotaExceeded, SessionTable
 
 __all__ = [
+    "CONTROL_NAME",
     "Bounds",
     "ConnectionGuard",
+    "Control",
     "DurableSession",
     "EdgeLimits",
     "FileModel",
@@ -35,6 +39,7 @@ __all__ = [
     "SessionTable",
     "Shares",
     "Size",
+    "checkpoint_key",
     "config_error",
     "session_fields",
 ]

@@ -4,10 +4,13 @@ door frames, death) and the wire between them (``_wire``: length-prefixed msgpac
 Unix socket, file descriptors passed alongside)."""
 
 from ._wire import (
+    Channel,
+    ChannelClosed,
     FrameDecoder,
     ProtocolError,
     encode_frame,
     error_from_wire,
+    error_to_wire,
     limits_from_wire,
     limits_to_wire,
     mounts_from_wire,
@@ -17,10 +20,13 @@ from ._wire import (
 )
 
 __all__ = [
+    "Channel",
+    "ChannelClosed",
     "FrameDecoder",
     "ProtocolError",
     "encode_frame",
     "error_from_wire",
+    "error_to_wire",
     "limits_from_wire",
     "limits_to_wire",
     "mounts_from_wire",

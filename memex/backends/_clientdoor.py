@@ -81,6 +81,18 @@ class ClientDoor(Door):
         self._busy: dict[int, int] = {}
         self._pending: dict[int, tuple[int, concurrent.futures.Future[Any]]] = {}
         self._tools: frozenset[str] = frozenset()
+        self._joined = threading.Condition(self._lock)
+        self._expect = 0.0
+
+    @property
+    def ever_attached(self) -> bool:
+        return self._ever
+
+    def expect_client(self, seconds: float) -> None:
+        """A client had a connection here before this door was made (its session was
+        opened again elsewhere): a call waits up to ``seconds`` for it to reconnect."""
+        with self._lock:
+            self._ever, self._expect = True, seconds
 
     @property
     def attached(self) -> bool:
@@ -93,6 +105,7 @@ class ClientDoor(Door):
             self._ever = True
             self._conns[self._token] = (send, loop)
             self._busy[self._token] = 0
+            self._joined.notify_all()
             return self._token
 
     def detach(self, token: int, why: str = "the client disconnected during a tool call") -> None:
@@ -231,6 +244,10 @@ class ClientDoor(Door):
         finite = deadline != float("inf")
         fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
         with self._lock:
+            if not self._conns and self._expect > 0:
+                wait = self._expect if not finite else min(
+                    self._expect, max(0.0, deadline - time.monotonic()))
+                self._joined.wait_for(lambda: bool(self._conns), wait)
             if not self._conns:
                 if not self._ever:  # no client door has ever been here to answer
                     return super().dispatch(frame, deadline)

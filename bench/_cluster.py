@@ -1,0 +1,207 @@
+"""The cluster figures of ``bench/serve.py`` (``--only cluster``, and after the single-node
+figures in a full run): a real Ray cluster on 127.0.0.1 (a head and worker nodes started by
+``ray.cluster_utils.Cluster``) with one ``memex serve`` front joined to it, beside a
+single-node ``memex serve`` (the inprocess backend, so both hold the guest in one process
+and differ only in the hops) in the same run.
+
+* a trivial cell through each (RemoteBackend, turns socket): the cluster front's overhead
+  is the difference of the p50s (target <= 2 ms);
+* a session create through each;
+* the control actor's own cost: directory lookups and turn admissions per second, called
+  back to back from this process (what bounds the cluster size: docs/scaling.md);
+* a worker node killed under a session: seconds from the kill to the session's next
+  successful result on the other node;
+* turns/s with 1 and then 2 worker nodes (8 clients, trivial cells): on two cores this shows
+  the cost of more processes, not scaling (printed beside it).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from _fmt import fmt, sample
+
+from memex import Limits
+from memex.backends import get_backend
+from memex.service import hash_key
+
+GiB = 1 << 30
+LIM = Limits(timeout=30.0, memory=256 << 20)
+
+
+def _serve(cfg: Path) -> tuple[subprocess.Popen[bytes], str]:
+    log = cfg.with_suffix(".log")
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "memex", "serve", "--config", str(cfg)],
+                                stdout=out, stderr=out)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        m = re.search(r"serving (http://[\d.]+:\d+)", log.read_text())
+        if m:
+            return proc, m.group(1)
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    proc.kill()
+    raise SystemExit(f"memex serve did not start:\n{log.read_text()}")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def _row(label: str, xs: list[float], target: str = "") -> None:
+    xs2 = sorted(xs)
+    p99 = xs2[min(len(xs2) - 1, int(0.99 * len(xs2)))]
+    print(f"  {label:44s} p50 {fmt(statistics.median(xs)):>9s}  p99 {fmt(p99):>9s}  {target}")
+
+
+def _turns_per_second(url: str, key: str, clients: int, seconds: float) -> float:
+    backend = get_backend("remote", url=url, api_key=key)
+    stop = time.monotonic() + seconds
+    done = [0]
+    lock = threading.Lock()
+
+    def client(_: int) -> None:
+        with backend.open(limits=LIM) as sb:
+            sb.run("1")
+            n = 0
+            while time.monotonic() < stop:
+                sb.run("1")
+                n += 1
+            with lock:
+                done[0] += n
+
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(clients) as ex:
+        list(ex.map(client, range(clients)))
+    wall = time.monotonic() - t0
+    backend.close()
+    return done[0] / max(wall, 1e-9)
+
+
+def cluster_figures(scale: int) -> None:
+    import ray
+    from ray.cluster_utils import Cluster
+
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # every address 127.0.0.1
+    n = 1000 // scale
+    key = secrets.token_urlsafe(24)
+    tenant = f'[tenants.t]\nkeys = ["{hash_key(key)}"]\nmax_sessions = 100\n'
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        single_cfg = folder / "single.toml"
+        single_cfg.write_text("[server]\nport = 0\nbackend = \"inprocess\"\naccess_log = false\n"
+                              + tenant)
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0,
+                                                               "include_dashboard": False})
+        workers = [cluster.add_node(num_cpus=4, memory=4 * GiB)]
+        cluster.wait_for_nodes()
+        cfg = folder / "cluster.toml"
+        cfg.write_text(
+            "[server]\nport = 0\naccess_log = false\n"
+            f'[cluster]\naddress = "{cluster.address}"\nstorage = "{folder / "storage"}"\n'
+            f"slab_memory = {GiB}\nslab_cpus = 1\n" + tenant)
+        single, single_url = _serve(single_cfg)
+        front, front_url = _serve(cfg)
+        try:
+            one = get_backend("remote", url=single_url, api_key=key)
+            many = get_backend("remote", url=front_url, api_key=key)
+            print(f"\nmemex serve on a Ray cluster (head + worker nodes on 127.0.0.1, one "
+                  f"front) vs a single-node memex serve (inprocess backend); "
+                  f"{os.cpu_count()} cores\n")
+            print(f"a trivial cell ('1'), {n} each (RemoteBackend, turns socket):")
+            with one.open(limits=LIM) as a, many.open(limits=LIM) as b:
+                a.run("1")
+                b.run("1")
+                alone = sample(lambda: a.run("1"), n)
+                through = sample(lambda: b.run("1"), n)
+            _row("single-node memex serve", alone)
+            _row("cluster front", through)
+            print(f"  {'cluster overhead (p50 cluster - p50 single)':44s}     "
+                  f"{fmt(statistics.median(through) - statistics.median(alone)):>9s}"
+                  "                  target <= 2 ms")
+
+            creates: dict[str, list[float]] = {"single": [], "cluster": []}
+            for name, b in (("single", one), ("cluster", many)):
+                for _ in range(max(20, 100 // scale)):
+                    t = time.perf_counter()
+                    s = b.open(limits=LIM)
+                    creates[name].append(time.perf_counter() - t)
+                    s.close()
+            print(f"\nsession create (+ close), {len(creates['single'])} each:")
+            _row("single-node create", creates["single"])
+            _row("cluster create (a slab with room)", creates["cluster"])
+
+            print("\nthe control actor alone, called back to back from this process:")
+            ray.init(address=cluster.address, namespace="memex", log_to_driver=False)
+            from memex.serving import CONTROL_NAME
+            control = ray.get_actor(CONTROL_NAME, namespace="memex")
+            with many.open(limits=LIM) as s:
+                s.run("1")
+                calls = 2000 // scale
+                t = time.perf_counter()
+                ray.get([control.lookup.remote("t", s.id) for _ in range(calls)])
+                lookups = calls / (time.perf_counter() - t)
+                t = time.perf_counter()
+                for _ in range(calls // 2):
+                    ray.get(control.turn_begin.remote("t", s.id, None, None, 1))
+                    control.turn_end.remote("t", s.id, None)
+                admits = (calls // 2) / (time.perf_counter() - t)
+            print(f"  {'directory lookups (pipelined)':44s}     {lookups:9.0f} /s")
+            print(f"  {'turn admissions (begin, then end)':44s}     {admits:9.0f} /s")
+
+            print("\nturns/s, 8 clients with a session each, trivial cells:")
+            tps1 = _turns_per_second(front_url, key, 8, 10.0 / scale ** 0.5)
+            workers.append(cluster.add_node(num_cpus=4, memory=4 * GiB))
+            cluster.wait_for_nodes()
+            tps2 = _turns_per_second(front_url, key, 8, 10.0 / scale ** 0.5)
+            print(f"  {'1 worker node':44s}     {tps1:9.0f} turns/s")
+            print(f"  {'2 worker nodes':44s}     {tps2:9.0f} turns/s   (2 cores: every node, "
+                  "slab and front shares them; this is overhead, not scaling)")
+
+            print("\na worker node killed under a session (its last save: the turn before):")
+            with many.open(limits=LIM) as s:
+                s.run("kept = 42")
+                time.sleep(3.0)  # past save_interval (2 s): the save holds the turn
+                stats: dict[str, Any] = ray.get(control.stats.remote())
+                slab = next(x for x in stats["slabs"] if _holds(control, x["name"], s.id))
+                victim = next(w for w in workers if w.node_id == slab["node"])
+                t0 = time.perf_counter()
+                cluster.remove_node(victim, allow_graceful=False)
+                while True:
+                    r = s.run("kept")
+                    if r.ok:
+                        break
+                back = time.perf_counter() - t0
+                print(f"  {'kill -> next successful result elsewhere':44s}     {fmt(back):>9s}"
+                      f"   (restored from turn {s.restored and s.restored['from_turn']})")
+            ray.shutdown()
+            one.close()
+            many.close()
+        finally:
+            _stop(front)
+            _stop(single)
+            cluster.shutdown()
+
+
+def _holds(control: Any, slab: str, sid: str) -> bool:
+    import ray
+    entry = ray.get(control.lookup.remote("t", sid))
+    return bool(entry and entry["slab"] == slab)

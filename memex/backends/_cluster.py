@@ -1,0 +1,455 @@
+"""The sessions of a ``memex serve`` cluster (docs/scaling.md): each lives in a *slab*, a Ray
+actor that declares a slab of memory and CPU to Ray's scheduler and holds sessions until
+their memory limits fill it, so a node is never promised more than it has. A slab saves each
+session to the cluster's storage (``_storage``) as it changes, so that any slab on any node
+can open it again: after its node died, after a drain, or after the whole cluster restarted.
+
+A session's door lives in its slab (a :class:`ClientDoor`): the guest's tool calls for the
+client wait there, and whichever front holds the client's door WebSocket pulls them
+(``door_pull``) and answers them (``door_answer``), so the client's tools answer whatever
+front its turns go through.
+
+A save is ``sessions/<sid>/image-<n>`` and ``files-<n>`` written first, then the record
+``sessions/<sid>/record`` (JSON: how to open the session again, its owner, the turns its
+image holds and the names of its objects); the record is the commit, so a reader never
+follows a record to half a save.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import hmac
+import json
+import os
+import secrets
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from ..errors import GuestFileTooLarge, ImageError, MemexError, SandboxClosed
+from ..runtime_wasm import (
+    DecodeCost,
+    Sandbox,
+    checkpoint_from_bytes,
+    checkpoint_to_bytes,
+    open_from_checkpoint,
+    unpack_bounded,
+)
+from ._clientdoor import ClientDoor
+from ._storage import Storage
+from .worker import error_to_wire, limits_from_wire, mounts_from_wire, result_to_wire
+from .worker._wire import Channel, ChannelClosed, ProtocolError
+
+__all__ = ["DIRECT", "FILES_CAP", "RECORD_CAP", "Slab", "session_key"]
+
+FILES_CAP = 64 << 20
+"""Bytes of /tmp files a save keeps; past it only the interpreter state is kept."""
+FILES_ENTRIES = 10_000
+DIRECT = frozenset({"run", "read_file", "write_file", "list_files", "checkpoint", "restore",
+                    "save"})
+"""What a front calls over a slab's socket (the rest goes through Ray)."""
+HELLO_TIMEOUT = 10.0
+DOOR_REJOIN = 10.0
+"""Seconds a tool call of a session opened again elsewhere waits for its client's door
+connection to follow it (the front holding it reconnects within a second or so)."""
+RECORD_CAP = 1 << 20
+"""Bytes a session's record may have (it is read before anything else of a save)."""
+
+
+def session_key(sid: str, name: str = "") -> str:
+    return f"sessions/{sid}/{name}" if name else f"sessions/{sid}"
+
+
+class _Mailbox:
+    """The frames waiting for one front's door connection to pull them."""
+
+    def __init__(self) -> None:
+        self.frames: collections.deque[bytes] = collections.deque()
+        self.cond = threading.Condition()
+        self.closed = False
+
+    def take(self, wait: float) -> list[bytes] | None:
+        with self.cond:
+            self.cond.wait_for(lambda: self.frames or self.closed, wait)
+            if self.closed and not self.frames:
+                return None
+            out = list(self.frames)
+            self.frames.clear()
+            return out
+
+
+@dataclass(eq=False)
+class _Held:
+    sb: Sandbox
+    door: ClientDoor
+    tenant: str
+    spec: dict[str, Any]
+    turns: int = 0
+    gen: int = 0  # changes of the guest state
+    saved_gen: int = -1
+    saved_turns: int = 0
+    seq: int = 0  # the number of its last save's objects
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    boxes: dict[int, _Mailbox] = field(default_factory=dict)
+
+
+class Slab:
+    """A Ray actor holding sessions (made remote, named and detached, by the cluster's
+    control actor). Every method answers ``["ok", value]`` or ``["err", <error wire>]``."""
+
+    def __init__(self, name: str, storage: Storage, save_interval: float) -> None:
+        self.name, self.storage, self.save_interval = name, storage, save_interval
+        self.held: dict[str, _Held] = {}
+        self.lock = threading.Lock()
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, name="memex-slab-door",
+                         daemon=True).start()
+        self._stop = threading.Event()
+        if save_interval > 0:
+            threading.Thread(target=self._saver, name="memex-slab-saver", daemon=True).start()
+        # the data path: fronts call turns and files over a socket of their own (a Ray call
+        # costs more than a turn); the secret that opens it is given out only through Ray
+        import ray
+        self._secret = secrets.token_bytes(32)
+        self._listener = socket.create_server((ray.util.get_node_ip_address(), 0))
+        self.endpoint = list(self._listener.getsockname()[:2])
+        threading.Thread(target=self._accept, name="memex-slab-listen", daemon=True).start()
+
+    # ---- the direct path ----------------------------------------------------------------------
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=self._serve, args=(conn,), name="memex-slab-conn",
+                             daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        """One front's connection: ``["hello", secret]`` first (else it is closed unheard),
+        then ``["call", seq, method, args]`` answered by ``["reply", seq, out]``; a turn is
+        acknowledged by ``["started", seq]`` as it begins, so a front that loses the
+        connection knows whether the turn could have run."""
+        ch = Channel(conn)
+        try:
+            hello, _ = ch.recv(timeout=HELLO_TIMEOUT)
+            if len(hello) != 2 or hello[0] != "hello" or not isinstance(hello[1], bytes) or \
+                    not hmac.compare_digest(hello[1], self._secret):
+                return
+            ch.send(["hello"])
+            while True:
+                msg, _ = ch.recv()
+                if len(msg) != 4 or msg[0] != "call" or msg[2] not in DIRECT or \
+                        not isinstance(msg[3], list):
+                    return
+                _, seq, method, args = msg
+                if method == "run":
+                    ch.send(["started", seq])
+                try:
+                    out = getattr(self, method)(*args)
+                except TypeError as exc:  # wrong arguments: a bug of the caller
+                    out = ["err", ["SandboxError", f"{method}: {exc}", None]]
+                ch.send(["reply", seq, out])
+        except (ChannelClosed, ProtocolError, TimeoutError, OSError):
+            pass
+        finally:
+            ch.close()
+
+    # ---- plumbing ---------------------------------------------------------------------------
+    def _call(self, fn: Any, *args: Any) -> list[Any]:
+        try:
+            return ["ok", fn(*args)]
+        except MemexError as exc:
+            return ["err", error_to_wire(exc)]
+        except Exception as exc:
+            return ["err", ["SandboxError", f"{type(exc).__name__}: {exc}", None]]
+
+    def _h(self, sid: str) -> _Held:
+        h = self.held.get(sid)
+        if h is None:
+            raise SandboxClosed(f"session {sid} is not held by this slab")
+        return h
+
+    def ready(self) -> dict[str, Any]:
+        """Where it runs, and how a front reaches its direct path (asked through Ray)."""
+        import ray
+        return {"node": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
+                "name": self.name, "endpoint": self.endpoint, "secret": self._secret}
+
+    def holding(self) -> list[list[Any]]:
+        """``[sid, turns]`` of each session held here."""
+        with self.lock:
+            return [[sid, h.turns] for sid, h in self.held.items()]
+
+    def stats(self) -> dict[str, Any]:
+        with self.lock:
+            held = list(self.held.values())
+        return {"sessions": len(held), "memory": sum(h.sb.limits.memory for h in held)}
+
+    # ---- sessions ---------------------------------------------------------------------------
+    def open(self, sid: str, tenant: str, spec: dict[str, Any], from_save: bool
+             ) -> list[Any]:
+        """Open the session here: empty, or from its last save (what it holds is said:
+        ``turns``, ``files_kept``; ``saved: False`` when it had none yet)."""
+        def go() -> dict[str, Any]:
+            limits = limits_from_wire(spec["limits"])
+            rec = self._record(sid) if from_save else None
+            cp, files = None, {}
+            if rec is not None and rec.get("image"):
+                blob = self.storage.get(str(rec["image"]), limits.memory + (64 << 20))
+                if blob is None:
+                    raise ImageError("the image its record names is missing")
+                cp = checkpoint_from_bytes(blob, max_memory=limits.memory)
+                if rec.get("files"):
+                    files = _files_from(self.storage.get(str(rec["files"]), FILES_CAP * 2))
+            door = ClientDoor()
+            if rec is not None and rec.get("door"):
+                door.expect_client(DOOR_REJOIN)  # its client's connection moves here too
+            sb = open_from_checkpoint(cp, limits=limits, mounts=mounts_from_wire(spec["mounts"]),
+                                      preload=list(spec["preload"]), door=door,
+                                      env=spec.get("env"))
+            try:
+                for path, data in files.items():
+                    sb.write_file(path, data)
+            except MemexError:
+                sb.close()
+                raise
+            turns = int(rec["turns"]) if rec is not None else 0
+            h = _Held(sb, door, tenant, spec, turns=turns, saved_turns=turns,
+                      seq=int(rec.get("seq", 0)) if rec is not None else 0)
+            with self.lock:
+                old = self.held.pop(sid, None)
+                self.held[sid] = h
+            if old is not None:
+                old.sb.close()
+            if rec is None:
+                self._save(sid, h)  # its record at once: a node lost before its first turn
+            else:  # brings it back empty, not unknown
+                h.saved_gen = h.gen
+            return {"turns": turns, "saved": rec is not None and bool(rec.get("image")),
+                    "saved_at": rec.get("saved_at") if rec is not None else None,
+                    "files_kept": bool(rec.get("files_kept")) if rec is not None else True}
+        return self._call(go)
+
+    def _record(self, sid: str) -> dict[str, Any] | None:
+        raw = self.storage.get(session_key(sid, "record"), RECORD_CAP)
+        if raw is None:
+            return None
+        try:
+            rec = json.loads(raw)
+        except ValueError as exc:
+            raise ImageError(f"the record of {sid} is not JSON: {exc}") from None
+        if not isinstance(rec, dict):
+            raise ImageError(f"the record of {sid} is not an object")
+        return rec
+
+    def run(self, sid: str, code: str, timeout: float | None, filename: str | None
+            ) -> list[Any]:
+        def go() -> dict[str, Any]:
+            h = self._h(sid)
+            with h.lock:
+                r = h.sb.run(code, timeout=timeout, filename=filename)
+                h.turns += 1
+                h.gen += 1
+                if self.save_interval <= 0:
+                    self._save(sid, h)
+                return {"result": result_to_wire(r), "turns": h.turns}
+        return self._call(go)
+
+    def checkpoint(self, sid: str, key: str) -> list[Any]:
+        """The session's state written to ``key`` of the storage; its memory's size (what
+        it counts against the tenant) and the turns it holds."""
+        def go() -> dict[str, Any]:
+            h = self._h(sid)
+            with h.lock:
+                cp = h.sb.checkpoint()
+                blob = checkpoint_to_bytes(cp)
+            self.storage.put(key, blob)
+            return {"size": cp.size, "bytes": len(blob), "turns": h.turns}
+        return self._call(go)
+
+    def restore(self, sid: str, key: str) -> list[Any]:
+        def go() -> None:
+            h = self._h(sid)
+            blob = self.storage.get(key, h.sb.limits.memory + (64 << 20))
+            if blob is None:
+                raise SandboxClosed(f"no checkpoint at {key}")
+            cp = checkpoint_from_bytes(blob, max_memory=h.sb.limits.memory)
+            with h.lock:
+                h.sb.restore(cp)
+                h.gen += 1
+                if self.save_interval <= 0:
+                    self._save(sid, h)
+        return self._call(go)
+
+    def fork(self, sid: str, child: str) -> list[Any]:
+        def go() -> dict[str, Any]:
+            h = self._h(sid)
+            with h.lock:
+                sb = h.sb.fork()  # shares the parent's door, as on every backend
+                c = _Held(sb, h.door, h.tenant, h.spec, turns=h.turns)
+            with self.lock:
+                self.held[child] = c
+            self._save(child, c)
+            return {"turns": c.turns}
+        return self._call(go)
+
+    def read_file(self, sid: str, path: str, max_bytes: int | None) -> list[Any]:
+        return self._call(lambda: self._h(sid).sb.read_file(path, max_bytes=max_bytes))
+
+    def write_file(self, sid: str, path: str, data: bytes) -> list[Any]:
+        def go() -> None:
+            h = self._h(sid)
+            with h.lock:
+                h.sb.write_file(path, data)
+                h.gen += 1
+        return self._call(go)
+
+    def list_files(self, sid: str, path: str, limit: int) -> list[Any]:
+        return self._call(lambda: [[f.name, f.path, f.kind, f.size] for f in
+                                   self._h(sid).sb.list_files(path, limit=limit)])
+
+    def close(self, sid: str, forget: bool) -> list[Any]:
+        """Close the session here; ``forget``: its saves go too (the client closed it)."""
+        def go() -> None:
+            with self.lock:
+                h = self.held.pop(sid, None)
+            if h is not None:
+                for box in list(h.boxes.values()):
+                    with box.cond:
+                        box.closed = True
+                        box.cond.notify_all()
+                with h.lock:
+                    h.sb.close()
+            if forget:
+                self.storage.delete(session_key(sid))
+        return self._call(go)
+
+    def save(self, sid: str) -> list[Any]:
+        """Save the session now (if it changed since its last save); the turns it holds."""
+        def go() -> int:
+            h = self._h(sid)
+            with h.lock:
+                if h.gen != h.saved_gen:
+                    self._save(sid, h)
+                return h.saved_turns
+        return self._call(go)
+
+    # ---- saves ------------------------------------------------------------------------------
+    def _save(self, sid: str, h: _Held) -> None:
+        """Its image and files, then its record (the commit); the previous objects after."""
+        with h.lock:
+            gen, turns = h.gen, h.turns
+            blob = checkpoint_to_bytes(h.sb.checkpoint()) if h.turns or h.gen else None
+            files = _files_of(h.sb)
+        seq = h.seq + 1
+        rec: dict[str, Any] = {"id": sid, "tenant": h.tenant, "spec": h.spec, "turns": turns,
+                               "seq": seq, "saved_at": time.time(), "image": None,
+                               "files": None, "files_kept": files is not None,
+                               "door": h.door.ever_attached}
+        if blob is not None:
+            rec["image"] = session_key(sid, f"image-{seq}")
+            self.storage.put(rec["image"], blob)
+        if files:
+            rec["files"] = session_key(sid, f"files-{seq}")
+            self.storage.put(rec["files"], msgpack.packb(files, use_bin_type=True))
+        if sid not in self.held:
+            return  # closed meanwhile: its objects go with its folder
+        self.storage.put(session_key(sid, "record"), json.dumps(rec).encode())
+        for name in (f"image-{h.seq}", f"files-{h.seq}"):
+            if h.seq:
+                self.storage.delete(session_key(sid, name))
+        h.seq, h.saved_gen, h.saved_turns = seq, gen, turns
+
+    def _saver(self) -> None:
+        while not self._stop.wait(self.save_interval):
+            with self.lock:
+                todo = [(sid, h) for sid, h in self.held.items() if h.gen != h.saved_gen]
+            for sid, h in todo:
+                with contextlib.suppress(Exception):  # the next round tries again
+                    self._save(sid, h)
+
+    # ---- the door ---------------------------------------------------------------------------
+    def door_attach(self, sid: str) -> list[Any]:
+        """A front's door connection for the session: its token to pull frames with."""
+        def go() -> int:
+            h = self._h(sid)
+            box = _Mailbox()
+
+            async def send(frame: bytes) -> None:
+                with box.cond:
+                    box.frames.append(frame)
+                    box.cond.notify_all()
+
+            token = h.door.attach(send, self.loop)
+            h.boxes[token] = box
+            return token
+        return self._call(go)
+
+    def door_pull(self, sid: str, token: int, wait: float) -> list[Any]:
+        """The frames waiting for the connection (within ``wait`` seconds); None once the
+        session or the connection is gone."""
+        h = self.held.get(sid)
+        box = h.boxes.get(token) if h is not None else None
+        if box is None:
+            return ["ok", None]
+        return ["ok", box.take(min(wait, 5.0))]
+
+    def door_answer(self, sid: str, data: bytes) -> list[Any]:
+        h = self.held.get(sid)
+        return ["ok", h is not None and h.door.answer(bytes(data))]
+
+    def door_detach(self, sid: str, token: int) -> list[Any]:
+        h = self.held.get(sid)
+        if h is not None:
+            h.door.detach(token)
+            box = h.boxes.pop(token, None)
+            if box is not None:
+                with box.cond:
+                    box.closed = True
+                    box.cond.notify_all()
+        return ["ok", None]
+
+
+def _files_of(sb: Sandbox) -> dict[str, bytes] | None:
+    """The session's /tmp files by guest path, or None when they cannot all be kept
+    (iterative, bounded in bytes and entries)."""
+    out: dict[str, bytes] = {}
+    total = entries = 0
+    todo = ["/tmp"]
+    while todo:
+        for f in sb.list_files(todo.pop()):
+            entries += 1
+            if entries > FILES_ENTRIES:
+                return None
+            if f.kind == "dir":
+                todo.append(f.path)
+            elif f.kind == "file":
+                total += f.size
+                if total > FILES_CAP:
+                    return None
+                try:
+                    data = sb.read_file(f.path, max_bytes=FILES_CAP - total + f.size)
+                except GuestFileTooLarge:
+                    return None
+                total += len(data) - f.size
+                out[f.path] = data
+    return out
+
+
+def _files_from(packed: bytes | None) -> dict[str, bytes]:
+    if not packed:
+        return {}
+    files = unpack_bounded(packed, DecodeCost(containers=4, items=2 * FILES_ENTRIES,
+                                              ext_bytes=0))
+    if not isinstance(files, dict) or not all(
+            isinstance(k, str) and isinstance(v, bytes) for k, v in files.items()):
+        raise ImageError("the saved files are not a map of paths to bytes")
+    return files

@@ -1,0 +1,707 @@
+"""``memex serve`` on a Ray cluster (``[cluster]`` in serve.toml; docs/scaling.md). Every front
+is a ``memex serve`` process joined to the cluster as a Ray driver; any front serves any
+session. The fronts share nothing but the cluster: the control actor
+(``memex.serving.Control``) holds the directory, the tenants' ledger and the config, and the
+sessions live in slabs (``memex.backends.Slab``) that save them to the cluster's storage.
+
+A front keeps a session record per session it has served (:class:`ClusterSandbox` is its
+handle to the session's slab, :class:`RelayDoor` its door); the record is a cache: a slab that
+no longer holds the session sends the front back to the control actor, which says where it is
+now, or that it ended. Each turn is admitted by the control actor (the tenant's running
+turns and rate across the cluster) and told there which slab holds the session now, so a
+session the monitor moved after its node died is followed without a failed call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+import threading
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from ..backends import Backend, Storage
+from ..backends.worker import (
+    Channel,
+    ChannelClosed,
+    ProtocolError,
+    error_from_wire,
+    limits_from_wire,
+    limits_to_wire,
+    mounts_from_wire,
+    mounts_to_wire,
+    result_from_wire,
+)
+from ..errors import ConfigError, SandboxClosed, SandboxError
+from ..runtime_wasm import (
+    Door,
+    GuestFile,
+    Limits,
+    Mount,
+    SandboxHandle,
+    TurnResult,
+    TurnStatus,
+)
+from ..serving import CONTROL_NAME, Control
+from ._config import ClusterConfig, KeyRing, ServiceConfig, TenantConfig
+from ._http import ApiError, translate
+from ._models import CreateSession, RunIn
+from ._service import AUDIT, Service
+from ._sessions import Session, new_checkpoint_id
+
+__all__ = ["ClusterService"]
+
+LOG = logging.getLogger("memex.service")
+CONFIG_POLL = 1.0
+"""Seconds between two checks of the cluster's config (a key rotated out of serve.toml is
+refused on every front within about this, plus the time to notice the file changed)."""
+CONNECT_TIMEOUT = 5.0
+"""Seconds to open a socket to a slab (a node gone without a word is found out by this)."""
+RUNNING_POLL = (0.002, 0.05)
+"""First and longest wait (seconds) between two asks for a turn slot while the tenant runs
+its ``max_running`` turns across the cluster."""
+
+
+class _Link:
+    """One front's connection to the cluster: Ray, the control actor and the slabs' handles
+    by name (looked up once)."""
+
+    def __init__(self, cfg: ClusterConfig, config_text: tuple[int, str] | None) -> None:
+        try:
+            import ray
+        except ImportError as exc:
+            raise ConfigError("[cluster] needs Ray: pip install 'memex[cluster]'") from exc
+        self.ray, self.cfg = ray, cfg
+        if not ray.is_initialized():
+            ray.init(address=cfg.address, namespace=cfg.namespace, log_to_driver=False)
+        self.storage = Storage(cfg.storage, dict(cfg.storage_options))
+        self.control = ray.remote(Control).options(
+            name=CONTROL_NAME, namespace=cfg.namespace, lifetime="detached",
+            get_if_exists=True, num_cpus=0, max_concurrency=64, max_restarts=-1,
+            resources={"node:__internal_head__": 0.001},  # lives and dies with the head
+        ).remote(self.storage, namespace=cfg.namespace, slab_memory=cfg.slab_memory,
+                 slab_cpus=cfg.slab_cpus, save_interval=cfg.save_interval,
+                 place_timeout=cfg.place_timeout)
+        self.version = 0
+        if config_text is not None:
+            self.version = self.get(self.control.publish.remote(*config_text))
+        self._slabs: dict[str, Any] = {}
+        self._idle: dict[str, list[Channel]] = {}
+        self._seq = 0
+        self._lock = threading.Lock()
+
+    def get(self, ref: Any, timeout: float | None = 60.0) -> Any:
+        return self.ray.get(ref, timeout=timeout)
+
+    def slab(self, name: str) -> Any:
+        with self._lock:
+            h = self._slabs.get(name)
+        if h is None:
+            h = self.ray.get_actor(name, namespace=self.cfg.namespace)
+            with self._lock:
+                self._slabs[name] = h
+        return h
+
+    def dead(self, exc: BaseException) -> bool:
+        """Whether ``exc`` says the actor is gone (its node lost, or killed)."""
+        e = self.ray.exceptions
+        return isinstance(exc, e.RayActorError | e.ActorUnavailableError | ValueError)
+
+    # the direct path to a slab: a pool of sockets per slab, each opened with its secret
+    def call(self, to: _Where, method: str, args: list[Any], timeout: float) -> Any:
+        """``method(sid, *args)`` on the slab ``to`` over a socket of the pool. Raises
+        :class:`_Unreached` when the call did not reach it (it could not have run: a turn
+        is acknowledged as it starts), :class:`_Broken` when the connection broke after."""
+        ch = self._take(to)
+        self._seq += 1
+        seq = self._seq
+        started = method != "run"
+        try:
+            ch.send(["call", seq, method, args])
+            msg, _ = ch.recv(timeout)
+            if msg[0] == "started":
+                started = True
+                msg, _ = ch.recv(timeout)
+        except (ChannelClosed, ProtocolError, OSError) as exc:
+            ch.close()
+            raise (_Broken if started and method == "run" else _Unreached)(str(exc)) from None
+        except TimeoutError:
+            ch.close()
+            raise _Broken(f"no answer within {timeout:.3g} s") from None
+        if msg[0] != "reply" or len(msg) != 3 or msg[1] != seq:
+            ch.close()
+            raise _Broken(f"an answer out of order from slab {to.slab}")
+        with self._lock:
+            self._idle.setdefault(to.slab, []).append(ch)
+        return msg[2]
+
+    def _take(self, to: _Where) -> Channel:
+        with self._lock:
+            idle = self._idle.get(to.slab)
+            if idle:
+                return idle.pop()
+        try:
+            sock = socket.create_connection(tuple(to.endpoint), timeout=CONNECT_TIMEOUT)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.settimeout(None)
+            ch = Channel(sock)
+            ch.send(["hello", to.secret])
+            msg, _ = ch.recv(CONNECT_TIMEOUT)
+        except (ChannelClosed, ProtocolError, OSError) as exc:
+            raise _Unreached(f"slab {to.slab}: {exc}") from None
+        if msg != ["hello"]:
+            ch.close()
+            raise _Unreached(f"slab {to.slab} did not take this front's hello")
+        return ch
+
+    def forget(self, slab: str) -> None:
+        """Close the pool's sockets to a slab that moved away or died."""
+        with self._lock:
+            idle = self._idle.pop(slab, [])
+        for ch in idle:
+            ch.close()
+
+    def close(self) -> None:
+        with self._lock:
+            pools, self._idle = list(self._idle.values()), {}
+        for idle in pools:
+            for ch in idle:
+                ch.close()
+        with contextlib.suppress(Exception):
+            self.ray.shutdown()
+
+
+@dataclass
+class _Where:
+    """Where a session is: its slab, and that slab's direct path."""
+
+    slab: str
+    endpoint: list[Any]
+    secret: bytes
+
+
+class _Unreached(Exception):
+    """A direct call did not reach the slab: it did not run."""
+
+
+class _Broken(Exception):
+    """The connection broke after a turn started: it may have run, partly."""
+
+
+class ClusterBackend(Backend):
+    """What ``Service.backend()`` is on a cluster: the front's link (sessions are opened
+    through the control actor, never with ``open``)."""
+
+    name = "cluster"
+
+    def __init__(self, link: _Link) -> None:
+        self.link = link
+        self._closed = False
+
+    def open(self, **kwargs: Any) -> Any:
+        raise SandboxError("a cluster's sessions are made through its control actor")
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.link.close()
+
+
+class ClusterSandbox(SandboxHandle):
+    """A front's handle to a session in a slab (the SandboxAPI of the routes): turns and
+    files over the slab's direct path, anything else through the control actor. ``turns``
+    is the session's count as its slab last said it."""
+
+    close_on_collect = False
+
+    def __init__(self, link: _Link, entry: dict[str, Any], limits: Limits) -> None:
+        self.link, self.sid, self.tenant = link, str(entry["id"]), str(entry["tenant"])
+        self.where = _where(entry)
+        self.limits, self.turns = limits, int(entry["turns"])
+        self.door: Door = Door()
+        self.notice: dict[str, Any] | None = None  # what a move of its slab lost, said once
+
+    @property
+    def slab(self) -> str:
+        return self.where.slab if self.where is not None else ""
+
+    def _refresh(self, dead: bool, begun: int | None = None) -> None:
+        """Ask the control actor where the session is now (after its slab said it does not
+        hold it, or could not be reached); SandboxClosed when it ended."""
+        link = self.link
+        if self.where is not None:
+            link.forget(self.where.slab)
+        ref = link.control.recover.remote(self.sid, self.slab or None, begun) if dead else \
+            link.control.lookup.remote(self.tenant, self.sid)
+        entry = link.get(ref, timeout=link.cfg.place_timeout + 30)
+        if entry is None or entry["slab"] is None:
+            self._closed_reason = "closed"
+            raise SandboxClosed("the session ended")
+        self.where = _where(entry)
+        self.turns = max(self.turns, int(entry["turns"]))
+        if entry.get("notice"):
+            self.notice = link.get(link.control.take_notice.remote(self.sid))
+
+    def _do(self, method: str, *args: Any, timeout: float = 300.0) -> Any:
+        """``method`` on the session's slab, following the session when it moved. A call
+        that did not reach the slab is sent again where the session is now; a turn whose
+        connection broke after it started is not (:class:`_Moved`)."""
+        if self._closed_reason is not None:
+            raise SandboxClosed(self._closed_reason)
+        for attempt in range(3):
+            if self.where is None:
+                self._refresh(dead=False)
+            assert self.where is not None
+            try:
+                out = self.link.call(self.where, method, [self.sid, *args], timeout)
+            except _Unreached:
+                self._refresh(dead=True)
+                continue
+            except _Broken:
+                self._refresh(dead=True, begun=self.turns + 1)
+                raise _Moved() from None
+            if out[0] == "ok":
+                return out[1]
+            err = error_from_wire(out[1])
+            if isinstance(err, SandboxClosed) and "not held by this slab" in str(err) and \
+                    attempt < 2:
+                self._refresh(dead=False)  # moved (a drain, a recovery) or ended
+                continue
+            raise err
+        raise SandboxError("the session kept moving while this call followed it")
+
+    # the SandboxAPI the routes use
+    def run(self, code: str, *, timeout: float | None = None, filename: str | None = None
+            ) -> TurnResult:
+        budget = self.limits.timeout if timeout is None else min(timeout, self.limits.timeout)
+        try:
+            out = self._do("run", code, timeout, filename, timeout=budget + 30.0)
+        except _Moved:
+            return _lost_turn(self.notice)
+        self.turns = int(out["turns"])
+        return result_from_wire(out["result"])
+
+    def checkpoint(self) -> Any:
+        raise SandboxError("a cluster's checkpoints are taken through its control actor")
+
+    def restore(self, checkpoint: Any) -> None:
+        raise SandboxError("a cluster's checkpoints are restored through its control actor")
+
+    def fork(self) -> Any:
+        raise SandboxError("a cluster's sessions fork through its control actor")
+
+    def read_file(self, guest_path: str, *, max_bytes: int | None = None) -> bytes:
+        return bytes(self._do("read_file", guest_path, max_bytes))
+
+    def write_file(self, guest_path: str, data: bytes) -> None:
+        self._do("write_file", guest_path, bytes(memoryview(data)))
+
+    def list_files(self, path: str = "/tmp", *, limit: int = 10_000) -> list[GuestFile]:
+        return [GuestFile(name=n, path=p, kind=k, size=int(z))
+                for n, p, k, z in self._do("list_files", path, limit)]
+
+    def _shutdown(self, reason: str) -> None:
+        self._closed_reason = reason  # the session ends through the control actor
+
+
+def _where(entry: dict[str, Any]) -> _Where | None:
+    if entry.get("slab") is None or entry.get("endpoint") is None:
+        return None
+    return _Where(str(entry["slab"]), list(entry["endpoint"]), bytes(entry["secret"]))
+
+
+class _Moved(Exception):
+    """The slab died during the call; the session is open elsewhere now."""
+
+
+def _lost_turn(notice: dict[str, Any] | None) -> TurnResult:
+    """The answer of a turn whose node died under it: data, as every guest outcome."""
+    turn = notice.get("from_turn") if notice else None
+    return TurnResult(
+        status=TurnStatus.KILLED, limit="lost", rolled_back=True,
+        stderr="the node holding this session was lost during this cell; the session was "
+               f"opened again on another node from its save at turn {turn} (the restored "
+               "notice says what was lost); this cell's effects are gone: run it again\n")
+
+
+class RelayDoor(Door):
+    """A front's end of a session's door: the client's door WebSocket, relayed to the door
+    in the session's slab (frames pulled from there, replies sent there). It follows the
+    session when it moves."""
+
+    def __init__(self, sandbox: ClusterSandbox) -> None:
+        super().__init__()
+        self.sb = sandbox
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._next = 0
+
+    @property
+    def attached(self) -> bool:
+        return bool(self._tasks)
+
+    def attach(self, send: Callable[[bytes], Any], loop: asyncio.AbstractEventLoop) -> int:
+        self._next += 1
+        token = self._next
+        self._tasks[token] = loop.create_task(self._relay(send))
+        return token
+
+    async def _relay(self, send: Callable[[bytes], Any]) -> None:
+        link, sb = self.sb.link, self.sb
+        while True:
+            slab, slab_token = sb.slab, None
+            if not slab:
+                await anyio.to_thread.run_sync(sb._refresh, False)
+                continue
+            try:
+                out = await link.slab(slab).door_attach.remote(sb.sid)
+                if out[0] != "ok":
+                    return
+                slab_token = out[1]
+                while True:
+                    got = await link.slab(slab).door_pull.remote(sb.sid, slab_token, 1.0)
+                    frames = got[1]
+                    if frames is None:
+                        break  # the session left this slab
+                    for frame in frames:
+                        await send(frame)
+            except asyncio.CancelledError:
+                if slab_token is not None:
+                    with contextlib.suppress(Exception):
+                        link.slab(slab).door_detach.remote(sb.sid, slab_token)
+                raise
+            except Exception as exc:
+                if not link.dead(exc):
+                    LOG.warning("door relay of %s: %s", sb.sid, exc)
+            try:  # where is it now?
+                await anyio.to_thread.run_sync(sb._refresh, slab != sb.slab)
+            except SandboxClosed:
+                return
+            except Exception:
+                await asyncio.sleep(0.5)
+
+    def answer(self, data: bytes) -> bool:
+        if self.sb.slab:
+            with contextlib.suppress(Exception):
+                self.sb.link.slab(self.sb.slab).door_answer.remote(self.sb.sid, bytes(data))
+        return True
+
+    def detach(self, token: int) -> None:
+        task = self._tasks.pop(token, None)
+        if task is not None:
+            task.cancel()
+
+
+class ClusterService(Service):
+    """The service of one front of a cluster (see the module's docstring)."""
+
+    def __init__(self, config: ServiceConfig) -> None:
+        if config.cluster is None:
+            raise ConfigError("ClusterService needs [cluster] in serve.toml")
+        super().__init__(config)
+        self.keys = KeyRing(config, watch=False)
+        self.cluster = config.cluster
+        self._link: _Link | None = None
+        self._stamp: tuple[int, int] | None = None
+        self._heard: float | None = None  # when the control actor last answered
+
+    @property
+    def link(self) -> _Link:
+        if self._link is None:
+            raise ApiError(503, "not_ready", "the front has not joined the cluster")
+        return self._link
+
+    def backend(self) -> Backend:
+        if self._backend is None:
+            self._link = _Link(self.cluster, self._config_text())
+            self._backend = ClusterBackend(self._link)
+        return self._backend
+
+    def _config_text(self) -> tuple[int, str] | None:
+        path = self.config.path
+        if path is None:
+            return None
+        try:
+            st = path.stat()
+            text = path.read_text()
+        except OSError:
+            return None
+        self._stamp = (st.st_mtime_ns, st.st_size)
+        return (st.st_mtime_ns, text)
+
+    # ---- life -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        await anyio.to_thread.run_sync(self.backend)
+        self._sweeper = asyncio.ensure_future(self._follow_config())
+
+    async def _follow_config(self) -> None:
+        """Publish this front's serve.toml when it changes; serve the cluster's newest."""
+        while True:
+            try:
+                link = self.link
+                path = self.config.path
+                if path is not None:
+                    with contextlib.suppress(OSError):
+                        st = path.stat()
+                        if (st.st_mtime_ns, st.st_size) != self._stamp:
+                            text = self._config_text()
+                            if text is not None:
+                                await link.control.publish.remote(*text)
+                newer = await link.control.config.remote(link.version)
+                self._heard = asyncio.get_running_loop().time()
+                if newer is not None:
+                    link.version = newer[0]
+                    self.keys.adopt(newer[1])
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                LOG.warning("cluster config: %s", exc)
+            await asyncio.sleep(CONFIG_POLL)
+
+    async def stop(self) -> None:
+        sweeper = getattr(self, "_sweeper", None)
+        if sweeper is not None:
+            sweeper.cancel()
+        self.table.drain()  # the sessions live on in the cluster; only the cache goes
+        AUDIT.info(json.dumps({"event": "shutdown", "front": True}))
+        if self._backend is not None:
+            await anyio.to_thread.run_sync(self._backend.close)
+
+    @property
+    def ready(self) -> bool:
+        """Joined, and the control actor answered within the last few seconds."""
+        if self._link is None or self.backend().closed or self._heard is None:
+            return False
+        return asyncio.get_running_loop().time() - self._heard < 5 * CONFIG_POLL + 2
+
+    async def reap(self, owner: str | None = None) -> None:
+        """Sessions their limits ended are ended by the control actor."""
+
+    # ---- sessions -------------------------------------------------------------------------
+    def _bounds(self, tenant: TenantConfig) -> dict[str, Any]:
+        b = tenant.bounds()
+        return {"max_sessions": b.max_sessions, "max_memory": b.max_memory,
+                "max_disk": b.max_disk, "max_checkpoints": b.max_checkpoints}
+
+    def _record(self, entry: dict[str, Any]) -> Session:
+        spec = entry["spec"]
+        limits = limits_from_wire(spec["limits"])
+        sb = ClusterSandbox(self.link, entry, limits)
+        door = RelayDoor(sb)
+        sb.door = door
+        s = Session(id=entry["id"], owner=entry["tenant"], limits=limits, sandbox=sb,
+                    door=door,  # type: ignore[arg-type]
+                    mounts=tuple(mounts_from_wire(spec["mounts"])),
+                    preload=tuple(spec["preload"]), env=spec.get("env"),
+                    parent=entry.get("parent"), created=float(entry["created"]),
+                    last_used=float(entry["last_used"]))
+        return s
+
+    async def find(self, tenant: TenantConfig, sid: str) -> Session | None:
+        """The session as the control actor knows it now (another front may have closed
+        it); this front's record of it is kept, and brought up to date."""
+        entry = await self.link.control.lookup.remote(tenant.name, sid)
+        s = self.table.get(tenant.name, sid)
+        if entry is None:
+            if s is not None:
+                self.table.pop(tenant.name, sid)
+            return None
+        if s is None or s.sandbox is None or s.sandbox.closed:
+            s = self._record(entry)
+            self.table.add(s)
+        else:
+            sb = s.sandbox
+            assert isinstance(sb, ClusterSandbox)
+            sb.where = _where(entry) or sb.where
+            sb.turns = max(sb.turns, int(entry["turns"]))
+        if entry.get("notice"):  # a move no front has said yet: said from here on
+            s.notice = await self.link.control.take_notice.remote(sid) or s.notice
+        return s
+
+    async def run_turn(self, tenant: TenantConfig, sid: str, body: RunIn) -> dict[str, Any]:
+        """As on one node, with this front's record when it has one: the turn's admission
+        by the control actor checks the session is still there (404 otherwise)."""
+        s = self.table.get(tenant.name, sid)
+        if s is None or s.sandbox is None or s.sandbox.closed:
+            s = await self.session_of(tenant, sid)
+        try:
+            r: TurnResult = await self.ordered(s, tenant, self.turn_of(s, tenant, body),
+                                               turn=True)
+        except ApiError as exc:
+            if exc.status == 404:
+                self.table.pop(tenant.name, sid)
+            raise
+        return self.answer_of(s, tenant, body, r)
+
+    async def session_of(self, tenant: TenantConfig, sid: str) -> Session:
+        s = await self.find(tenant, sid)
+        if s is None:
+            raise ApiError(404, "not_found", f"no session {sid!r}")
+        return s
+
+    async def listed(self, tenant: TenantConfig) -> list[Session]:
+        return [self._record(e) for e in await self.link.control.of.remote(tenant.name)
+                if e["slab"] is not None]
+
+    async def observe(self) -> None:
+        self.metrics.cluster(await self.cluster_stats())
+
+    async def session_counts(self) -> dict[str, int]:
+        return dict((await self.cluster_stats())["sessions"])
+
+    def make_session(self, tenant: TenantConfig, body: CreateSession) -> Session:
+        given = body.limits.model_dump(exclude_unset=True) if body.limits is not None else {}
+        limits = tenant.limits(given, Limits(timeout=self.config.warm_timeout))
+        mounts = []
+        for m in body.mounts:
+            from pathlib import Path
+            host = Path(m.host).resolve()
+            tenant.check_mount(host, m.writable)
+            mounts.append(Mount(host_path=host, guest_path=m.guest, writable=m.writable,
+                                links=m.links))
+        spec = {"limits": limits_to_wire(limits), "mounts": mounts_to_wire(mounts),
+                "preload": list(body.preload), "env": body.env}
+        link = self.link
+        out = link.get(link.control.create.remote(tenant.name, self._bounds(tenant), spec),
+                       timeout=link.cfg.place_timeout + 60)
+        s = self._record(_answer(out))
+        self.table.add(s)
+        AUDIT.info(json.dumps({"event": "create", "tenant": tenant.name, "session": s.id,
+                               "memory": limits.memory, "timeout": limits.timeout,
+                               "slab": _slab_of(s)}))
+        return s
+
+    def fork_of(self, s: Session, tenant: TenantConfig) -> Callable[[Any], Session]:
+        def fork(sb: Any) -> Session:
+            link = self.link
+            out = link.get(link.control.fork.remote(tenant.name, self._bounds(tenant), s.id),
+                           timeout=link.cfg.place_timeout + 60)
+            c = self._record(_answer(out))
+            self.table.add(c)
+            return c
+        return fork
+
+    async def end(self, s: Session, why: str) -> None:
+        self.table.pop(s.tenant, s.id)
+        await self.link.control.close.remote(s.tenant, s.id, why)
+        if s.sandbox is not None:
+            s.sandbox.close()
+        AUDIT.info(json.dumps({"event": "close", "tenant": s.tenant, "session": s.id,
+                               "why": why}))
+
+    # ---- turns ----------------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def admitted(self, s: Session, tenant: TenantConfig, *, turn: bool
+                       ) -> AsyncIterator[None]:
+        """This front's order and shares, then (for a turn of a tenant with a running or
+        rate bound) the cluster's: its running turns and rate across every front, checked
+        by the control actor, which also says where the session is now. A turn of a tenant
+        without such a bound goes straight to the slab, and is reported after."""
+        async with super().admitted(s, tenant, turn=turn):
+            if not turn:
+                yield
+                return
+            link = self.link
+            sb = s.sandbox
+            assert isinstance(sb, ClusterSandbox)
+            bounded = tenant.max_running is not None or bool(tenant.turns_per_second)
+            if bounded:
+                slab, notice = await self._admit(s, tenant, sb)
+                if slab != sb.slab:
+                    await anyio.to_thread.run_sync(sb._refresh, False)
+                if notice:
+                    s.notice = notice
+            try:
+                yield
+            finally:
+                if sb.notice is not None:
+                    s.notice, sb.notice = sb.notice, None
+                with contextlib.suppress(Exception):
+                    link.control.turn_end.remote(tenant.name, s.id, sb.turns, bounded)
+
+    async def _admit(self, s: Session, tenant: TenantConfig, sb: ClusterSandbox
+                     ) -> tuple[str | None, dict[str, Any] | None]:
+        rate = tenant.turns_per_second
+        burst = max(1, int(rate or 1))
+        wait, waited = RUNNING_POLL[0], 0.0
+        while True:
+            out = await self.link.control.turn_begin.remote(tenant.name, s.id,
+                                                            tenant.max_running, rate, burst)
+            if out[0] == "ok":
+                return out[1], out[2]
+            if out[0] == "refused":
+                raise _refusal(out)
+            if waited > sb.limits.timeout:
+                raise ApiError(429, "busy", f"{tenant.name!r} runs its max_running "
+                               f"({tenant.max_running}) turns across the cluster",
+                               headers={"Retry-After": "1"})
+            await asyncio.sleep(wait)
+            waited += wait
+            wait = min(wait * 2, RUNNING_POLL[1])
+
+    # ---- checkpoints ----------------------------------------------------------------------
+    async def take_checkpoint(self, s: Session, tenant: TenantConfig) -> str:
+        from ..serving import checkpoint_key
+        cid = new_checkpoint_id()
+        key = checkpoint_key(tenant.name, cid)
+        sb = s.sandbox
+        assert isinstance(sb, ClusterSandbox)
+        info = await self.ordered(s, tenant, lambda _: sb._do("checkpoint", key))
+        out = await self.link.control.hold.remote(tenant.name, self._bounds(tenant), cid,
+                                                  int(info["size"]), int(info["turns"]), s.id)
+        return str(_answer(out))
+
+    async def restore_checkpoint(self, s: Session, tenant: TenantConfig, cid: str) -> None:
+        from ..serving import checkpoint_key
+        held = await self.link.control.checkpoint.remote(tenant.name, cid)
+        if held is None:
+            raise ApiError(404, "not_found", f"no checkpoint {cid!r} (unknown, released, or "
+                           "past the tenant's max_checkpoints)")
+        sb = s.sandbox
+        assert isinstance(sb, ClusterSandbox)
+        key = checkpoint_key(tenant.name, cid)
+        await self.ordered(s, tenant, lambda _: sb._do("restore", key))
+
+    async def drop_checkpoint(self, tenant: TenantConfig, cid: str) -> bool:
+        return bool(await self.link.control.drop_checkpoint.remote(tenant.name, cid))
+
+    async def cluster_stats(self) -> dict[str, Any]:
+        stats: dict[str, Any] = await self.link.control.stats.remote()
+        return stats
+
+    def drain(self, node: str) -> dict[str, Any]:
+        link = self.link
+        out: dict[str, Any] = link.get(link.control.drain.remote(node), timeout=None)
+        return out
+
+
+def _slab_of(s: Session) -> str | None:
+    return s.sandbox.slab if isinstance(s.sandbox, ClusterSandbox) else None
+
+
+def _refusal(out: list[Any]) -> ApiError:
+    _, code, message, retry = out
+    if code == "not_found":
+        return ApiError(404, "not_found", message)
+    status = 429 if code == "quota" else 503
+    return ApiError(status, code, message, headers={"Retry-After": str(retry)})
+
+
+def _answer(out: list[Any]) -> Any:
+    """The value of a control actor's answer; its refusal or error as the API's."""
+    if out[0] == "ok":
+        return out[1]
+    if out[0] == "refused":
+        raise _refusal(out)
+    exc = error_from_wire(out[1])
+    raise translate(exc) from exc
+

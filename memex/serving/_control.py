@@ -1,0 +1,701 @@
+"""The control actor of a ``memex serve`` cluster (docs/scaling.md): one named, detached Ray
+actor that every front asks, and the one place where the cluster's shared facts live.
+
+* **Directory.** Which slab (``backends.Slab``) holds each session, so any front serves any
+  session: a front caches the answer and asks again when the slab says the session is not
+  there (it moved, or it closed).
+* **Ledger.** Each tenant's sessions, memory, disk and held checkpoints, its running turns
+  and its turn rate, counted across the whole cluster: a create reserves its place under
+  one lock, so racing creates through different fronts cannot both take the last one.
+* **Placement.** Slabs are made on demand with their memory and CPU declared to Ray, which
+  places them (``SPREAD``); a session goes to a slab with room, so a node is never promised
+  more memory than its slabs declared. A slab that Ray cannot place within
+  ``place_timeout`` is given up: the create is refused (busy), nothing over-commits.
+* **Recovery.** A monitor pings every slab each second; a dead slab's sessions are opened
+  again on other slabs from their last save, each flagged with the turns it lost. After a
+  whole-cluster restart the directory is read back from the storage.
+* **Config.** The serve.toml every front serves (keys rotate through it): the newest text a
+  front published, pulled by every front each second.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..backends import Slab, Storage, session_key
+from ..backends.worker import error_from_wire, error_to_wire, limits_from_wire
+from ..errors import MemexError
+
+__all__ = ["CONTROL_NAME", "Control", "ControlRefusal", "checkpoint_key"]
+
+CONTROL_NAME = "memex-control"
+
+
+class ControlRefusal(Exception):
+    """What the control actor refuses, as data a front turns into its answer: ``code`` is
+    ``quota`` (429), ``busy`` (503: no room in the cluster) or ``not_found``."""
+
+    def __init__(self, code: str, message: str, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.code, self.message, self.retry_after = code, message, retry_after
+
+    def wire(self) -> list[Any]:
+        return ["refused", self.code, self.message, self.retry_after]
+
+
+@dataclass(eq=False)
+class _Entry:
+    id: str
+    tenant: str
+    spec: dict[str, Any]
+    memory: int
+    disk: int
+    slab: str | None
+    created: float = field(default_factory=time.time)
+    last_used: float = field(default_factory=time.time)
+    parent: str | None = None
+    begun: int = 0  # turns begun (what a node's death loses is begun - saved)
+    turns: int = 0  # turns its slab last reported
+    running: int = 0
+    notice: dict[str, Any] | None = None
+    gone: str = "its slab was lost (its node died, or it stopped answering)"  # for the notice
+
+    def out(self) -> dict[str, Any]:
+        return {"id": self.id, "tenant": self.tenant, "spec": self.spec, "slab": self.slab,
+                "created": self.created, "last_used": self.last_used, "parent": self.parent,
+                "turns": max(self.turns, 0), "notice": self.notice}
+
+
+@dataclass(eq=False)
+class _SlabInfo:
+    name: str
+    handle: Any
+    node: str
+    capacity: int
+    endpoint: list[Any]  # its direct path (host, port), and the secret that opens it
+    secret: bytes
+    used: int = 0
+    dead: str | None = None
+    sessions: set[str] = field(default_factory=set)
+
+
+@dataclass
+class _Bucket:
+    tokens: float
+    at: float
+
+
+class Control:
+    """The cluster's directory, ledger, placement and config (made remote by
+    ``memex.service``'s cluster front: ``ray.remote(Control)``, named ``CONTROL_NAME``)."""
+
+    def __init__(self, storage: Storage, *, namespace: str, slab_memory: int,
+                 slab_cpus: float, save_interval: float, place_timeout: float = 60.0,
+                 monitor: float = 1.0) -> None:
+        import ray
+        self._ray = ray
+        self.storage, self.namespace = storage, namespace
+        self.slab_memory, self.slab_cpus = slab_memory, slab_cpus
+        self.save_interval, self.place_timeout = save_interval, place_timeout
+        self.lock = threading.RLock()
+        self.sessions: dict[str, _Entry] = {}
+        self.reserved: dict[str, list[int]] = {}  # tenant -> [count, memory, disk]
+        self.checkpoints: dict[str, dict[str, dict[str, Any]]] = {}  # tenant -> cid -> held
+        self.slabs: dict[str, _SlabInfo] = {}
+        self.running: dict[str, int] = {}
+        self.buckets: dict[str, _Bucket] = {}
+        self.config_text: tuple[int, str] | None = None
+        self.draining: set[str] = set()
+        self.counts = {"lookups": 0, "turns": 0, "creates": 0, "recoveries": 0}
+        self._remote_slab = ray.remote(Slab)
+        self._load()
+        threading.Thread(target=self._monitor, args=(monitor,), name="memex-control-monitor",
+                         daemon=True).start()
+
+    # ---- config -------------------------------------------------------------------------------
+    def publish(self, version: int, text: str) -> int:
+        """Keep ``text`` if it is newer than what is held; the version now held."""
+        with self.lock:
+            if self.config_text is None or version > self.config_text[0]:
+                self.config_text = (version, text)
+            return self.config_text[0]
+
+    def config(self, known: int) -> tuple[int, str] | None:
+        """The held config when it is newer than ``known``, else None."""
+        with self.lock:
+            held = self.config_text
+        return held if held is not None and held[0] > known else None
+
+    # ---- ledger -------------------------------------------------------------------------------
+    def _used(self, tenant: str) -> tuple[int, int, int]:
+        live = [e for e in self.sessions.values() if e.tenant == tenant]
+        r = self.reserved.get(tenant, [0, 0, 0])
+        held = sum(int(c["size"]) for c in self.checkpoints.get(tenant, {}).values())
+        return (len(live) + r[0], sum(e.memory for e in live) + held + r[1],
+                sum(e.disk for e in live) + r[2])
+
+    def _reserve(self, tenant: str, bounds: dict[str, Any], memory: int, disk: int) -> None:
+        count, used_memory, used_disk = self._used(tenant)
+        if bounds.get("max_sessions") is not None and count >= bounds["max_sessions"]:
+            raise ControlRefusal("quota", f"{tenant!r} holds {count} sessions across the "
+                                 f"cluster, its bound is {bounds['max_sessions']}: close one "
+                                 "first")
+        for what, bound, used, more in (
+                ("session memory and checkpoints", bounds.get("max_memory"), used_memory,
+                 memory), ("disk", bounds.get("max_disk"), used_disk, disk)):
+            if bound is not None and used + more > bound:
+                raise ControlRefusal("quota", f"{tenant!r} would hold {used + more} bytes of "
+                                     f"{what} across the cluster, its bound is {bound}")
+        r = self.reserved.setdefault(tenant, [0, 0, 0])
+        r[0], r[1], r[2] = r[0] + 1, r[1] + memory, r[2] + disk
+
+    def _unreserve(self, tenant: str, memory: int, disk: int) -> None:
+        r = self.reserved[tenant]
+        r[0], r[1], r[2] = r[0] - 1, r[1] - memory, r[2] - disk
+        if r[0] == 0:
+            del self.reserved[tenant]
+
+    # ---- placement ----------------------------------------------------------------------------
+    def _slab_for(self, memory: int, avoid: str | None = None) -> _SlabInfo:
+        """A live slab with room for ``memory`` (the fullest that fits: slabs fill before
+        new ones are made), else a new one Ray places; its room is taken at once."""
+        if memory > self.slab_memory:
+            raise ControlRefusal("quota", f"a session of {memory} bytes is larger than the "
+                                 f"cluster's slab ({self.slab_memory} bytes)")
+        with self.lock:
+            fits = [s for s in self.slabs.values() if s.dead is None and s.name != avoid
+                    and s.node not in self.draining and s.capacity - s.used >= memory]
+            if fits:
+                best = max(fits, key=lambda s: s.used)
+                best.used += memory
+                return best
+        info = self._new_slab()
+        with self.lock:
+            info.used += memory
+        return info
+
+    def _new_slab(self) -> _SlabInfo:
+        ray = self._ray
+        name = f"memex-slab-{secrets.token_hex(6)}"
+        opts: dict[str, Any] = {
+            "name": name, "namespace": self.namespace, "lifetime": "detached",
+            "num_cpus": self.slab_cpus, "memory": self.slab_memory, "max_concurrency": 64,
+            "max_restarts": 0}
+        with self.lock:
+            live_nodes = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+            allowed = live_nodes - self.draining
+        if self.draining and allowed:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+            # a draining node takes no new slab: the least loaded other node does
+            load = {n: sum(s.used for s in self.slabs.values()
+                           if s.node == n and s.dead is None) for n in allowed}
+            opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
+                min(allowed, key=lambda n: load[n]), soft=False)
+        else:
+            opts["scheduling_strategy"] = "SPREAD"
+        handle = self._remote_slab.options(**opts).remote(name, self.storage,
+                                                           self.save_interval)
+        try:
+            info = ray.get(handle.ready.remote(), timeout=self.place_timeout)
+        except Exception:
+            with contextlib.suppress(Exception):
+                ray.kill(handle)
+            raise ControlRefusal("busy", "the cluster has no node with room for another "
+                                 f"slab of {self.slab_memory} bytes and {self.slab_cpus} "
+                                 "CPUs; retry later, or add nodes", retry_after=5) from None
+        slab = _SlabInfo(name, handle, str(info["node"]), self.slab_memory,
+                         list(info["endpoint"]), bytes(info["secret"]))
+        with self.lock:
+            self.slabs[name] = slab
+        return slab
+
+    def _open(self, slab: _SlabInfo, sid: str, tenant: str, spec: dict[str, Any],
+              from_save: bool) -> dict[str, Any]:
+        out = self._ray.get(slab.handle.open.remote(sid, tenant, spec, from_save),
+                            timeout=self.place_timeout)
+        if out[0] != "ok":
+            raise error_from_wire(out[1])
+        result: dict[str, Any] = out[1]
+        return result
+
+    def _out(self, e: _Entry) -> dict[str, Any]:
+        """The entry as a front gets it: with its slab's direct path (Ray is the boundary
+        the secret stays within; the service never sends it to a client)."""
+        out = e.out()
+        slab = self.slabs.get(e.slab) if e.slab is not None else None
+        out["endpoint"] = slab.endpoint if slab is not None else None
+        out["secret"] = slab.secret if slab is not None else None
+        return out
+
+    # ---- sessions -----------------------------------------------------------------------------
+    def create(self, tenant: str, bounds: dict[str, Any], spec: dict[str, Any],
+               parent: str | None = None) -> list[Any]:
+        """A new session (its id and its entry), within the tenant's cluster-wide bounds;
+        or ``["refused", code, message, retry_after]``, or ``["err", <error wire>]``."""
+        limits = limits_from_wire(spec["limits"])
+        memory, disk = limits.memory, limits.disk_bytes
+        sid = "s_" + secrets.token_urlsafe(12)
+        try:
+            with self.lock:
+                self._reserve(tenant, bounds, memory, disk)
+            try:
+                slab = self._slab_for(memory)
+                try:
+                    self._open(slab, sid, tenant, spec, False)
+                except BaseException:
+                    with self.lock:
+                        slab.used -= memory
+                    raise
+                e = _Entry(sid, tenant, spec, memory, disk, slab.name, parent=parent)
+                with self.lock:
+                    self.sessions[sid] = e
+                    slab.sessions.add(sid)
+                    self.counts["creates"] += 1
+            finally:
+                with self.lock:
+                    self._unreserve(tenant, memory, disk)
+        except ControlRefusal as refusal:
+            return refusal.wire()
+        except Exception as exc:  # a typed answer for the front
+            return ["err", _wire(exc)]
+        return ["ok", self._out(e)]
+
+    def fork(self, tenant: str, bounds: dict[str, Any], sid: str) -> list[Any]:
+        """A child of ``sid`` holding its state: in the parent's slab when it has room,
+        else opened on another from the parent's save (the parent is saved first)."""
+        with self.lock:
+            p = self.sessions.get(sid)
+        if p is None or p.tenant != tenant or p.slab is None:
+            return ControlRefusal("not_found", f"no session {sid!r}").wire()
+        child = "s_" + secrets.token_urlsafe(12)
+        try:
+            with self.lock:
+                self._reserve(tenant, bounds, p.memory, p.disk)
+            try:
+                with self.lock:
+                    slab = self.slabs[p.slab]
+                    here = slab.dead is None and slab.capacity - slab.used >= p.memory
+                    if here:
+                        slab.used += p.memory
+                if here:
+                    try:
+                        out = self._ray.get(slab.handle.fork.remote(sid, child),
+                                            timeout=self.place_timeout)
+                        if out[0] != "ok":
+                            raise error_from_wire(out[1])
+                    except BaseException:
+                        with self.lock:
+                            slab.used -= p.memory
+                        raise
+                    turns = int(out[1]["turns"])
+                else:
+                    saved = self._ray.get(slab.handle.save.remote(sid),
+                                          timeout=self.place_timeout)
+                    if saved[0] != "ok":
+                        raise error_from_wire(saved[1])
+                    self.storage.put(session_key(child, "record"), _child_record(
+                        self.storage, sid, child))
+                    slab = self._slab_for(p.memory)
+                    try:
+                        turns = int(self._open(slab, child, tenant, p.spec, True)["turns"])
+                    except BaseException:
+                        with self.lock:
+                            slab.used -= p.memory
+                        raise
+                e = _Entry(child, tenant, p.spec, p.memory, p.disk, slab.name, parent=sid,
+                           turns=turns, begun=turns)
+                with self.lock:
+                    self.sessions[child] = e
+                    slab.sessions.add(child)
+            finally:
+                with self.lock:
+                    self._unreserve(tenant, p.memory, p.disk)
+        except ControlRefusal as refusal:
+            return refusal.wire()
+        except Exception as exc:
+            return ["err", _wire(exc)]
+        return ["ok", self._out(e)]
+
+    def lookup(self, tenant: str, sid: str) -> dict[str, Any] | None:
+        """The session's entry (None: no such session of this tenant). A session with no
+        slab (the cluster restarted, or its slab died) is opened on one first."""
+        with self.lock:
+            self.counts["lookups"] += 1
+            e = self.sessions.get(sid)
+            if e is None or e.tenant != tenant:
+                return None
+            if e.slab is not None:
+                return self._out(e)
+        self._recover(sid, None)
+        with self.lock:
+            e = self.sessions.get(sid)
+            return self._out(e) if e is not None else None
+
+    def of(self, tenant: str) -> list[dict[str, Any]]:
+        with self.lock:
+            return [self._out(e) for e in self.sessions.values() if e.tenant == tenant]
+
+    def close(self, tenant: str, sid: str, why: str = "closed") -> bool:
+        with self.lock:
+            e = self.sessions.get(sid)
+            if e is None or e.tenant != tenant:
+                return False
+            del self.sessions[sid]
+            slab = self.slabs.get(e.slab) if e.slab is not None else None
+            if slab is not None:
+                slab.used -= e.memory
+                slab.sessions.discard(sid)
+            # its checkpoints stay held (a fork or another session may restore one)
+        if slab is not None and slab.dead is None:
+            with contextlib.suppress(Exception):
+                self._ray.get(slab.handle.close.remote(sid, True), timeout=30)
+        else:
+            self.storage.delete(session_key(sid))
+        return True
+
+    def turn_begin(self, tenant: str, sid: str, max_running: int | None,
+                   rate: float | None, burst: int) -> list[Any]:
+        """Admit one turn of ``sid``: ``["ok", slab, notice]`` (where it is now, and what
+        a recovery lost, said once), or ``["wait"]`` while the tenant runs
+        ``max_running`` turns across the cluster, or ``["refused", ...]`` past its rate."""
+        now = time.monotonic()
+        with self.lock:
+            e = self.sessions.get(sid)
+            if e is None or e.tenant != tenant:
+                return ControlRefusal("not_found", f"no session {sid!r}").wire()
+            if max_running is not None and self.running.get(tenant, 0) >= max_running:
+                return ["wait"]
+            if rate:
+                b = self.buckets.setdefault(tenant, _Bucket(float(burst), now))
+                b.tokens = min(float(burst), b.tokens + (now - b.at) * rate)
+                b.at = now
+                if b.tokens < 1.0:
+                    return ControlRefusal("quota", f"{tenant!r} runs at most {rate:g} turns "
+                                          "per second across the cluster",
+                                          retry_after=max(1, int((1 - b.tokens) / rate + 1))
+                                          ).wire()
+                b.tokens -= 1.0
+            self.running[tenant] = self.running.get(tenant, 0) + 1
+            e.begun = max(e.begun, e.turns) + 1
+            e.running += 1
+            e.last_used = time.time()
+            self.counts["turns"] += 1
+            notice, e.notice = e.notice, None
+            return ["ok", e.slab, notice]
+
+    def turn_end(self, tenant: str, sid: str, turns: int | None, admitted: bool = True
+                 ) -> None:
+        """A turn of ``sid`` ended (``admitted``: one :meth:`turn_begin` let in; else a
+        front's report of a turn no bound asked to admit): the session's turns and use."""
+        with self.lock:
+            e = self.sessions.get(sid)
+            if admitted:
+                self.running[tenant] = max(0, self.running.get(tenant, 0) - 1)
+                if e is not None:
+                    e.running = max(0, e.running - 1)
+            if e is not None:
+                e.last_used = time.time()
+                if turns is not None:
+                    e.turns = max(e.turns, turns)
+                    e.begun = max(e.begun, turns)
+
+    def take_notice(self, sid: str) -> dict[str, Any] | None:
+        """What the session's last recovery lost, said once."""
+        with self.lock:
+            e = self.sessions.get(sid)
+            if e is None:
+                return None
+            notice, e.notice = e.notice, None
+            return notice
+
+    # ---- checkpoints --------------------------------------------------------------------------
+    def hold(self, tenant: str, bounds: dict[str, Any], cid: str, size: int, turns: int,
+             session: str) -> list[Any]:
+        """Count a checkpoint its slab wrote (``checkpoint_key``) against the tenant; past
+        ``max_memory`` it is refused and removed, past ``max_checkpoints`` the oldest goes."""
+        gone: list[str] = []
+        with self.lock:
+            held = self.checkpoints.setdefault(tenant, {})
+            _, used, _ = self._used(tenant)
+            bound = bounds.get("max_memory")
+            if bound is not None and used + size > bound:
+                refusal: ControlRefusal | None = ControlRefusal(
+                    "quota", f"{tenant!r} would hold {used + size} bytes of session memory "
+                    f"and checkpoints across the cluster, its bound is {bound}: release a "
+                    "checkpoint or close a session")
+            else:
+                refusal = None
+                held[cid] = {"size": size, "turns": turns, "session": session,
+                             "at": time.time()}
+                while len(held) > max(1, int(bounds.get("max_checkpoints") or 64)):
+                    oldest = min(held, key=lambda c: held[c]["at"])
+                    del held[oldest]
+                    gone.append(oldest)
+        if refusal is not None:
+            gone.append(cid)
+        for c in gone:
+            self.storage.delete(checkpoint_key(tenant, c))
+        if refusal is not None:
+            return refusal.wire()
+        self.storage.put(checkpoint_key(tenant, cid, "meta"), json.dumps(
+            {"size": size, "turns": turns, "session": session}).encode())
+        return ["ok", cid]
+
+    def checkpoint(self, tenant: str, cid: str) -> dict[str, Any] | None:
+        with self.lock:
+            held = self.checkpoints.get(tenant, {}).get(cid)
+            return dict(held) if held is not None else None
+
+    def drop_checkpoint(self, tenant: str, cid: str) -> bool:
+        with self.lock:
+            held = self.checkpoints.get(tenant, {}).pop(cid, None)
+        if held is not None:
+            self.storage.delete(checkpoint_key(tenant, cid))
+        return held is not None
+
+    # ---- recovery -----------------------------------------------------------------------------
+    def recover(self, sid: str, dead: str | None, begun: int | None = None
+                ) -> dict[str, Any] | None:
+        """The front found ``dead`` (the slab it knew for ``sid``) gone, with ``begun``
+        turns begun as far as it knows (a turn it lost counts): the session's entry once it
+        is open elsewhere (None if it ended)."""
+        if begun is not None:
+            with self.lock:
+                e = self.sessions.get(sid)
+                if e is not None and (e.slab is None or e.slab == dead):  # not moved yet
+                    e.begun = max(e.begun, begun)
+                elif e is not None and e.notice is not None:  # moved: its notice counts it
+                    e.notice["lost_turns"] = max(int(e.notice["lost_turns"]),
+                                                 begun - int(e.notice["from_turn"]))
+        if dead is not None:
+            self._mark_dead(dead, "a front could not reach it")
+        self._recover(sid, dead)
+        with self.lock:
+            e = self.sessions.get(sid)
+            return self._out(e) if e is not None else None
+
+    def _mark_dead(self, name: str, why: str) -> None:
+        with self.lock:
+            slab = self.slabs.get(name)
+            if slab is None or slab.dead is not None:
+                return
+        try:  # a front's word is checked: a slab that answers is not dead
+            self._ray.get(slab.handle.ready.remote(), timeout=5)
+            return
+        except Exception:  # dead, or unreachable for 5 s: replaced
+            pass
+        with self.lock:
+            slab.dead = why
+            for sid in slab.sessions:
+                e = self.sessions.get(sid)
+                if e is not None and e.slab == name:
+                    e.slab = None
+            slab.sessions.clear()
+            slab.used = 0
+        with contextlib.suppress(Exception):
+            self._ray.kill(slab.handle)
+
+    def _recover(self, sid: str, dead: str | None) -> None:
+        """Open ``sid`` on a live slab from its last save (one recovery at a time per
+        session; a session whose save cannot be read back is ended, said in its notice)."""
+        with self.lock:
+            e = self.sessions.get(sid)
+            if e is None or (e.slab is not None and e.slab != dead):
+                return
+            if getattr(e, "_recovering", False):
+                wait = True
+            else:
+                wait = False
+                e._recovering = True  # type: ignore[attr-defined]
+        if wait:
+            for _ in range(600):
+                time.sleep(0.1)
+                with self.lock:
+                    if not getattr(e, "_recovering", False):
+                        return
+            return
+        try:
+            slab = self._slab_for(e.memory, avoid=dead)
+            try:
+                info = self._open(slab, sid, e.tenant, e.spec, True)
+            except BaseException:
+                with self.lock:
+                    slab.used -= e.memory
+                raise
+            with self.lock:
+                e.slab = slab.name
+                slab.sessions.add(sid)
+                saved = int(info["turns"])
+                e.notice = {"from_turn": saved, "lost_turns": max(0, e.begun - saved),
+                            "files_kept": bool(info.get("files_kept")),
+                            "saved_at": info.get("saved_at"),
+                            "reason": f"{e.gone}; it was opened again from its last "
+                                      f"save on node {slab.node}"}
+                e.turns = e.begun = saved
+                self.counts["recoveries"] += 1
+        except Exception:  # retried on its next use
+            pass
+        finally:
+            with self.lock:
+                e._recovering = False  # type: ignore[attr-defined]
+
+    def _monitor(self, every: float) -> None:
+        while True:
+            time.sleep(every)
+            with self.lock:
+                slabs = [s for s in self.slabs.values() if s.dead is None]
+            refs = [(s, s.handle.ready.remote()) for s in slabs]
+            for s, ref in refs:
+                try:
+                    self._ray.get(ref, timeout=max(2.0, every * 2))
+                except Exception:
+                    self._mark_dead(s.name, "it stopped answering")
+            with self.lock:
+                orphans = [sid for sid, e in self.sessions.items()
+                           if e.slab is None and not getattr(e, "_recovering", False)]
+            for sid in orphans:
+                self._recover(sid, None)
+
+    # ---- the cluster's view -------------------------------------------------------------------
+    def drain(self, node: str) -> dict[str, Any]:
+        """Move every session off ``node`` (saved there, opened elsewhere); it takes no new
+        slab until :meth:`undrain`. How many moved, and those that could not."""
+        with self.lock:
+            self.draining.add(node)
+            todo = [(s, sid) for s in self.slabs.values() if s.node == node and s.dead is None
+                    for sid in list(s.sessions)]
+        moved, failed = 0, []
+        for slab, sid in todo:
+            try:
+                with self.lock:
+                    e = self.sessions.get(sid)
+                if e is None:
+                    continue
+                out = self._ray.get(slab.handle.save.remote(sid), timeout=self.place_timeout)
+                if out[0] != "ok":
+                    raise error_from_wire(out[1])
+                target = self._slab_for(e.memory, avoid=slab.name)
+                try:
+                    self._open(target, sid, e.tenant, e.spec, True)
+                except BaseException:
+                    with self.lock:
+                        target.used -= e.memory
+                    raise
+                with self.lock:
+                    e.slab = target.name
+                    target.sessions.add(sid)
+                    slab.sessions.discard(sid)
+                    slab.used -= e.memory
+                self._ray.get(slab.handle.close.remote(sid, False), timeout=30)
+                moved += 1
+            except Exception as exc:  # reported, left where it is
+                failed.append({"session": sid, "error": f"{type(exc).__name__}: {exc}"})
+        return {"node": node, "moved": moved, "failed": failed}
+
+    def undrain(self, node: str) -> None:
+        with self.lock:
+            self.draining.discard(node)
+
+    def stats(self) -> dict[str, Any]:
+        ray = self._ray
+        with self.lock:
+            nodes = [{"node": n["NodeID"], "alive": bool(n.get("Alive")),
+                      "draining": n["NodeID"] in self.draining} for n in ray.nodes()]
+            slabs = [{"name": s.name, "node": s.node, "sessions": len(s.sessions),
+                      "used": s.used, "capacity": s.capacity} for s in self.slabs.values()
+                     if s.dead is None]
+            per_tenant: dict[str, int] = {}
+            for e in self.sessions.values():
+                per_tenant[e.tenant] = per_tenant.get(e.tenant, 0) + 1
+            return {"nodes": nodes, "slabs": slabs, "sessions": per_tenant,
+                    "running": dict(self.running), "counts": dict(self.counts),
+                    "checkpoints": {t: len(h) for t, h in self.checkpoints.items()}}
+
+    def ping(self) -> bool:
+        return True
+
+    # ---- after a restart ----------------------------------------------------------------------
+    def _load(self) -> None:
+        """Every saved session and held checkpoint back in the directory (sessions opened
+        on first use, or by the monitor)."""
+        for sid in self.storage.children("sessions"):
+            try:
+                raw = self.storage.get(session_key(sid, "record"), 1 << 20)
+                rec = json.loads(raw) if raw is not None else None
+                limits = limits_from_wire(rec["spec"]["limits"]) if rec else None
+            except Exception:  # an unreadable record is skipped
+                continue
+            if rec is None or limits is None:
+                continue
+            self.sessions[sid] = _Entry(sid, str(rec["tenant"]), rec["spec"], limits.memory,
+                                        limits.disk_bytes, None, turns=int(rec["turns"]),
+                                        begun=int(rec["turns"]), gone="the cluster restarted")
+        self._adopt_slabs()
+        for tenant in self.storage.children("checkpoints"):
+            for cid in self.storage.children(f"checkpoints/{tenant}"):
+                with contextlib.suppress(Exception):
+                    raw = self.storage.get(checkpoint_key(tenant, cid, "meta"), 1 << 16)
+                    if raw is not None:
+                        meta = json.loads(raw)
+                        self.checkpoints.setdefault(tenant, {})[cid] = {
+                            "size": int(meta["size"]), "turns": int(meta["turns"]),
+                            "session": str(meta["session"]), "at": time.time()}
+
+
+    def _adopt_slabs(self) -> None:
+        """The slabs still alive (this actor was restarted, not the cluster): the sessions
+        they hold stay where they are."""
+        from ray.util import list_named_actors
+        with contextlib.suppress(Exception):
+            for name in list_named_actors():
+                if not str(name).startswith("memex-slab-"):
+                    continue
+                try:
+                    handle = self._ray.get_actor(name, namespace=self.namespace)
+                    info = self._ray.get(handle.ready.remote(), timeout=5)
+                    held = self._ray.get(handle.holding.remote(), timeout=5)
+                except Exception:
+                    continue
+                slab = _SlabInfo(name, handle, str(info["node"]), self.slab_memory,
+                                 list(info["endpoint"]), bytes(info["secret"]))
+                self.slabs[name] = slab
+                for sid, turns in held:
+                    e = self.sessions.get(sid)
+                    if e is not None:
+                        e.slab = name
+                        e.turns = e.begun = max(e.turns, int(turns))
+                        slab.sessions.add(sid)
+                        slab.used += e.memory
+
+
+def checkpoint_key(tenant: str, cid: str, name: str = "image") -> str:
+    return f"checkpoints/{tenant}/{cid}/{name}" if name else f"checkpoints/{tenant}/{cid}"
+
+
+def _child_record(storage: Storage, parent: str, child: str) -> bytes:
+    """The record of a fork opened from its parent's save: the parent's, renamed."""
+    raw = storage.get(session_key(parent, "record"), 1 << 20)
+    if raw is None:
+        raise ControlRefusal("not_found", f"no save of {parent!r}")
+    rec = json.loads(raw)
+    image, files = rec.get("image"), rec.get("files")
+    for key, name in ((image, "image-1"), (files, "files-1")):
+        if key:
+            data = storage.get(str(key), 8 << 30)
+            if data is not None:
+                storage.put(session_key(child, name), data)
+    rec.update(id=child, seq=1, image=session_key(child, "image-1") if image else None,
+               files=session_key(child, "files-1") if files else None)
+    return json.dumps(rec).encode()
+
+
+def _wire(exc: BaseException) -> list[Any]:
+    if isinstance(exc, MemexError):
+        return list(error_to_wire(exc))
+    return ["SandboxError", f"{type(exc).__name__}: {exc}", None]
