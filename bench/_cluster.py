@@ -31,6 +31,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # every address 127.0.0.1,
+# read when ray is first imported
+
 from _fmt import fmt, sample
 
 from memex import Limits
@@ -100,7 +103,6 @@ def cluster_figures(scale: int) -> None:
     import ray
     from ray.cluster_utils import Cluster
 
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # every address 127.0.0.1
     n = 1000 // scale
     key = secrets.token_urlsafe(24)
     tenant = f'[tenants.t]\nkeys = ["{hash_key(key)}"]\nmax_sessions = 100\n'
@@ -167,6 +169,24 @@ def cluster_figures(scale: int) -> None:
             print(f"  {'directory lookups (pipelined)':44s}     {lookups:9.0f} /s")
             print(f"  {'turn admissions (begin, then end)':44s}     {admits:9.0f} /s")
 
+            print("\nmemory: a slab's resident size with idle sessions (each ran '1'):")
+            stats0: dict[str, Any] = ray.get(control.stats.remote())
+            before = {x["name"]: _slab_rss(x["name"]) for x in stats0["slabs"]}
+            held = [many.open(limits=LIM) for _ in range(3)]
+            for h in held:
+                h.run("x = 1")
+            stats1: dict[str, Any] = ray.get(control.stats.remote())
+            after = {x["name"]: (_slab_rss(x["name"]), x["sessions"]) for x in stats1["slabs"]}
+            grew = [(after[n][0] - before.get(n, after[n][0]), after[n][1])
+                    for n in after if n in before]
+            per = sum(g for g, _ in grew) / max(1, len(held))
+            base = min(before.values()) if before else 0
+            print(f"  {'a slab, its sessions closed (base)':44s}     {base / 2**20:9.0f} MiB")
+            print(f"  {'each more idle session':44s}     {per / 2**20:9.1f} MiB  "
+                  f"(about {2**30 / max(per, 1):.0f} sessions per GiB, the base aside)")
+            for h in held:
+                h.close()
+
             print("\nturns/s, 8 clients with a session each, trivial cells:")
             tps1 = _turns_per_second(front_url, key, 8, 10.0 / scale ** 0.5)
             workers.append(cluster.add_node(num_cpus=4, memory=4 * GiB))
@@ -185,20 +205,39 @@ def cluster_figures(scale: int) -> None:
                 victim = next(w for w in workers if w.node_id == slab["node"])
                 t0 = time.perf_counter()
                 cluster.remove_node(victim, allow_graceful=False)
+                before_move = 0  # turns the dying node's slab still answered (its lease)
                 while True:
                     r = s.run("kept")
-                    if r.ok:
+                    now = ray.get(control.lookup.remote("t", s.id))
+                    if r.ok and now["slab"] != slab["name"]:
                         break
+                    before_move += r.ok
+                    time.sleep(0.01)
                 back = time.perf_counter() - t0
+                moved = next((x["node"] for x in ray.get(control.stats.remote())["slabs"]
+                              if x["name"] == now["slab"]), "?")
                 print(f"  {'kill -> next successful result elsewhere':44s}     {fmt(back):>9s}"
-                      f"   (restored from turn {s.restored and s.restored['from_turn']})")
-            ray.shutdown()
+                      f"   (node {slab['node'][:8]} -> {moved[:8]})")
+                print(f"    turns its old slab still answered: {before_move} (until its "
+                      f"process died or its lease ran out); the answer said: {s.restored}")
             one.close()
             many.close()
         finally:
+            ray.shutdown()
             _stop(front)
             _stop(single)
             cluster.shutdown()
+
+
+def _slab_rss(name: str) -> int:
+    """Resident bytes of a slab's process (this machine runs every node)."""
+    import ray
+    pid = ray.get(ray.get_actor(name, namespace="memex").ready.remote())["pid"]
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 def _holds(control: Any, slab: str, sid: str) -> bool:

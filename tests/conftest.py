@@ -8,6 +8,11 @@ that builds it, and ``compile_module`` is replaced by a tripwire for the whole s
 from __future__ import annotations
 
 import importlib.util
+import os
+
+# Every Ray node, driver and actor the tests start binds 127.0.0.1 (read when ray is first
+# imported: set before any test module imports it).
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 from collections.abc import Callable, Iterator
 from typing import Any
 

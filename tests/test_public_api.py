@@ -59,10 +59,10 @@ PINNED: dict[str, list[str]] = {
     "memex.runtime_wasm.files": [],
     "memex.runtime_wasm.images": [],
     "memex.backends": [
-        "BACKENDS", "Backend", "Client", "ClientDoor", "InProcessBackend", "PoolBackend",
-        "PoolStats", "ProcessCheckpoint", "ProcessSandbox", "RayBackend", "RayCheckpoint",
-        "RaySandbox", "RemoteBackend", "RemoteCheckpoint", "RemoteSandbox", "Slab", "Storage",
-        "SubprocessBackend", "TenantQuota", "get_backend", "session_key",
+        "BACKENDS", "SLAB_LEASE", "Backend", "Client", "ClientDoor", "InProcessBackend",
+        "PoolBackend", "PoolStats", "ProcessCheckpoint", "ProcessSandbox", "RayBackend",
+        "RayCheckpoint", "RaySandbox", "RemoteBackend", "RemoteCheckpoint", "RemoteSandbox",
+        "Slab", "Storage", "SubprocessBackend", "TenantQuota", "get_backend", "session_key",
     ],
     "memex.client": [
         "Client", "RemoteBackend", "RemoteCheckpoint", "RemoteSandbox",
@@ -73,8 +73,8 @@ PINNED: dict[str, list[str]] = {
         "SessionTable", "Shares", "Size", "checkpoint_key", "config_error", "session_fields",
     ],
     "memex.service": [
-        "API_VERSION", "MountGrant", "ServiceConfig", "TenantConfig", "check_config", "create_app",
-        "hash_key", "load_config", "serve",
+        "API_VERSION", "MountGrant", "ServiceConfig", "TenantConfig", "check_cluster",
+        "check_config", "create_app", "drain_node", "hash_key", "load_config", "serve",
     ],
     "memex.backends.worker": [
         "Channel", "ChannelClosed", "FrameDecoder", "ProtocolError", "encode_frame",

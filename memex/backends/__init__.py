@@ -12,7 +12,7 @@ reach a sandbox through the door it is opened with, whichever backend holds it.
 from typing import TYPE_CHECKING, Any
 
 from ._clientdoor import ClientDoor
-from ._cluster import Slab, session_key
+from ._cluster import SLAB_LEASE, Slab, session_key
 from ._contract import Backend
 from ._inprocess import InProcessBackend
 from ._pool import PoolBackend, PoolStats, TenantQuota
@@ -28,6 +28,7 @@ _REMOTE = ("Client", "RemoteBackend", "RemoteCheckpoint", "RemoteSandbox")
 
 __all__ = [
     "BACKENDS",
+    "SLAB_LEASE",
     "Backend",
     "Client",
     "ClientDoor",

@@ -46,7 +46,7 @@ from ._storage import Storage
 from .worker import error_to_wire, limits_from_wire, mounts_from_wire, result_to_wire
 from .worker._wire import Channel, ChannelClosed, ProtocolError
 
-__all__ = ["DIRECT", "FILES_CAP", "RECORD_CAP", "Slab", "session_key"]
+__all__ = ["DIRECT", "FILES_CAP", "RECORD_CAP", "SLAB_LEASE", "Slab", "session_key"]
 
 FILES_CAP = 64 << 20
 """Bytes of /tmp files a save keeps; past it only the interpreter state is kept."""
@@ -54,6 +54,12 @@ FILES_ENTRIES = 10_000
 DIRECT = frozenset({"run", "read_file", "write_file", "list_files", "checkpoint", "restore",
                     "save"})
 """What a front calls over a slab's socket (the rest goes through Ray)."""
+SLAB_LEASE = 4.0
+"""Seconds a slab serves after the control actor last reached it. The control actor pings
+every slab each second (renewing it), and opens a lost slab's sessions elsewhere only once
+its lease has run out: a slab cut off from the control actor (a partition, a node whose
+processes outlive it for a moment) has stopped serving and saving by then, so a session is
+never live in two places."""
 HELLO_TIMEOUT = 10.0
 DOOR_REJOIN = 10.0
 """Seconds a tool call of a session opened again elsewhere waits for its client's door
@@ -116,6 +122,7 @@ class Slab:
         # the data path: fronts call turns and files over a socket of their own (a Ray call
         # costs more than a turn); the secret that opens it is given out only through Ray
         import ray
+        self._lease_until = time.monotonic() + SLAB_LEASE
         self._secret = secrets.token_bytes(32)
         self._listener = socket.create_server((ray.util.get_node_ip_address(), 0))
         self.endpoint = list(self._listener.getsockname()[:2])
@@ -150,6 +157,11 @@ class Slab:
                         not isinstance(msg[3], list):
                     return
                 _, seq, method, args = msg
+                if not self._leased():
+                    ch.send(["reply", seq, ["err", error_to_wire(SandboxClosed(
+                        f"session {args[0] if args else '?'} is not held by this slab: its "
+                        "lease from the control actor ran out"))]])
+                    continue
                 if method == "run":
                     ch.send(["started", seq])
                 try:
@@ -177,9 +189,14 @@ class Slab:
             raise SandboxClosed(f"session {sid} is not held by this slab")
         return h
 
+    def _leased(self) -> bool:
+        return time.monotonic() < self._lease_until
+
     def ready(self) -> dict[str, Any]:
-        """Where it runs, and how a front reaches its direct path (asked through Ray)."""
+        """Where it runs, and how a front reaches its direct path (asked through Ray, by the
+        control actor only: each answer renews the slab's lease)."""
         import ray
+        self._lease_until = time.monotonic() + SLAB_LEASE
         return {"node": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
                 "name": self.name, "endpoint": self.endpoint, "secret": self._secret}
 
@@ -360,8 +377,8 @@ class Slab:
         if files:
             rec["files"] = session_key(sid, f"files-{seq}")
             self.storage.put(rec["files"], msgpack.packb(files, use_bin_type=True))
-        if sid not in self.held:
-            return  # closed meanwhile: its objects go with its folder
+        if sid not in self.held or not self._leased():
+            return  # closed meanwhile (its objects go with its folder), or fenced off
         self.storage.put(session_key(sid, "record"), json.dumps(rec).encode())
         for name in (f"image-{h.seq}", f"files-{h.seq}"):
             if h.seq:
@@ -398,7 +415,7 @@ class Slab:
         session or the connection is gone."""
         h = self.held.get(sid)
         box = h.boxes.get(token) if h is not None else None
-        if box is None:
+        if box is None or not self._leased():
             return ["ok", None]
         return ["ok", box.take(min(wait, 5.0))]
 

@@ -20,7 +20,14 @@ use memex.client.Client or get_backend("remote", url=..., api_key=...)."""
 
 def cmd_serve(args: argparse.Namespace) -> int:
     try:
-        from ..service import check_config, hash_key, load_config, serve
+        from ..service import (
+            check_cluster,
+            check_config,
+            drain_node,
+            hash_key,
+            load_config,
+            serve,
+        )
     except ImportError as exc:
         raise ConfigError(f"memex serve needs its extra: pip install 'memex[serve]' ({exc})"
                           ) from exc
@@ -32,9 +39,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.config is None:
         raise ConfigError("memex serve needs --config serve.toml (docs/service.md)")
     config = load_config(args.config)
+    if args.drain is not None or args.undrain is not None:
+        if config.cluster is None:
+            raise ConfigError("--drain moves sessions between a cluster's nodes: the config "
+                              "has no [cluster] table")
+        if args.undrain is not None:
+            drain_node(config.cluster, args.undrain, undo=True)
+            print(f"node {args.undrain}: takes new slabs again")
+            return 0
+        out = drain_node(config.cluster, args.drain)
+        print(f"node {args.drain}: {out['moved']} session(s) moved; it takes no new slab")
+        for f in out["failed"]:
+            print(f"  not moved: {f['session']}: {f['error']}")
+        return 1 if out["failed"] else 0
     if args.check:
-        print(f"{args.config}: ok, backend {config.backend} with {config.workers} worker(s), "
-              f"state {'in ' + str(config.state_dir) if config.state_dir else 'not kept'}")
+        where = f"a Ray cluster ({config.cluster.address})" if config.cluster is not None \
+            else f"backend {config.backend} with {config.workers} worker(s), state " + (
+                f"in {config.state_dir}" if config.state_dir else "not kept")
+        print(f"{args.config}: ok, {where}")
         for t in config.tenants.values():
             bounds = ", ".join(f"{k} {v}" for k, v in (
                 ("sessions", t.max_sessions), ("memory", t.max_memory), ("disk", t.max_disk),
@@ -43,6 +65,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
                   f"ceiling {dict(t.ceiling) or 'none'}; {len(t.mounts)} mount grant(s); "
                   f"egress {'policy' if t.egress is not None else 'none'}")
         notes, problems = check_config(config)
+        if config.cluster is not None:
+            more = check_cluster(config.cluster)
+            notes, problems = notes + more[0], problems + more[1]
         for line in notes:
             print(f"  {line}")
         for line in problems:
@@ -70,6 +95,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--port", type=int, help="port (0: any free one; default 8000)")
     p.add_argument("--check", action="store_true",
                    help="read the config, print what it sets, and exit (no server)")
+    p.add_argument("--drain", metavar="NODE_ID",
+                   help="on a cluster: move every session off this Ray node (saved there, "
+                        "opened on another) and place no new slab on it, then exit")
+    p.add_argument("--undrain", metavar="NODE_ID",
+                   help="on a cluster: place slabs on this drained node again, then exit")
     p.add_argument("--hash-key", action="store_true",
                    help="read an API key on stdin and print the sha256: form for the config")
     p.set_defaults(func=cmd_serve)

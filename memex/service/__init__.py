@@ -14,6 +14,7 @@ See docs/service.md.
 """
 
 from ._app import create_app
+from ._cluster import check_cluster, drain_node
 from ._config import MountGrant, ServiceConfig, TenantConfig, check_config, hash_key, load_config
 from ._models import API_VERSION
 from ._serve import serve
@@ -23,8 +24,10 @@ __all__ = [
     "MountGrant",
     "ServiceConfig",
     "TenantConfig",
+    "check_cluster",
     "check_config",
     "create_app",
+    "drain_node",
     "hash_key",
     "load_config",
     "serve",

@@ -38,7 +38,7 @@ from ..backends.worker import (
     mounts_to_wire,
     result_from_wire,
 )
-from ..errors import ConfigError, SandboxClosed, SandboxError
+from ..errors import ConfigError, SandboxClosed, SandboxError, SandboxLost
 from ..runtime_wasm import (
     Door,
     GuestFile,
@@ -55,7 +55,7 @@ from ._models import CreateSession, RunIn
 from ._service import AUDIT, Service
 from ._sessions import Session, new_checkpoint_id
 
-__all__ = ["ClusterService"]
+__all__ = ["ClusterService", "check_cluster", "drain_node"]
 
 LOG = logging.getLogger("memex.service")
 CONFIG_POLL = 1.0
@@ -244,9 +244,12 @@ class ClusterSandbox(SandboxHandle):
         ref = link.control.recover.remote(self.sid, self.slab or None, begun) if dead else \
             link.control.lookup.remote(self.tenant, self.sid)
         entry = link.get(ref, timeout=link.cfg.place_timeout + 30)
-        if entry is None or entry["slab"] is None:
+        if entry is None:
             self._closed_reason = "closed"
             raise SandboxClosed("the session ended")
+        if entry["slab"] is None:  # kept: the next use tries again
+            raise SandboxLost("the session's slab was lost and it could not be opened "
+                              f"again yet: {entry.get('failed') or 'no room in the cluster'}")
         self.where = _where(entry)
         self.turns = max(self.turns, int(entry["turns"]))
         if entry.get("notice"):
@@ -705,3 +708,43 @@ def _answer(out: list[Any]) -> Any:
     exc = error_from_wire(out[1])
     raise translate(exc) from exc
 
+
+
+def check_cluster(cfg: ClusterConfig) -> tuple[list[str], list[str]]:
+    """(notes, problems) of a ``[cluster]`` table, without joining the cluster: its storage
+    is opened and listed (a front that cannot reach it cannot save a session)."""
+    saves = f"every {cfg.save_interval:g} s" if cfg.save_interval else "after every turn"
+    notes = [f"cluster at {cfg.address} (namespace {cfg.namespace}); slabs of "
+             f"{cfg.slab_memory} bytes and {cfg.slab_cpus:g} CPU(s); sessions saved {saves}"]
+    problems: list[str] = []
+    try:
+        storage = Storage(cfg.storage, dict(cfg.storage_options))
+        saved = sum(1 for _ in storage.children("sessions"))
+        notes.append(f"storage {cfg.storage}: reachable, {saved} saved session(s)")
+    except Exception as exc:
+        problems.append(f"storage {cfg.storage}: cannot be read ({type(exc).__name__}: "
+                        f"{exc})")
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        problems.append("Ray is not installed: pip install 'memex[cluster]'")
+    return notes, problems
+
+
+def drain_node(cfg: ClusterConfig, node: str, *, undo: bool = False) -> dict[str, Any]:
+    """Move every session off the Ray node ``node`` (each saved there and opened on another
+    node; its client sees a slower turn, nothing else) and place no new slab on it; with
+    ``undo``, place slabs on it again."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=cfg.address, namespace=cfg.namespace, log_to_driver=False)
+    try:
+        control = ray.get_actor(CONTROL_NAME, namespace=cfg.namespace)
+        if undo:
+            ray.get(control.undrain.remote(node))
+            return {"node": node, "moved": 0, "failed": []}
+        out: dict[str, Any] = ray.get(control.drain.remote(node))
+        return out
+    finally:
+        ray.shutdown()

@@ -319,7 +319,7 @@ def check_config(config: ServiceConfig) -> tuple[list[str], list[str]]:
     problems: list[str] = []
     base = dataclasses.replace(SANDBOX_LIMITS, timeout=config.warm_timeout)
     capacity = (config.max_sandboxes or 8 * config.workers) if config.backend == "pool" \
-        else None
+        and config.cluster is None else None
     for t in config.tenants.values():
         try:
             got = t.limits({}, base)

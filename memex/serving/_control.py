@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..backends import Slab, Storage, session_key
+from ..backends import SLAB_LEASE, Slab, Storage, session_key
 from ..backends.worker import error_from_wire, error_to_wire, limits_from_wire
 from ..errors import MemexError
 
@@ -65,9 +65,13 @@ class _Entry:
     running: int = 0
     notice: dict[str, Any] | None = None
     gone: str = "its slab was lost (its node died, or it stopped answering)"  # for the notice
+    fence: float = 0.0  # not opened elsewhere before (monotonic): its old slab's lease ran out
+    recovering: bool = False
+    failed: str | None = None  # why its last recovery failed
 
     def out(self) -> dict[str, Any]:
         return {"id": self.id, "tenant": self.tenant, "spec": self.spec, "slab": self.slab,
+                "failed": self.failed,
                 "created": self.created, "last_used": self.last_used, "parent": self.parent,
                 "turns": max(self.turns, 0), "notice": self.notice}
 
@@ -80,6 +84,7 @@ class _SlabInfo:
     capacity: int
     endpoint: list[Any]  # its direct path (host, port), and the secret that opens it
     secret: bytes
+    last_ok: float = field(default_factory=time.monotonic)  # its lease renewed then
     used: int = 0
     dead: str | None = None
     sessions: set[str] = field(default_factory=set)
@@ -104,6 +109,7 @@ class Control:
         self.slab_memory, self.slab_cpus = slab_memory, slab_cpus
         self.save_interval, self.place_timeout = save_interval, place_timeout
         self.lock = threading.RLock()
+        self.placing = threading.Lock()
         self.sessions: dict[str, _Entry] = {}
         self.reserved: dict[str, list[int]] = {}  # tenant -> [count, memory, disk]
         self.checkpoints: dict[str, dict[str, dict[str, Any]]] = {}  # tenant -> cid -> held
@@ -164,21 +170,34 @@ class Control:
     # ---- placement ----------------------------------------------------------------------------
     def _slab_for(self, memory: int, avoid: str | None = None) -> _SlabInfo:
         """A live slab with room for ``memory`` (the fullest that fits: slabs fill before
-        new ones are made), else a new one Ray places; its room is taken at once."""
+        new ones are made), else a new one Ray places; its room is taken at once. ``avoid``
+        (a lost or draining slab) and the other slabs of its node are passed over."""
         if memory > self.slab_memory:
             raise ControlRefusal("quota", f"a session of {memory} bytes is larger than the "
                                  f"cluster's slab ({self.slab_memory} bytes)")
-        with self.lock:
-            fits = [s for s in self.slabs.values() if s.dead is None and s.name != avoid
-                    and s.node not in self.draining and s.capacity - s.used >= memory]
-            if fits:
+        def fitting() -> _SlabInfo | None:
+            with self.lock:
+                shun = self.slabs[avoid].node if avoid in self.slabs else None  # its node
+                fits = [s for s in self.slabs.values() if s.dead is None and s.name != avoid
+                        and s.node != shun and s.node not in self.draining
+                        and s.capacity - s.used >= memory]
+                if not fits:
+                    return None
                 best = max(fits, key=lambda s: s.used)
                 best.used += memory
                 return best
-        info = self._new_slab()
-        with self.lock:
-            info.used += memory
-        return info
+
+        found = fitting()
+        if found is not None:
+            return found
+        with self.placing:  # one slab made at a time: racing creates fill it, not make more
+            found = fitting()
+            if found is not None:
+                return found
+            info = self._new_slab()
+            with self.lock:
+                info.used += memory
+            return info
 
     def _new_slab(self) -> _SlabInfo:
         ray = self._ray
@@ -487,15 +506,17 @@ class Control:
                 return
         try:  # a front's word is checked: a slab that answers is not dead
             self._ray.get(slab.handle.ready.remote(), timeout=5)
+            slab.last_ok = time.monotonic()
             return
         except Exception:  # dead, or unreachable for 5 s: replaced
             pass
+        fence = slab.last_ok + SLAB_LEASE + 0.25
         with self.lock:
             slab.dead = why
             for sid in slab.sessions:
                 e = self.sessions.get(sid)
                 if e is not None and e.slab == name:
-                    e.slab = None
+                    e.slab, e.fence = None, fence
             slab.sessions.clear()
             slab.used = 0
         with contextlib.suppress(Exception):
@@ -508,26 +529,30 @@ class Control:
             e = self.sessions.get(sid)
             if e is None or (e.slab is not None and e.slab != dead):
                 return
-            if getattr(e, "_recovering", False):
-                wait = True
-            else:
-                wait = False
-                e._recovering = True  # type: ignore[attr-defined]
-        if wait:
+            another = e.recovering
+            e.recovering = True
+        if another:  # one recovery at a time: wait for it
             for _ in range(600):
                 time.sleep(0.1)
                 with self.lock:
-                    if not getattr(e, "_recovering", False):
+                    if not e.recovering:
                         return
             return
         try:
-            slab = self._slab_for(e.memory, avoid=dead)
-            try:
-                info = self._open(slab, sid, e.tenant, e.spec, True)
-            except BaseException:
-                with self.lock:
-                    slab.used -= e.memory
-                raise
+            fenced = e.fence - time.monotonic()
+            if fenced > 0:  # its old slab may still serve until its lease runs out
+                time.sleep(fenced)
+            for attempt in range(3):  # a target that dies under it: the next one
+                slab = self._slab_for(e.memory, avoid=dead)
+                try:
+                    info = self._open(slab, sid, e.tenant, e.spec, True)
+                    break
+                except Exception as exc:
+                    with self.lock:
+                        slab.used -= e.memory
+                    if attempt == 2 or not isinstance(exc, self._ray.exceptions.RayActorError):
+                        raise
+                    self._mark_dead(slab.name, "it died while a session was opened on it")
             with self.lock:
                 e.slab = slab.name
                 slab.sessions.add(sid)
@@ -539,11 +564,13 @@ class Control:
                                       f"save on node {slab.node}"}
                 e.turns = e.begun = saved
                 self.counts["recoveries"] += 1
-        except Exception:  # retried on its next use
-            pass
+        except Exception as exc:  # said to the front; tried again on its next use
+            e.failed = f"{type(exc).__name__}: {exc}"[:500]
+        else:
+            e.failed = None
         finally:
             with self.lock:
-                e._recovering = False  # type: ignore[attr-defined]
+                e.recovering = False
 
     def _monitor(self, every: float) -> None:
         while True:
@@ -554,11 +581,12 @@ class Control:
             for s, ref in refs:
                 try:
                     self._ray.get(ref, timeout=max(2.0, every * 2))
+                    s.last_ok = time.monotonic()
                 except Exception:
                     self._mark_dead(s.name, "it stopped answering")
             with self.lock:
                 orphans = [sid for sid, e in self.sessions.items()
-                           if e.slab is None and not getattr(e, "_recovering", False)]
+                           if e.slab is None and not e.recovering]
             for sid in orphans:
                 self._recover(sid, None)
 

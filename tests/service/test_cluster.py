@@ -6,8 +6,10 @@ machines) and the cluster's storage in a local folder."""
 from __future__ import annotations
 
 import concurrent.futures
-import os
 import re
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -61,7 +63,6 @@ class ClusterRig:
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterRig]:
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # every address 127.0.0.1
     rig = ClusterRig(tmp_path_factory.mktemp("cluster"))
     keys = {"a": "key-a-" + "x" * 20, "small": "key-small-" + "y" * 20,
             "gone": "key-gone-" + "z" * 20}
@@ -203,6 +204,96 @@ def test_checkpoints_and_forks_work_from_any_front(rig: ClusterRig) -> None:
         child = sb.fork()
         assert bb.attach(child.id).run("v").value == "'before'"
         child.close()
+        sb.close()
+
+
+def memex(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "memex", *args], capture_output=True,
+                          text=True, timeout=180)
+
+
+def node_of(front: Served, live: int = 1) -> str:
+    """The node of the one slab that holds ``live`` sessions (the test's own)."""
+    stats = cluster_stats(front, METRICS_KEY)
+    found = {s["node"] for s in stats["slabs"].values() if s["sessions"] == live}
+    assert len(found) == 1, stats
+    return str(found.pop())
+
+
+def test_check_reads_a_cluster_config_and_its_storage(rig: ClusterRig) -> None:
+    out = memex("serve", "--check", "--config", str(rig.fronts[0].config))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "a Ray cluster" in out.stdout and "storage" in out.stdout and "reachable" in \
+        out.stdout, out.stdout
+    bad = rig.folder / "bad.toml"
+    bad.write_text(rig.fronts[0].config.read_text().replace(
+        f'storage = "{rig.folder / "storage"}"', 'storage = "nosuchproto://x"'))
+    out = memex("serve", "--check", "--config", str(bad))
+    assert out.returncode != 0 and "storage" in out.stdout + out.stderr, out
+
+
+def test_a_drained_node_hands_its_sessions_over_seamlessly(rig: ClusterRig) -> None:
+    """``memex serve --drain NODE`` moves a live session (its state, its /tmp files, its
+    client's tools) to the other node: the client's next turn just works, with no restore
+    notice; new slabs avoid the node until ``--undrain``."""
+    a, b = rig.fronts
+    door = Door()
+    door.register("twice", lambda x: 2 * x)
+    with backend(a, rig.keys["a"]) as ba, backend(b, rig.keys["a"]) as bb:
+        sb = ba.open(limits=Limits(memory=256 << 20, timeout=20), door=door)
+        sb.run("kept = 21\nopen('/tmp/f', 'w').write('file')")
+        node = node_of(a)
+        out = memex("serve", "--drain", node, "--config", str(a.config))
+        assert out.returncode == 0 and "1 session(s) moved" in out.stdout, out
+        other = bb.attach(sb.id)
+        r = other.run("from memex_guest import call\ncall('twice', kept), open('/tmp/f').read()")
+        assert r.value == "(42, 'file')", r
+        assert other.restored is None and sb.restored is None  # nothing lost, nothing said
+        assert node_of(a) != node
+        fresh = bb.open(limits=Limits(memory=256 << 20, timeout=20))
+        fresh.run("1")
+        stats = cluster_stats(a, METRICS_KEY)
+        assert all(s["node"] != node or s["sessions"] == 0 for s in stats["slabs"].values())
+        fresh.close()
+        sb.close()
+        out = memex("serve", "--undrain", node, "--config", str(a.config))
+        assert out.returncode == 0, out
+
+
+def test_a_slab_answers_only_a_front_that_knows_its_secret(rig: ClusterRig) -> None:
+    """A slab's direct path closes a connection that does not open with its secret before
+    reading anything else (a call sent without it does not run); with the secret (the
+    positive control), the same call runs."""
+    from memex.backends.worker import Channel, ChannelClosed
+    from memex.serving import CONTROL_NAME
+
+    with backend(rig.fronts[0], rig.keys["a"]) as ba:
+        sb = ba.open(limits=Limits(memory=256 << 20, timeout=20))
+        ray.init(address=rig.cluster.address, namespace="memex", log_to_driver=False)
+        try:
+            control = ray.get_actor(CONTROL_NAME, namespace="memex")
+            entry = ray.get(control.lookup.remote("a", sb.id))
+        finally:
+            ray.shutdown()
+        endpoint, secret = tuple(entry["endpoint"]), bytes(entry["secret"])
+        call = ["call", 1, "run", [sb.id, "x = 'ran'", None, None]]
+
+        def exchange(first: list[Any]) -> list[Any]:
+            ch = Channel(socket.create_connection(endpoint, timeout=10))
+            try:
+                ch.send(first)
+                ch.send(call)
+                return [ch.recv(10)[0] for _ in range(3)]
+            finally:
+                ch.close()
+
+        for first in (["hello", b"\0" * 32], ["hello", secret[:-1]], call):
+            with pytest.raises(ChannelClosed):
+                exchange(first)
+        assert sb.run("'x' in globals()").value == "False"  # nothing ran
+        got = exchange(["hello", secret])
+        assert got[0] == ["hello"] and got[1] == ["started", 1] and got[2][2][0] == "ok", got
+        assert sb.run("x").value == "'ran'"
         sb.close()
 
 

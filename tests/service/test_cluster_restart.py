@@ -3,7 +3,6 @@ saved session and held checkpoint comes back on the new cluster, flagged."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +41,6 @@ def start(folder: Path, s3: dict[str, Any], key: str) -> tuple[Any, Any]:
 
 def test_every_saved_session_comes_back_after_a_whole_cluster_restart(
         tmp_path: Path, s3_server: dict[str, Any]) -> None:
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # every address 127.0.0.1
     key = "key-a-" + "r" * 24
     cluster, front = start(tmp_path / "one", s3_server, key)
     try:
