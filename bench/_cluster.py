@@ -119,7 +119,7 @@ def cluster_figures(scale: int) -> None:
         cfg.write_text(
             "[server]\nport = 0\naccess_log = false\n"
             f'[cluster]\naddress = "{cluster.address}"\nstorage = "{folder / "storage"}"\n'
-            f"slab_memory = {GiB}\nslab_cpus = 1\n" + tenant)
+            f"slab_memory = {GiB}\nslab_cpus = 1\nslab_idle = 2\n" + tenant)
         single, single_url = _serve(single_cfg)
         front, front_url = _serve(cfg)
         try:
@@ -199,7 +199,8 @@ def cluster_figures(scale: int) -> None:
             print("\na worker node killed under a session (its last save: the turn before):")
             with many.open(limits=LIM) as s:
                 s.run("kept = 42")
-                time.sleep(3.0)  # past save_interval (2 s): the save holds the turn
+                time.sleep(5.0)  # past save_interval (2 s): the save holds the turn; and
+                # past slab_idle (2 s): the slabs the figures above left empty are retired
                 stats: dict[str, Any] = ray.get(control.stats.remote())
                 slab = next(x for x in stats["slabs"] if _holds(control, x["name"], s.id))
                 victim = next(w for w in workers if w.node_id == slab["node"])

@@ -198,7 +198,8 @@ class SandboxLost(SandboxError):
 class BackendBusy(SandboxError):
     """A backend cannot admit another sandbox (or turn) now: its admission queue is full, the
     wait for a slot timed out, or a tenant quota can never be met. ``reason`` is one of
-    ``queue_full``, ``timeout``, ``quota``, ``closed``."""
+    ``queue_full``, ``timeout``, ``quota``, ``closed``, ``no_room`` (a cluster has no node
+    with room for the session now)."""
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)

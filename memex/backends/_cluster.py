@@ -44,7 +44,7 @@ from ..runtime_wasm import (
 from ._clientdoor import ClientDoor
 from ._storage import Storage
 from .worker import error_to_wire, limits_from_wire, mounts_from_wire, result_to_wire
-from .worker._wire import Channel, ChannelClosed, ProtocolError
+from .worker._wire import HEADER, Channel, ChannelClosed, ProtocolError
 
 __all__ = ["DIRECT", "FILES_CAP", "RECORD_CAP", "SLAB_LEASE", "Slab", "session_key"]
 
@@ -61,6 +61,10 @@ its lease has run out: a slab cut off from the control actor (a partition, a nod
 processes outlive it for a moment) has stopped serving and saving by then, so a session is
 never live in two places."""
 HELLO_TIMEOUT = 10.0
+HELLO_BYTES = 256
+"""What a connection may send before it has said the slab's secret."""
+MAX_UNPROVEN = 64
+"""Connections at once that have not said the secret yet (more are closed at once)."""
 DOOR_REJOIN = 10.0
 """Seconds a tool call of a session opened again elsewhere waits for its client's door
 connection to follow it (the front holding it reconnects within a second or so)."""
@@ -130,26 +134,52 @@ class Slab:
 
     # ---- the direct path ----------------------------------------------------------------------
     def _accept(self) -> None:
+        strangers = threading.BoundedSemaphore(MAX_UNPROVEN)
         while True:
             try:
                 conn, _ = self._listener.accept()
             except OSError:
                 return
+            if not strangers.acquire(blocking=False):
+                conn.close()  # too many connections that have not said the secret yet
+                continue
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            threading.Thread(target=self._serve, args=(conn,), name="memex-slab-conn",
-                             daemon=True).start()
+            threading.Thread(target=self._serve, args=(conn, strangers),
+                             name="memex-slab-conn", daemon=True).start()
 
-    def _serve(self, conn: socket.socket) -> None:
+    def _proven(self, conn: socket.socket) -> bool:
+        """Whether the connection opens with ``["hello", secret]``: read whole within
+        HELLO_TIMEOUT and at most HELLO_BYTES, before anything else is read or kept."""
+        conn.settimeout(HELLO_TIMEOUT)
+        try:
+            head = _read_exactly(conn, HEADER.size)
+            size, nfds = HEADER.unpack(head)
+            if size > HELLO_BYTES or nfds:
+                return False
+            hello = unpack_bounded(_read_exactly(conn, size), DecodeCost.for_bytes(size))
+        except (OSError, ValueError, EOFError):
+            return False
+        finally:
+            with contextlib.suppress(OSError):
+                conn.settimeout(None)
+        return (isinstance(hello, list) and len(hello) == 2 and hello[0] == "hello"
+                and isinstance(hello[1], bytes) and hmac.compare_digest(hello[1], self._secret))
+
+    def _serve(self, conn: socket.socket, strangers: threading.BoundedSemaphore) -> None:
         """One front's connection: ``["hello", secret]`` first (else it is closed unheard),
         then ``["call", seq, method, args]`` answered by ``["reply", seq, out]``; a turn is
         acknowledged by ``["started", seq]`` as it begins, so a front that loses the
         connection knows whether the turn could have run."""
+        try:
+            proven = self._proven(conn)
+        finally:
+            strangers.release()
+        if not proven:
+            with contextlib.suppress(OSError):
+                conn.close()
+            return
         ch = Channel(conn)
         try:
-            hello, _ = ch.recv(timeout=HELLO_TIMEOUT)
-            if len(hello) != 2 or hello[0] != "hello" or not isinstance(hello[1], bytes) or \
-                    not hmac.compare_digest(hello[1], self._secret):
-                return
             ch.send(["hello"])
             while True:
                 msg, _ = ch.recv()
@@ -192,11 +222,15 @@ class Slab:
     def _leased(self) -> bool:
         return time.monotonic() < self._lease_until
 
+    def renew(self) -> None:
+        """The control actor reached this slab: it serves SLAB_LEASE seconds more."""
+        self._lease_until = time.monotonic() + SLAB_LEASE
+
     def ready(self) -> dict[str, Any]:
         """Where it runs, and how a front reaches its direct path (asked through Ray, by the
         control actor only: each answer renews the slab's lease)."""
         import ray
-        self._lease_until = time.monotonic() + SLAB_LEASE
+        self.renew()
         return {"node": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
                 "name": self.name, "endpoint": self.endpoint, "secret": self._secret}
 
@@ -470,3 +504,13 @@ def _files_from(packed: bytes | None) -> dict[str, bytes]:
             isinstance(k, str) and isinstance(v, bytes) for k, v in files.items()):
         raise ImageError("the saved files are not a map of paths to bytes")
     return files
+
+
+def _read_exactly(conn: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = conn.recv(n - len(buf))
+        if not chunk:
+            raise EOFError("closed")
+        buf += chunk
+    return bytes(buf)

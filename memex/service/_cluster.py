@@ -20,6 +20,7 @@ import json
 import logging
 import socket
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -38,7 +39,7 @@ from ..backends.worker import (
     mounts_to_wire,
     result_from_wire,
 )
-from ..errors import ConfigError, SandboxClosed, SandboxError, SandboxLost
+from ..errors import BackendBusy, ConfigError, SandboxClosed, SandboxError
 from ..runtime_wasm import (
     Door,
     GuestFile,
@@ -87,7 +88,7 @@ class _Link:
             resources={"node:__internal_head__": 0.001},  # lives and dies with the head
         ).remote(self.storage, namespace=cfg.namespace, slab_memory=cfg.slab_memory,
                  slab_cpus=cfg.slab_cpus, save_interval=cfg.save_interval,
-                 place_timeout=cfg.place_timeout)
+                 place_timeout=cfg.place_timeout, slab_idle=cfg.slab_idle)
         self.version = 0
         if config_text is not None:
             self.version = self.get(self.control.publish.remote(*config_text))
@@ -247,13 +248,20 @@ class ClusterSandbox(SandboxHandle):
         if entry is None:
             self._closed_reason = "closed"
             raise SandboxClosed("the session ended")
-        if entry["slab"] is None:  # kept: the next use tries again
-            raise SandboxLost("the session's slab was lost and it could not be opened "
-                              f"again yet: {entry.get('failed') or 'no room in the cluster'}")
-        self.where = _where(entry)
-        self.turns = max(self.turns, int(entry["turns"]))
-        if entry.get("notice"):
-            self.notice = link.get(link.control.take_notice.remote(self.sid))
+        if entry["slab"] is None:  # kept: the next use (and the monitor) tries again
+            raise BackendBusy("no_room", "the session's slab was lost and it could not be "
+                              "opened again yet: "
+                              f"{entry.get('failed') or 'no room in the cluster'}")
+        known, self.where = self.turns, _where(entry)
+        notice = link.get(link.control.take_notice.remote(self.sid)) if entry.get("notice") \
+            else None
+        if notice is not None:  # it moved: its count is its save's, and what this front saw
+            self.turns = int(entry["turns"])  # after that save is lost too
+            notice["lost_turns"] = max(int(notice["lost_turns"]),
+                                       known - int(notice["from_turn"]))
+            self.notice = notice
+        else:
+            self.turns = max(self.turns, int(entry["turns"]))
 
     def _do(self, method: str, *args: Any, timeout: float = 300.0) -> Any:
         """``method`` on the session's slab, following the session when it moved. A call
@@ -416,6 +424,9 @@ class ClusterService(Service):
         self._link: _Link | None = None
         self._stamp: tuple[int, int] | None = None
         self._heard: float | None = None  # when the control actor last answered
+        self._running: dict[str, int] = {}  # turns running through this front, by session
+        self._used: dict[str, float] = {}  # sessions used since the last report
+        self._active: dict[str, Session] = {}  # those sessions
 
     @property
     def link(self) -> _Link:
@@ -461,6 +472,7 @@ class ClusterService(Service):
                                 await link.control.publish.remote(*text)
                 newer = await link.control.config.remote(link.version)
                 self._heard = asyncio.get_running_loop().time()
+                self._report()
                 if newer is not None:
                     link.version = newer[0]
                     self.keys.adopt(newer[1])
@@ -469,6 +481,25 @@ class ClusterService(Service):
             except Exception as exc:
                 LOG.warning("cluster config: %s", exc)
             await asyncio.sleep(CONFIG_POLL)
+
+    def _report(self) -> None:
+        """Tell the control actor, in one call, which sessions this front used since its
+        last report: their turns, the turns still running, and when (their idle timeouts
+        and the turns a lost node cost count by it)."""
+        now = time.time()
+        used, self._used = self._used, {}
+        busy = [sid for sid, n in self._running.items() if n > 0]
+        batch = []
+        for sid in set(used) | set(busy):
+            s = self._active.get(sid)
+            if s is None or not isinstance(s.sandbox, ClusterSandbox):
+                continue
+            running = self._running.get(sid, 0)
+            batch.append([sid, s.sandbox.turns, running, now if running else used[sid]])
+        self._running = {sid: n for sid, n in self._running.items() if n > 0}
+        self._active = {sid: s for sid, s in self._active.items() if sid in self._running}
+        if batch:
+            self.link.control.report.remote(batch)
 
     async def stop(self) -> None:
         sweeper = getattr(self, "_sweeper", None)
@@ -623,13 +654,18 @@ class ClusterService(Service):
                     await anyio.to_thread.run_sync(sb._refresh, False)
                 if notice:
                     s.notice = notice
+            self._running[s.id] = self._running.get(s.id, 0) + 1
+            self._active[s.id] = s
             try:
                 yield
             finally:
+                self._running[s.id] -= 1
+                self._used[s.id] = time.time()
                 if sb.notice is not None:
                     s.notice, sb.notice = sb.notice, None
-                with contextlib.suppress(Exception):
-                    link.control.turn_end.remote(tenant.name, s.id, sb.turns, bounded)
+                if bounded:
+                    with contextlib.suppress(Exception):
+                        link.control.turn_end.remote(tenant.name, s.id, sb.turns, True)
 
     async def _admit(self, s: Session, tenant: TenantConfig, sb: ClusterSandbox
                      ) -> tuple[str | None, dict[str, Any] | None]:

@@ -221,6 +221,7 @@ class _ClusterFile(FileModel):
     slab_cpus: float = Field(default=1.0, gt=0)
     save_interval: SecondsOrZero = 2.0
     place_timeout: Seconds = 60.0
+    slab_idle: Seconds = 60.0
 
 
 @dataclass(frozen=True)
@@ -235,6 +236,7 @@ class ClusterConfig:
     slab_cpus: float = 1.0
     save_interval: float = 2.0
     place_timeout: float = 60.0
+    slab_idle: float = 60.0  # seconds a slab holding no session is kept before it is retired
 
 
 class _ServeFile(FileModel):

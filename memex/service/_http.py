@@ -73,7 +73,7 @@ def translate(exc: MemexError) -> ApiError:
     if isinstance(exc, SandboxClosed):
         return ApiError(409, "session_closed", str(exc), type_=name, reason=reason)
     if isinstance(exc, BackendBusy):
-        status = 503 if exc.reason == "closed" else 429
+        status = 503 if exc.reason in ("closed", "no_room") else 429
         return ApiError(status, "busy", str(exc), type_=name, reason=reason,
                         headers={"Retry-After": "1"})
     return ApiError(409, "sandbox_error", str(exc), type_=name)

@@ -66,8 +66,26 @@ class _Entry:
     notice: dict[str, Any] | None = None
     gone: str = "its slab was lost (its node died, or it stopped answering)"  # for the notice
     fence: float = 0.0  # not opened elsewhere before (monotonic): its old slab's lease ran out
+    running_elsewhere: int = 0  # turns a front said were running at its last report
+    lifetime: float | None = None  # from its limits (set at creation)
+    idle_timeout: float | None = None
     recovering: bool = False
     failed: str | None = None  # why its last recovery failed
+
+    def __post_init__(self) -> None:
+        limits = limits_from_wire(self.spec["limits"])
+        self.lifetime, self.idle_timeout = limits.lifetime, limits.idle_timeout
+
+    def why_ended(self, now: float) -> str | None:
+        """Why its own limits ended it (as ``CoreSession.why_ended``); a session with a turn
+        running is left to finish."""
+        if self.running or self.running_elsewhere:
+            return None
+        if self.lifetime is not None and now - self.created >= self.lifetime:
+            return "its lifetime ended"
+        if self.idle_timeout is not None and now - self.last_used >= self.idle_timeout:
+            return "its idle timeout passed"
+        return None
 
     def out(self) -> dict[str, Any]:
         return {"id": self.id, "tenant": self.tenant, "spec": self.spec, "slab": self.slab,
@@ -85,6 +103,7 @@ class _SlabInfo:
     endpoint: list[Any]  # its direct path (host, port), and the secret that opens it
     secret: bytes
     last_ok: float = field(default_factory=time.monotonic)  # its lease renewed then
+    empty_since: float | None = None  # monotonic: it has held no session since
     used: int = 0
     dead: str | None = None
     sessions: set[str] = field(default_factory=set)
@@ -102,12 +121,13 @@ class Control:
 
     def __init__(self, storage: Storage, *, namespace: str, slab_memory: int,
                  slab_cpus: float, save_interval: float, place_timeout: float = 60.0,
-                 monitor: float = 1.0) -> None:
+                 slab_idle: float = 60.0, monitor: float = 1.0) -> None:
         import ray
         self._ray = ray
         self.storage, self.namespace = storage, namespace
         self.slab_memory, self.slab_cpus = slab_memory, slab_cpus
         self.save_interval, self.place_timeout = save_interval, place_timeout
+        self.slab_idle = slab_idle
         self.lock = threading.RLock()
         self.placing = threading.Lock()
         self.sessions: dict[str, _Entry] = {}
@@ -200,6 +220,17 @@ class Control:
             return info
 
     def _new_slab(self) -> _SlabInfo:
+        """A new slab where Ray places it; one that dies as it starts (placed on a node
+        being lost) is made again, twice at most."""
+        for attempt in range(3):
+            try:
+                return self._place_slab()
+            except self._ray.exceptions.RayActorError:
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _place_slab(self) -> _SlabInfo:
         ray = self._ray
         name = f"memex-slab-{secrets.token_hex(6)}"
         opts: dict[str, Any] = {
@@ -222,6 +253,8 @@ class Control:
                                                            self.save_interval)
         try:
             info = ray.get(handle.ready.remote(), timeout=self.place_timeout)
+        except ray.exceptions.RayActorError:
+            raise
         except Exception:
             with contextlib.suppress(Exception):
                 ray.kill(handle)
@@ -424,6 +457,21 @@ class Control:
                     e.turns = max(e.turns, turns)
                     e.begun = max(e.begun, turns)
 
+    def report(self, uses: list[list[Any]]) -> None:
+        """A front's batch of ``[sid, turns, running, last_used]``: the turns its sessions'
+        slabs answered, the turns still running there, and when they were last used (sent
+        about once a second, so a turn costs the control actor nothing)."""
+        with self.lock:
+            for sid, turns, running, last_used in uses:
+                e = self.sessions.get(sid)
+                if e is None:
+                    continue
+                e.turns = max(e.turns, int(turns))
+                e.begun = max(e.begun, e.turns)  # a turn running now may not have reached
+                # its slab yet: one lost under it is counted by the front that lost it
+                e.last_used = max(e.last_used, float(last_used))
+                e.running_elsewhere = int(running)
+
     def take_notice(self, sid: str) -> dict[str, Any] | None:
         """What the session's last recovery lost, said once."""
         with self.lock:
@@ -584,11 +632,38 @@ class Control:
                     s.last_ok = time.monotonic()
                 except Exception:
                     self._mark_dead(s.name, "it stopped answering")
+            self._retire_empty()
+            now = time.time()
+            with self.lock:
+                ended = [(e.tenant, sid, why) for sid, e in self.sessions.items()
+                         if (why := e.why_ended(now)) is not None]
+            for tenant, sid, why in ended:  # their quota freed within a second
+                self.close(tenant, sid, why)
             with self.lock:
                 orphans = [sid for sid, e in self.sessions.items()
                            if e.slab is None and not e.recovering]
             for sid in orphans:
                 self._recover(sid, None)
+
+    def _retire_empty(self) -> None:
+        """Give back to Ray the slabs that held no session for ``slab_idle`` seconds (the
+        last live one stays, warm for the next create)."""
+        now = time.monotonic()
+        with self.lock:
+            live = [s for s in self.slabs.values() if s.dead is None]
+            for s in live:
+                s.empty_since = (s.empty_since or now) if not s.sessions and not s.used \
+                    else None
+            idle = [s for s in live if s.empty_since is not None
+                    and now - s.empty_since >= self.slab_idle]
+            if len(idle) == len(live) and idle:
+                idle.remove(max(idle, key=lambda s: s.empty_since or 0.0))
+            for s in idle:
+                s.dead = "retired: it held no session"
+                del self.slabs[s.name]
+        for s in idle:
+            with contextlib.suppress(Exception):
+                self._ray.kill(s.handle)
 
     # ---- the cluster's view -------------------------------------------------------------------
     def drain(self, node: str) -> dict[str, Any]:

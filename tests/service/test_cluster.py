@@ -189,6 +189,31 @@ def test_a_key_rotated_out_is_refused_on_every_front(rig: ClusterRig) -> None:
     assert get(rig.fronts[1], "/v1/tools", rig.keys["a"]).status == 200  # the others stay
 
 
+def test_sessions_end_by_their_ttl_across_the_cluster(rig: ClusterRig) -> None:
+    """A session whose lifetime or idle timeout passed is ended by the control actor within
+    about a second, its quota place freed on every front; one in use is left to finish
+    (the positive control: a session without a TTL stays and runs)."""
+    a, b = rig.fronts
+    with backend(a, rig.keys["small"]) as ba, backend(b, rig.keys["small"]) as bb:
+        short = ba.open(limits=Limits(memory=128 << 20, timeout=20, lifetime=2))
+        idle = bb.open(limits=Limits(memory=128 << 20, timeout=20, idle_timeout=2))
+        kept = ba.open(limits=Limits(memory=128 << 20, timeout=20))
+        busy = idle.run("import time; time.sleep(3.5); 'done'")  # longer than its timeout
+        assert busy.value == "'done'", busy  # a running turn is not idle: left to finish
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and {
+                get(f, f"/v1/sessions/{sid}", rig.keys["small"]).status
+                for f in (a, b) for sid in (short.id, idle.id)} != {404}:
+            time.sleep(0.2)
+        for f in (a, b):
+            for sid in (short.id, idle.id):
+                assert get(f, f"/v1/sessions/{sid}", rig.keys["small"]).status == 404
+        assert kept.run("1 + 1").value == "2"
+        more = [bb.open(limits=Limits(memory=128 << 20, timeout=20)) for _ in range(2)]
+        for sb in [kept, *more]:  # three live again: the ended two freed their places
+            sb.close()
+
+
 def test_checkpoints_and_forks_work_from_any_front(rig: ClusterRig) -> None:
     """A checkpoint taken through one front restores through the other; a fork made
     through one is used through the other."""
