@@ -1,8 +1,9 @@
 """The cluster figures of ``bench/serve.py`` (``--only cluster``, and after the single-node
 figures in a full run): a real Ray cluster on 127.0.0.1 (a head and worker nodes started by
 ``ray.cluster_utils.Cluster``) with one ``memex serve`` front joined to it, beside a
-single-node ``memex serve`` (the inprocess backend, so both hold the guest in one process
-and differ only in the hops) in the same run.
+single-node ``memex serve`` in the same run (the inprocess backend, whose guest runs in the
+server's own process, and the default pool backend, whose guest runs in a worker process as a
+slab's does).
 
 * a trivial cell through each (RemoteBackend, turns socket): the cluster front's overhead
   is the difference of the p50s (target <= 2 ms);
@@ -111,6 +112,8 @@ def cluster_figures(scale: int) -> None:
         single_cfg = folder / "single.toml"
         single_cfg.write_text("[server]\nport = 0\nbackend = \"inprocess\"\naccess_log = false\n"
                               + tenant)
+        pool_cfg = folder / "pool.toml"
+        pool_cfg.write_text("[server]\nport = 0\nworkers = 2\naccess_log = false\n" + tenant)
         cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0,
                                                                "include_dashboard": False})
         workers = [cluster.add_node(num_cpus=4, memory=4 * GiB)]
@@ -121,24 +124,31 @@ def cluster_figures(scale: int) -> None:
             f'[cluster]\naddress = "{cluster.address}"\nstorage = "{folder / "storage"}"\n'
             f"slab_memory = {GiB}\nslab_cpus = 1\nslab_idle = 2\n" + tenant)
         single, single_url = _serve(single_cfg)
+        pooled, pool_url = _serve(pool_cfg)
         front, front_url = _serve(cfg)
         try:
             one = get_backend("remote", url=single_url, api_key=key)
+            by_pool = get_backend("remote", url=pool_url, api_key=key)
             many = get_backend("remote", url=front_url, api_key=key)
             print(f"\nmemex serve on a Ray cluster (head + worker nodes on 127.0.0.1, one "
-                  f"front) vs a single-node memex serve (inprocess backend); "
-                  f"{os.cpu_count()} cores\n")
+                  f"front) vs a single-node memex serve (inprocess backend, and the default "
+                  f"pool backend); {os.cpu_count()} cores\n")
             print(f"a trivial cell ('1'), {n} each (RemoteBackend, turns socket):")
-            with one.open(limits=LIM) as a, many.open(limits=LIM) as b:
-                a.run("1")
-                b.run("1")
+            with one.open(limits=LIM) as a, by_pool.open(limits=LIM) as p, \
+                    many.open(limits=LIM) as b:
+                for sb in (a, p, b):
+                    sb.run("1")
                 alone = sample(lambda: a.run("1"), n)
+                pool_alone = sample(lambda: p.run("1"), n)
                 through = sample(lambda: b.run("1"), n)
-            _row("single-node memex serve", alone)
+            _row("single-node memex serve (inprocess)", alone)
+            _row("single-node memex serve (pool)", pool_alone)
             _row("cluster front", through)
-            print(f"  {'cluster overhead (p50 cluster - p50 single)':44s}     "
-                  f"{fmt(statistics.median(through) - statistics.median(alone)):>9s}"
-                  "                  target <= 2 ms")
+            for name, base in (("inprocess", alone), ("pool", pool_alone)):
+                label = f"cluster overhead (p50 - p50 single, {name})"
+                print(f"  {label:44s}     "
+                      f"{fmt(statistics.median(through) - statistics.median(base)):>9s}"
+                      "                  target <= 2 ms")
 
             creates: dict[str, list[float]] = {"single": [], "cluster": []}
             for name, b in (("single", one), ("cluster", many)):
@@ -222,11 +232,13 @@ def cluster_figures(scale: int) -> None:
                 print(f"    turns its old slab still answered: {before_move} (until its "
                       f"process died or its lease ran out); the answer said: {s.restored}")
             one.close()
+            by_pool.close()
             many.close()
         finally:
             ray.shutdown()
             _stop(front)
             _stop(single)
+            _stop(pooled)
             cluster.shutdown()
 
 
