@@ -101,6 +101,9 @@ BACKEND_KINDS = [
     pytest.param("ray", marks=[pytest.mark.ray, pytest.mark.skipif(
         not HAVE_RAY, reason="Ray is not installed (pip install 'memex[ray]')")]),
     "remote",  # a real `memex serve` on 127.0.0.1 (the memex_server fixture)
+    # a front of `memex serve` on a real Ray cluster on 127.0.0.1 (the cluster_server fixture)
+    pytest.param("cluster", marks=[pytest.mark.ray, pytest.mark.skipif(
+        not HAVE_RAY, reason="Ray is not installed (pip install 'memex[cluster]')")]),
 ]
 
 # Small but real settings: one or two workers (the machine has two cores).
@@ -129,10 +132,12 @@ def backend(request: pytest.FixtureRequest, _session_backends: dict[str, Backend
     b = _session_backends.get(kind)
     if b is None or b.closed:
         options = BACKEND_OPTIONS.get(kind, {})
-        if kind == "remote":
-            served = request.getfixturevalue("memex_server")
+        if kind in ("remote", "cluster"):
+            served = request.getfixturevalue("memex_server" if kind == "remote"
+                                             else "cluster_server")
             options = {"url": served.url, "api_key": served.keys["a"]}
-        b = _session_backends[kind] = get_backend(kind, **options)
+            kind = "remote"
+        b = _session_backends[str(request.param)] = get_backend(kind, **options)
     return b
 
 
@@ -165,6 +170,30 @@ def memex_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     })
     yield served
     served.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """A front of `memex serve` joined to a Ray cluster on 127.0.0.1 (a head and one worker
+    node), with memex_server's tenants: the backend "cluster" of the contract suites."""
+    from ray.cluster_utils import Cluster
+
+    folder = tmp_path_factory.mktemp("cluster-serve")
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0,
+                                                           "include_dashboard": False})
+    cluster.add_node(num_cpus=4, memory=8 << 30)
+    cluster.wait_for_nodes()
+    served = start_server(folder, {
+        "a": 'max_sessions = 200\nmounts = [{host = "/", writable = true}]\n'
+             "[tenants.a.ceiling]\nmemory = 1073741824",
+        "b": "max_sessions = 200\n[tenants.b.ceiling]\nmemory = 1073741824",
+        "small": "max_sessions = 2\nmax_disk = 1073741824\n[tenants.small.ceiling]\n"
+                 "memory = 536870912\ntimeout = 20",
+    }, server=f'[cluster]\naddress = "{cluster.address}"\nstorage = "{folder / "storage"}"\n'
+              "slab_memory = 2147483648\nslab_cpus = 1\n")
+    yield served
+    served.stop()
+    cluster.shutdown()
 
 
 # ---- an S3-compatible store on 127.0.0.1 (moto's server mode) -------------------------------

@@ -309,7 +309,7 @@ class Slab:
                 r = h.sb.run(code, timeout=timeout, filename=filename)
                 h.turns += 1
                 h.gen += 1
-                if self.save_interval <= 0:
+                if self.save_interval <= 0 and sid in self.held:  # not when it was closed
                     self._save(sid, h)
                 return {"result": result_to_wire(r), "turns": h.turns}
         return self._call(go)
@@ -377,8 +377,7 @@ class Slab:
                     with box.cond:
                         box.closed = True
                         box.cond.notify_all()
-                with h.lock:
-                    h.sb.close()
+                h.sb.close()  # not under its lock: a running turn is interrupted (cancelled)
             if forget:
                 self.storage.delete(session_key(sid))
         return self._call(go)

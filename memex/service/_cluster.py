@@ -285,8 +285,8 @@ class ClusterSandbox(SandboxHandle):
                 return out[1]
             err = error_from_wire(out[1])
             if isinstance(err, SandboxClosed) and "not held by this slab" in str(err) and \
-                    attempt < 2:
-                self._refresh(dead=False)  # moved (a drain, a recovery) or ended
+                    attempt < 2:  # moved (a drain, a recovery) or ended; or its slab lost
+                self._refresh(dead="lease" in str(err))  # its lease: being recovered now
                 continue
             raise err
         raise SandboxError("the session kept moving while this call followed it")

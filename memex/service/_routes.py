@@ -16,12 +16,10 @@ from fastapi import APIRouter, Depends, Query, Request, Response, WebSocket, Web
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 
-from ..backends import ProcessSandbox
 from ..errors import SandboxError
 from ..runtime_wasm import (
     DecodeCost,
     GuestFile,
-    Sandbox,
     SandboxAPI,
     TurnResult,
     unpack_bounded,
@@ -317,9 +315,11 @@ async def list_files(sid: str, tenant: Tenant, svc: Svc,
     s = await svc.session_of(tenant, sid)
 
     def listing(sb: SandboxAPI[Any]) -> list[GuestFile]:
-        if not isinstance(sb, Sandbox | ProcessSandbox):
+        lister = getattr(sb, "list_files", None)  # a Sandbox's, a worker's, a slab's
+        if lister is None:
             raise SandboxError(f"the {svc.backend().name} backend cannot list files")
-        return sb.list_files(path, limit=limit)
+        found: list[GuestFile] = lister(path, limit=limit)
+        return found
 
     found: list[GuestFile] = await svc.blocking(svc.on(s, listing), tenant=tenant.name)
     return FileList(files=[FileOut(name=f.name, path=f.path, kind=f.kind, size=f.size)
