@@ -59,10 +59,12 @@ PINNED: dict[str, list[str]] = {
     "memex.runtime_wasm.files": [],
     "memex.runtime_wasm.images": [],
     "memex.backends": [
-        "BACKENDS", "SLAB_LEASE", "Backend", "Client", "ClientDoor", "InProcessBackend",
-        "PoolBackend", "PoolStats", "ProcessCheckpoint", "ProcessSandbox", "RayBackend",
+        "BACKENDS", "FILES_CAP", "FILES_ENTRIES", "SLAB_LEASE", "Backend", "Client",
+        "ClientDoor", "InProcessBackend", "PoolBackend", "PoolStats", "ProcessCheckpoint",
+        "ProcessSandbox", "RayBackend",
         "RayCheckpoint", "RaySandbox", "RemoteBackend", "RemoteCheckpoint", "RemoteSandbox",
         "Slab", "Storage", "SubprocessBackend", "TenantQuota", "get_backend", "session_key",
+        "tmp_files", "tmp_files_from",
     ],
     "memex.client": [
         "Client", "RemoteBackend", "RemoteCheckpoint", "RemoteSandbox",

@@ -20,6 +20,7 @@ from ._ray import RayBackend, RayCheckpoint, RaySandbox
 from ._registry import BACKENDS, get_backend
 from ._storage import Storage
 from ._subprocess import ProcessCheckpoint, ProcessSandbox, SubprocessBackend
+from ._tmpfiles import FILES_CAP, FILES_ENTRIES, tmp_files, tmp_files_from
 
 if TYPE_CHECKING:
     from ._remote import Client, RemoteBackend, RemoteCheckpoint, RemoteSandbox
@@ -28,6 +29,8 @@ _REMOTE = ("Client", "RemoteBackend", "RemoteCheckpoint", "RemoteSandbox")
 
 __all__ = [
     "BACKENDS",
+    "FILES_CAP",
+    "FILES_ENTRIES",
     "SLAB_LEASE",
     "Backend",
     "Client",
@@ -49,6 +52,8 @@ __all__ = [
     "TenantQuota",
     "get_backend",
     "session_key",
+    "tmp_files",
+    "tmp_files_from",
 ]
 
 

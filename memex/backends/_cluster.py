@@ -32,7 +32,7 @@ from typing import Any
 
 import msgpack
 
-from ..errors import GuestFileTooLarge, ImageError, MemexError, SandboxClosed
+from ..errors import ImageError, MemexError, SandboxClosed
 from ..runtime_wasm import (
     DecodeCost,
     Sandbox,
@@ -43,14 +43,12 @@ from ..runtime_wasm import (
 )
 from ._clientdoor import ClientDoor
 from ._storage import Storage
+from ._tmpfiles import FILES_CAP, tmp_files, tmp_files_from
 from .worker import error_to_wire, limits_from_wire, mounts_from_wire, result_to_wire
 from .worker._wire import HEADER, Channel, ChannelClosed, ProtocolError
 
-__all__ = ["DIRECT", "FILES_CAP", "RECORD_CAP", "SLAB_LEASE", "Slab", "session_key"]
+__all__ = ["DIRECT", "RECORD_CAP", "SLAB_LEASE", "Slab", "session_key"]
 
-FILES_CAP = 64 << 20
-"""Bytes of /tmp files a save keeps; past it only the interpreter state is kept."""
-FILES_ENTRIES = 10_000
 DIRECT = frozenset({"run", "read_file", "write_file", "list_files", "checkpoint", "restore",
                     "save"})
 """What a front calls over a slab's socket (the rest goes through Ray)."""
@@ -259,7 +257,7 @@ class Slab:
                     raise ImageError("the image its record names is missing")
                 cp = checkpoint_from_bytes(blob, max_memory=limits.memory)
                 if rec.get("files"):
-                    files = _files_from(self.storage.get(str(rec["files"]), FILES_CAP * 2))
+                    files = _files_from_save(self.storage.get(str(rec["files"]), FILES_CAP * 2))
             door = ClientDoor()
             if rec is not None and rec.get("door"):
                 door.expect_client(DOOR_REJOIN)  # its client's connection moves here too
@@ -398,7 +396,7 @@ class Slab:
         with h.lock:
             gen, turns = h.gen, h.turns
             blob = checkpoint_to_bytes(h.sb.checkpoint()) if h.turns or h.gen else None
-            files = _files_of(h.sb)
+            files = tmp_files(h.sb)
         seq = h.seq + 1
         rec: dict[str, Any] = {"id": sid, "tenant": h.tenant, "spec": h.spec, "turns": turns,
                                "seq": seq, "saved_at": time.time(), "image": None,
@@ -468,43 +466,6 @@ class Slab:
         return ["ok", None]
 
 
-def _files_of(sb: Sandbox) -> dict[str, bytes] | None:
-    """The session's /tmp files by guest path, or None when they cannot all be kept
-    (iterative, bounded in bytes and entries)."""
-    out: dict[str, bytes] = {}
-    total = entries = 0
-    todo = ["/tmp"]
-    while todo:
-        for f in sb.list_files(todo.pop()):
-            entries += 1
-            if entries > FILES_ENTRIES:
-                return None
-            if f.kind == "dir":
-                todo.append(f.path)
-            elif f.kind == "file":
-                total += f.size
-                if total > FILES_CAP:
-                    return None
-                try:
-                    data = sb.read_file(f.path, max_bytes=FILES_CAP - total + f.size)
-                except GuestFileTooLarge:
-                    return None
-                total += len(data) - f.size
-                out[f.path] = data
-    return out
-
-
-def _files_from(packed: bytes | None) -> dict[str, bytes]:
-    if not packed:
-        return {}
-    files = unpack_bounded(packed, DecodeCost(containers=4, items=2 * FILES_ENTRIES,
-                                              ext_bytes=0))
-    if not isinstance(files, dict) or not all(
-            isinstance(k, str) and isinstance(v, bytes) for k, v in files.items()):
-        raise ImageError("the saved files are not a map of paths to bytes")
-    return files
-
-
 def _read_exactly(conn: socket.socket, n: int) -> bytes:
     buf = bytearray()
     while len(buf) < n:
@@ -513,3 +474,10 @@ def _read_exactly(conn: socket.socket, n: int) -> bytes:
             raise EOFError("closed")
         buf += chunk
     return bytes(buf)
+
+
+def _files_from_save(packed: bytes | None) -> dict[str, bytes]:
+    try:
+        return tmp_files_from(packed)
+    except ValueError as exc:
+        raise ImageError(str(exc)) from None

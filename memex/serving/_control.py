@@ -352,7 +352,7 @@ class Control:
                     if saved[0] != "ok":
                         raise error_from_wire(saved[1])
                     self.storage.put(session_key(child, "record"), _child_record(
-                        self.storage, sid, child))
+                        self.storage, sid, child, p.memory))
                     slab = self._slab_for(p.memory)
                     try:
                         turns = int(self._open(slab, child, tenant, p.spec, True)["turns"])
@@ -781,8 +781,9 @@ def checkpoint_key(tenant: str, cid: str, name: str = "image") -> str:
     return f"checkpoints/{tenant}/{cid}/{name}" if name else f"checkpoints/{tenant}/{cid}"
 
 
-def _child_record(storage: Storage, parent: str, child: str) -> bytes:
-    """The record of a fork opened from its parent's save: the parent's, renamed."""
+def _child_record(storage: Storage, parent: str, child: str, memory: int) -> bytes:
+    """The record of a fork opened from its parent's save: the parent's, renamed (its objects
+    copied, each read within what the parent's memory limit lets a save hold)."""
     raw = storage.get(session_key(parent, "record"), 1 << 20)
     if raw is None:
         raise ControlRefusal("not_found", f"no save of {parent!r}")
@@ -790,7 +791,7 @@ def _child_record(storage: Storage, parent: str, child: str) -> bytes:
     image, files = rec.get("image"), rec.get("files")
     for key, name in ((image, "image-1"), (files, "files-1")):
         if key:
-            data = storage.get(str(key), 8 << 30)
+            data = storage.get(str(key), memory + (64 << 20))
             if data is not None:
                 storage.put(session_key(child, name), data)
     rec.update(id=child, seq=1, image=session_key(child, "image-1") if image else None,

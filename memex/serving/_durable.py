@@ -36,27 +36,20 @@ from typing import Any, Generic, TypeVar
 
 import msgpack
 
-from ..backends import Backend, ProcessCheckpoint, ProcessSandbox
+from ..backends import Backend, ProcessCheckpoint, tmp_files, tmp_files_from
 from ..backends.worker import limits_from_wire, limits_to_wire, mounts_from_wire, mounts_to_wire
-from ..errors import GuestFileTooLarge, ImageError, MemexError, SandboxLost
+from ..errors import ImageError, MemexError, SandboxLost
 from ..runtime_wasm import (
-    DecodeCost,
     Door,
     Mount,
-    Sandbox,
     SandboxAPI,
     checkpoint_from_bytes,
     checkpoint_to_bytes,
-    unpack_bounded,
 )
 from ._store import StateStore
 from ._table import CoreSession, SessionTable
 
 __all__ = ["DurableSession", "Keeper", "session_fields"]
-FILES_CAP = 64 << 20
-"""Bytes of /tmp files a save keeps; past it only the interpreter state is kept."""
-FILES_ENTRIES = 10_000
-"""Files a save keeps at most (past it, as past FILES_CAP, only the interpreter state)."""
 _SAFE = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
@@ -88,33 +81,6 @@ class DurableSession(CoreSession):
 S = TypeVar("S", bound=DurableSession)
 
 
-def _files_of(sb: SandboxAPI[Any]) -> dict[str, bytes] | None:
-    """The session's /tmp files by guest path, or None when they cannot all be kept."""
-    if not isinstance(sb, Sandbox | ProcessSandbox):
-        return None
-    out: dict[str, bytes] = {}
-    total = entries = 0
-    todo = ["/tmp"]
-    while todo:  # iterative, bounded in bytes and in entries
-        for f in sb.list_files(todo.pop()):
-            entries += 1
-            if entries > FILES_ENTRIES:
-                return None
-            if f.kind == "dir":
-                todo.append(f.path)
-            elif f.kind == "file":
-                total += f.size
-                if total > FILES_CAP:
-                    return None
-                try:
-                    data = sb.read_file(f.path, max_bytes=FILES_CAP - total + f.size)
-                except GuestFileTooLarge:
-                    return None
-                total += len(data) - f.size
-                out[f.path] = data
-    return out
-
-
 def _to_bytes(cp: Any) -> bytes:
     if isinstance(cp, ProcessCheckpoint):
         return cp.to_bytes()
@@ -127,18 +93,6 @@ def _meta(s: DurableSession, turns: int, *, files_kept: bool) -> dict[str, Any]:
             "mounts": mounts_to_wire(s.mounts), "preload": list(s.preload), "env": s.env,
             "created": s.created, "parent": s.parent, "turns": turns, "saved_at": time.time(),
             "files_kept": files_kept}
-
-
-def _files_from(packed: bytes | None) -> dict[str, bytes]:
-    """The /tmp files of a save (msgpack: guest path -> bytes), decoded under a cost cap."""
-    if not packed:
-        return {}
-    files = unpack_bounded(packed, DecodeCost(containers=4, items=2 * FILES_ENTRIES,
-                                              ext_bytes=0))
-    if not isinstance(files, dict) or not all(
-            isinstance(k, str) and isinstance(v, bytes) for k, v in files.items()):
-        raise ValueError("the saved files are not a map of paths to bytes")
-    return files
 
 
 def session_fields(meta: dict[str, Any]) -> dict[str, Any]:
@@ -287,7 +241,7 @@ class Keeper(Generic[S]):
     def _state(s: S, sb: SandboxAPI[Any]) -> tuple[int, bytes, dict[str, bytes] | None]:
         """(the turns it holds, the image, the /tmp files or None when they do not fit)."""
         turns = s.turns
-        return turns, _to_bytes(sb.checkpoint()), _files_of(sb)
+        return turns, _to_bytes(sb.checkpoint()), tmp_files(sb)
 
     def forget(self, s: S) -> None:
         if self.root is not None:
@@ -310,7 +264,7 @@ class Keeper(Generic[S]):
                 blob = (folder / f"{s.id}.image").read_bytes()
                 files_path = folder / f"{s.id}.files"
                 packed = files_path.read_bytes() if files_path.exists() else None
-            files = _files_from(packed)
+            files = tmp_files_from(packed)
             cp = self._from_bytes(blob, s.limits.memory) if blob is not None else None
         except (OSError, ImageError, ValueError, sqlite3.Error) as exc:
             s.lost = f"its saved state cannot be read back: {exc}"

@@ -5,6 +5,7 @@ machines) and the cluster's storage in a local folder."""
 
 from __future__ import annotations
 
+import ast
 import concurrent.futures
 import contextlib
 import re
@@ -66,9 +67,10 @@ class ClusterRig:
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterRig]:
     rig = ClusterRig(tmp_path_factory.mktemp("cluster"))
     keys = {"a": "key-a-" + "x" * 20, "small": "key-small-" + "y" * 20,
-            "gone": "key-gone-" + "z" * 20}
+            "one": "key-one-" + "w" * 20, "gone": "key-gone-" + "z" * 20}
     tenants = {"a": "max_sessions = 50\n[tenants.a.ceiling]\nmemory = 536870912\n",
                "small": "max_sessions = 3\n[tenants.small.ceiling]\nmemory = 268435456\n",
+               "one": "max_running = 1\n[tenants.one.ceiling]\nmemory = 268435456\n",
                "gone": "max_sessions = 5\n[tenants.gone.ceiling]\nmemory = 268435456\n"}
     rig.keys = keys
     try:
@@ -174,6 +176,30 @@ def test_a_tenant_quota_holds_across_fronts_under_racing_creates(rig: ClusterRig
             f.close()
 
 
+def test_a_tenant_runs_max_running_turns_across_the_cluster(rig: ClusterRig) -> None:
+    """Two turns of a tenant of max_running 1, sent at once through two fronts to two
+    sessions (in different slabs or not), run one after the other; the same turns of a
+    tenant without the bound overlap (the positive control)."""
+    def spans(tenant: str) -> list[tuple[float, float]]:
+        fronts = [backend(f, rig.keys[tenant]) for f in rig.fronts]
+        sbs = [f.open(limits=Limits(memory=128 << 20, timeout=20)) for f in fronts]
+        code = "import time\nt0 = time.time(); time.sleep(1.0); (t0, time.time())"
+        try:
+            with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                got = list(pool.map(lambda sb: sb.run(code), sbs))
+            return [ast.literal_eval(str(r.value)) for r in got]
+        finally:
+            for sb in sbs:
+                sb.close()
+            for f in fronts:
+                f.close()
+
+    (a0, a1), (b0, b1) = sorted(spans("one"))
+    assert b0 >= a1 - 0.05, ((a0, a1), (b0, b1))  # one after the other
+    (c0, c1), (d0, d1) = sorted(spans("a"))
+    assert d0 < c1, ((c0, c1), (d0, d1))  # at once
+
+
 def test_a_key_rotated_out_is_refused_on_every_front(rig: ClusterRig) -> None:
     """The tenant ``gone`` is removed from one front's serve.toml only: within seconds
     both fronts refuse its key (the cluster serves the newest config any front published)."""
@@ -191,6 +217,30 @@ def test_a_key_rotated_out_is_refused_on_every_front(rig: ClusterRig) -> None:
         time.sleep(0.2)
     assert status == [401, 401]
     assert get(rig.fronts[1], "/v1/tools", rig.keys["a"]).status == 200  # the others stay
+
+
+def test_a_fork_of_a_session_in_a_full_slab_opens_elsewhere(rig: ClusterRig) -> None:
+    """Two 512 MiB sessions fill a 1 GiB slab; a fork of one has no room there, so the
+    parent is saved and the child opened in another slab from that save, with its state
+    and files; the parent goes on unchanged."""
+    a, b = rig.fronts
+    with backend(a, rig.keys["a"]) as ba, backend(b, rig.keys["a"]) as bb:
+        lim = Limits(memory=512 << 20, timeout=20)
+        first = ba.open(limits=lim)
+        parent = ba.open(limits=lim)
+        for sb in (first, parent):
+            sb.run("1")
+        stats = cluster_stats(a, METRICS_KEY)
+        assert any(s["sessions"] == 2 and s["used"] == s["capacity"]
+                   for s in stats["slabs"].values()), stats  # the fullest slab took both
+        parent.run("kept = 'parent state'\nopen('/tmp/p.txt', 'w').write('p')")
+        child = parent.fork()
+        other = bb.attach(child.id)
+        assert other.run("kept, open('/tmp/p.txt').read()").value == "('parent state', 'p')"
+        other.run("kept = 'child'")
+        assert parent.run("kept").value == "'parent state'"
+        for sb in (child, parent, first):
+            sb.close()
 
 
 def test_sessions_end_by_their_ttl_across_the_cluster(rig: ClusterRig) -> None:
