@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from served import Served, start_server
+from served import Served, cluster_toml, start_server
 
 import memex.runtime_wasm as rw
 import memex.runtime_wasm.engine._engine as _engine
@@ -173,27 +173,34 @@ def memex_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
 
 @pytest.fixture(scope="session")
-def cluster_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    """A front of `memex serve` joined to a Ray cluster on 127.0.0.1 (a head and one worker
-    node), with memex_server's tenants: the backend "cluster" of the contract suites."""
+def ray_cluster() -> Iterator[Any]:
+    """A Ray cluster on 127.0.0.1 for the session (a head and one worker node of 4 CPUs and
+    8 GiB) that fronts join, each server in a namespace of its own (``cluster_toml``)."""
     from ray.cluster_utils import Cluster
 
-    folder = tmp_path_factory.mktemp("cluster-serve")
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0,
                                                            "include_dashboard": False})
     cluster.add_node(num_cpus=4, memory=8 << 30)
     cluster.wait_for_nodes()
+    yield cluster
+    cluster.shutdown()
+
+
+@pytest.fixture(scope="session")
+def cluster_server(tmp_path_factory: pytest.TempPathFactory, ray_cluster: Any
+                   ) -> Iterator[Served]:
+    """A front of `memex serve` joined to the session's Ray cluster, with memex_server's
+    tenants: the backend "cluster" of the contract suites."""
+    folder = tmp_path_factory.mktemp("cluster-serve")
     served = start_server(folder, {
         "a": 'max_sessions = 200\nmounts = [{host = "/", writable = true}]\n'
              "[tenants.a.ceiling]\nmemory = 1073741824",
         "b": "max_sessions = 200\n[tenants.b.ceiling]\nmemory = 1073741824",
         "small": "max_sessions = 2\nmax_disk = 1073741824\n[tenants.small.ceiling]\n"
                  "memory = 536870912\ntimeout = 20",
-    }, server=f'[cluster]\naddress = "{cluster.address}"\nstorage = "{folder / "storage"}"\n'
-              "slab_memory = 2147483648\nslab_cpus = 1\n")
+    }, server=cluster_toml(ray_cluster, folder))
     yield served
     served.stop()
-    cluster.shutdown()
 
 
 # ---- an S3-compatible store on 127.0.0.1 (moto's server mode) -------------------------------

@@ -13,6 +13,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from memex.service import hash_key
 
@@ -46,6 +47,14 @@ class Served:
                 self.proc.kill()
                 self.proc.wait(30)
         return self.proc.returncode
+
+
+def cluster_toml(cluster: Any, folder: Path) -> str:
+    """The ``[cluster]`` table of a front joining ``cluster`` (a ``ray.cluster_utils.Cluster``)
+    in a namespace of its own (its control actor and slabs are its alone), its storage in
+    ``folder``."""
+    return (f'[cluster]\naddress = "{cluster.address}"\nstorage = "{folder / "storage"}"\n'
+            f'namespace = "{folder.name}"\nslab_memory = 2147483648\nslab_cpus = 0.5\n')
 
 
 def tenant_table(name: str, key: str, extra: str = "") -> str:

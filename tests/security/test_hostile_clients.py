@@ -5,6 +5,7 @@ the same server, served as usual)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import socket
 import time
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import httpx2
 import pytest
-from served import Served, start_server
+from served import Served, cluster_toml, start_server
 
 from memex.backends import Client
 
@@ -22,11 +23,18 @@ EDGE = ("max_connections = 60\nmax_pending = 40\nmax_pending_per_peer = 16\n"
         "max_body_bytes = 33554432\n")
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    served = start_server(tmp_path_factory.mktemp("edge"), {"a": "max_sessions = 50",
-                                                           "b": "max_sessions = 50"},
-                          server=EDGE)
+@pytest.fixture(scope="module", params=["one server", pytest.param("cluster", marks=[
+    pytest.mark.ray, pytest.mark.skipif(importlib.util.find_spec("ray") is None,
+                                        reason="Ray is not installed")])])
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[Served]:
+    """One server, then a front of a Ray cluster (the same edge: every attack runs on both)."""
+    folder = tmp_path_factory.mktemp("edge")
+    extra = EDGE
+    if request.param == "cluster":
+        extra += cluster_toml(request.getfixturevalue("ray_cluster"), folder)
+    served = start_server(folder, {"a": "max_sessions = 50", "b": "max_sessions = 50"},
+                          server=extra)
     yield served
     served.stop()
 

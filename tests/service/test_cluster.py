@@ -12,6 +12,7 @@ import re
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -344,17 +345,20 @@ def test_a_slab_answers_only_a_front_that_knows_its_secret(rig: ClusterRig) -> N
     reading anything else (a call sent without it does not run); with the secret (the
     positive control), the same call runs."""
     from memex.backends.worker import Channel, ChannelClosed
-    from memex.serving import CONTROL_NAME
 
     with backend(rig.fronts[0], rig.keys["a"]) as ba:
         sb = ba.open(limits=Limits(memory=256 << 20, timeout=20))
-        ray.init(address=rig.cluster.address, namespace="memex", log_to_driver=False)
-        try:
-            control = ray.get_actor(CONTROL_NAME, namespace="memex")
-            entry = ray.get(control.lookup.remote("a", sb.id))
-        finally:
-            ray.shutdown()
-        endpoint, secret = tuple(entry["endpoint"]), bytes(entry["secret"])
+        # asked through Ray as a front does, from a driver of its own (this process may be
+        # one of another cluster already)
+        out = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+            import ray
+            from memex.serving import CONTROL_NAME
+            ray.init(address={rig.cluster.address!r}, namespace="memex", log_to_driver=False)
+            e = ray.get(ray.get_actor(CONTROL_NAME).lookup.remote("a", {sb.id!r}))
+            print(e["endpoint"][0], e["endpoint"][1], e["secret"].hex())
+        """)], capture_output=True, text=True, timeout=120, check=True)
+        host, port, hexed = out.stdout.split()[-3:]
+        endpoint, secret = (host, int(port)), bytes.fromhex(hexed)
         call = ["call", 1, "run", [sb.id, "x = 'ran'", None, None]]
 
         def exchange(first: list[Any]) -> list[Any]:
