@@ -63,6 +63,9 @@ HELLO_BYTES = 256
 """What a connection may send before it has said the slab's secret."""
 MAX_UNPROVEN = 64
 """Connections at once that have not said the secret yet (more are closed at once)."""
+DOOR_STALE = 10.0
+"""Seconds a front's door connection may go without pulling before it is let go (a front
+pulls at least every second while it holds one)."""
 DOOR_REJOIN = 10.0
 """Seconds a tool call of a session opened again elsewhere waits for its client's door
 connection to follow it (the front holding it reconnects within a second or so)."""
@@ -81,8 +84,10 @@ class _Mailbox:
         self.frames: collections.deque[bytes] = collections.deque()
         self.cond = threading.Condition()
         self.closed = False
+        self.pulled = time.monotonic()  # a connection that stops pulling is let go
 
     def take(self, wait: float) -> list[bytes] | None:
+        self.pulled = time.monotonic()
         with self.cond:
             self.cond.wait_for(lambda: self.frames or self.closed, wait)
             if self.closed and not self.frames:
@@ -121,6 +126,7 @@ class Slab:
         self._stop = threading.Event()
         if save_interval > 0:
             threading.Thread(target=self._saver, name="memex-slab-saver", daemon=True).start()
+        threading.Thread(target=self._janitor, name="memex-slab-janitor", daemon=True).start()
         # the data path: fronts call turns and files over a socket of their own (a Ray call
         # costs more than a turn); the secret that opens it is given out only through Ray
         import ray
@@ -416,6 +422,13 @@ class Slab:
                 self.storage.delete(session_key(sid, name))
         h.seq, h.saved_gen, h.saved_turns = seq, gen, turns
 
+    def _janitor(self) -> None:
+        while not self._stop.wait(1.0):
+            with self.lock:
+                held = list(self.held.items())
+            for sid, h in held:
+                self._let_go_of_stale(sid, h)
+
     def _saver(self) -> None:
         while not self._stop.wait(self.save_interval):
             with self.lock:
@@ -425,10 +438,19 @@ class Slab:
                     self._save(sid, h)
 
     # ---- the door ---------------------------------------------------------------------------
+    def _let_go_of_stale(self, sid: str, h: _Held) -> None:
+        """Detach the connections no front has pulled from for DOOR_STALE seconds (a front
+        that died, or lost its way): a call routed to one would wait for its deadline."""
+        now = time.monotonic()
+        for token, box in list(h.boxes.items()):
+            if now - box.pulled > DOOR_STALE:
+                self.door_detach(sid, token)
+
     def door_attach(self, sid: str) -> list[Any]:
         """A front's door connection for the session: its token to pull frames with."""
         def go() -> int:
             h = self._h(sid)
+            self._let_go_of_stale(sid, h)
             box = _Mailbox()
 
             async def send(frame: bytes) -> None:

@@ -62,6 +62,8 @@ LOG = logging.getLogger("memex.service")
 CONFIG_POLL = 1.0
 """Seconds between two checks of the cluster's config (a key rotated out of serve.toml is
 refused on every front within about this, plus the time to notice the file changed)."""
+RELAY_WAIT = 5.0
+"""Seconds the door relay waits on a slab's answer before it asks where the session is."""
 CONNECT_TIMEOUT = 5.0
 """Seconds to open a socket to a slab (a node gone without a word is found out by this)."""
 RUNNING_POLL = (0.002, 0.05)
@@ -367,38 +369,47 @@ class RelayDoor(Door):
         return token
 
     async def _relay(self, send: Callable[[bytes], Any]) -> None:
+        """Pull the session's door frames from its slab and send them to the client, for as
+        long as the connection lasts; when the slab stops answering (the session moved, its
+        node was lost), find where the session is now and go on there. Every wait on the
+        slab is bounded, so a slab that died without a word holds the relay up for seconds,
+        never for good; the relay ends when the session does."""
         link, sb = self.sb.link, self.sb
         while True:
             slab, slab_token = sb.slab, None
-            if not slab:
-                await anyio.to_thread.run_sync(sb._refresh, False)
-                continue
             try:
-                out = await link.slab(slab).door_attach.remote(sb.sid)
-                if out[0] != "ok":
-                    return
-                slab_token = out[1]
-                while True:
-                    got = await link.slab(slab).door_pull.remote(sb.sid, slab_token, 1.0)
-                    frames = got[1]
-                    if frames is None:
-                        break  # the session left this slab
-                    for frame in frames:
-                        await send(frame)
+                if slab:
+                    out = await asyncio.wait_for(link.slab(slab).door_attach.remote(sb.sid),
+                                                 RELAY_WAIT)
+                    if out[0] == "ok":
+                        slab_token = out[1]
+                    while slab_token is not None:
+                        got = await asyncio.wait_for(
+                            link.slab(slab).door_pull.remote(sb.sid, slab_token, 1.0),
+                            1.0 + RELAY_WAIT)
+                        if got[1] is None:
+                            break  # the session left this slab, or its lease ran out
+                        for frame in got[1]:
+                            await send(frame)
             except asyncio.CancelledError:
                 if slab_token is not None:
                     with contextlib.suppress(Exception):
                         link.slab(slab).door_detach.remote(sb.sid, slab_token)
                 raise
             except Exception as exc:
-                if not link.dead(exc):
+                if not (link.dead(exc) or isinstance(exc, TimeoutError)):
                     LOG.warning("door relay of %s: %s", sb.sid, exc)
+            if slab_token is not None:  # let go of this connection there: a call routed to
+                with contextlib.suppress(Exception):  # it fails now, not at its deadline
+                    link.slab(slab).door_detach.remote(sb.sid, slab_token)
             try:  # where is it now?
-                await anyio.to_thread.run_sync(sb._refresh, slab != sb.slab)
+                await anyio.to_thread.run_sync(sb._refresh, False)
             except SandboxClosed:
                 return
             except Exception:
                 await asyncio.sleep(0.5)
+            if sb.slab == slab:  # not moved (yet): ask again shortly, not in a tight loop
+                await asyncio.sleep(0.25)
 
     def answer(self, data: bytes) -> bool:
         if self.sb.slab:

@@ -237,8 +237,10 @@ class Control:
             "name": name, "namespace": self.namespace, "lifetime": "detached",
             "num_cpus": self.slab_cpus, "memory": self.slab_memory, "max_concurrency": 64,
             "max_restarts": 0}
-        with self.lock:
-            live_nodes = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        with self.lock:  # the live nodes that could hold a slab at all (not the head)
+            live_nodes = {n["NodeID"] for n in ray.nodes() if n.get("Alive")
+                          and n.get("Resources", {}).get("CPU", 0) >= self.slab_cpus
+                          and n.get("Resources", {}).get("memory", 0) >= self.slab_memory}
             allowed = live_nodes - self.draining
         if self.draining and allowed:
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy

@@ -324,7 +324,7 @@ def test_a_drained_node_hands_its_sessions_over_seamlessly(rig: ClusterRig) -> N
         sb.run("kept = 21\nopen('/tmp/f', 'w').write('file')")
         node = node_of(a)
         out = memex("serve", "--drain", node, "--config", str(a.config))
-        assert out.returncode == 0 and "1 session(s) moved" in out.stdout, out
+        assert out.returncode == 0 and "1 session(s) moved" in out.stdout, out.stdout
         other = bb.attach(sb.id)
         r = other.run("from memex_guest import call\ncall('twice', kept), open('/tmp/f').read()")
         assert r.value == "(42, 'file')", r
