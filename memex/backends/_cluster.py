@@ -66,9 +66,10 @@ MAX_UNPROVEN = 64
 DOOR_STALE = 10.0
 """Seconds a front's door connection may go without pulling before it is let go (a front
 pulls at least every second while it holds one)."""
-DOOR_REJOIN = 10.0
-"""Seconds a tool call of a session opened again elsewhere waits for its client's door
-connection to follow it (the front holding it reconnects within a second or so)."""
+DOOR_REJOIN = 30.0
+"""Seconds (within the turn's deadline) a tool call of a session opened again elsewhere
+waits for its client's door connection to follow it (the front holding it reconnects within
+a few seconds: its waits on the lost slab are bounded)."""
 RECORD_CAP = 1 << 20
 """Bytes a session's record may have (it is read before anything else of a save)."""
 

@@ -62,7 +62,7 @@ LOG = logging.getLogger("memex.service")
 CONFIG_POLL = 1.0
 """Seconds between two checks of the cluster's config (a key rotated out of serve.toml is
 refused on every front within about this, plus the time to notice the file changed)."""
-RELAY_WAIT = 5.0
+RELAY_WAIT = 2.0
 """Seconds the door relay waits on a slab's answer before it asks where the session is."""
 CONNECT_TIMEOUT = 5.0
 """Seconds to open a socket to a slab (a node gone without a word is found out by this)."""
@@ -391,6 +391,8 @@ class RelayDoor(Door):
                             break  # the session left this slab, or its lease ran out
                         for frame in got[1]:
                             await send(frame)
+                        if sb.slab != slab:
+                            break  # a turn found it moved: follow it now
             except asyncio.CancelledError:
                 if slab_token is not None:
                     with contextlib.suppress(Exception):
