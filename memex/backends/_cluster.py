@@ -45,7 +45,7 @@ from ._clientdoor import ClientDoor
 from ._storage import Storage
 from ._tmpfiles import FILES_CAP, tmp_files, tmp_files_from
 from .worker import error_to_wire, limits_from_wire, mounts_from_wire, result_to_wire
-from .worker._wire import HEADER, Channel, ChannelClosed, ProtocolError
+from .worker._wire import HEADER, Channel, ChannelClosed, ProtocolError, answer_of
 
 __all__ = ["DIRECT", "RECORD_CAP", "SLAB_LEASE", "Slab", "session_key"]
 
@@ -211,12 +211,7 @@ class Slab:
 
     # ---- plumbing ---------------------------------------------------------------------------
     def _call(self, fn: Any, *args: Any) -> list[Any]:
-        try:
-            return ["ok", fn(*args)]
-        except MemexError as exc:
-            return ["err", error_to_wire(exc)]
-        except Exception as exc:
-            return ["err", ["SandboxError", f"{type(exc).__name__}: {exc}", None]]
+        return answer_of(fn, *args)
 
     def _h(self, sid: str) -> _Held:
         h = self.held.get(sid)

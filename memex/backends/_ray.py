@@ -26,7 +26,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ..errors import ConfigError, MemexError, SandboxClosed, SandboxError, SandboxLost
+from ..errors import ConfigError, SandboxClosed, SandboxError, SandboxLost
 from ..runtime_wasm import (
     Door,
     GuestKilled,
@@ -49,7 +49,7 @@ from .worker import (
     result_from_wire,
     result_to_wire,
 )
-from .worker._wire import error_to_wire
+from .worker._wire import answer_of
 
 __all__ = ["RayBackend", "RayCheckpoint", "RaySandbox"]
 
@@ -82,12 +82,7 @@ class _Host:
         self.lock = threading.Lock()
 
     def _call(self, fn: Any, *args: Any) -> list[Any]:
-        try:
-            return ["ok", fn(*args)]
-        except MemexError as exc:
-            return ["err", error_to_wire(exc)]
-        except Exception as exc:
-            return ["err", ["SandboxError", f"{type(exc).__name__}: {exc}", None]]
+        return answer_of(fn, *args)
 
     def pid(self) -> int:
         return os.getpid()

@@ -44,7 +44,6 @@ from ..runtime_wasm import (
     Door,
     GuestFile,
     Limits,
-    Mount,
     SandboxHandle,
     TurnResult,
     TurnStatus,
@@ -606,15 +605,7 @@ class ClusterService(Service):
         return dict((await self.cluster_stats())["sessions"])
 
     def make_session(self, tenant: TenantConfig, body: CreateSession) -> Session:
-        given = body.limits.model_dump(exclude_unset=True) if body.limits is not None else {}
-        limits = tenant.limits(given, Limits(timeout=self.config.warm_timeout))
-        mounts = []
-        for m in body.mounts:
-            from pathlib import Path
-            host = Path(m.host).resolve()
-            tenant.check_mount(host, m.writable)
-            mounts.append(Mount(host_path=host, guest_path=m.guest, writable=m.writable,
-                                links=m.links))
+        limits, mounts = self.granted(tenant, body)
         spec = {"limits": limits_to_wire(limits), "mounts": mounts_to_wire(mounts),
                 "preload": list(body.preload), "env": body.env}
         link = self.link

@@ -308,17 +308,7 @@ class Service:
     # ---- sessions ---------------------------------------------------------------------------
     def make_session(self, tenant: TenantConfig, body: CreateSession) -> Session:
         """A new session within the tenant's ceiling, grants and quotas (blocking)."""
-        # unset fields: the service's defaults (the warm sandboxes' timeout), within the
-        # tenant's ceiling
-        given = body.limits.model_dump(exclude_unset=True) if body.limits is not None else {}
-        limits = tenant.limits(given, dataclasses.replace(SANDBOX_LIMITS,
-                                                          timeout=self.config.warm_timeout))
-        mounts = []
-        for m in body.mounts:
-            host = Path(m.host).resolve()
-            tenant.check_mount(host, m.writable)
-            mounts.append(Mount(host_path=host, guest_path=m.guest, writable=m.writable,
-                                links=m.links))
+        limits, mounts = self.granted(tenant, body)
         try:
             self.table.reserve(tenant.name, tenant.bounds(), limits)
         except QuotaExceeded as exc:
@@ -346,6 +336,21 @@ class Service:
                                "memory": limits.memory, "timeout": limits.timeout,
                                "mounts": [str(m.host_path) for m in mounts]}))
         return s
+
+    def granted(self, tenant: TenantConfig, body: CreateSession) -> tuple[Limits, list[Mount]]:
+        """What a create asks for, as the tenant may have it: its limits (unset fields: the
+        service's defaults, the warm sandboxes' timeout, within the tenant's ceiling) and
+        its mounts, each one the tenant was granted (ConfigError otherwise)."""
+        given = body.limits.model_dump(exclude_unset=True) if body.limits is not None else {}
+        limits = tenant.limits(given, dataclasses.replace(SANDBOX_LIMITS,
+                                                          timeout=self.config.warm_timeout))
+        mounts = []
+        for m in body.mounts:
+            host = Path(m.host).resolve()
+            tenant.check_mount(host, m.writable)
+            mounts.append(Mount(host_path=host, guest_path=m.guest, writable=m.writable,
+                                links=m.links))
+        return limits, mounts
 
     def fork_of(self, s: Session, tenant: TenantConfig) -> Callable[[SandboxAPI[Any]], Session]:
         def fork(sb: SandboxAPI[Any]) -> Session:

@@ -277,3 +277,14 @@ def error_from_wire(item: Any) -> MemexError:
     except TypeError:
         made = SandboxError(f"{name}: {message}")
     return made
+
+
+def answer_of(fn: Any, *args: Any) -> list[Any]:
+    """``["ok", fn(*args)]``, or ``["err", <error wire>]`` for what it raised: how an actor
+    (the Ray backend's host, a cluster's slab) answers a call from another process."""
+    try:
+        return ["ok", fn(*args)]
+    except MemexError as exc:
+        return ["err", error_to_wire(exc)]
+    except Exception as exc:
+        return ["err", ["SandboxError", f"{type(exc).__name__}: {exc}", None]]
