@@ -70,9 +70,10 @@ PINNED: dict[str, list[str]] = {
         "Client", "RemoteBackend", "RemoteCheckpoint", "RemoteSandbox",
     ],
     "memex.serving": [
-        "CONTROL_NAME", "Bounds", "ConnectionGuard", "Control", "DurableSession", "EdgeLimits",
-        "FileModel", "Keeper", "LimitsTable", "QuotaExceeded", "Seconds", "SecondsOrZero",
-        "SessionTable", "Shares", "Size", "checkpoint_key", "config_error", "session_fields",
+        "CONTROL_NAME", "KIT_BYTES", "Bounds", "ConnectionGuard", "Control", "DoorKit",
+        "DurableSession", "EdgeLimits", "FileModel", "Keeper", "LimitsTable", "QuotaExceeded",
+        "Seconds", "SecondsOrZero", "SessionTable", "Shares", "Size", "SlabDoors",
+        "checkpoint_key", "config_error", "describe_tools", "load_tools", "session_fields",
     ],
     "memex.service": [
         "API_VERSION", "MountGrant", "ServiceConfig", "TenantConfig", "check_cluster",

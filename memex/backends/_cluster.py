@@ -27,12 +27,13 @@ import secrets
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 
-from ..errors import ImageError, MemexError, SandboxClosed
+from ..errors import ImageError, SandboxClosed
 from ..runtime_wasm import (
     DecodeCost,
     Sandbox,
@@ -47,7 +48,12 @@ from ._tmpfiles import FILES_CAP, tmp_files, tmp_files_from
 from .worker import error_to_wire, limits_from_wire, mounts_from_wire, result_to_wire
 from .worker._wire import HEADER, Channel, ChannelClosed, ProtocolError, answer_of
 
-__all__ = ["DIRECT", "RECORD_CAP", "SLAB_LEASE", "Slab", "session_key"]
+__all__ = ["DIRECT", "RECORD_CAP", "SLAB_LEASE", "DoorServer", "Slab", "session_key"]
+
+DoorServer = Callable[[Any, str, Sandbox, ClientDoor, bool], Callable[[], None]]
+"""What a slab serves on a session's door for the server (given by whoever makes the slab:
+``serving.SlabDoors``): ``doors(kit, sid, sandbox, door, fresh)`` starts serving the tenant's
+kit, ``fresh`` when the guest is new; it returns what stops it."""
 
 DIRECT = frozenset({"run", "read_file", "write_file", "list_files", "checkpoint", "restore",
                     "save"})
@@ -111,14 +117,17 @@ class _Held:
     seq: int = 0  # the number of its last save's objects
     lock: threading.RLock = field(default_factory=threading.RLock)
     boxes: dict[int, _Mailbox] = field(default_factory=dict)
+    unserve: Callable[[], None] | None = None  # stops what the server serves on its door
 
 
 class Slab:
     """A Ray actor holding sessions (made remote, named and detached, by the cluster's
     control actor). Every method answers ``["ok", value]`` or ``["err", <error wire>]``."""
 
-    def __init__(self, name: str, storage: Storage, save_interval: float) -> None:
+    def __init__(self, name: str, storage: Storage, save_interval: float,
+                 doors: DoorServer | None = None) -> None:
         self.name, self.storage, self.save_interval = name, storage, save_interval
+        self.doors = doors
         self.held: dict[str, _Held] = {}
         self.lock = threading.Lock()
         self.loop = asyncio.new_event_loop()
@@ -245,10 +254,12 @@ class Slab:
         return {"sessions": len(held), "memory": sum(h.sb.limits.memory for h in held)}
 
     # ---- sessions ---------------------------------------------------------------------------
-    def open(self, sid: str, tenant: str, spec: dict[str, Any], from_save: bool
-             ) -> list[Any]:
+    def open(self, sid: str, tenant: str, spec: dict[str, Any], from_save: bool,
+             kit: Any = None) -> list[Any]:
         """Open the session here: empty, or from its last save (what it holds is said:
-        ``turns``, ``files_kept``; ``saved: False`` when it had none yet)."""
+        ``turns``, ``files_kept``; ``saved: False`` when it had none yet); ``kit``: what
+        the server serves on its door (the tenant's operator tools and egress policy,
+        built by ``doors``)."""
         def go() -> dict[str, Any]:
             limits = limits_from_wire(spec["limits"])
             rec = self._record(sid) if from_save else None
@@ -266,20 +277,23 @@ class Slab:
             sb = open_from_checkpoint(cp, limits=limits, mounts=mounts_from_wire(spec["mounts"]),
                                       preload=list(spec["preload"]), door=door,
                                       env=spec.get("env"))
+            unserve = None
             try:
                 for path, data in files.items():
                     sb.write_file(path, data)
-            except MemexError:
+                if kit is not None and self.doors is not None:
+                    unserve = self.doors(kit, sid, sb, door, cp is None)
+            except BaseException:
                 sb.close()
                 raise
             turns = int(rec["turns"]) if rec is not None else 0
             h = _Held(sb, door, tenant, spec, turns=turns, saved_turns=turns,
-                      seq=int(rec.get("seq", 0)) if rec is not None else 0)
+                      seq=int(rec.get("seq", 0)) if rec is not None else 0, unserve=unserve)
             with self.lock:
                 old = self.held.pop(sid, None)
                 self.held[sid] = h
             if old is not None:
-                old.sb.close()
+                self._closed(old)
             if rec is None:
                 self._save(sid, h)  # its record at once: a node lost before its first turn
             else:  # brings it back empty, not unknown
@@ -345,7 +359,7 @@ class Slab:
             h = self._h(sid)
             with h.lock:
                 sb = h.sb.fork()  # shares the parent's door, as on every backend
-                c = _Held(sb, h.door, h.tenant, h.spec, turns=h.turns)
+                c = _Held(sb, h.door, h.tenant, h.spec, turns=h.turns)  # its door: h's
             with self.lock:
                 self.held[child] = c
             self._save(child, c)
@@ -373,14 +387,26 @@ class Slab:
             with self.lock:
                 h = self.held.pop(sid, None)
             if h is not None:
-                for box in list(h.boxes.values()):
-                    with box.cond:
-                        box.closed = True
-                        box.cond.notify_all()
-                h.sb.close()  # not under its lock: a running turn is interrupted (cancelled)
+                self._closed(h)
             if forget:
                 self.storage.delete(session_key(sid))
         return self._call(go)
+
+    def _closed(self, h: _Held) -> None:
+        """Close a session let go of: its door's connections, its guest (not under its
+        lock: a running turn is interrupted), and what the server served on its door once
+        no session held here shares that door (a fork shares its parent's)."""
+        for box in list(h.boxes.values()):
+            with box.cond:
+                box.closed = True
+                box.cond.notify_all()
+        h.sb.close()
+        with self.lock:
+            heir = next((o for o in self.held.values() if o.door is h.door), None)
+            if heir is not None and heir.unserve is None:
+                heir.unserve, h.unserve = h.unserve, None
+        if h.unserve is not None:
+            h.unserve()
 
     def save(self, sid: str) -> list[Any]:
         """Save the session now (if it changed since its last save); the turns it holds."""

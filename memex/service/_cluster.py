@@ -21,6 +21,7 @@ import logging
 import socket
 import threading
 import time
+import tomllib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -48,8 +49,8 @@ from ..runtime_wasm import (
     TurnResult,
     TurnStatus,
 )
-from ..serving import CONTROL_NAME, Control
-from ._config import ClusterConfig, KeyRing, ServiceConfig, TenantConfig
+from ..serving import CONTROL_NAME, Control, DoorKit
+from ._config import ClusterConfig, KeyRing, ServiceConfig, TenantConfig, parse_config
 from ._http import ApiError, translate
 from ._models import CreateSession, RunIn
 from ._service import AUDIT, Service
@@ -74,7 +75,8 @@ class _Link:
     """One front's connection to the cluster: Ray, the control actor and the slabs' handles
     by name (looked up once)."""
 
-    def __init__(self, cfg: ClusterConfig, config_text: tuple[int, str] | None) -> None:
+    def __init__(self, cfg: ClusterConfig,
+                 config_text: tuple[int, str, dict[str, Any]] | None) -> None:
         try:
             import ray
         except ImportError as exc:
@@ -452,7 +454,9 @@ class ClusterService(Service):
             self._backend = ClusterBackend(self._link)
         return self._backend
 
-    def _config_text(self) -> tuple[int, str] | None:
+    def _config_text(self) -> tuple[int, str, dict[str, Any]] | None:
+        """This front's serve.toml to publish: its version (mtime), its text and its
+        tenants' kits (None when it cannot be read, or does not parse: not published)."""
         path = self.config.path
         if path is None:
             return None
@@ -462,7 +466,13 @@ class ClusterService(Service):
         except OSError:
             return None
         self._stamp = (st.st_mtime_ns, st.st_size)
-        return (st.st_mtime_ns, text)
+        try:
+            tenants = parse_config(tomllib.loads(text), path=path).tenants
+        except (ConfigError, tomllib.TOMLDecodeError) as exc:
+            LOG.warning("cluster config: not published: %s", exc)
+            return None
+        kits = {n: t.kit.to_wire() for n, t in tenants.items() if t.kit is not None}
+        return (st.st_mtime_ns, text, kits)
 
     # ---- life -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -487,7 +497,8 @@ class ClusterService(Service):
                 self._report()
                 if newer is not None:
                     link.version = newer[0]
-                    self.keys.adopt(newer[1])
+                    kits = {n: DoorKit.from_wire(k) for n, k in newer[2].items()}
+                    await anyio.to_thread.run_sync(self.keys.adopt, newer[1], kits)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

@@ -10,6 +10,7 @@ leaks through timing.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import hmac
@@ -29,6 +30,7 @@ from ..host_tools import EgressPolicy, ToolSet
 from ..runtime_wasm import SANDBOX_LIMITS, Limits
 from ..serving import (
     Bounds,
+    DoorKit,
     EdgeLimits,
     FileModel,
     LimitsTable,
@@ -36,8 +38,8 @@ from ..serving import (
     SecondsOrZero,
     Size,
     config_error,
+    load_tools,
 )
-from ._tools import load_tools
 
 __all__ = ["KeyRing", "MountGrant", "ServiceConfig", "TenantConfig", "check_config", "hash_key",
            "load_config"]
@@ -80,6 +82,7 @@ class TenantConfig:
     mounts: tuple[MountGrant, ...] = ()
     egress: EgressPolicy | None = None  # the network its guests get (None: only the client's)
     tools: ToolSet | None = None  # operator tools its guests call, run in the server (_tools)
+    kit: DoorKit | None = None  # those two as data, for a cluster's slabs (serving._doorkit)
 
     def bounds(self) -> Bounds:
         """What the session core holds this tenant to."""
@@ -249,19 +252,22 @@ _EDGE_KEYS = ("max_connections", "max_pending", "max_pending_per_peer", "header_
               "body_timeout", "max_header_bytes", "keep_alive_timeout")
 
 
-def _tenant(name: str, t: _TenantFile, base: Path) -> TenantConfig:
+def _tenant(name: str, t: _TenantFile, base: Path, kit: DoorKit | None = None
+            ) -> TenantConfig:
     where = f"[tenants.{name}]"
     if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name) or name in (".", ".."):
         raise ConfigError(f"{where}: a tenant name is 1-64 letters, digits, '_', '.' or '-'")
     keys = tuple(t.keys)
     _check_hashes(f"{where} keys", keys)
-    egress = None
-    if t.egress is not None:
-        try:
-            egress = EgressPolicy.load(base / t.egress)
-        except ConfigError as exc:
-            raise ConfigError(f"{where} egress: {exc}") from exc
-    tools = load_tools(f"{where} tools", t.tools, base, name)
+    here = None
+    if kit is not None and kit.tenant == name:  # the one a cluster published: built from
+        with contextlib.suppress(ConfigError):  # its own copy unless these files are it
+            here = DoorKit.read(name, t.tools, t.egress, base)
+        if here != kit:
+            tools, egress = kit.build()
+    if kit is None or kit.tenant != name or here == kit:
+        tools, egress = _door_here(where, t, base, name)
+        kit = DoorKit.read(name, t.tools, t.egress, base)
     return TenantConfig(
         name=name, keys=keys, max_sessions=t.max_sessions, max_memory=t.max_memory,
         max_disk=t.max_disk, max_checkpoints=t.max_checkpoints,
@@ -269,11 +275,25 @@ def _tenant(name: str, t: _TenantFile, base: Path) -> TenantConfig:
         ceiling=t.ceiling.given(),
         mounts=tuple(MountGrant(host=(base / m.host).resolve(), writable=m.writable)
                      for m in t.mounts),
-        egress=egress, tools=tools)
+        egress=egress, tools=tools, kit=kit)
 
 
-def parse_config(data: Mapping[str, Any], *, path: Path | None = None) -> ServiceConfig:
-    """A :class:`ServiceConfig` from the parsed TOML tables ``[server]`` and ``[tenants.*]``."""
+def _door_here(where: str, t: _TenantFile, base: Path, name: str
+               ) -> tuple[ToolSet | None, EgressPolicy | None]:
+    egress = None
+    if t.egress is not None:
+        try:
+            egress = EgressPolicy.load(base / t.egress)
+        except ConfigError as exc:
+            raise ConfigError(f"{where} egress: {exc}") from exc
+    return load_tools(f"{where} tools", t.tools, base, name), egress
+
+
+def parse_config(data: Mapping[str, Any], *, path: Path | None = None,
+                 kits: Mapping[str, DoorKit] | None = None) -> ServiceConfig:
+    """A :class:`ServiceConfig` from the parsed TOML tables ``[server]`` and ``[tenants.*]``;
+    ``kits``: tenants' tools and policies as a cluster published them (their files are then
+    not read here)."""
     try:
         f = _ServeFile.model_validate(data)
     except ValidationError as exc:
@@ -291,7 +311,7 @@ def parse_config(data: Mapping[str, Any], *, path: Path | None = None) -> Servic
         _check_hashes("[server] metrics_keys", opts["metrics_keys"])
     if "preload" in opts:
         opts["preload"] = tuple(opts["preload"])
-    tenants = {n: _tenant(n, t, base) for n, t in f.tenants.items()}
+    tenants = {n: _tenant(n, t, base, (kits or {}).get(n)) for n, t in f.tenants.items()}
     seen: dict[str, str] = {}
     for t in tenants.values():
         for k in t.keys:
@@ -304,10 +324,6 @@ def parse_config(data: Mapping[str, Any], *, path: Path | None = None) -> Servic
             if opts.get(k) is not None:
                 raise ConfigError(f"[server] {k}: a cluster keeps its sessions in [cluster] "
                                   "storage, not in a folder of one node")
-        for t in tenants.values():
-            if t.egress is not None or t.tools is not None:
-                raise ConfigError(f"[tenants.{t.name}]: egress and operator tools are not "
-                                  "served in cluster mode yet (docs/scaling.md)")
     if opts.get("state_dir") is not None and "idle_evict" not in opts:
         opts["idle_evict"] = 600.0  # a durable server evicts idle sessions by default
     return ServiceConfig(**opts, tenants=tenants, path=path)
@@ -379,11 +395,12 @@ class KeyRing:
         self._stamp = self._stat()
         self.last_error: str | None = None
 
-    def adopt(self, text: str) -> None:
-        """Serve the tenants of ``text``: a serve.toml the cluster holds (a text that does
-        not parse keeps the last good tenants, reported through ``last_error``)."""
+    def adopt(self, text: str, kits: Mapping[str, DoorKit] | None = None) -> None:
+        """Serve the tenants of ``text``: a serve.toml the cluster holds, with the ``kits``
+        published with it (a text that does not parse keeps the last good tenants, reported
+        through ``last_error``)."""
         try:
-            tenants = parse_config(tomllib.loads(text), path=self._path).tenants
+            tenants = parse_config(tomllib.loads(text), path=self._path, kits=kits).tenants
         except (ConfigError, tomllib.TOMLDecodeError) as exc:
             self.last_error = str(exc)
             return

@@ -24,6 +24,7 @@ from ..runtime_wasm import (
     TurnResult,
     unpack_bounded,
 )
+from ..serving import describe_tools
 from ._config import TenantConfig, key_matches
 from ._http import ApiError, invalid_request, too_large
 from ._models import (
@@ -43,7 +44,6 @@ from ._models import (
 )
 from ._service import Service, quota_error
 from ._sessions import QuotaExceeded, Session
-from ._tools import describe_tools
 
 __all__ = ["router"]
 

@@ -5,11 +5,14 @@ checkpoints per owner with its bounds (``SessionTable``, ``Bounds``, ``CoreSessi
 fair shares that admit each operation in the event loop (``Shares``), and the keeper that
 saves sessions to SQLite, evicts idle ones and brings them back after a restart
 (``Keeper``, ``DurableSession``); a cluster's control actor (``Control``: directory, ledger,
-placement and recovery across Ray nodes); and the one style of their config files (``FileModel``,
-``LimitsTable``, ``Size``, ``Seconds``, ``config_error``). Imports no web framework: each
-front end brings its own extra."""
+placement and recovery across Ray nodes); a tenant's operator tools and egress policy as
+data that crosses nodes (``DoorKit``, served on a slab's doors by ``SlabDoors``; loaded by
+``load_tools``, described by ``describe_tools``); and the one style of their config files
+(``FileModel``, ``LimitsTable``, ``Size``, ``Seconds``, ``config_error``). Imports no web
+framework: each front end brings its own extra."""
 
 from ._control import CONTROL_NAME, Control, checkpoint_key
+from ._doorkit import KIT_BYTES, DoorKit, SlabDoors
 from ._durable import DurableSession, Keeper, session_fields
 from ._edge import ConnectionGuard, EdgeLimits
 from ._settings import (
@@ -22,12 +25,15 @@ from ._settings import (
 )
 from ._shares import Shares
 from ._table import Bounds, QuotaExceeded, SessionTable
+from ._tools import describe_tools, load_tools
 
 __all__ = [
     "CONTROL_NAME",
+    "KIT_BYTES",
     "Bounds",
     "ConnectionGuard",
     "Control",
+    "DoorKit",
     "DurableSession",
     "EdgeLimits",
     "FileModel",
@@ -39,7 +45,10 @@ __all__ = [
     "SessionTable",
     "Shares",
     "Size",
+    "SlabDoors",
     "checkpoint_key",
     "config_error",
+    "describe_tools",
+    "load_tools",
     "session_fields",
 ]

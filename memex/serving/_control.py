@@ -15,7 +15,9 @@ actor that every front asks, and the one place where the cluster's shared facts 
   again on other slabs from their last save, each flagged with the turns it lost. After a
   whole-cluster restart the directory is read back from the storage.
 * **Config.** The serve.toml every front serves (keys rotate through it): the newest text a
-  front published, pulled by every front each second.
+  front published, pulled by every front each second, with its tenants' operator tools and
+  egress policies as data (``DoorKit``), handed to the slab that opens a session; kept in
+  the storage, so a restarted control actor still has them.
 """
 
 from __future__ import annotations
@@ -28,9 +30,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgpack
+
 from ..backends import SLAB_LEASE, Slab, Storage, session_key
 from ..backends.worker import error_from_wire, error_to_wire, limits_from_wire
-from ..errors import MemexError
+from ..errors import ConfigError, MemexError
+from ..runtime_wasm import DecodeCost, unpack_bounded
+from ._doorkit import DoorKit, SlabDoors
 
 __all__ = ["CONTROL_NAME", "Control", "ControlRefusal", "checkpoint_key"]
 
@@ -137,6 +143,7 @@ class Control:
         self.running: dict[str, int] = {}
         self.buckets: dict[str, _Bucket] = {}
         self.config_text: tuple[int, str] | None = None
+        self.kits: dict[str, dict[str, Any]] = {}  # tenant -> its DoorKit's wire
         self.draining: set[str] = set()
         self.counts = {"lookups": 0, "turns": 0, "creates": 0, "recoveries": 0}
         self._remote_slab = ray.remote(Slab)
@@ -145,18 +152,26 @@ class Control:
                          daemon=True).start()
 
     # ---- config -------------------------------------------------------------------------------
-    def publish(self, version: int, text: str) -> int:
-        """Keep ``text`` if it is newer than what is held; the version now held."""
+    def publish(self, version: int, text: str, kits: dict[str, Any] | None = None) -> int:
+        """Keep ``text`` and its tenants' ``kits`` (tenant -> ``DoorKit.to_wire()``) if it
+        is newer than what is held, in the storage too; the version now held."""
+        checked = {str(t): DoorKit.from_wire(k).to_wire() for t, k in (kits or {}).items()}
         with self.lock:
-            if self.config_text is None or version > self.config_text[0]:
-                self.config_text = (version, text)
-            return self.config_text[0]
+            if self.config_text is not None and version <= self.config_text[0]:
+                return self.config_text[0]
+            packed = msgpack.packb([version, text, checked], use_bin_type=True)
+            if len(packed) > CONFIG_BYTES:
+                raise ConfigError(f"a config of {len(packed)} bytes with its tools and "
+                                  f"policies (a cluster holds at most {CONFIG_BYTES})")
+            self.storage.put(CONFIG_KEY, packed)
+            self.config_text, self.kits = (version, text), checked
+            return version
 
-    def config(self, known: int) -> tuple[int, str] | None:
-        """The held config when it is newer than ``known``, else None."""
+    def config(self, known: int) -> tuple[int, str, dict[str, Any]] | None:
+        """The held config and its kits when it is newer than ``known``, else None."""
         with self.lock:
-            held = self.config_text
-        return held if held is not None and held[0] > known else None
+            held, kits = self.config_text, self.kits
+        return (held[0], held[1], kits) if held is not None and held[0] > known else None
 
     # ---- ledger -------------------------------------------------------------------------------
     def _used(self, tenant: str) -> tuple[int, int, int]:
@@ -252,7 +267,7 @@ class Control:
         else:
             opts["scheduling_strategy"] = "SPREAD"
         handle = self._remote_slab.options(**opts).remote(name, self.storage,
-                                                           self.save_interval)
+                                                           self.save_interval, SlabDoors())
         try:
             info = ray.get(handle.ready.remote(), timeout=self.place_timeout)
         except ray.exceptions.RayActorError:
@@ -271,7 +286,8 @@ class Control:
 
     def _open(self, slab: _SlabInfo, sid: str, tenant: str, spec: dict[str, Any],
               from_save: bool) -> dict[str, Any]:
-        out = self._ray.get(slab.handle.open.remote(sid, tenant, spec, from_save),
+        kit = self.kits.get(tenant)  # its operator tools and egress policy, served there
+        out = self._ray.get(slab.handle.open.remote(sid, tenant, spec, from_save, kit),
                             timeout=self.place_timeout)
         if out[0] != "ok":
             raise error_from_wire(out[1])
@@ -728,7 +744,13 @@ class Control:
     # ---- after a restart ----------------------------------------------------------------------
     def _load(self) -> None:
         """Every saved session and held checkpoint back in the directory (sessions opened
-        on first use, or by the monitor)."""
+        on first use, or by the monitor), and the config last published."""
+        with contextlib.suppress(Exception):  # unreadable: the fronts publish theirs again
+            raw = self.storage.get(CONFIG_KEY, CONFIG_BYTES)
+            if raw is not None:
+                version, text, kits = unpack_bounded(raw, DecodeCost.for_bytes(len(raw)))
+                self.kits = {str(t): DoorKit.from_wire(k).to_wire() for t, k in kits.items()}
+                self.config_text = (int(version), str(text))
         for sid in self.storage.children("sessions"):
             try:
                 raw = self.storage.get(session_key(sid, "record"), 1 << 20)
@@ -777,6 +799,11 @@ class Control:
                         e.turns = e.begun = max(e.turns, int(turns))
                         slab.sessions.add(sid)
                         slab.used += e.memory
+
+
+CONFIG_KEY = "config/published"
+"""Where the storage keeps the config last published (msgpack: version, text, kits)."""
+CONFIG_BYTES = 64 << 20
 
 
 def checkpoint_key(tenant: str, cid: str, name: str = "image") -> str:

@@ -8,13 +8,16 @@ from __future__ import annotations
 import ast
 import concurrent.futures
 import contextlib
+import json
 import re
 import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +26,31 @@ from served import Served, launch, tenant_table
 
 from memex import Door, Limits, RemoteBackend
 from memex.errors import ServiceError
+from memex.host_tools import Tool, ToolHost
 from memex.service import hash_key
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 ray = pytest.importorskip("ray")
 pytest.importorskip("fsspec")
 
+OPS = textwrap.dedent('''
+    import os
+    from pathlib import Path
+
+    from memex.host_tools import ToolSet
+
+    TOOLS = ToolSet()
+
+
+    @TOOLS.tool
+    def where() -> list[str]:
+        """The Ray actor and the process that ran this call, and the folder its module
+        was loaded from."""
+        import ray
+        return [str(ray.get_runtime_context().get_actor_name()), str(os.getpid()),
+                Path(__file__).parent.parent.name]
+''')
+POLICY = '[[rules]]\nname = "local"\naction = "allow"\nip = "127.0.0.1"\npath = "/ok"\n'
 GiB = 1 << 30
 NODE = {"num_cpus": 2, "memory": 2 * GiB}  # each worker node: two slabs of 1 GiB
 METRICS_KEY = "metrics-key-" + "m" * 20
@@ -49,6 +71,8 @@ class ClusterRig:
     def config(self, name: str, tenants: dict[str, str], keys: dict[str, str]) -> Path:
         path = self.folder / name / "serve.toml"
         path.parent.mkdir(parents=True, exist_ok=True)
+        (path.parent / "ops_tools.py").write_text(OPS)  # each front's own copy (its machine's)
+        (path.parent / "policy.toml").write_text(POLICY)
         path.write_text(
             "[server]\nport = 0\nwarm_timeout = 20\n"
             f'metrics_keys = ["{hash_key(METRICS_KEY)}"]\n'
@@ -68,10 +92,13 @@ class ClusterRig:
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterRig]:
     rig = ClusterRig(tmp_path_factory.mktemp("cluster"))
     keys = {"a": "key-a-" + "x" * 20, "small": "key-small-" + "y" * 20,
-            "one": "key-one-" + "w" * 20, "gone": "key-gone-" + "z" * 20}
+            "one": "key-one-" + "w" * 20, "gone": "key-gone-" + "z" * 20,
+            "ops": "key-ops-" + "v" * 20}
     tenants = {"a": "max_sessions = 50\n[tenants.a.ceiling]\nmemory = 536870912\n",
                "small": "max_sessions = 3\n[tenants.small.ceiling]\nmemory = 268435456\n",
                "one": "max_running = 1\n[tenants.one.ceiling]\nmemory = 268435456\n",
+               "ops": 'tools = ["ops_tools.py:TOOLS"]\negress = "policy.toml"\n'
+                      "[tenants.ops.ceiling]\nmemory = 268435456\n",
                "gone": "max_sessions = 5\n[tenants.gone.ceiling]\nmemory = 268435456\n"}
     rig.keys = keys
     try:
@@ -287,6 +314,77 @@ def test_checkpoints_and_forks_work_from_any_front(rig: ClusterRig) -> None:
         sb.close()
 
 
+class _Hello(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.path)))
+        self.end_headers()
+        self.wfile.write(self.path.encode())
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def target() -> Iterator[str]:
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+    srv.server_close()
+
+
+FETCH = ("import urllib.request, urllib.error\n"
+         "def get(u):\n    try:\n        return urllib.request.urlopen(u).read().decode()\n"
+         "    except urllib.error.URLError as e:\n        return type(e).__name__\n")
+
+
+def test_operator_tools_and_egress_are_served_in_the_slab(rig: ClusterRig, target: str
+                                                          ) -> None:
+    """A tenant's operator tools run, and its egress policy decides, in the slab that holds
+    the session (on its node), built there from what the front published (the slab's node
+    has none of the front's files); beside the client's own tools, which the client cannot
+    use to stand in for the operator's; a fork shares them; every front describes them and
+    other tenants see none."""
+    a, b = rig.fronts
+    door = Door()
+    door.register("twice", lambda x: 2 * x)
+
+    def impostor() -> list[str]:
+        """A client's impostor of the operator's tool."""
+        return ["client"]
+
+    with backend(a, rig.keys["ops"]) as ba, backend(b, rig.keys["ops"]) as bb:
+        sb = ba.open(limits=Limits(memory=256 << 20, timeout=20), door=door)
+        assert sb.turns == 0  # installing the operator's module is not one of its turns
+        actor, pid, folder = ast.literal_eval(sb.run("where()").value or "")
+        assert actor.startswith("memex-slab-") and folder.startswith("memex-kit-ops-")
+        assert int(pid) not in {a.proc.pid, b.proc.pid}
+        with ToolHost([Tool.from_function(impostor, name="where")]).attach(sb) as host:
+            r = sb.run("from memex_guest import call\nwhere()[0], call('twice', 4)")
+            assert r.value == f"({actor!r}, 8)", r
+            assert host.calls == []  # the shared name went to the slab, never here
+        other = bb.attach(sb.id)  # through the other front: the same door services
+        other.run(FETCH)
+        r = other.run(f"get('{target}/ok'), get('{target}/secret')")
+        assert r.value == "('/ok', 'EgressDenied')", r
+        child = sb.fork()
+        assert ast.literal_eval(child.run("where()").value or "")[0].startswith("memex-slab-")
+        assert child.run(f"get('{target}/ok')").value == "'/ok'"
+        child.close()
+        sb.close()
+    for f in rig.fronts:
+        listed = json.loads(get(f, "/v1/tools", rig.keys["ops"]).text)["tools"]
+        assert [t["definition"]["function"]["name"] for t in listed] == ["where"]
+        assert json.loads(get(f, "/v1/tools", rig.keys["a"]).text)["tools"] == []
+    with backend(a, rig.keys["a"]) as ba:
+        sb = ba.open(limits=Limits(memory=256 << 20, timeout=20))
+        sb.run(FETCH)
+        assert sb.run("'where' in globals()").value == "False"
+        assert sb.run(f"get('{target}/ok')").value == "'EgressDenied'"  # no policy: none
+        sb.close()
+
+
 def memex(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "memex", *args], capture_output=True,
                           text=True, timeout=180)
@@ -305,7 +403,7 @@ def test_check_reads_a_cluster_config_and_its_storage(rig: ClusterRig) -> None:
     assert out.returncode == 0, out.stdout + out.stderr
     assert "a Ray cluster" in out.stdout and "storage" in out.stdout and "reachable" in \
         out.stdout, out.stdout
-    bad = rig.folder / "bad.toml"
+    bad = rig.fronts[0].config.with_name("bad.toml")  # beside the files it names
     bad.write_text(rig.fronts[0].config.read_text().replace(
         f'storage = "{rig.folder / "storage"}"', 'storage = "nosuchproto://x"'))
     out = memex("serve", "--check", "--config", str(bad))
@@ -396,13 +494,15 @@ def lose_machine(rig: ClusterRig, node: Any) -> None:
 def test_a_killed_node_s_sessions_resume_elsewhere_flagged(rig: ClusterRig) -> None:
     """A worker node dies with a session on it: the session comes back on the other node
     from its last save, its next answer says what was restored, and the client's tools
-    still answer its guest (the door follows the session)."""
+    still answer its guest (the door follows the session), as do the operator's (now run
+    in the slab that holds it)."""
     a, b = rig.fronts
     door = Door()
     door.register("twice", lambda x: 2 * x)
-    with backend(a, rig.keys["a"]) as ba, backend(b, rig.keys["a"]) as bb:
+    with backend(a, rig.keys["ops"]) as ba, backend(b, rig.keys["ops"]) as bb:
         sb = ba.open(limits=Limits(memory=256 << 20, timeout=20), door=door)
         assert sb.run("from memex_guest import call\nkept = call('twice', 21)").ok
+        before = ast.literal_eval(sb.run("where()").value or "")[0]
         stats = cluster_stats(a, METRICS_KEY)
         node = next(s["node"] for s in stats["slabs"].values() if s["sessions"] > 0
                     and s["node"] in {n.node_id for n in rig.nodes})
@@ -414,7 +514,7 @@ def test_a_killed_node_s_sessions_resume_elsewhere_flagged(rig: ClusterRig) -> N
         # until its lease runs out the dying node's slab may still answer (its process can
         # outlive the node for a moment); then the session moves, and the first answer after
         # says what its save held and how many answered turns that lost
-        seen, deadline = 1, time.monotonic() + 60
+        seen, deadline = 2, time.monotonic() + 60
         while other.restored is None and time.monotonic() < deadline:
             r = other.run("kept")
             assert r.value == "42" or (r.limit == "lost" and r.rolled_back), r
@@ -428,6 +528,8 @@ def test_a_killed_node_s_sessions_resume_elsewhere_flagged(rig: ClusterRig) -> N
         assert other.run("kept").value == "42"  # the state of its last save
         r = sb.run("call('twice', kept)")  # the client's tools follow it
         assert r.value == "84", r
+        after = ast.literal_eval(sb.run("where()").value or "")[0]  # the operator's too
+        assert after.startswith("memex-slab-") and after != before
         stats = cluster_stats(b, METRICS_KEY)
         assert node not in {s["node"] for s in stats["slabs"].values()}, stats
         sb.close()

@@ -5,9 +5,10 @@ a Python file (relative to the config) or an importable module, and an attribute
 :class:`~memex.host_tools.ToolSet`, a :class:`~memex.host_tools.Tool`, a typed function, or
 a list of those.
 
-On a session's door the server answers calls to these names itself and forwards every other
-tool call to the client (``backends.ClientDoor``), so a client can neither answer in the
-operator's place nor see the operator's handlers. ``GET /v1/tools`` describes them (OpenAI
+On a session's door the server (in a cluster, the slab holding it: ``_doorkit``) answers
+calls to these names itself and forwards every other tool call to the client
+(``backends.ClientDoor``), so a client can neither answer in the operator's place nor see
+the operator's handlers. ``GET /v1/tools`` describes them (OpenAI
 function definitions), which is how a client offers them to its model."""
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ from typing import Any
 from ..errors import ConfigError, MemexError
 from ..host_tools import Tool, ToolSet
 
-__all__ = ["describe_tools", "load_tools"]
+__all__ = ["TOOL_SPEC", "describe_tools", "load_tools"]
 
-_SPEC = re.compile(r"(?P<where>[^:]+):(?P<attr>[A-Za-z_][A-Za-z0-9_.]*)")
+TOOL_SPEC = re.compile(r"(?P<where>[^:]+):(?P<attr>[A-Za-z_][A-Za-z0-9_.]*)")
 
 
 def _module(where: str, target: str, base: Path, tenant: str) -> Any:
@@ -68,7 +69,7 @@ def load_tools(where: str, specs: list[str], base: Path, tenant: str) -> ToolSet
         return None
     tools: list[Any] = []
     for spec in specs:
-        found = _SPEC.fullmatch(spec) if isinstance(spec, str) else None
+        found = TOOL_SPEC.fullmatch(spec) if isinstance(spec, str) else None
         if found is None:
             raise ConfigError(f"{where}: {spec!r} is not 'file.py:NAME' or 'module:NAME'")
         value = _module(f"{where} {spec!r}", found["where"], base, tenant)
