@@ -57,6 +57,21 @@ def cluster_toml(cluster: Any, folder: Path) -> str:
             f'namespace = "{folder.name}"\nslab_memory = 2147483648\nslab_cpus = 0.5\n')
 
 
+def end_namespace(cluster: Any, namespace: str) -> None:
+    """Kill the control actor and the slabs of a server's namespace on ``cluster`` (they are
+    detached: they outlive the fronts, as a cluster's sessions do), from a driver of its own
+    (this process may be a driver of another cluster already)."""
+    script = ("import sys, ray\n"
+              "ray.init(address=sys.argv[1], namespace=sys.argv[2], log_to_driver=False)\n"
+              "from ray.util import list_named_actors\n"
+              "for name in list_named_actors():\n"
+              "    if name == 'memex-control' or name.startswith('memex-slab-'):\n"
+              "        ray.kill(ray.get_actor(name))\n")
+    subprocess.run([sys.executable, "-c", script, cluster.address, namespace], check=True,
+                   capture_output=True, timeout=120,
+                   env={**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})
+
+
 def tenant_table(name: str, key: str, extra: str = "") -> str:
     return f'[tenants.{name}]\nkeys = ["{hash_key(key)}"]\n{extra}\n'
 

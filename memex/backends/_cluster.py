@@ -50,10 +50,16 @@ from .worker._wire import HEADER, Channel, ChannelClosed, ProtocolError, answer_
 
 __all__ = ["DIRECT", "RECORD_CAP", "SLAB_LEASE", "DoorServer", "Slab", "session_key"]
 
-DoorServer = Callable[[Any, str, Sandbox, ClientDoor, bool], Callable[[], None]]
+DoorServer = Callable[[Any, str, Sandbox, ClientDoor, bool, Callable[[dict[str, Any]], None]],
+                      Callable[[], None]]
 """What a slab serves on a session's door for the server (given by whoever makes the slab:
-``serving.SlabDoors``): ``doors(kit, sid, sandbox, door, fresh)`` starts serving the tenant's
-kit, ``fresh`` when the guest is new; it returns what stops it."""
+``serving.SlabDoors``): ``doors(kit, sid, sandbox, door, fresh, audit)`` starts serving the
+tenant's kit, ``fresh`` when the guest is new, each audit event of its calls to ``audit``;
+it returns what stops it."""
+AUDIT_KEEP = 1000
+"""Audit events of a door's operator tools and egress kept for the front between two turns
+(each turn's answer carries those of its calls to the front's audit log; past this many,
+the oldest are counted as dropped)."""
 
 DIRECT = frozenset({"run", "read_file", "write_file", "list_files", "checkpoint", "restore",
                     "save"})
@@ -104,6 +110,31 @@ class _Mailbox:
             return out
 
 
+class _Audit:
+    """A door's audit events waiting for the front (at most AUDIT_KEEP, then counted)."""
+
+    def __init__(self) -> None:
+        self.events: collections.deque[dict[str, Any]] = collections.deque()
+        self.dropped = 0
+        self.lock = threading.Lock()
+
+    def add(self, event: dict[str, Any]) -> None:
+        with self.lock:
+            if len(self.events) >= AUDIT_KEEP:
+                self.events.popleft()
+                self.dropped += 1
+            self.events.append(event)
+
+    def take(self) -> list[dict[str, Any]]:
+        with self.lock:
+            out = list(self.events)
+            if self.dropped:
+                out.append({"event": "audit_dropped", "count": self.dropped})
+            self.events.clear()
+            self.dropped = 0
+        return out
+
+
 @dataclass(eq=False)
 class _Held:
     sb: Sandbox
@@ -118,6 +149,7 @@ class _Held:
     lock: threading.RLock = field(default_factory=threading.RLock)
     boxes: dict[int, _Mailbox] = field(default_factory=dict)
     unserve: Callable[[], None] | None = None  # stops what the server serves on its door
+    audit: _Audit = field(default_factory=lambda: _Audit())  # its door's (a fork shares it)
 
 
 class Slab:
@@ -277,18 +309,19 @@ class Slab:
             sb = open_from_checkpoint(cp, limits=limits, mounts=mounts_from_wire(spec["mounts"]),
                                       preload=list(spec["preload"]), door=door,
                                       env=spec.get("env"))
-            unserve = None
+            unserve, audit = None, _Audit()
             try:
                 for path, data in files.items():
                     sb.write_file(path, data)
                 if kit is not None and self.doors is not None:
-                    unserve = self.doors(kit, sid, sb, door, cp is None)
+                    unserve = self.doors(kit, sid, sb, door, cp is None, audit.add)
             except BaseException:
                 sb.close()
                 raise
             turns = int(rec["turns"]) if rec is not None else 0
             h = _Held(sb, door, tenant, spec, turns=turns, saved_turns=turns,
-                      seq=int(rec.get("seq", 0)) if rec is not None else 0, unserve=unserve)
+                      seq=int(rec.get("seq", 0)) if rec is not None else 0, unserve=unserve,
+                      audit=audit)
             with self.lock:
                 old = self.held.pop(sid, None)
                 self.held[sid] = h
@@ -325,7 +358,8 @@ class Slab:
                 h.gen += 1
                 if self.save_interval <= 0 and sid in self.held:  # not when it was closed
                     self._save(sid, h)
-                return {"result": result_to_wire(r), "turns": h.turns}
+                return {"result": result_to_wire(r), "turns": h.turns,
+                        "audit": h.audit.take()}
         return self._call(go)
 
     def checkpoint(self, sid: str, key: str) -> list[Any]:
@@ -359,7 +393,8 @@ class Slab:
             h = self._h(sid)
             with h.lock:
                 sb = h.sb.fork()  # shares the parent's door, as on every backend
-                c = _Held(sb, h.door, h.tenant, h.spec, turns=h.turns)  # its door: h's
+                c = _Held(sb, h.door, h.tenant, h.spec, turns=h.turns,  # its door: h's
+                          audit=h.audit)
             with self.lock:
                 self.held[child] = c
             self._save(child, c)

@@ -76,7 +76,8 @@ class _Link:
     by name (looked up once)."""
 
     def __init__(self, cfg: ClusterConfig,
-                 config_text: tuple[int, str, dict[str, Any]] | None) -> None:
+                 config_text: tuple[int, str, dict[str, Any]] | None,
+                 checkpoint_ttl: float = 600.0) -> None:
         try:
             import ray
         except ImportError as exc:
@@ -91,7 +92,8 @@ class _Link:
             resources={"node:__internal_head__": 0.001},  # lives and dies with the head
         ).remote(self.storage, namespace=cfg.namespace, slab_memory=cfg.slab_memory,
                  slab_cpus=cfg.slab_cpus, save_interval=cfg.save_interval,
-                 place_timeout=cfg.place_timeout, slab_idle=cfg.slab_idle)
+                 place_timeout=cfg.place_timeout, slab_idle=cfg.slab_idle,
+                 checkpoint_ttl=checkpoint_ttl)
         self.version = 0
         if config_text is not None:
             self.version = self.get(self.control.publish.remote(*config_text))
@@ -303,6 +305,8 @@ class ClusterSandbox(SandboxHandle):
         except _Moved:
             return _lost_turn(self.notice)
         self.turns = int(out["turns"])
+        for event in out.get("audit") or ():  # its operator tools' and egress's, in the slab
+            AUDIT.info(json.dumps({k: event.get(k) for k in AUDIT_FIELDS if k in event}))
         return result_from_wire(out["result"])
 
     def checkpoint(self) -> Any:
@@ -326,6 +330,12 @@ class ClusterSandbox(SandboxHandle):
 
     def _shutdown(self, reason: str) -> None:
         self._closed_reason = reason  # the session ends through the control actor
+
+
+AUDIT_FIELDS = ("event", "tenant", "session", "tool", "outcome", "seconds", "method", "url",
+                "decision", "rule", "reason", "status", "request_bytes", "response_bytes",
+                "count")
+"""What a slab's audit event may say (the front logs these fields and no other)."""
 
 
 def _where(entry: dict[str, Any]) -> _Where | None:
@@ -450,7 +460,7 @@ class ClusterService(Service):
 
     def backend(self) -> Backend:
         if self._backend is None:
-            self._link = _Link(self.cluster, self._config_text())
+            self._link = _Link(self.cluster, self._config_text(), self.config.checkpoint_ttl)
             self._backend = ClusterBackend(self._link)
         return self._backend
 

@@ -127,13 +127,14 @@ class Control:
 
     def __init__(self, storage: Storage, *, namespace: str, slab_memory: int,
                  slab_cpus: float, save_interval: float, place_timeout: float = 60.0,
-                 slab_idle: float = 60.0, monitor: float = 1.0) -> None:
+                 slab_idle: float = 60.0, checkpoint_ttl: float = 600.0,
+                 monitor: float = 1.0) -> None:
         import ray
         self._ray = ray
         self.storage, self.namespace = storage, namespace
         self.slab_memory, self.slab_cpus = slab_memory, slab_cpus
         self.save_interval, self.place_timeout = save_interval, place_timeout
-        self.slab_idle = slab_idle
+        self.slab_idle, self.checkpoint_ttl = slab_idle, checkpoint_ttl
         self.lock = threading.RLock()
         self.placing = threading.Lock()
         self.sessions: dict[str, _Entry] = {}
@@ -421,7 +422,17 @@ class Control:
             if slab is not None:
                 slab.used -= e.memory
                 slab.sessions.discard(sid)
-            # its checkpoints stay held (a fork or another session may restore one)
+            # its checkpoints stay held checkpoint_ttl more (another session may restore one)
+            expires = time.time() + self.checkpoint_ttl
+            orphans = [(c, h) for c, h in self.checkpoints.get(tenant, {}).items()
+                       if h["session"] == sid and h.get("expires") is None]
+            for _, h in orphans:
+                h["expires"] = expires
+        for c, h in orphans:  # said in the storage too: a restarted control actor ends them
+            with contextlib.suppress(Exception):
+                self.storage.put(checkpoint_key(tenant, c, "meta"), json.dumps(
+                    {k: h[k] for k in ("size", "turns", "session", "expires")}).encode())
+        self._expire_checkpoints()
         if slab is not None and slab.dead is None:
             with contextlib.suppress(Exception):
                 self._ray.get(slab.handle.close.remote(sid, True), timeout=30)
@@ -531,6 +542,19 @@ class Control:
         self.storage.put(checkpoint_key(tenant, cid, "meta"), json.dumps(
             {"size": size, "turns": turns, "session": session}).encode())
         return ["ok", cid]
+
+    def _expire_checkpoints(self) -> None:
+        """Drop the checkpoints whose session closed ``checkpoint_ttl`` ago (and the room
+        they held with them)."""
+        now = time.time()
+        with self.lock:
+            gone = [(t, c) for t, held in self.checkpoints.items() for c, h in held.items()
+                    if h.get("expires") is not None and h["expires"] <= now]
+            for t, c in gone:
+                del self.checkpoints[t][c]
+        for t, c in gone:
+            with contextlib.suppress(Exception):
+                self.storage.delete(checkpoint_key(t, c))
 
     def checkpoint(self, tenant: str, cid: str) -> dict[str, Any] | None:
         with self.lock:
@@ -651,6 +675,7 @@ class Control:
                 except Exception:
                     self._mark_dead(s.name, "it stopped answering")
             self._retire_empty()
+            self._expire_checkpoints()
             now = time.time()
             with self.lock:
                 ended = [(e.tenant, sid, why) for sid, e in self.sessions.items()
@@ -770,9 +795,13 @@ class Control:
                     raw = self.storage.get(checkpoint_key(tenant, cid, "meta"), 1 << 16)
                     if raw is not None:
                         meta = json.loads(raw)
+                        expires = meta.get("expires")
+                        if expires is None and str(meta["session"]) not in self.sessions:
+                            expires = time.time() + self.checkpoint_ttl  # its session is gone
                         self.checkpoints.setdefault(tenant, {})[cid] = {
                             "size": int(meta["size"]), "turns": int(meta["turns"]),
-                            "session": str(meta["session"]), "at": time.time()}
+                            "session": str(meta["session"]), "at": time.time(),
+                            "expires": float(expires) if expires is not None else None}
 
 
     def _adopt_slabs(self) -> None:

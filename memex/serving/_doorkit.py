@@ -148,30 +148,35 @@ class SlabDoors:
                 got = self._built[kit] = kit.build()
             return got
 
-    def __call__(self, wire: Any, sid: str, sandbox: Any, door: Any, fresh: bool
-                 ) -> Callable[[], None]:
+    def __call__(self, wire: Any, sid: str, sandbox: Any, door: Any, fresh: bool,
+                 audit: Callable[[dict[str, Any]], None] | None = None) -> Callable[[], None]:
         """Serve the kit ``wire`` on ``door`` (the door of ``sandbox``, session ``sid``);
         ``fresh``: the guest is new, so the tools' module is installed in it (an image
-        holds it already). What it returns stops serving them."""
+        holds it already); ``audit`` hears each call's audit event (the slab hands them to
+        the front with its turn's answer; they are logged here too). What it returns stops
+        serving them."""
+        def said(event: dict[str, Any]) -> None:
+            AUDIT.info(json.dumps(event))
+            if audit is not None:
+                audit(event)
+
         kit = DoorKit.from_wire(wire)
         tools, policy = self._build(kit)
         closers: list[Callable[[], None]] = []
         if policy is not None:
             def heard(rec: EgressRecord) -> None:
                 d = rec.to_dict()
-                AUDIT.info(json.dumps({"event": "egress", "tenant": kit.tenant, "session": sid,
-                                       **{k: d.get(k) for k in (
-                                           "method", "url", "decision", "rule", "outcome",
-                                           "reason", "status", "request_bytes",
-                                           "response_bytes")}}))
+                said({"event": "egress", "tenant": kit.tenant, "session": sid,
+                      **{k: d.get(k) for k in ("method", "url", "decision", "rule", "outcome",
+                                               "reason", "status", "request_bytes",
+                                               "response_bytes")}})
             egress = Egress(policy, label=f"{kit.tenant}/{sid}", on_record=heard)
             egress.attach(sandbox, install=False)  # a guest routes urllib to its door already
             closers.append(egress.detach)
         if tools is not None:
             def called(rec: ToolCallRecord) -> None:
-                AUDIT.info(json.dumps({"event": "tool", "tenant": kit.tenant, "session": sid,
-                                       "tool": rec.tool, "outcome": rec.outcome,
-                                       "seconds": round(rec.duration, 4)}))
+                said({"event": "tool", "tenant": kit.tenant, "session": sid, "tool": rec.tool,
+                      "outcome": rec.outcome, "seconds": round(rec.duration, 4)})
             host = ToolHost(tools, on_call=called)
             closers.append(host.close)
             host.register(door)

@@ -1,38 +1,62 @@
 """One tenant against the others on a shared `memex serve` (SECURITY.md, "The shared
 server"): a tenant that floods one session, a key rotated out while its sockets are open,
-turns sent at once. A real server on 127.0.0.1; each attack beside a positive control."""
+turns sent at once. A real server on 127.0.0.1, then a front of a real Ray cluster on
+127.0.0.1 (every attack runs on both); each attack beside a positive control."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import importlib.util
 import json
 import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx2
 import msgpack
 import pytest
-from served import Served, start_server, tenant_table
+from served import Served, cluster_toml, end_namespace, start_server, tenant_table
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from memex.backends import Client
 
+Start = Callable[..., Served]
+SMALL = {"memory": 256 << 20}  # the soak's 15 sessions fit the test cluster's one node
+
+
+@pytest.fixture(params=["one server", pytest.param("cluster", marks=[
+    pytest.mark.ray, pytest.mark.skipif(importlib.util.find_spec("ray") is None,
+                                        reason="Ray is not installed")])])
+def start(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Start]:
+    """``start(tenants, server="")``: one server, or a front of the session's Ray cluster in
+    a namespace of its own (its control actor and slabs ended with the test)."""
+    made: list[Served] = []
+    cluster = request.getfixturevalue("ray_cluster") if request.param == "cluster" else None
+
+    def start_(tenants: dict[str, str], server: str = "") -> Served:
+        if cluster is not None:
+            server += "\n" + cluster_toml(cluster, tmp_path)
+        made.append(start_server(tmp_path, tenants, server=server))
+        return made[-1]
+
+    yield start_
+    for served in made:
+        served.stop()
+    if cluster is not None:
+        end_namespace(cluster, tmp_path.name)
+
 
 @pytest.fixture
-def server(tmp_path: Any) -> Iterator[Served]:
+def server(start: Start) -> Served:
     # a's max_running is high on purpose: the session's own queue and the tenant's share of
     # threads are what must keep its flood out of the shared pool
-    served = start_server(tmp_path, {"a": "max_sessions = 50\nmax_running = 64\nqueued = 80",
-                                     "b": "max_sessions = 50"},
-                          server="threads = 16\ntenant_threads = 4")
-    yield served
-    served.stop()
+    return start({"a": "max_sessions = 50\nmax_running = 64\nqueued = 80",
+                  "b": "max_sessions = 50"}, server="threads = 16\ntenant_threads = 4")
 
 
 def test_one_tenants_flood_leaves_the_others_served(server: Served) -> None:
@@ -70,8 +94,8 @@ def test_one_tenants_flood_leaves_the_others_served(server: Served) -> None:
     a.close_session(sid)
 
 
-def test_past_its_queue_a_tenant_gets_429_not_the_server_stuck(tmp_path: Any) -> None:
-    served = start_server(tmp_path, {"a": "max_running = 1\nqueued = 4"})
+def test_past_its_queue_a_tenant_gets_429_not_the_server_stuck(start: Start) -> None:
+    served = start({"a": "max_running = 1\nqueued = 4"})
     try:
         a = Client(served.url, served.keys["a"])
         sid = a.create()["id"]
@@ -162,9 +186,8 @@ def _hwm(served: Served) -> int:
 
 
 def test_held_checkpoints_count_against_memory_and_expire_with_their_session(
-        tmp_path: Any) -> None:
-    served = start_server(tmp_path, {"a": "max_memory = 419430400"},  # 400 MiB
-                          server="checkpoint_ttl = 1")
+        start: Start) -> None:
+    served = start({"a": "max_memory = 419430400"}, server="checkpoint_ttl = 1")  # 400 MiB
     try:
         auth = {"Authorization": f"Bearer {served.keys['a']}"}
         a = Client(served.url, served.keys["a"])
@@ -205,8 +228,8 @@ def test_held_checkpoints_count_against_memory_and_expire_with_their_session(
 
 
 def test_a_file_is_refused_before_it_is_read_and_a_stream_costs_its_output(
-        tmp_path: Any) -> None:
-    served = start_server(tmp_path, {"a": ""}, server="max_body_bytes = 8388608")
+        start: Start) -> None:
+    served = start({"a": ""}, server="max_body_bytes = 8388608")
     try:
         a = Client(served.url, served.keys["a"])
         sid = a.create()["id"]
@@ -238,19 +261,19 @@ def test_a_file_is_refused_before_it_is_read_and_a_stream_costs_its_output(
 
 
 @pytest.mark.slow
-def test_a_soak_of_two_noisy_tenants_and_a_quiet_one(tmp_path: Any) -> None:
+def test_a_soak_of_two_noisy_tenants_and_a_quiet_one(start: Start) -> None:
     """Two noisy tenants flood turns (over their queues: 429s) and an unauthenticated client
     sends bodies for 60 s (``MEMEX_SOAK_SECONDS`` for a longer soak); the quiet tenant's
     every turn is answered, and the server's memory stays within 100 MiB of where it started
     (its p99 beside them: bench/serve.py)."""
-    served = start_server(tmp_path, {
+    served = start({
         "quiet": "", "n1": "max_running = 1\nqueued = 4", "n2": "max_running = 1\nqueued = 4"})
     stop = threading.Event()
     refused = {"n1": 0, "n2": 0}
 
     def noisy(name: str) -> None:
         c = Client(served.url, served.keys[name])
-        sid = c.create()["id"]
+        sid = c.create(limits=SMALL)["id"]
         while not stop.is_set():
             r = httpx2.post(f"{served.url}/v1/sessions/{sid}/run", timeout=60,
                             json={"code": "sum(i * i for i in range(100_000))"},
@@ -267,11 +290,13 @@ def test_a_soak_of_two_noisy_tenants_and_a_quiet_one(tmp_path: Any) -> None:
 
     try:
         q = Client(served.url, served.keys["quiet"])
-        sid = q.create()["id"]
+        sid = q.create(limits=SMALL)["id"]
         q.run(sid, "n = 0")
         before = _hwm(served)
         load = [threading.Thread(target=noisy, args=(n,)) for n in ("n1", "n2") for _ in
-                range(8)] + [threading.Thread(target=stranger)]  # 8 each: past their queue
+                range(7)] + [threading.Thread(target=stranger)]  # 7 each: past their queue
+        # (5 of each are in at once: max_running 1, queued 4), and 15 sessions in all: a
+        # pool's 16 sandboxes hold them
         for t in load:
             t.start()
         deadline = time.monotonic() + float(os.environ.get("MEMEX_SOAK_SECONDS", "60"))

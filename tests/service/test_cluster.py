@@ -334,6 +334,16 @@ def target() -> Iterator[str]:
     srv.server_close()
 
 
+def audit_of(front: Served) -> list[dict[str, Any]]:
+    out = []
+    for line in front.log.read_text().splitlines():
+        start = line.find("{")
+        if start >= 0:
+            with contextlib.suppress(ValueError):
+                out.append(json.loads(line[start:]))
+    return out
+
+
 FETCH = ("import urllib.request, urllib.error\n"
          "def get(u):\n    try:\n        return urllib.request.urlopen(u).read().decode()\n"
          "    except urllib.error.URLError as e:\n        return type(e).__name__\n")
@@ -373,6 +383,12 @@ def test_operator_tools_and_egress_are_served_in_the_slab(rig: ClusterRig, targe
         assert child.run(f"get('{target}/ok')").value == "'/ok'"
         child.close()
         sb.close()
+    # their audit events reach the log of the front each turn went through
+    tools = [e for e in audit_of(a) if e.get("event") == "tool" and e.get("tenant") == "ops"]
+    assert {e["tool"] for e in tools} == {"where"} and len(tools) >= 2, tools
+    egress = [(e["decision"], e["url"].rsplit("/", 1)[1]) for e in audit_of(b)
+              if e.get("event") == "egress"]
+    assert egress[:2] == [("allow", "ok"), ("deny", "secret")], egress
     for f in rig.fronts:
         listed = json.loads(get(f, "/v1/tools", rig.keys["ops"]).text)["tools"]
         assert [t["definition"]["function"]["name"] for t in listed] == ["where"]
