@@ -249,7 +249,14 @@ class ClusterSandbox(SandboxHandle):
             link.forget(self.where.slab)
         ref = link.control.recover.remote(self.sid, self.slab or None, begun) if dead else \
             link.control.lookup.remote(self.tenant, self.sid)
-        entry = link.get(ref, timeout=link.cfg.place_timeout + 30)
+        entry = link.get(ref)
+        deadline = time.monotonic() + link.cfg.place_timeout + 30
+        pause = 0.05
+        while entry is not None and entry["slab"] is None and entry.get("moving") and \
+                time.monotonic() < deadline:  # being opened elsewhere: here, not there, waits
+            time.sleep(pause)
+            pause = min(pause * 2, 0.5)
+            entry = link.get(link.control.lookup.remote(self.tenant, self.sid))
         if entry is None:
             self._closed_reason = "closed"
             raise SandboxClosed("the session ended")
@@ -616,8 +623,9 @@ class ClusterService(Service):
         return s
 
     async def listed(self, tenant: TenantConfig) -> list[Session]:
-        return [self._record(e) for e in await self.link.control.of.remote(tenant.name)
-                if e["slab"] is not None]
+        """Every session of the tenant, those being opened elsewhere too (a turn on one
+        waits for it)."""
+        return [self._record(e) for e in await self.link.control.of.remote(tenant.name)]
 
     async def observe(self) -> None:
         self.metrics.cluster(await self.cluster_stats())

@@ -22,6 +22,7 @@ actor that every front asks, and the one place where the cluster's shared facts 
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import secrets
@@ -95,7 +96,7 @@ class _Entry:
 
     def out(self) -> dict[str, Any]:
         return {"id": self.id, "tenant": self.tenant, "spec": self.spec, "slab": self.slab,
-                "failed": self.failed,
+                "failed": self.failed, "moving": self.recovering,
                 "created": self.created, "last_used": self.last_used, "parent": self.parent,
                 "turns": max(self.turns, 0), "notice": self.notice}
 
@@ -148,6 +149,8 @@ class Control:
         self.draining: set[str] = set()
         self.counts = {"lookups": 0, "turns": 0, "creates": 0, "recoveries": 0}
         self._remote_slab = ray.remote(Slab)
+        self._recoveries = concurrent.futures.ThreadPoolExecutor(
+            RECOVERY_THREADS, thread_name_prefix="memex-control-recover")
         self._load()
         threading.Thread(target=self._monitor, args=(monitor,), name="memex-control-monitor",
                          daemon=True).start()
@@ -394,8 +397,9 @@ class Control:
         return ["ok", self._out(e)]
 
     def lookup(self, tenant: str, sid: str) -> dict[str, Any] | None:
-        """The session's entry (None: no such session of this tenant). A session with no
-        slab (the cluster restarted, or its slab died) is opened on one first."""
+        """The session's entry (None: no such session of this tenant), at once. A session
+        with no slab (the cluster restarted, or its slab died) is being opened on one:
+        its entry says ``moving`` (ask again shortly), or why that ``failed``."""
         with self.lock:
             self.counts["lookups"] += 1
             e = self.sessions.get(sid)
@@ -403,7 +407,7 @@ class Control:
                 return None
             if e.slab is not None:
                 return self._out(e)
-        self._recover(sid, None)
+        self._start_recovery(sid, None)
         with self.lock:
             e = self.sessions.get(sid)
             return self._out(e) if e is not None else None
@@ -584,10 +588,24 @@ class Control:
                                                  begun - int(e.notice["from_turn"]))
         if dead is not None:
             self._mark_dead(dead, "a front could not reach it")
-        self._recover(sid, dead)
+        self._start_recovery(sid, dead)
         with self.lock:
             e = self.sessions.get(sid)
             return self._out(e) if e is not None else None
+
+    def _start_recovery(self, sid: str, dead: str | None) -> None:
+        """Open ``sid`` elsewhere in the background (once at a time per session; on the
+        recovery threads, so lookups never wait on one)."""
+        with self.lock:
+            e = self.sessions.get(sid)
+            if e is None or e.recovering or (e.slab is not None and e.slab != dead):
+                return
+            e.recovering = True
+        try:
+            self._recoveries.submit(self._recover, sid, dead, True)
+        except RuntimeError:  # shutting down
+            with self.lock:
+                e.recovering = False
 
     def _mark_dead(self, name: str, why: str) -> None:
         with self.lock:
@@ -612,22 +630,18 @@ class Control:
         with contextlib.suppress(Exception):
             self._ray.kill(slab.handle)
 
-    def _recover(self, sid: str, dead: str | None) -> None:
+    def _recover(self, sid: str, dead: str | None, claimed: bool = False) -> None:
         """Open ``sid`` on a live slab from its last save (one recovery at a time per
-        session; a session whose save cannot be read back is ended, said in its notice)."""
+        session: ``claimed`` when the caller marked it recovering; a session whose save
+        cannot be read back is kept, said in ``failed``, and tried again later)."""
         with self.lock:
             e = self.sessions.get(sid)
-            if e is None or (e.slab is not None and e.slab != dead):
+            if e is None or (e.slab is not None and e.slab != dead) or \
+                    (e.recovering and not claimed):
+                if e is not None and claimed:
+                    e.recovering = False
                 return
-            another = e.recovering
             e.recovering = True
-        if another:  # one recovery at a time: wait for it
-            for _ in range(600):
-                time.sleep(0.1)
-                with self.lock:
-                    if not e.recovering:
-                        return
-            return
         try:
             fenced = e.fence - time.monotonic()
             if fenced > 0:  # its old slab may still serve until its lease runs out
@@ -686,7 +700,7 @@ class Control:
                 orphans = [sid for sid, e in self.sessions.items()
                            if e.slab is None and not e.recovering]
             for sid in orphans:
-                self._recover(sid, None)
+                self._start_recovery(sid, None)
 
     def _retire_empty(self) -> None:
         """Give back to Ray the slabs that held no session for ``slab_idle`` seconds (the
@@ -830,6 +844,9 @@ class Control:
                         slab.used += e.memory
 
 
+RECOVERY_THREADS = 8
+"""Sessions opened elsewhere at once after their slab was lost (each waits out the lost
+slab's lease first); lookups of a moving session answer at once meanwhile."""
 CONFIG_KEY = "config/published"
 """Where the storage keeps the config last published (msgpack: version, text, kits)."""
 CONFIG_BYTES = 64 << 20

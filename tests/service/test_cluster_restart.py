@@ -10,7 +10,7 @@ import pytest
 from served import launch, tenant_table
 
 from memex import Limits, RemoteBackend
-from memex.backends import RemoteCheckpoint
+from memex.backends import Client, RemoteCheckpoint
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 pytest.importorskip("ray")
@@ -55,6 +55,8 @@ def test_every_saved_session_comes_back_after_a_whole_cluster_restart(
         cluster.shutdown()
     cluster, front = start(tmp_path / "two", s3_server, key)  # nothing of the first but S3
     try:
+        with Client(front.url, key) as client:  # listed at once, opened or not yet
+            assert [x["id"] for x in client.sessions()] == [sid]
         with RemoteBackend(url=front.url, api_key=key) as b:
             sb = b.attach(sid)
             r = sb.run("kept, open('/tmp/note.txt').read()")
