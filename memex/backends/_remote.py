@@ -474,8 +474,9 @@ class RemoteSandbox(SandboxHandle):
             if out.get("restored"):
                 self.restored = dict(out["restored"])
                 _LOG.warning("session %s was restored from its save at turn %s: %s turn(s) "
-                             "lost, /tmp files not kept (%s)", self.id,
+                             "lost, /tmp files %s (%s)", self.id,
                              self.restored.get("from_turn"), self.restored.get("lost_turns"),
+                             "kept" if self.restored.get("files_kept") else "not kept",
                              self.restored.get("reason"))
             return result_from_wire(out["result"])
 

@@ -236,14 +236,17 @@ class ClusterSandbox(SandboxHandle):
         self.limits, self.turns = limits, int(entry["turns"])
         self.door: Door = Door()
         self.notice: dict[str, Any] | None = None  # what a move of its slab lost, said once
+        self.notice_pending = False  # the door relay found it moved: a notice may wait
 
     @property
     def slab(self) -> str:
         return self.where.slab if self.where is not None else ""
 
-    def _refresh(self, dead: bool, begun: int | None = None) -> None:
+    def _refresh(self, dead: bool, begun: int | None = None, take: bool = True) -> None:
         """Ask the control actor where the session is now (after its slab said it does not
-        hold it, or could not be reached); SandboxClosed when it ended."""
+        hold it, or could not be reached); SandboxClosed when it ended. ``take``: a move's
+        notice is taken for this front's next answer (the door relay leaves it for the
+        next turn, through whichever front: :meth:`take_pending_notice`)."""
         link = self.link
         if self.where is not None:
             link.forget(self.where.slab)
@@ -265,6 +268,9 @@ class ClusterSandbox(SandboxHandle):
                               "opened again yet: "
                               f"{entry.get('failed') or 'no room in the cluster'}")
         known, self.where = self.turns, _where(entry)
+        if entry.get("notice") and not take:
+            self.notice_pending = True
+            return
         notice = link.get(link.control.take_notice.remote(self.sid)) if entry.get("notice") \
             else None
         if notice is not None:  # it moved: its count is its save's, and what this front saw
@@ -274,6 +280,19 @@ class ClusterSandbox(SandboxHandle):
             self.notice = notice
         else:
             self.turns = max(self.turns, int(entry["turns"]))
+
+    def take_pending_notice(self) -> None:
+        """Before a turn: the notice of a move the door relay found, unless a turn through
+        another front said it already."""
+        if not self.notice_pending:
+            return
+        self.notice_pending = False
+        notice = self.link.get(self.link.control.take_notice.remote(self.sid))
+        if notice is not None:
+            notice["lost_turns"] = max(int(notice["lost_turns"]),
+                                       self.turns - int(notice["from_turn"]))
+            self.turns = int(notice["from_turn"])
+            self.notice = notice
 
     def _do(self, method: str, *args: Any, timeout: float = 300.0) -> Any:
         """``method`` on the session's slab, following the session when it moved. A call
@@ -422,8 +441,8 @@ class RelayDoor(Door):
             if slab_token is not None:  # let go of this connection there: a call routed to
                 with contextlib.suppress(Exception):  # it fails now, not at its deadline
                     link.slab(slab).door_detach.remote(sb.sid, slab_token)
-            try:  # where is it now?
-                await anyio.to_thread.run_sync(sb._refresh, False)
+            try:  # where is it now? (a move's notice is left for the next turn's answer)
+                await anyio.to_thread.run_sync(sb._refresh, False, None, False)
             except SandboxClosed:
                 return
             except Exception:
@@ -687,6 +706,8 @@ class ClusterService(Service):
                     await anyio.to_thread.run_sync(sb._refresh, False)
                 if notice:
                     s.notice = notice
+            if sb.notice_pending:
+                await anyio.to_thread.run_sync(sb.take_pending_notice)
             self._running[s.id] = self._running.get(s.id, 0) + 1
             self._active[s.id] = s
             try:

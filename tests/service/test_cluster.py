@@ -507,7 +507,9 @@ def lose_machine(rig: ClusterRig, node: Any) -> None:
             w.kill()
 
 
-def test_a_killed_node_s_sessions_resume_elsewhere_flagged(rig: ClusterRig) -> None:
+def test_a_killed_node_s_sessions_resume_elsewhere_flagged(rig: ClusterRig,
+                                                          caplog: pytest.LogCaptureFixture
+                                                          ) -> None:
     """A worker node dies with a session on it: the session comes back on the other node
     from its last save, its next answer says what was restored, and the client's tools
     still answer its guest (the door follows the session), as do the operator's (now run
@@ -538,7 +540,9 @@ def test_a_killed_node_s_sessions_resume_elsewhere_flagged(rig: ClusterRig) -> N
                 seen += 1  # answered by the old slab, before the move
             time.sleep(0.05)
         notice = other.restored
-        assert notice is not None and notice["files_kept"], notice
+        assert notice is not None and notice["files_kept"], (notice, seen, r)
+        assert f"session {sb.id} was restored" in caplog.text  # said to the client's log,
+        assert "/tmp files kept" in caplog.text  # as it was
         assert notice["from_turn"] + notice["lost_turns"] == seen + (0 if r.ok else 1), \
             (notice, seen, r)
         assert other.run("kept").value == "42"  # the state of its last save
@@ -548,4 +552,36 @@ def test_a_killed_node_s_sessions_resume_elsewhere_flagged(rig: ClusterRig) -> N
         assert after.startswith("memex-slab-") and after != before
         stats = cluster_stats(b, METRICS_KEY)
         assert node not in {s["node"] for s in stats["slabs"].values()}, stats
+        sb.close()
+
+
+def test_a_move_the_door_relay_found_is_said_to_the_next_turn_through_any_front(
+        rig: ClusterRig) -> None:
+    """Front a holds the client's door, front b runs its turns: the node dies, a's door
+    relay finds the session's new slab first, and b's next answer still says what the move
+    lost (a relay that took the notice for itself left b's client without it)."""
+    a, b = rig.fronts
+    door = Door()
+    door.register("twice", lambda x: 2 * x)
+    with backend(a, rig.keys["ops"]) as ba, backend(b, rig.keys["ops"]) as bb:
+        sb = ba.open(limits=Limits(memory=256 << 20, timeout=20), door=door)
+        assert sb.run("kept = 7").ok
+        other = bb.attach(sb.id)  # b knows the slab that will die
+        assert other.run("kept").value == "7"
+        node = node_of(a)
+        victim = next(n for n in rig.nodes if n.node_id == node)
+        lose_machine(rig, victim)
+        rig.nodes.remove(victim)
+        rig.nodes.append(rig.cluster.add_node(**NODE))
+        deadline = time.monotonic() + 60  # a's relay follows the move (b sends nothing)
+        while time.monotonic() < deadline and not any(
+                x["sessions"] == 1 and x["node"] != node
+                for x in cluster_stats(a, METRICS_KEY)["slabs"].values()):
+            time.sleep(0.2)
+        time.sleep(2.0)  # its relay has found it (it asks every 0.25 s once it moved)
+        r = other.run("kept")
+        assert r.value == "7", r
+        assert other.restored is not None and other.restored["from_turn"] == 2, \
+            other.restored
+        assert sb.run("kept").value == "7" and sb.restored is None  # said once
         sb.close()
