@@ -10,6 +10,9 @@
 #   ./build.sh quick    the developers' fast lane: ruff, mypy --strict and the tests not
 #                       marked slow, local_llm or ray (a few minutes; no model needed)
 #   ./build.sh bench    the above, then bench/runtime.py
+#   ./build.sh lock     write constraints.txt from the venv (after MEMEX_UNLOCKED=1
+#                       ./build.sh test has installed the newest versions the ranges allow
+#                       and they passed: docs/dependencies.md)
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -20,8 +23,11 @@ VENV=${MEMEX_VENV:-.venv}
 # banner on every editable install (it warns that a folder named like the package could
 # shadow it: this project's is the package), and a warning per package for each extra index
 # location that this machine's pip configuration names but that does not exist.
+# Every install within constraints.txt (the versions CI tests), unless MEMEX_UNLOCKED=1.
+CONSTRAINTS="$PWD/constraints.txt"
+[ "${MEMEX_UNLOCKED:-0}" = 1 ] && CONSTRAINTS=""
 pip_install() {
-    PYTHONWARNINGS="ignore:Editable installation" \
+    env ${CONSTRAINTS:+PIP_CONSTRAINT="$CONSTRAINTS"} PYTHONWARNINGS="ignore:Editable installation" \
         "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$@" \
         2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
 }
@@ -85,9 +91,10 @@ setup_local_model() {
     if [ -z "${CMAKE_ARGS:-}" ] && [ "$(uname -m)" = x86_64 ] && llama_uses_amx; then
         echo "build.sh: rebuilding llama.cpp with AMX off (a build from pip's cache uses it)" >&2
         local pin
-        pin=$(grep -o 'llama-cpp-python\[server\]==[0-9.]*' pyproject.toml)
+        pin=llama-cpp-python==$("$VENV/bin/python" -c \
+            "import importlib.metadata as m; print(m.version('llama-cpp-python'))")
         CMAKE_ARGS="$args" with_heartbeat "rebuilding llama.cpp" \
-            pip_install --no-cache-dir --force-reinstall --no-deps "${pin/\[server\]/}"
+            pip_install --no-cache-dir --force-reinstall --no-deps "$pin"
     fi
     "$VENV/bin/memex" model fetch "$@" >/dev/null
 }
@@ -136,8 +143,20 @@ case "${1:-setup}" in
         MEMEX_FUZZ_EXAMPLES="${MEMEX_FUZZ_EXAMPLES:-20000}" \
             "$VENV/bin/python" -m pytest -q tests/security/test_fuzz.py "${@:2}"
         ;;
+    lock)
+        {
+            echo "# The versions CI tests: build.sh installs every extra within these."
+            echo "# Written by ./build.sh lock from a venv whose tests passed"
+            echo "# (docs/dependencies.md); tests/test_dependencies.py checks it."
+            # not setuptools: older pips hand PIP_CONSTRAINT to the isolated environments they
+            # builds packages in, which need their own (pyproject's build-system)
+            "$VENV/bin/python" -m pip freeze --all --exclude-editable --disable-pip-version-check \
+                | grep -v -i -E '^(setuptools|wheel)==' | LC_ALL=C sort -f
+        } > constraints.txt
+        echo "build.sh: wrote constraints.txt ($(grep -c '==' constraints.txt) packages)" >&2
+        ;;
     *)
-        echo "usage: ./build.sh [setup|demo|tour|test|quick|bench|fuzz]" >&2
+        echo "usage: ./build.sh [setup|demo|tour|test|quick|bench|fuzz|lock]" >&2
         exit 2
         ;;
 esac
