@@ -406,14 +406,6 @@ def memex(*args: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=180)
 
 
-def node_of(front: Served, live: int = 1) -> str:
-    """The node of the one slab that holds ``live`` sessions (the test's own)."""
-    stats = cluster_stats(front, METRICS_KEY)
-    found = {s["node"] for s in stats["slabs"].values() if s["sessions"] == live}
-    assert len(found) == 1, stats
-    return str(found.pop())
-
-
 def test_check_reads_a_cluster_config_and_its_storage(rig: ClusterRig) -> None:
     out = memex("serve", "--check", "--config", str(rig.fronts[0].config))
     assert out.returncode == 0, out.stdout + out.stderr
@@ -433,17 +425,21 @@ def test_a_drained_node_hands_its_sessions_over_seamlessly(rig: ClusterRig) -> N
     a, b = rig.fronts
     door = Door()
     door.register("twice", lambda x: 2 * x)
-    with backend(a, rig.keys["a"]) as ba, backend(b, rig.keys["a"]) as bb:
+    def slab(s: Any) -> str:  # the slab holding it (the tenant ops's tool says)
+        return str(ast.literal_eval(s.run("where()").value or "")[0])
+
+    with backend(a, rig.keys["ops"]) as ba, backend(b, rig.keys["ops"]) as bb:
         sb = ba.open(limits=Limits(memory=256 << 20, timeout=20), door=door)
         sb.run("kept = 21\nopen('/tmp/f', 'w').write('file')")
-        node = node_of(a)
+        node = node_of_slab(a, slab(sb))  # (its slab may hold earlier tests' sessions too)
         out = memex("serve", "--drain", node, "--config", str(a.config))
-        assert out.returncode == 0 and "1 session(s) moved" in out.stdout, out.stdout
+        moved = re.search(r"(\d+) session\(s\) moved", out.stdout)
+        assert out.returncode == 0 and moved and int(moved[1]) >= 1, out.stdout
         other = bb.attach(sb.id)
         r = other.run("from memex_guest import call\ncall('twice', kept), open('/tmp/f').read()")
         assert r.value == "(42, 'file')", r
         assert other.restored is None and sb.restored is None  # nothing lost, nothing said
-        assert node_of(a) != node
+        assert node_of_slab(a, slab(other)) != node
         fresh = bb.open(limits=Limits(memory=256 << 20, timeout=20))
         fresh.run("1")
         stats = cluster_stats(a, METRICS_KEY)
@@ -507,6 +503,21 @@ def lose_machine(rig: ClusterRig, node: Any) -> None:
             w.kill()
 
 
+def node_of_slab(front: Served, slab: str) -> str:
+    """The node of the slab named ``slab`` (an operator tool's ``where()`` says which holds
+    a session)."""
+    return str(cluster_stats(front, METRICS_KEY)["slabs"][slab]["node"])
+
+
+def replace_node(rig: ClusterRig, node_id: str) -> None:
+    """The worker node ``node_id`` dies as a machine does; a fresh one joins (room for its
+    sessions elsewhere)."""
+    victim = next(n for n in rig.nodes if n.node_id == node_id)
+    lose_machine(rig, victim)
+    rig.nodes.remove(victim)
+    rig.nodes.append(rig.cluster.add_node(**NODE))
+
+
 def test_a_killed_node_s_sessions_resume_elsewhere_flagged(rig: ClusterRig,
                                                           caplog: pytest.LogCaptureFixture
                                                           ) -> None:
@@ -521,13 +532,8 @@ def test_a_killed_node_s_sessions_resume_elsewhere_flagged(rig: ClusterRig,
         sb = ba.open(limits=Limits(memory=256 << 20, timeout=20), door=door)
         assert sb.run("from memex_guest import call\nkept = call('twice', 21)").ok
         before = ast.literal_eval(sb.run("where()").value or "")[0]
-        stats = cluster_stats(a, METRICS_KEY)
-        node = next(s["node"] for s in stats["slabs"].values() if s["sessions"] > 0
-                    and s["node"] in {n.node_id for n in rig.nodes})
-        victim = next(n for n in rig.nodes if n.node_id == node)
-        lose_machine(rig, victim)
-        rig.nodes.remove(victim)
-        rig.nodes.append(rig.cluster.add_node(**NODE))  # room for it elsewhere
+        node = node_of_slab(a, before)  # its own slab (others may hold earlier tests')
+        replace_node(rig, node)
         other = bb.attach(sb.id)
         # until its lease runs out the dying node's slab may still answer (its process can
         # outlive the node for a moment); then the session moves, and the first answer after
@@ -568,12 +574,9 @@ def test_a_move_the_door_relay_found_is_said_to_the_next_turn_through_any_front(
         assert sb.run("kept = 7").ok
         other = bb.attach(sb.id)  # b knows the slab that will die
         assert other.run("kept").value == "7"
-        node = node_of(a)
+        node = node_of_slab(a, ast.literal_eval(sb.run("where()").value or "")[0])
         held = sum(x["sessions"] for x in cluster_stats(a, METRICS_KEY)["slabs"].values())
-        victim = next(n for n in rig.nodes if n.node_id == node)
-        lose_machine(rig, victim)
-        rig.nodes.remove(victim)
-        rig.nodes.append(rig.cluster.add_node(**NODE))
+        replace_node(rig, node)
         deadline = time.monotonic() + 60  # a's relay follows the move (b sends nothing)
         while time.monotonic() < deadline and sum(
                 x["sessions"] for x in cluster_stats(a, METRICS_KEY)["slabs"].values()
@@ -583,7 +586,7 @@ def test_a_move_the_door_relay_found_is_said_to_the_next_turn_through_any_front(
         time.sleep(2.0)  # its relay has found it (it asks every 0.25 s once it moved)
         r = other.run("kept")
         assert r.value == "7", r
-        assert other.restored is not None and other.restored["from_turn"] == 2, \
+        assert other.restored is not None and other.restored["from_turn"] == 3, \
             other.restored
         assert sb.run("kept").value == "7" and sb.restored is None  # said once
         sb.close()
