@@ -273,11 +273,8 @@ class ClusterSandbox(SandboxHandle):
             return
         notice = link.get(link.control.take_notice.remote(self.sid)) if entry.get("notice") \
             else None
-        if notice is not None:  # it moved: its count is its save's, and what this front saw
-            self.turns = int(entry["turns"])  # after that save is lost too
-            notice["lost_turns"] = max(int(notice["lost_turns"]),
-                                       known - int(notice["from_turn"]))
-            self.notice = notice
+        if notice is not None:
+            self._moved(notice, known)
         else:
             self.turns = max(self.turns, int(entry["turns"]))
 
@@ -289,10 +286,14 @@ class ClusterSandbox(SandboxHandle):
         self.notice_pending = False
         notice = self.link.get(self.link.control.take_notice.remote(self.sid))
         if notice is not None:
-            notice["lost_turns"] = max(int(notice["lost_turns"]),
-                                       self.turns - int(notice["from_turn"]))
-            self.turns = int(notice["from_turn"])
-            self.notice = notice
+            self._moved(notice, self.turns)
+
+    def _moved(self, notice: dict[str, Any], known: int) -> None:
+        """It moved: its count is its save's, and the turns this front saw (``known``)
+        after that save are lost too."""
+        notice["lost_turns"] = max(int(notice["lost_turns"]), known - int(notice["from_turn"]))
+        self.turns = int(notice["from_turn"])
+        self.notice = notice
 
     def _do(self, method: str, *args: Any, timeout: float = 300.0) -> Any:
         """``method`` on the session's slab, following the session when it moved. A call

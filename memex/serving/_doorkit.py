@@ -128,11 +128,13 @@ def _read(where: str, path: Path) -> bytes:
 
 class SlabDoors:
     """Serves tenants' kits on the doors of a slab's sessions (what the control actor gives a
-    slab, so the runtime layer it lives in needs no tools of its own). One build per kit per
-    process; one tool host and one egress per door (a fork shares its parent's)."""
+    slab, so the runtime layer it lives in needs no tools of its own). One build of each
+    tenant's newest kit per process (a config that changes often does not pile up builds);
+    one tool host and one egress per door (a fork shares its parent's)."""
 
     def __init__(self) -> None:
-        self._built: dict[DoorKit, tuple[ToolSet | None, EgressPolicy | None]] = {}
+        # each tenant's newest kit, built (an older kit's sessions keep what they were given)
+        self._built: dict[str, tuple[DoorKit, tuple[ToolSet | None, EgressPolicy | None]]] = {}
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -143,10 +145,10 @@ class SlabDoors:
 
     def _build(self, kit: DoorKit) -> tuple[ToolSet | None, EgressPolicy | None]:
         with self._lock:
-            got = self._built.get(kit)
-            if got is None:
-                got = self._built[kit] = kit.build()
-            return got
+            held = self._built.get(kit.tenant)
+            if held is None or held[0] != kit:
+                held = self._built[kit.tenant] = (kit, kit.build())
+            return held[1]
 
     def __call__(self, wire: Any, sid: str, sandbox: Any, door: Any, fresh: bool,
                  audit: Callable[[dict[str, Any]], None] | None = None) -> Callable[[], None]:
