@@ -147,6 +147,7 @@ class Control:
         self.config_text: tuple[int, str] | None = None
         self.kits: dict[str, dict[str, Any]] = {}  # tenant -> its DoorKit's wire
         self.draining: set[str] = set()
+        self.suspect: dict[str, float] = {}  # node -> when a slab of it was lost (monotonic)
         self.counts = {"lookups": 0, "turns": 0, "creates": 0, "recoveries": 0}
         self._remote_slab = ray.remote(Slab)
         self._recoveries = concurrent.futures.ThreadPoolExecutor(
@@ -214,11 +215,12 @@ class Control:
         if memory > self.slab_memory:
             raise ControlRefusal("quota", f"a session of {memory} bytes is larger than the "
                                  f"cluster's slab ({self.slab_memory} bytes)")
-        def fitting() -> _SlabInfo | None:
+        def fitting(suspect_too: bool) -> _SlabInfo | None:
             with self.lock:
                 shun = self.slabs[avoid].node if avoid in self.slabs else None  # its node
                 fits = [s for s in self.slabs.values() if s.dead is None and s.name != avoid
                         and s.node != shun and s.node not in self.draining
+                        and (suspect_too or s.node not in self.suspect)
                         and s.capacity - s.used >= memory]
                 if not fits:
                     return None
@@ -226,17 +228,38 @@ class Control:
                 best.used += memory
                 return best
 
-        found = fitting()
+        found = fitting(False)
         if found is not None:
             return found
         with self.placing:  # one slab made at a time: racing creates fill it, not make more
-            found = fitting()
+            found = fitting(False)
+            if found is None and not self._healthy_nodes():  # a slab of a suspect node, then
+                found = fitting(True)
             if found is not None:
                 return found
             info = self._new_slab()
             with self.lock:
                 info.used += memory
             return info
+
+    def _slab_nodes(self) -> set[str]:
+        """The live nodes Ray says could hold a slab at all (not the head)."""
+        return {n["NodeID"] for n in self._ray.nodes() if n.get("Alive")
+                and n.get("Resources", {}).get("CPU", 0) >= self.slab_cpus
+                and n.get("Resources", {}).get("memory", 0) >= self.slab_memory}
+
+    def _shunned(self, live: set[str]) -> set[str]:
+        """The live nodes no new slab goes to while others can take it: draining ones, and
+        those that just lost a slab (Ray notices a dead machine only after missed heartbeats,
+        and a slab placed on it would never start, the sessions waiting on it with it)."""
+        now = time.monotonic()
+        with self.lock:
+            self.suspect = {n: t for n, t in self.suspect.items() if now - t < SUSPECT_FOR}
+            return (self.draining | self.suspect.keys()) & live
+
+    def _healthy_nodes(self) -> set[str]:
+        live = self._slab_nodes()
+        return live - self._shunned(live)
 
     def _new_slab(self) -> _SlabInfo:
         """A new slab where Ray places it; one that dies as it starts (placed on a node
@@ -256,20 +279,11 @@ class Control:
             "name": name, "namespace": self.namespace, "lifetime": "detached",
             "num_cpus": self.slab_cpus, "memory": self.slab_memory, "max_concurrency": 64,
             "max_restarts": 0}
-        with self.lock:  # the live nodes that could hold a slab at all (not the head)
-            live_nodes = {n["NodeID"] for n in ray.nodes() if n.get("Alive")
-                          and n.get("Resources", {}).get("CPU", 0) >= self.slab_cpus
-                          and n.get("Resources", {}).get("memory", 0) >= self.slab_memory}
-            allowed = live_nodes - self.draining
-        if self.draining and allowed:
-            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-            # a draining node takes no new slab: the least loaded other node does
-            load = {n: sum(s.used for s in self.slabs.values()
-                           if s.node == n and s.dead is None) for n in allowed}
-            opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
-                min(allowed, key=lambda n: load[n]), soft=False)
-        else:
-            opts["scheduling_strategy"] = "SPREAD"
+        live = self._slab_nodes()
+        shunned = self._shunned(live)
+        if shunned and live - shunned:
+            opts["label_selector"] = {NODE_LABEL: f"!in({','.join(sorted(shunned))})"}
+        opts["scheduling_strategy"] = "SPREAD"
         handle = self._remote_slab.options(**opts).remote(name, self.storage,
                                                            self.save_interval, SlabDoors())
         try:
@@ -621,6 +635,7 @@ class Control:
         fence = slab.last_ok + SLAB_LEASE + 0.25
         with self.lock:
             slab.dead = why
+            self.suspect[slab.node] = time.monotonic()
             for sid in slab.sessions:
                 e = self.sessions.get(sid)
                 if e is not None and e.slab == name:
@@ -843,6 +858,13 @@ class Control:
                         slab.sessions.add(sid)
                         slab.used += e.memory
 
+
+NODE_LABEL = "ray.io/node-id"
+"""The label Ray gives every node: new slabs are kept off draining and suspect nodes by it."""
+
+SUSPECT_FOR = 60.0
+"""Seconds a node that lost a slab takes no new one while other nodes can (Ray marks a dead
+machine dead only after missed heartbeats; a slab that died alone clears it this soon)."""
 
 RECOVERY_THREADS = 8
 """Sessions opened elsewhere at once after their slab was lost (each waits out the lost
