@@ -582,7 +582,8 @@ def test_a_move_the_door_relay_found_is_said_to_the_next_turn_through_any_front(
                 x["sessions"] for x in cluster_stats(a, METRICS_KEY)["slabs"].values()
                 if x["node"] != node) < held:  # every session open again (others' too)
             time.sleep(0.2)
-        assert time.monotonic() < deadline, "the session was not opened again elsewhere"
+        assert time.monotonic() < deadline, ("the session was not opened again elsewhere",
+                                             node, cluster_stats(a, METRICS_KEY))
         time.sleep(2.0)  # its relay has found it (it asks every 0.25 s once it moved)
         r = other.run("kept")
         assert r.value == "7", r
