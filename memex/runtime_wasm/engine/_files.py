@@ -24,6 +24,7 @@ __all__ = [
     "bootstrap_source",
     "bundle_dir",
     "driver_source",
+    "materialize",
     "mpl_data_dir",
     "stdlib_dir",
 ]
@@ -33,7 +34,7 @@ GUEST_BUNDLE = "/memex"
 _GUEST_SRC = Path(__file__).resolve().parent.parent / "guest"
 
 
-def _materialize(final: Path, build: Callable[[Path], None]) -> Path:
+def materialize(final: Path, build: Callable[[Path], None]) -> Path:
     """Build a directory once per machine: under a lock, into a temporary sibling, renamed."""
     if final.is_dir():
         return final
@@ -63,7 +64,7 @@ def stdlib_dir(arts: Artifacts) -> Path:
         except OSError:
             shutil.copyfile(arts.stdlib_zip, dest)
 
-    return _materialize(cache_dir() / "stdlib" / arts.stdlib_sha256[:24], build)
+    return materialize(cache_dir() / "stdlib" / arts.stdlib_sha256[:24], build)
 
 
 @functools.lru_cache(maxsize=8)
@@ -88,7 +89,7 @@ def mpl_data_dir(arts: Artifacts) -> Path | None:
                 inner.extract(member, tmp)
         inner_path.unlink()
 
-    d = _materialize(cache_dir() / "mpl-data" / arts.stdlib_sha256[:24], build)
+    d = materialize(cache_dir() / "mpl-data" / arts.stdlib_sha256[:24], build)
     return d if any(d.iterdir()) else None
 
 
@@ -119,7 +120,7 @@ def bundle_dir() -> Path:
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, dest)
 
-    return _materialize(cache_dir() / "bundle" / h.hexdigest()[:24], build)
+    return materialize(cache_dir() / "bundle" / h.hexdigest()[:24], build)
 
 
 @functools.lru_cache(maxsize=1)
@@ -131,9 +132,11 @@ def bootstrap_source() -> str:
     """The first cell of a fresh guest: puts the bundle on ``sys.path`` and starts the driver."""
     driver = driver_source()
     return (
-        "import sys as _s\n"
+        "import sys as _s, os as _o\n"
         f"_s.path.append({GUEST_BUNDLE + '/site'!r})\n"
-        "del _s\n"
+        f"if _o.path.isdir({GUEST_BUNDLE + '/packages'!r}):\n"  # its packages, after the bundle
+        f"    _s.path.append({GUEST_BUNDLE + '/packages'!r})\n"
+        "del _s, _o\n"
         f"exec(compile({driver!r}, '<memex-driver>', 'exec'), "
         "{'__name__': 'memex_driver', '__file__': '<memex-driver>'})\n"
     )

@@ -1,0 +1,103 @@
+"""A package index on 127.0.0.1 (PEP 503 simple pages, with each file's sha256) serving
+wheels the tests build: what pip fetches guest packages from in the tests."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import http.server
+import threading
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from packaging.utils import canonicalize_name
+
+
+def build_wheel(folder: Path, name: str, version: str, files: dict[str, str | bytes],
+                requires: tuple[str, ...] = (), tag: str = "py3-none-any") -> Path:
+    """A wheel of ``files`` (path -> content) with its metadata and RECORD."""
+    dist = name.replace("-", "_")
+    info = f"{dist}-{version}.dist-info"
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(
+        f"Requires-Dist: {r}\n" for r in requires)
+    body: dict[str, bytes] = {k: v.encode() if isinstance(v, str) else v
+                              for k, v in files.items()}
+    body[f"{info}/METADATA"] = meta.encode()
+    body[f"{info}/WHEEL"] = (f"Wheel-Version: 1.0\nGenerator: memex-tests\n"
+                             f"Root-Is-Purelib: {str(tag.endswith('any')).lower()}\n"
+                             f"Tag: {tag}\n").encode()
+    record = []
+    for path, data in body.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+        record.append(f"{path},sha256={digest.decode()},{len(data)}")
+    record.append(f"{info}/RECORD,,")
+    body[f"{info}/RECORD"] = ("\n".join(record) + "\n").encode()
+    out = folder / f"{dist}-{version}-{tag}.whl"
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
+        for path, data in body.items():
+            z.writestr(path, data)
+    return out
+
+
+class PackageIndex:
+    """Serves every wheel in ``folder`` at ``url`` (``/simple/<name>/``)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.requests: list[str] = []
+        index = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                index.requests.append(self.path)
+                parts = [p for p in self.path.split("?")[0].split("/") if p]
+                if len(parts) == 2 and parts[0] == "simple":
+                    links = []
+                    for f in sorted(index.folder.glob("*.whl")):
+                        if canonicalize_name(f.name.split("-")[0]) == canonicalize_name(
+                                parts[1]):
+                            sha = hashlib.sha256(f.read_bytes()).hexdigest()
+                            links.append(f'<a href="/files/{f.name}#sha256={sha}">{f.name}</a>')
+                    if not links:
+                        return self._send(404, b"not found", "text/plain")
+                    page = "<!DOCTYPE html><html><body>" + "".join(links) + "</body></html>"
+                    return self._send(200, page.encode(), "text/html")
+                if len(parts) == 2 and parts[0] == "files":
+                    f = index.folder / parts[1]
+                    if f.is_file() and f.parent == index.folder:
+                        return self._send(200, f.read_bytes(), "application/octet-stream")
+                self._send(404, b"not found", "text/plain")
+
+            def _send(self, status: int, body: bytes, kind: str) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/simple"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def fetched(self) -> list[str]:
+        """The wheel files pip downloaded so far."""
+        return [p.rsplit("/", 1)[1] for p in self.requests if p.startswith("/files/")]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@contextmanager
+def package_index(folder: Path) -> Iterator[PackageIndex]:
+    index = PackageIndex(folder)
+    try:
+        yield index
+    finally:
+        index.close()

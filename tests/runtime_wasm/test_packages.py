@@ -1,0 +1,142 @@
+"""Packages in the guest: pure-Python wheels from a package index on 127.0.0.1 (wheels the
+tests build), resolved by pip for the guest, cached once, mounted read-only on sys.path."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from memex.errors import ConfigError, PackageError
+from memex.runtime_wasm import Limits, PackageSet, Sandbox, resolve_packages
+from memex.runtime_wasm.engine._engine import load_module
+from tests.package_index import PackageIndex, build_wheel, package_index
+
+DEMO = """from memexdep import VALUE
+import numpy
+def hello():
+    return f"hi {VALUE} numpy {numpy.__version__}"
+"""
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PackageIndex]:
+    w = tmp_path_factory.mktemp("wheels")
+    build_wheel(w, "memexdemo", "1.0", {"memexdemo/__init__.py": DEMO},
+                requires=("memexdep>=1.1", "numpy>=2"))
+    for v in ("1.0", "1.2"):
+        build_wheel(w, "memexdep", v, {"memexdep.py": f"VALUE = {v!r}\n"})
+    build_wheel(w, "memexnative", "1.0", {"memexnative.py": ""},
+                tag="cp315-cp315-linux_x86_64")
+    build_wheel(w, "memexsneaky", "1.0", {"memexsneaky/__init__.py": "",
+                                          "memexsneaky/_fast.cpython-315-wasm32-wasi.so": b"\0"})
+    build_wheel(w, "memexoldnp", "1.0", {"memexoldnp.py": ""}, requires=("numpy<2",))
+    build_wheel(w, "memexescape", "1.0", {"../escaped.py": "x = 1\n"})
+    with package_index(w) as idx:
+        yield idx
+
+
+@pytest.fixture(scope="module")
+def arts():  # type: ignore[no-untyped-def]
+    return load_module("plain").artifacts
+
+
+def test_a_package_and_its_dependency_run_in_the_guest(index: PackageIndex, arts: object,
+                                                       tmp_path: Path) -> None:
+    """memexdemo needs memexdep>=1.1 (1.2 is taken, 1.0 passed over) and numpy>=2, which the
+    guest bundles: numpy is neither fetched nor shadowed, and the guest imports both."""
+    got = resolve_packages(["memexdemo"], arts, index_url=index.url,  # type: ignore[arg-type]
+                           cache=tmp_path)
+    assert sorted(got.pins) == ["memexdemo==1.0", "memexdep==1.2"]
+    assert not any("numpy" in f for f in index.fetched()), index.fetched()
+    with Sandbox(packages=got, limits=Limits(timeout=30)) as sb:
+        r = sb.run("import memexdemo, numpy, sys\nmemexdemo.hello(), numpy.__file__")
+        assert r.ok, r
+        assert "hi 1.2 numpy 2." in str(r.value)
+        assert "/memex/packages" not in str(r.value)  # the bundled numpy, not a copy
+        assert sb.run("sys.path[-1]").value == "'/memex/packages'"  # after the bundle
+        w = sb.run("open('/memex/packages/memexdep.py', 'a').write('x')")
+        assert w.exception is not None and w.exception.type in ("PermissionError", "OSError"), w
+        child = sb.fork()  # a fork sees the same packages
+        assert child.run("import memexdep; memexdep.VALUE").value == "'1.2'"
+        child.close()
+    with Sandbox(limits=Limits(timeout=30)) as plain:  # the positive control: none without
+        r = plain.run("import memexdemo")
+        assert r.exception is not None and r.exception.type == "ModuleNotFoundError"
+
+
+def test_a_cached_set_is_used_without_the_index(index: PackageIndex, arts: object,
+                                               tmp_path: Path) -> None:
+    """Pinned requirements resolved once come from the cache: pip is not run again (the
+    index sees no request), and the set is the same folder."""
+    first = resolve_packages(["memexdep==1.0"], arts, index_url=index.url,  # type: ignore[arg-type]
+                             cache=tmp_path)
+    seen = len(index.requests)
+    again = resolve_packages(["memexdep==1.0"], arts, index_url=index.url,  # type: ignore[arg-type]
+                             cache=tmp_path)
+    assert len(index.requests) == seen
+    assert again.root == first.root and again.id == first.id
+    assert first.pins == ("memexdep==1.0",)
+    assert not os.access(first.root / "memexdep.py", os.W_OK) or os.geteuid() == 0
+
+
+@pytest.mark.parametrize("req, says", [
+    ("memexnative", "no wheel of memexnative runs in the guest"),
+    ("memexsneaky", "holds native code (memexsneaky/_fast"),
+    ("memexoldnp", "cannot be resolved for the guest alongside its bundled"),
+    ("memexescape", "a path outside the package"),
+    ("numpy<2", "the guest bundles numpy"),
+])
+def test_what_cannot_run_in_the_guest_is_refused_by_name(index: PackageIndex, arts: object,
+                                                         tmp_path: Path, req: str,
+                                                         says: str) -> None:
+    with pytest.raises(PackageError) as err:
+        resolve_packages([req], arts, index_url=index.url, cache=tmp_path)  # type: ignore[arg-type]
+    assert says in str(err.value), err.value
+    assert not list((tmp_path / "packages" / "sets").glob("*")) if (
+        tmp_path / "packages" / "sets").exists() else True
+
+
+@pytest.mark.parametrize("req", [
+    "memexdep @ http://127.0.0.1:9/memexdep.whl", "--index-url=http://127.0.0.1:9/",
+    "-r requirements.txt", "not a requirement!", "",
+])
+def test_a_requirement_is_a_name_and_a_version_only(arts: object, tmp_path: Path,
+                                                    req: str) -> None:
+    """A URL or a pip option would make the host fetch from anywhere: refused before pip."""
+    with pytest.raises(ConfigError):
+        resolve_packages([req], arts, cache=tmp_path)  # type: ignore[arg-type]
+
+
+def test_a_bundled_package_asked_for_is_met_by_the_bundle(arts: object, tmp_path: Path
+                                                          ) -> None:
+    got = resolve_packages(["numpy>=2", "pandas"], arts, cache=tmp_path)  # type: ignore[arg-type]
+    assert got.wheels == () and set(got.bundled) == {"numpy>=2", "pandas"}
+
+
+def test_packages_count_against_the_disk_cap(index: PackageIndex, arts: object,
+                                             tmp_path: Path) -> None:
+    got = resolve_packages(["memexdep==1.2"], arts, index_url=index.url,  # type: ignore[arg-type]
+                           cache=tmp_path)
+    with pytest.raises(ConfigError, match="more than Limits.disk_bytes"):
+        Sandbox(packages=got, limits=Limits(disk_bytes=got.size - 1))
+    with Sandbox(packages=got, limits=Limits(disk_bytes=got.size + 4096, timeout=30)) as sb:
+        small = sb.run("with open('/tmp/f', 'wb') as f: f.write(b'x' * 1024)")
+        assert small.ok and small.disk_bytes >= got.size + 1024, small  # the set is counted
+        r = sb.run("with open('/tmp/g', 'wb') as f: f.write(b'x' * 8192)")  # past the rest
+        assert r.exception is not None and r.exception.type == "OSError", r
+
+
+def test_a_saved_session_comes_back_with_its_packages(index: PackageIndex, arts: object,
+                                                      tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PIP_INDEX_URL", index.url)
+    with Sandbox(packages=["memexdep==1.2"], limits=Limits(timeout=30)) as sb:
+        assert isinstance(sb.packages, PackageSet)
+        sb.run("import memexdep\nkept = memexdep.VALUE")
+        sb.save(tmp_path / "s.img")
+    with Sandbox.load(tmp_path / "s.img", limits=Limits(timeout=30)) as back:
+        assert back.run("kept, memexdep.VALUE").value == "('1.2', '1.2')"
+        assert back.packages is not None and back.packages.pins == ("memexdep==1.2",)
