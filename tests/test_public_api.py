@@ -54,7 +54,8 @@ PINNED: dict[str, list[str]] = {
         "checkpoint_from_bytes", "checkpoint_from_fds", "checkpoint_to_bytes", "checkpoint_to_fds",
         "compile_module", "dirty_tracking", "find_artifacts", "load_module", "module_path",
         "open_from_checkpoint", "parse_seconds", "parse_size", "prepare", "remove_tree",
-        "resolve_packages", "retry_after", "scratch_dir", "serving_door", "state_dir", "unpack_bounded",
+        "resolve_packages", "retry_after", "scratch_dir", "serving_door", "state_dir",
+        "unpack_bounded",
     ],
     # the runtime's rooms: no public names (the runtime's modules import their modules)
     "memex.runtime_wasm.engine": [],

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from memex.errors import ConfigError, PackageError
-from memex.runtime_wasm import Limits, PackageSet, Sandbox, resolve_packages
+from memex.runtime_wasm import Artifacts, Limits, PackageSet, Sandbox, resolve_packages
 from memex.runtime_wasm.engine._engine import load_module
 from tests.package_index import PackageIndex, build_wheel, package_index
 
@@ -39,15 +39,15 @@ def index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PackageIndex]:
 
 
 @pytest.fixture(scope="module")
-def arts():  # type: ignore[no-untyped-def]
+def arts() -> Artifacts:
     return load_module("plain").artifacts
 
 
-def test_a_package_and_its_dependency_run_in_the_guest(index: PackageIndex, arts: object,
+def test_a_package_and_its_dependency_run_in_the_guest(index: PackageIndex, arts: Artifacts,
                                                        tmp_path: Path) -> None:
     """memexdemo needs memexdep>=1.1 (1.2 is taken, 1.0 passed over) and numpy>=2, which the
     guest bundles: numpy is neither fetched nor shadowed, and the guest imports both."""
-    got = resolve_packages(["memexdemo"], arts, index_url=index.url,  # type: ignore[arg-type]
+    got = resolve_packages(["memexdemo"], arts, index_url=index.url,
                            cache=tmp_path)
     assert sorted(got.pins) == ["memexdemo==1.0", "memexdep==1.2"]
     assert not any("numpy" in f for f in index.fetched()), index.fetched()
@@ -67,14 +67,14 @@ def test_a_package_and_its_dependency_run_in_the_guest(index: PackageIndex, arts
         assert r.exception is not None and r.exception.type == "ModuleNotFoundError"
 
 
-def test_a_cached_set_is_used_without_the_index(index: PackageIndex, arts: object,
+def test_a_cached_set_is_used_without_the_index(index: PackageIndex, arts: Artifacts,
                                                tmp_path: Path) -> None:
     """Pinned requirements resolved once come from the cache: pip is not run again (the
     index sees no request), and the set is the same folder."""
-    first = resolve_packages(["memexdep==1.0"], arts, index_url=index.url,  # type: ignore[arg-type]
+    first = resolve_packages(["memexdep==1.0"], arts, index_url=index.url,
                              cache=tmp_path)
     seen = len(index.requests)
-    again = resolve_packages(["memexdep==1.0"], arts, index_url=index.url,  # type: ignore[arg-type]
+    again = resolve_packages(["memexdep==1.0"], arts, index_url=index.url,
                              cache=tmp_path)
     assert len(index.requests) == seen
     assert again.root == first.root and again.id == first.id
@@ -89,11 +89,11 @@ def test_a_cached_set_is_used_without_the_index(index: PackageIndex, arts: objec
     ("memexescape", "a path outside the package"),
     ("numpy<2", "the guest bundles numpy"),
 ])
-def test_what_cannot_run_in_the_guest_is_refused_by_name(index: PackageIndex, arts: object,
+def test_what_cannot_run_in_the_guest_is_refused_by_name(index: PackageIndex, arts: Artifacts,
                                                          tmp_path: Path, req: str,
                                                          says: str) -> None:
     with pytest.raises(PackageError) as err:
-        resolve_packages([req], arts, index_url=index.url, cache=tmp_path)  # type: ignore[arg-type]
+        resolve_packages([req], arts, index_url=index.url, cache=tmp_path)
     assert says in str(err.value), err.value
     assert not list((tmp_path / "packages" / "sets").glob("*")) if (
         tmp_path / "packages" / "sets").exists() else True
@@ -103,24 +103,24 @@ def test_what_cannot_run_in_the_guest_is_refused_by_name(index: PackageIndex, ar
     "memexdep @ http://127.0.0.1:9/memexdep.whl", "--index-url=http://127.0.0.1:9/",
     "-r requirements.txt", "not a requirement!", "",
 ])
-def test_a_requirement_is_a_name_and_a_version_only(arts: object, tmp_path: Path,
+def test_a_requirement_is_a_name_and_a_version_only(arts: Artifacts, tmp_path: Path,
                                                     req: str) -> None:
     """A URL or a pip option would make the host fetch from anywhere: refused before pip."""
     with pytest.raises(ConfigError):
-        resolve_packages([req], arts, cache=tmp_path)  # type: ignore[arg-type]
+        resolve_packages([req], arts, cache=tmp_path)
 
 
-def test_a_bundled_package_asked_for_is_met_by_the_bundle(arts: object, tmp_path: Path
+def test_a_bundled_package_asked_for_is_met_by_the_bundle(arts: Artifacts, tmp_path: Path
                                                           ) -> None:
-    got = resolve_packages(["numpy>=2", "pandas"], arts, cache=tmp_path)  # type: ignore[arg-type]
+    got = resolve_packages(["numpy>=2", "pandas"], arts, cache=tmp_path)
     assert got.wheels == () and set(got.bundled) == {"numpy>=2", "pandas"}
 
 
-def test_packages_count_against_the_disk_cap(index: PackageIndex, arts: object,
+def test_packages_count_against_the_disk_cap(index: PackageIndex, arts: Artifacts,
                                              tmp_path: Path) -> None:
-    got = resolve_packages(["memexdep==1.2"], arts, index_url=index.url,  # type: ignore[arg-type]
+    got = resolve_packages(["memexdep==1.2"], arts, index_url=index.url,
                            cache=tmp_path)
-    with pytest.raises(ConfigError, match="more than Limits.disk_bytes"):
+    with pytest.raises(ConfigError, match=r"more than Limits\.disk_bytes"):
         Sandbox(packages=got, limits=Limits(disk_bytes=got.size - 1))
     with Sandbox(packages=got, limits=Limits(disk_bytes=got.size + 4096, timeout=30)) as sb:
         small = sb.run("with open('/tmp/f', 'wb') as f: f.write(b'x' * 1024)")
@@ -129,7 +129,7 @@ def test_packages_count_against_the_disk_cap(index: PackageIndex, arts: object,
         assert r.exception is not None and r.exception.type == "OSError", r
 
 
-def test_a_saved_session_comes_back_with_its_packages(index: PackageIndex, arts: object,
+def test_a_saved_session_comes_back_with_its_packages(index: PackageIndex, arts: Artifacts,
                                                       tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PIP_INDEX_URL", index.url)
