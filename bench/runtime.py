@@ -225,6 +225,55 @@ def bench_new_sandbox(q: bool) -> None:
         "close() not timed")
 
 
+def bench_packages(q: bool) -> None:
+    """Time to first use of a pure-Python package not in the bundle: resolved and fetched by
+    pip from the configured index (PyPI unless PIP_INDEX_URL says otherwise; pip's own cache
+    off, a fresh MemEx cache each time), then from MemEx's cache (no pip at all); beside a
+    new sandbox importing a bundled module (the baseline)."""
+    from memex.runtime_wasm import load_module, resolve_packages
+
+    arts = load_module("plain").artifacts
+    pkg, code = os.environ.get("MEMEX_BENCH_PACKAGE", "humanize==4.12.3"), "import humanize"
+
+    def baseline(module: str) -> Callable[[], Callable[[], None]]:
+        def one() -> Callable[[], None]:
+            sb = Sandbox()
+            sb.run(f"import {module}")
+            return sb.close
+        return one
+
+    def use(cache: Path, preload: tuple[str, ...] = ()) -> Callable[[], None]:
+        sb = Sandbox(packages=resolve_packages([pkg], arts, cache=cache), preload=preload)
+        r = sb.run(code)
+        if not r.ok:
+            raise RuntimeError(f"{code}: {r.exception}")
+        return sb.close
+
+    n = 10 if q else 40
+    add("packages", "new Sandbox(), import json (stdlib)", timed(baseline("json"), n, warmup=2),
+        "baseline")
+    add("packages", "new Sandbox(), import tabulate (bundled)",
+        timed(baseline("tabulate"), n, warmup=2), "baseline")
+    with tempfile.TemporaryDirectory() as tmp:
+        old = os.environ.get("PIP_NO_CACHE_DIR")
+        os.environ["PIP_NO_CACHE_DIR"] = "1"
+        try:
+            fresh = [Path(tmp) / f"c{i}" for i in range(2 if q else 5)]
+            cold = timed(lambda: use(fresh.pop()), len(fresh))
+        finally:
+            if old is None:
+                del os.environ["PIP_NO_CACHE_DIR"]
+            else:
+                os.environ["PIP_NO_CACHE_DIR"] = old
+        add("packages", f"first use of {pkg} (pip fetches it)", cold, "pip's cache off")
+        warm = Path(tmp) / "warm"
+        add("packages", f"use of {pkg} from MemEx's cache",
+            timed(lambda: use(warm), n, warmup=1), "no pip run")
+        add("packages", f"the same, {pkg.split('=')[0]} preloaded",
+            timed(lambda: use(warm, (code.split()[-1],)), n, warmup=2),
+            "a warm image with it imported")
+
+
 def bench_close(q: bool) -> None:
     """close() of a sandbox whose turn spins on the CPU (the close interrupts it at the next
     epoch chunk), beside close() of an idle sandbox: the interrupt's cost is the difference.
@@ -845,6 +894,7 @@ def main() -> None:
         ("memex", "new sandbox", bench_new_sandbox),
         ("memex", "preload", bench_preload),
         ("memex", "close", bench_close),
+        ("packages", "packages", bench_packages),
         ("memex", "turns", bench_turns),
         ("memex", "door", bench_door),
         ("disk", "disk", bench_disk),

@@ -86,6 +86,10 @@ def add_sandbox_options(p: argparse.ArgumentParser) -> None:
                    help="grant a host folder (read-only unless :rw)")
     p.add_argument("--preload", default=None, metavar="MOD,...",
                    help="start from a warm image with these modules imported")
+    p.add_argument("--with", dest="packages", action="append", default=[], metavar="PKG",
+                   help="a pure-Python package for the guest, as 'tabulate' or "
+                        "'tabulate==0.9.0' (repeatable; pip fetches it from your index "
+                        "once per machine)")
 
 
 def limits(args: argparse.Namespace, base: Limits | None = None) -> Limits:

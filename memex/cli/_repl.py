@@ -148,7 +148,8 @@ def cmd_repl(args: argparse.Namespace) -> int:
     from ..runtime_wasm import Sandbox
 
     tty = sys.stdin.isatty()
-    with Sandbox(limits=limits(args), mounts=mounts(args.mount), preload=preload(args)) as sb, \
+    with Sandbox(limits=limits(args), mounts=mounts(args.mount), preload=preload(args),
+                 packages=args.packages or None) as sb, \
             _line_editing() if tty else contextlib.nullcontext():
         return repl(sb, tty=tty)
 

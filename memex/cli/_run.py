@@ -35,6 +35,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         egress = run_egress(args.policy)
     with Sandbox(limits=limits(args), mounts=mounts(args.mount), preload=preload(args),
+                 packages=args.packages or None,
                  rollback=False) as sb:
         if egress is not None:
             egress.attach(sb, install=False)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from ..errors import ConfigError, PackageError
 from .engine._artifacts import Artifacts
 from .engine._cache import atomic_write, cache_dir
-from .engine._files import materialize
+from .engine._files import GUEST_PACKAGES, materialize
 
 if TYPE_CHECKING:
     import zipfile
@@ -34,9 +34,6 @@ if TYPE_CHECKING:
 __all__ = ["GUEST_PACKAGES", "PackageSet", "Wheel", "bundled_packages",
            "resolve_packages"]
 
-GUEST_PACKAGES = "/memex/packages"
-"""Where a sandbox's packages appear in the guest (read-only; appended to ``sys.path``, so a
-bundled package is never shadowed)."""
 
 RESOLVE_TTL = 3600.0
 """Seconds a resolution of requirements that are not all pinned is reused before pip is

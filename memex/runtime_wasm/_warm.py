@@ -36,7 +36,14 @@ from ..errors import ConfigError, GuestStartError, ImageError
 from ._instance import Instance, InstanceSpec
 from .engine._cache import cache_dir, file_lock
 from .engine._engine import LoadedModule
-from .engine._files import GUEST_BUNDLE, GUEST_LIB, bootstrap_source, bundle_dir, driver_source
+from .engine._files import (
+    GUEST_BUNDLE,
+    GUEST_LIB,
+    GUEST_PACKAGES,
+    bootstrap_source,
+    bundle_dir,
+    driver_source,
+)
 from .files import _tree
 from .images._image import MemoryImage
 from .images._imagefile import open_raw_image, write_raw_image
@@ -185,10 +192,14 @@ def _open(path: Path, sha: str) -> MemoryImage | None:
 
 def _empty_places(spec: InstanceSpec, root: str) -> InstanceSpec:
     """``spec`` with every folder a sandbox brings (its /tmp, its mounts) replaced by an
-    empty folder under ``root`` at the same guest path: what an image is built in."""
+    empty folder under ``root`` at the same guest path: what an image is built in (its
+    packages stay: the image's key names their content)."""
     preopens = []
     for i, (host, guest, writable) in enumerate(spec.preopens):
-        if guest not in (GUEST_LIB, GUEST_BUNDLE) and not guest.startswith(GUEST_LIB + "/"):
+        # kept: the runtime's own folders, and the packages (read-only, named by their
+        # content in the image's key), so a preload may import them
+        if guest not in (GUEST_LIB, GUEST_BUNDLE, GUEST_PACKAGES) and \
+                not guest.startswith(GUEST_LIB + "/"):
             host = os.path.join(root, str(i))
             os.mkdir(host)
         preopens.append((host, guest, writable))

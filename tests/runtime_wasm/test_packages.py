@@ -140,3 +140,17 @@ def test_a_saved_session_comes_back_with_its_packages(index: PackageIndex, arts:
     with Sandbox.load(tmp_path / "s.img", limits=Limits(timeout=30)) as back:
         assert back.run("kept, memexdep.VALUE").value == "('1.2', '1.2')"
         assert back.packages is not None and back.packages.pins == ("memexdep==1.2",)
+
+
+def test_a_preload_imports_a_package_into_the_warm_image(index: PackageIndex, arts: Artifacts,
+                                                         tmp_path: Path) -> None:
+    """The warm image of a set keeps its packages (the image's key names their content), so
+    ``preload`` can import one; another set gets its own image, never the first one's."""
+    one = resolve_packages(["memexdep==1.0"], arts, index_url=index.url, cache=tmp_path)
+    two = resolve_packages(["memexdep==1.2"], arts, index_url=index.url, cache=tmp_path)
+    for _ in range(2):  # the second start maps the image the first built
+        with Sandbox(packages=one, preload=["memexdep"], limits=Limits(timeout=30)) as sb:
+            assert sb.run("import sys; 'memexdep' in sys.modules, memexdep.VALUE").value == \
+                "(True, '1.0')"
+        with Sandbox(packages=two, preload=["memexdep"], limits=Limits(timeout=30)) as sb:
+            assert sb.run("memexdep.VALUE").value == "'1.2'"

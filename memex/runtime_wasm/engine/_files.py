@@ -21,6 +21,7 @@ from ._cache import cache_dir, file_lock
 __all__ = [
     "GUEST_BUNDLE",
     "GUEST_LIB",
+    "GUEST_PACKAGES",
     "bootstrap_source",
     "bundle_dir",
     "driver_source",
@@ -31,6 +32,7 @@ __all__ = [
 
 GUEST_LIB = "/usr/local/lib"
 GUEST_BUNDLE = "/memex"
+GUEST_PACKAGES = GUEST_BUNDLE + "/packages"  # a sandbox's packages (runtime_wasm._packages)
 _GUEST_SRC = Path(__file__).resolve().parent.parent / "guest"
 
 
@@ -134,8 +136,8 @@ def bootstrap_source() -> str:
     return (
         "import sys as _s, os as _o\n"
         f"_s.path.append({GUEST_BUNDLE + '/site'!r})\n"
-        f"if _o.path.isdir({GUEST_BUNDLE + '/packages'!r}):\n"  # its packages, after the bundle
-        f"    _s.path.append({GUEST_BUNDLE + '/packages'!r})\n"
+        f"if _o.path.isdir({GUEST_PACKAGES!r}):\n"  # a sandbox's packages, after the bundle
+        f"    _s.path.append({GUEST_PACKAGES!r})\n"
         "del _s, _o\n"
         f"exec(compile({driver!r}, '<memex-driver>', 'exec'), "
         "{'__name__': 'memex_driver', '__file__': '<memex-driver>'})\n"
