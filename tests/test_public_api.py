@@ -74,9 +74,10 @@ PINNED: dict[str, list[str]] = {
     ],
     "memex.serving": [
         "CONTROL_NAME", "KIT_BYTES", "Bounds", "ConnectionGuard", "Control", "DoorKit",
-        "DurableSession", "EdgeLimits", "FileModel", "Keeper", "LimitsTable", "QuotaExceeded",
-        "Seconds", "SecondsOrZero", "SessionTable", "Shares", "Size", "SlabDoors",
-        "checkpoint_key", "config_error", "describe_tools", "load_tools", "session_fields",
+        "DurableSession", "EdgeLimits", "FileModel", "Keeper", "LimitsTable", "PackageGate",
+        "QuotaExceeded", "Seconds", "SecondsOrZero", "SessionTable", "Shares", "Size",
+        "SlabDoors", "allowed_packages", "checkpoint_key", "config_error", "describe_tools",
+        "load_tools", "session_fields",
     ],
     "memex.service": [
         "API_VERSION", "MountGrant", "ServiceConfig", "TenantConfig", "check_cluster",

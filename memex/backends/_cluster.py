@@ -308,7 +308,8 @@ class Slab:
                 door.expect_client(DOOR_REJOIN)  # its client's connection moves here too
             sb = open_from_checkpoint(cp, limits=limits, mounts=mounts_from_wire(spec["mounts"]),
                                       preload=list(spec["preload"]), door=door,
-                                      env=spec.get("env"))
+                                      env=spec.get("env"),
+                                      packages=list(spec.get("packages") or ()))
             unserve, audit = None, _Audit()
             try:
                 for path, data in files.items():

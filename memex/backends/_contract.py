@@ -22,10 +22,14 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def open(self, *, limits: Limits | None = None, mounts: Sequence[Mount] = (),
              preload: Iterable[str] = (), door: Door | None = None,
-             env: dict[str, str] | None = None, tenant: str | None = None
+             env: dict[str, str] | None = None, tenant: str | None = None,
+             packages: Sequence[str] = ()
              ) -> SandboxAPI[Any]:
         """A new sandbox (arguments as for ``memex.Sandbox``). ``tenant`` names who it is
-        for, for backends that share capacity between tenants (the pool's quotas)."""
+        for, for backends that share capacity between tenants (the pool's quotas).
+        ``packages``: pure-Python requirements for the guest (``Sandbox(packages=...)``),
+        resolved on the machine that runs it (a service resolves them, within what the
+        tenant is allowed)."""
 
     @abc.abstractmethod
     def close(self) -> None:

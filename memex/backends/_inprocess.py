@@ -26,10 +26,12 @@ class InProcessBackend(Backend):
 
     def open(self, *, limits: Limits | None = None, mounts: Sequence[Mount] = (),
              preload: Iterable[str] = (), door: Door | None = None,
-             env: dict[str, str] | None = None, tenant: str | None = None) -> Sandbox:
+             env: dict[str, str] | None = None, tenant: str | None = None,
+             packages: Sequence[str] = ()) -> Sandbox:
         if self._closed:
             raise SandboxClosed("the backend was closed")
-        sb = Sandbox(limits=limits, mounts=mounts, preload=preload, door=door, env=env)
+        sb = Sandbox(limits=limits, mounts=mounts, preload=preload, door=door, env=env,
+                     packages=list(packages) or None)
         with self._lock:
             self._live.add(sb)
         return sb

@@ -353,17 +353,18 @@ class PoolBackend(SubprocessBackend):
     # ---- the contract -------------------------------------------------------------------------
     def open(self, *, limits: Limits | None = None, mounts: Sequence[Mount] = (),
              preload: Iterable[str] = (), door: Door | None = None,
-             env: dict[str, str] | None = None, tenant: str | None = None) -> ProcessSandbox:
+             env: dict[str, str] | None = None, tenant: str | None = None,
+             packages: Sequence[str] = ()) -> ProcessSandbox:
         """A sandbox for ``tenant``: a warm one when it fits the pool's profile, else one
         made now. Waits for admission (see the class docstring); BackendBusy past it."""
         if self._closed:
             raise SandboxClosed("the backend was closed")
         preload = list(preload)
-        warm = self._fits_profile(limits, mounts, preload, env)
+        warm = not packages and self._fits_profile(limits, mounts, preload, env)
         if warm:
             use_limits, spec = self._profile_limits, self._profile
         else:
-            use_limits, spec = self._spec(limits, mounts, preload, env)
+            use_limits, spec = self._spec(limits, mounts, preload, env, packages)
         who = tenant if tenant is not None else DEFAULT_TENANT
         start = time.monotonic()
         self._admission.acquire(who, use_limits.memory, self.acquire_timeout)

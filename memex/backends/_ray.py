@@ -135,7 +135,8 @@ class _Host:
             sb = open_from_checkpoint(
                 cp, limits=limits_from_wire(spec["limits"]),
                 mounts=mounts_from_wire(spec["mounts"]), preload=list(spec["preload"]),
-                door=_ActorDoor(self, sid), env=spec.get("env"))
+                door=_ActorDoor(self, sid), env=spec.get("env"),
+                packages=list(spec.get("packages") or ()))
             self.sbs[sid], self.specs[sid] = sb, spec
             return {}
         return self._call(go)
@@ -410,10 +411,11 @@ class RayBackend(Backend):
 
     def open(self, *, limits: Limits | None = None, mounts: Sequence[Mount] = (),
              preload: Iterable[str] = (), door: Door | None = None,
-             env: dict[str, str] | None = None, tenant: str | None = None) -> RaySandbox:
+             env: dict[str, str] | None = None, tenant: str | None = None,
+             packages: Sequence[str] = ()) -> RaySandbox:
         if self._closed:
             raise SandboxClosed("the backend was closed")
-        limits, spec = SubprocessBackend._spec(limits, mounts, preload, env)
+        limits, spec = SubprocessBackend._spec(limits, mounts, preload, env, packages)
         with self._lock:
             hosts = [h for h in self._hosts if h.dead is None]
             if not hosts:

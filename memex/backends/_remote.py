@@ -598,8 +598,8 @@ class RemoteBackend(Backend):
 
     def open(self, *, limits: Limits | None = None, mounts: Sequence[Mount] = (),
              preload: Iterable[str] = (), door: Door | None = None,
-             env: dict[str, str] | None = None, tenant: str | None = None
-             ) -> RemoteSandbox:
+             env: dict[str, str] | None = None, tenant: str | None = None,
+             packages: Sequence[str] = ()) -> RemoteSandbox:
         if self._closed:
             raise SandboxClosed("the remote backend was closed")
         if limits is not None and not isinstance(limits, Limits):
@@ -613,6 +613,8 @@ class RemoteBackend(Backend):
                 "preload": list(preload), "env": env,
                 "mounts": [{"host": os.fspath(m.host_path), "guest": m.guest_path,
                             "writable": m.writable, "links": m.links} for m in mounts]}
+        if packages:  # resolved by the service, within what this tenant may use
+            body["packages"] = list(packages)
         info = self.client.create(**body)
         return self._adopt(info, door if door is not None else Door())
 

@@ -46,6 +46,7 @@ from ..runtime_wasm import (
     TurnResult,
     TurnStatus,
     remove_tree,
+    resolve_packages,
     serving_door,
 )
 from ._contract import Backend
@@ -510,13 +511,15 @@ class SubprocessBackend(Backend):
     # ---- the contract ---------------------------------------------------------------------------
     def open(self, *, limits: Limits | None = None, mounts: Sequence[Mount] = (),
              preload: Iterable[str] = (), door: Door | None = None,
-             env: dict[str, str] | None = None, tenant: str | None = None) -> ProcessSandbox:
-        limits, spec = self._spec(limits, mounts, preload, env)
+             env: dict[str, str] | None = None, tenant: str | None = None,
+             packages: Sequence[str] = ()) -> ProcessSandbox:
+        limits, spec = self._spec(limits, mounts, preload, env, packages)
         return self._open_in(self._pick_worker(), limits, spec, door or Door(), tenant)
 
     @staticmethod
     def _spec(limits: Limits | None, mounts: Sequence[Mount], preload: Iterable[str],
-              env: dict[str, str] | None) -> tuple[Limits, dict[str, Any]]:
+              env: dict[str, str] | None, packages: Sequence[str] = ()
+              ) -> tuple[Limits, dict[str, Any]]:
         limits = limits if limits is not None else Limits()
         if not isinstance(limits, Limits):
             raise ConfigError(f"limits takes a Limits, got {type(limits).__name__}")
@@ -527,8 +530,11 @@ class SubprocessBackend(Backend):
         for name in pre:
             if not isinstance(name, str) or not all(p.isidentifier() for p in name.split(".")):
                 raise ConfigError(f"preload entries are module names, got {name!r}")
+        # resolved here (a PackageError in the caller's process), pinned for the worker
+        pins = list(resolve_packages(list(packages)).pins) if packages else []
         return limits, {"limits": limits_to_wire(limits), "mounts": mounts_to_wire(mounts),
-                        "preload": pre, "env": dict(env) if env is not None else None}
+                        "preload": pre, "env": dict(env) if env is not None else None,
+                        "packages": pins}
 
     def _open_in(self, worker: WorkerClient, limits: Limits, spec: dict[str, Any], door: Door,
                  tenant: str | None) -> ProcessSandbox:

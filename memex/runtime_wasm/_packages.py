@@ -138,16 +138,20 @@ def checked_requirements(requirements: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted(set(out)))
 
 
-def resolve_packages(requirements: Sequence[str], arts: Artifacts, *,
+def resolve_packages(requirements: Sequence[str], arts: Artifacts | None = None, *,
                      index_url: str | None = None, cache: Path | None = None,
                      timeout: float = PIP_TIMEOUT) -> PackageSet:
     """The pure-Python wheels ``requirements`` need in the guest, fetched and unpacked (once
     per machine). Raises :class:`PackageError` (naming the package) when one cannot run in
-    the guest or pip cannot resolve them."""
+    the guest or pip cannot resolve them. ``arts``: the guest's (default: this machine's)."""
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
 
     reqs = checked_requirements(requirements)
+    if arts is None:
+        from .engine._artifacts import find_artifacts
+
+        arts = find_artifacts()
     bundled = bundled_packages(arts)
     wanted, met = [], []
     for text in reqs:

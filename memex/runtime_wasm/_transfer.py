@@ -205,21 +205,23 @@ def checkpoint_from_bytes(blob: bytes | bytearray | memoryview, *,
 
 def open_from_checkpoint(cp: Checkpoint | None, *, limits: Limits | None,
                          mounts: Sequence[Mount], preload: Sequence[str], door: Door,
-                         env: dict[str, str] | None, scratch_from: Path | None = None
-                         ) -> Sandbox:
+                         env: dict[str, str] | None, scratch_from: Path | None = None,
+                         packages: Sequence[str] = ()) -> Sandbox:
     """A new sandbox serving ``door``, holding ``cp``'s guest state (a fresh one for None)
     and a copy of the files in ``scratch_from`` in its /tmp: how a backend resumes a session
     in another process (a fork within one process is ``Sandbox.fork``, which shares the
-    files copy-on-write). The checkpoint must come from a sandbox with the same mounts, env
-    and engine flavour (ConfigError otherwise)."""
+    files copy-on-write). The checkpoint must come from a sandbox with the same mounts, env,
+    packages and engine flavour (ConfigError otherwise)."""
+    pkgs = list(packages) or None
     if cp is None:
         return Sandbox(limits=limits, mounts=mounts, preload=preload, door=door, env=env,
-                       _scratch_from=scratch_from)
-    sb = Sandbox(limits=limits, mounts=mounts, door=door, env=env, _image=cp._image,
-                 _scratch_from=scratch_from)
+                       packages=pkgs, _scratch_from=scratch_from)
+    sb = Sandbox(limits=limits, mounts=mounts, door=door, env=env, packages=pkgs,
+                 _image=cp._image, _scratch_from=scratch_from)
     if sb._key() != cp._owner_key:
         sb.close()
-        raise ConfigError("checkpoint comes from a sandbox with other mounts or engine")
+        raise ConfigError("checkpoint comes from a sandbox with other mounts, packages or "
+                          "engine")
     return sb
 
 

@@ -596,6 +596,7 @@ class ClusterService(Service):
                     door=door,  # type: ignore[arg-type]
                     mounts=tuple(mounts_from_wire(spec["mounts"])),
                     preload=tuple(spec["preload"]), env=spec.get("env"),
+                    packages=tuple(spec.get("packages") or ()),
                     parent=entry.get("parent"), created=float(entry["created"]),
                     last_used=float(entry["last_used"]))
         return s
@@ -655,8 +656,9 @@ class ClusterService(Service):
 
     def make_session(self, tenant: TenantConfig, body: CreateSession) -> Session:
         limits, mounts = self.granted(tenant, body)
+        pins = self.packages.pins(tenant.name, tenant.packages, body.packages)
         spec = {"limits": limits_to_wire(limits), "mounts": mounts_to_wire(mounts),
-                "preload": list(body.preload), "env": body.env}
+                "preload": list(body.preload), "env": body.env, "packages": list(pins)}
         link = self.link
         out = link.get(link.control.create.remote(tenant.name, self._bounds(tenant), spec),
                        timeout=link.cfg.place_timeout + 60)

@@ -37,6 +37,7 @@ from ..serving import (
     Seconds,
     SecondsOrZero,
     Size,
+    allowed_packages,
     config_error,
     load_tools,
 )
@@ -83,6 +84,9 @@ class TenantConfig:
     egress: EgressPolicy | None = None  # the network its guests get (None: only the client's)
     tools: ToolSet | None = None  # operator tools its guests call, run in the server (_tools)
     kit: DoorKit | None = None  # those two as data, for a cluster's slabs (serving._doorkit)
+    # the guest packages its sessions may ask for (canonical names; None: any), with every
+    # dependency they pull in (serving._packages)
+    packages: frozenset[str] | None = frozenset()
 
     def bounds(self) -> Bounds:
         """What the session core holds this tenant to."""
@@ -179,6 +183,7 @@ class _TenantFile(FileModel):
     mounts: list[_MountFile] = Field(default_factory=list)
     egress: str | None = None
     tools: list[str] = Field(default_factory=list)
+    packages: list[str] = Field(default_factory=list, max_length=1000)
 
 
 class _ServerFile(FileModel):
@@ -275,7 +280,8 @@ def _tenant(name: str, t: _TenantFile, base: Path, kit: DoorKit | None = None
         ceiling=t.ceiling.given(),
         mounts=tuple(MountGrant(host=(base / m.host).resolve(), writable=m.writable)
                      for m in t.mounts),
-        egress=egress, tools=tools, kit=kit)
+        egress=egress, tools=tools, kit=kit,
+        packages=allowed_packages(t.packages, f"{where} packages"))
 
 
 def _door_here(where: str, t: _TenantFile, base: Path, name: str

@@ -19,6 +19,7 @@ from ..errors import (
     GuestFileError,
     GuestFileTooLarge,
     MemexError,
+    PackageError,
     SandboxClosed,
     SandboxLost,
 )
@@ -64,6 +65,8 @@ def translate(exc: MemexError) -> ApiError:
     reason = reason if isinstance(reason, str) else None
     if isinstance(exc, ConfigError):
         return ApiError(422, "invalid", str(exc), type_=name)
+    if isinstance(exc, PackageError):  # a guest package that cannot be had (it says which)
+        return ApiError(422, "package", str(exc), type_=name)
     if isinstance(exc, GuestFileTooLarge):
         return ApiError(413, "too_large", str(exc), type_=name)
     if isinstance(exc, GuestFileError):

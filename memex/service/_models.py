@@ -79,6 +79,10 @@ class CreateSession(_Strict):
         None, description="memex.Limits fields; each within the tenant's ceiling")
     preload: list[Annotated[str, Field(max_length=256)]] = Field(default_factory=list,
                                                                  max_length=64)
+    packages: list[Annotated[str, Field(max_length=200)]] = Field(
+        default_factory=list, max_length=64,
+        description="pure-Python requirements for the guest ('humanize', 'tabulate==0.9.0'), "
+                    "resolved by the server; each wheel must be one the tenant is allowed")
     mounts: list[MountIn] = Field(default_factory=list, max_length=32)
     env: dict[str, str] | None = Field(None, max_length=256, description="environment "
                                        "variables: names [A-Za-z_][A-Za-z0-9_]*, values "

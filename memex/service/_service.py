@@ -32,7 +32,7 @@ from ..runtime_wasm import (
     SandboxAPI,
     TurnResult,
 )
-from ..serving import ConnectionGuard, Shares
+from ..serving import ConnectionGuard, PackageGate, Shares
 from ._config import KeyRing, ServiceConfig, TenantConfig
 from ._durable import ServeKeeper, session_of_meta
 from ._http import ApiError, translate
@@ -75,6 +75,7 @@ class Service:
                              max(4, config.threads // 4))
         self.streaming: set[asyncio.Future[None]] = set()  # streamed turns, held until done
         self.edge: ConnectionGuard | None = None  # the server's connections (set by serve)
+        self.packages = PackageGate()  # tenants' guest packages: one pip run each at most
         self._given = backend
         self._backend: Backend | None = None
         self.keeper = ServeKeeper(self.table, self.backend, make=session_of_meta,
@@ -309,6 +310,7 @@ class Service:
     def make_session(self, tenant: TenantConfig, body: CreateSession) -> Session:
         """A new session within the tenant's ceiling, grants and quotas (blocking)."""
         limits, mounts = self.granted(tenant, body)
+        pins = self.packages.pins(tenant.name, tenant.packages, body.packages)
         try:
             self.table.reserve(tenant.name, tenant.bounds(), limits)
         except QuotaExceeded as exc:
@@ -316,10 +318,11 @@ class Service:
         try:
             door = ClientDoor()
             sb = self.backend().open(limits=limits, mounts=mounts, preload=body.preload,
-                                     door=door, env=body.env, tenant=tenant.name)
+                                     door=door, env=body.env, tenant=tenant.name,
+                                     packages=pins)
             s = Session(id=new_session_id(), owner=tenant.name, sandbox=sb, door=door,
                         limits=limits, mounts=tuple(mounts), preload=tuple(body.preload),
-                        env=body.env)
+                        env=body.env, packages=pins)
             try:
                 self.serve_door(s, sb)
                 if s.tools is not None:  # the guest's module ``tools``, kept under the client's
@@ -359,7 +362,8 @@ class Service:
                 child = sb.fork()  # its door is the parent's (shared, see ClientDoor)
                 c = Session(id=new_session_id(), owner=tenant.name, sandbox=child,
                             door=s.door, parent=s.id, limits=s.limits, mounts=s.mounts,
-                            preload=s.preload, env=s.env, turn_base=s.turns - child.turns,
+                            preload=s.preload, env=s.env, packages=s.packages,
+                            turn_base=s.turns - child.turns,
                             egress=s.egress, tools=s.tools)  # a fork shares its door
                 self.table.add(c)
                 self.keeper.added(c)

@@ -15,6 +15,7 @@ from ._control import CONTROL_NAME, Control, checkpoint_key
 from ._doorkit import KIT_BYTES, DoorKit, SlabDoors
 from ._durable import DurableSession, Keeper, session_fields
 from ._edge import ConnectionGuard, EdgeLimits
+from ._packages import PackageGate, allowed_packages
 from ._settings import (
     FileModel,
     LimitsTable,
@@ -39,6 +40,7 @@ __all__ = [
     "FileModel",
     "Keeper",
     "LimitsTable",
+    "PackageGate",
     "QuotaExceeded",
     "Seconds",
     "SecondsOrZero",
@@ -46,6 +48,7 @@ __all__ = [
     "Shares",
     "Size",
     "SlabDoors",
+    "allowed_packages",
     "checkpoint_key",
     "config_error",
     "describe_tools",

@@ -62,6 +62,7 @@ class DurableSession(CoreSession):
     mounts: tuple[Mount, ...] = ()
     preload: tuple[str, ...] = ()
     env: dict[str, str] | None = None
+    packages: tuple[str, ...] = ()  # pins of its guest packages
     parent: str | None = None
     turn_base: int = 0  # turns run before the current sandbox was opened (a restore)
     gen: int = 0  # changes of the guest state (turns, restores)
@@ -91,8 +92,8 @@ def _meta(s: DurableSession, turns: int, *, files_kept: bool) -> dict[str, Any]:
     """How to open the session again, and what its save holds."""
     return {"id": s.id, "tenant": s.owner, "limits": limits_to_wire(s.limits),
             "mounts": mounts_to_wire(s.mounts), "preload": list(s.preload), "env": s.env,
-            "created": s.created, "parent": s.parent, "turns": turns, "saved_at": time.time(),
-            "files_kept": files_kept}
+            "packages": list(s.packages), "created": s.created, "parent": s.parent,
+            "turns": turns, "saved_at": time.time(), "files_kept": files_kept}
 
 
 def session_fields(meta: dict[str, Any]) -> dict[str, Any]:
@@ -103,6 +104,7 @@ def session_fields(meta: dict[str, Any]) -> dict[str, Any]:
             "limits": limits_from_wire(meta["limits"]),
             "mounts": tuple(mounts_from_wire(meta["mounts"])),
             "preload": tuple(meta["preload"]), "env": meta["env"],
+            "packages": tuple(str(p) for p in meta.get("packages") or ()),
             "created": float(meta["created"]), "parent": meta["parent"], "turn_base": saved,
             "saved_turns": saved, "saved_at": float(meta["saved_at"]),
             "files_kept": bool(meta.get("files_kept", False))}
@@ -271,7 +273,7 @@ class Keeper(Generic[S]):
             raise SandboxLost(s.lost) from exc
         sb = self.opener(s) if self.opener is not None else self.backend().open(
             limits=s.limits, mounts=s.mounts, preload=s.preload, door=s.door, env=s.env,
-            tenant=s.owner)
+            tenant=s.owner, packages=s.packages)
         try:
             if cp is not None:  # a session that crashed before its first save starts empty
                 sb.restore(cp)

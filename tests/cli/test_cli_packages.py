@@ -10,8 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from tests.package_index import PackageIndex, build_wheel, package_index
+from package_index import PackageIndex, build_wheel, package_index
 
 
 @pytest.fixture(scope="module")

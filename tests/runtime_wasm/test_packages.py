@@ -8,11 +8,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from package_index import PackageIndex, build_wheel, package_index
 
 from memex.errors import ConfigError, PackageError
 from memex.runtime_wasm import Artifacts, Limits, PackageSet, Sandbox, resolve_packages
 from memex.runtime_wasm.engine._engine import load_module
-from tests.package_index import PackageIndex, build_wheel, package_index
 
 DEMO = """from memexdep import VALUE
 import numpy

@@ -264,7 +264,8 @@ class Worker:
         sb = open_from_checkpoint(
             cp, limits=limits_from_wire(spec["limits"]), mounts=mounts_from_wire(spec["mounts"]),
             preload=list(spec.get("preload") or ()), door=s.door, env=spec.get("env"),
-            scratch_from=Path(scratch) if scratch else None)
+            scratch_from=Path(scratch) if scratch else None,
+            packages=list(spec.get("packages") or ()))
         del cp
         s.sb, s.spec, s.resume = sb, spec, bool(spec.get("resume"))
         if s.closing:

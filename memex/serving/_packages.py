@@ -1,0 +1,93 @@
+"""Guest packages a tenant asks for, resolved on the server within what the operator allows
+(``packages = [...]`` of its ``[tenants.NAME]`` table): a pip run is a shared resource, so
+each tenant has at most one at a time and the machine ``parallel``, and nobody waits for one
+(a busy tenant is answered 429, a busy machine 503, both with Retry-After)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Sequence
+
+from ..errors import BackendBusy, ConfigError
+from ..runtime_wasm import PackageSet, find_artifacts, resolve_packages
+from ..runtime_wasm._packages import bundled_packages, checked_requirements
+
+__all__ = ["PackageGate", "allowed_packages"]
+
+RESOLVE_TIMEOUT = 120.0
+"""Seconds one tenant's pip run may take on a server (the library's default is longer)."""
+
+
+def allowed_packages(names: Iterable[str], where: str) -> frozenset[str] | None:
+    """The project names an operator allows (canonical), None for ``["*"]`` (any)."""
+    from packaging.utils import InvalidName, canonicalize_name
+
+    names = list(names)
+    if names == ["*"]:
+        return None
+    out = set()
+    for n in names:
+        try:
+            out.add(str(canonicalize_name(n, validate=True)))
+        except InvalidName:
+            raise ConfigError(f"{where}: {n!r} is not a package name (or give [\"*\"] "
+                              "alone for any)") from None
+    return frozenset(out)
+
+
+class PackageGate:
+    """Resolves each tenant's requirements to pins (what a sandbox is then opened with)."""
+
+    def __init__(self, parallel: int = 2, timeout: float = RESOLVE_TIMEOUT,
+                 resolve: Callable[..., PackageSet] = resolve_packages) -> None:
+        self._slots = threading.BoundedSemaphore(parallel)
+        self._lock = threading.Lock()
+        self._busy: set[str] = set()
+        self._timeout, self._resolve = timeout, resolve
+
+    def pins(self, tenant: str, allowed: frozenset[str] | None, requirements: Sequence[str]
+             ) -> tuple[str, ...]:
+        """``requirements`` resolved to pins, every wheel of them (dependencies too) one the
+        tenant may have. ConfigError (422) for one it may not, PackageError (422) for one
+        that cannot run in the guest, BackendBusy (429/503) while pip is busy."""
+        if not requirements:
+            return ()
+        from packaging.requirements import Requirement
+        from packaging.utils import canonicalize_name
+
+        reqs = checked_requirements(requirements)
+        bundled = bundled_packages(find_artifacts())  # in every guest: no one's to allow
+        self._check(tenant, allowed, [n for r in reqs
+                                      if (n := canonicalize_name(Requirement(r).name))
+                                      not in bundled])
+        with self._lock:
+            if tenant in self._busy:
+                raise BackendBusy("queue_full", f"tenant {tenant!r} is already resolving "
+                                  "packages; retry when that create is answered")
+            self._busy.add(tenant)
+        try:
+            if not self._slots.acquire(blocking=False):
+                raise BackendBusy("no_room", "this server is resolving other tenants' "
+                                  "packages; retry shortly")
+            try:
+                got = self._resolve(list(reqs), timeout=self._timeout)
+            finally:
+                self._slots.release()
+        finally:
+            with self._lock:
+                self._busy.discard(tenant)
+        self._check(tenant, allowed, [canonicalize_name(w.name) for w in got.wheels],
+                    needed=True)
+        return got.pins
+
+    @staticmethod
+    def _check(tenant: str, allowed: frozenset[str] | None, names: Iterable[str],
+               needed: bool = False) -> None:
+        if allowed is None:
+            return
+        refused = sorted(set(names) - allowed)
+        if refused:
+            what = "needs" if needed else "asks for"
+            raise ConfigError(f"tenant {tenant!r} {what} {', '.join(refused)}, which its "
+                              f"operator does not allow (allowed: "
+                              f"{', '.join(sorted(allowed)) or 'none'})")
