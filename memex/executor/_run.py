@@ -308,7 +308,8 @@ class Run:
             opener, door, prepared = self.node.session_options(opener)
         return AgentSession(
             tools=a.tools, submit_schema=a.submit_schema, limits=a.sandbox.limits,
-            mounts=a.sandbox.mounts, preload=a.sandbox.preload, inputs=self.inputs,
+            mounts=a.sandbox.mounts, preload=a.sandbox.preload,
+            packages=a.sandbox.packages, inputs=self.inputs,
             tool_budget=a.tool_policy.budget, gate=a.tool_policy.gate,
             install_tools=a.action_space == "code", open_sandbox=opener, door=door,
             spawn=self.node, prepared=prepared, on_call=self.pending_calls.append,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -89,7 +89,8 @@ class AgentSession:
     def __init__(
         self, *, tools: ToolSet, submit_schema: Any, limits: Limits | None = None,
         mounts: Iterable[Mount] = (), preload: Iterable[str] = (),
-        inputs: Mapping[str, Any] | None = None, tool_budget: ToolBudget | None = None,
+        packages: Sequence[str] = (), inputs: Mapping[str, Any] | None = None,
+        tool_budget: ToolBudget | None = None,
         gate: Any = None, install_tools: bool = True,
         open_sandbox: Callable[..., Any] | None = None,
         on_call: Callable[[ToolCallRecord], None] | None = None,
@@ -124,11 +125,12 @@ class AgentSession:
         self.host = ToolHost(self.toolset, budget=tool_budget, gate=gate, on_call=on_call)
         if spawn is not None:
             spawn.bind(self)
-        opener = open_sandbox or Sandbox
+        opener: Callable[..., Any] = open_sandbox or Sandbox
         self.sandbox: Any = None
         try:
+            more: dict[str, Any] = {"packages": list(packages)} if packages else {}
             self.sandbox = opener(limits=limits, mounts=tuple(mounts), preload=tuple(preload),
-                                  door=self.door)
+                                  door=self.door, **more)
             self.host.attach(self.sandbox, install=install_tools and not prepared)
             self._prelude()
         except BaseException:

@@ -76,18 +76,23 @@ class ModelSettings:
 class SandboxSpec:
     """Where and how the agent's code runs: ``limits`` per block (default
     :data:`~memex.runtime_wasm.AGENT_LIMITS`), granted ``mounts``, modules to ``preload``,
-    the ``backend`` (a name such as ``"pool"``, a Backend, or None: in-process) and how many
-    characters of a block's output go back to the model (``observation_chars``)."""
+    pure-Python ``packages`` for the guest (``Sandbox(packages=...)``), the ``backend`` (a
+    name such as ``"pool"``, a Backend, or None: in-process) and how many characters of a
+    block's output go back to the model (``observation_chars``)."""
 
     limits: Limits = AGENT_LIMITS
     mounts: tuple[Mount, ...] = ()
     preload: tuple[str, ...] = ()
+    packages: tuple[str, ...] = ()
     backend: str | Backend | None = None
     observation_chars: int = 4000
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mounts", tuple(self.mounts))
         object.__setattr__(self, "preload", tuple(self.preload))
+        if isinstance(self.packages, str):
+            raise ConfigError("packages takes a list of requirements, not one string")
+        object.__setattr__(self, "packages", tuple(self.packages))
         if isinstance(self.observation_chars, bool) or not isinstance(
                 self.observation_chars, int) or self.observation_chars < 1:
             raise ConfigError(f"observation_chars must be an int >= 1, got "

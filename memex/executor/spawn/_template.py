@@ -53,7 +53,7 @@ class Templates:
         (built on first use; ``define`` is the prelude's definitions cell)."""
         key = (tuple(t.name for t in agent.tools), _schema_key(agent.submit_schema),
                agent.sandbox.limits, agent.sandbox.mounts, agent.sandbox.preload,
-               agent.action_space)
+               agent.sandbox.packages, agent.action_space)
         with self._lock:
             if self._closed:
                 raise MemexError("the agent tree has ended")
@@ -83,7 +83,8 @@ class Templates:
 
 def _build(agent: AgentSpec, define: str) -> Sandbox:
     box = agent.sandbox
-    sb = Sandbox(limits=box.limits, mounts=box.mounts, preload=box.preload)
+    sb = Sandbox(limits=box.limits, mounts=box.mounts, preload=box.preload,
+                 packages=list(box.packages) or None)
     try:
         cells = [define]
         if agent.action_space == "code":
