@@ -29,14 +29,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         print("memex run: give -c CODE or a FILE", file=sys.stderr)
         return 2
+    from ..runtime_wasm import script_dependencies
+
+    packages = [*args.packages, *(script_dependencies(code) or [])]  # --with, and PEP 723
     egress = None
     if args.policy is not None:  # network egress under a policy; the audit after the run
         from ._policy import audit_dicts, print_audit, run_egress
 
         egress = run_egress(args.policy)
     with Sandbox(limits=limits(args), mounts=mounts(args.mount), preload=preload(args),
-                 packages=args.packages or None,
-                 rollback=False) as sb:
+                 packages=packages or None, rollback=False) as sb:
         if egress is not None:
             egress.attach(sb, install=False)
         r = sb.run(code, filename=filename)
@@ -50,7 +52,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("run", help="run a file or -c CODE in a fresh sandbox")
+    p = sub.add_parser("run", help="run a file or -c CODE in a fresh sandbox (a script's "
+                       "PEP 723 '# /// script' dependencies are fetched for it)")
     p.add_argument("file", nargs="?")
     p.add_argument("-c", dest="code", default=None)
     p.add_argument("--json", action="store_true", help="print the turn result as JSON")

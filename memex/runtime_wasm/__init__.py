@@ -20,7 +20,14 @@ from ._door import Door, DoorCall, DoorContext, DoorError, serving_door
 from ._handle import SandboxHandle
 from ._instance import GuestKilled
 from ._output import OutputListener
-from ._packages import PackageSet, Wheel, resolve_packages
+from ._packages import (
+    PackageSet,
+    Wheel,
+    bundled_packages,
+    checked_requirements,
+    resolve_packages,
+    script_dependencies,
+)
 from ._prepare import prepare
 from ._protocol import SandboxAPI
 from ._records import (
@@ -77,7 +84,9 @@ __all__ = [
     "TurnStatus",
     "Wheel",
     "Workers",
+    "bundled_packages",
     "cache_dir",
+    "checked_requirements",
     "checkpoint_from_bytes",
     "checkpoint_from_fds",
     "checkpoint_to_bytes",
@@ -95,6 +104,7 @@ __all__ = [
     "resolve_packages",
     "retry_after",
     "scratch_dir",
+    "script_dependencies",
     "serving_door",
     "state_dir",
     "unpack_bounded",

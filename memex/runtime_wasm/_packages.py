@@ -31,8 +31,8 @@ from .engine._files import GUEST_PACKAGES, materialize
 if TYPE_CHECKING:
     import zipfile
 
-__all__ = ["GUEST_PACKAGES", "PackageSet", "Wheel", "bundled_packages",
-           "resolve_packages"]
+__all__ = ["GUEST_PACKAGES", "PackageSet", "Wheel", "bundled_packages", "resolve_packages",
+           "script_dependencies"]
 
 
 RESOLVE_TTL = 3600.0
@@ -136,6 +136,57 @@ def checked_requirements(requirements: Iterable[str]) -> tuple[str, ...]:
     if len(out) > MAX_REQUIREMENTS:
         raise ConfigError(f"{len(out)} package requirements; at most {MAX_REQUIREMENTS}")
     return tuple(sorted(set(out)))
+
+
+MAX_SCRIPT_METADATA = 64 << 10
+
+
+def _script_blocks(code: str) -> list[str]:
+    """The TOML of each ``# /// script`` block (PEP 723), in one pass over the lines: a
+    block is the run of comment lines after its opener, up to the last ``# ///`` of it."""
+    lines = code.splitlines()
+    found, i = [], 0
+    while i < len(lines):
+        if lines[i].rstrip() != "# /// script":
+            i += 1
+            continue
+        j, close = i + 1, -1
+        while j < len(lines) and (lines[j] == "#" or lines[j].startswith("# ")):
+            if lines[j].rstrip() == "# ///":
+                close = j
+            j += 1
+        if close < 0:  # nor can an opener inside this run close (no '# ///' in it)
+            i = j
+            continue
+        found.append("".join(line[2:] + "\n" if line.startswith("# ") else "\n"
+                             for line in lines[i + 1:close]))
+        i = close + 1
+    return found
+
+
+def script_dependencies(code: str) -> list[str] | None:
+    """The ``dependencies`` of a cell's inline script metadata (PEP 723: a ``# /// script``
+    block), None when it has none. ConfigError for a block that is not valid TOML, a second
+    script block, or dependencies that are not a list of strings."""
+    import tomllib
+
+    if "# /// script" not in code:  # the common case: not even a split of a large cell
+        return None
+    blocks = _script_blocks(code)
+    if not blocks:
+        return None
+    if len(blocks) > 1:
+        raise ConfigError("the code has more than one '# /// script' block (PEP 723)")
+    if len(blocks[0]) > MAX_SCRIPT_METADATA:
+        raise ConfigError(f"a '# /// script' block of more than {MAX_SCRIPT_METADATA} bytes")
+    try:
+        meta = tomllib.loads(blocks[0])
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"the '# /// script' block is not valid TOML: {exc}") from None
+    deps = meta.get("dependencies", [])
+    if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
+        raise ConfigError("the '# /// script' block's dependencies must be a list of strings")
+    return list(deps)
 
 
 def resolve_packages(requirements: Sequence[str], arts: Artifacts | None = None, *,

@@ -9,8 +9,13 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 
 from ..errors import BackendBusy, ConfigError
-from ..runtime_wasm import PackageSet, find_artifacts, resolve_packages
-from ..runtime_wasm._packages import bundled_packages, checked_requirements
+from ..runtime_wasm import (
+    PackageSet,
+    bundled_packages,
+    checked_requirements,
+    find_artifacts,
+    resolve_packages,
+)
 
 __all__ = ["PackageGate", "allowed_packages"]
 

@@ -112,6 +112,10 @@ class McpConfig(FileModel):
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     mounts: list[MountConfig] = Field(default_factory=list)
     preload: list[str] = Field(default_factory=list)
+    packages: list[str] = Field(
+        default=["*"], max_length=1000,
+        description="packages a cell's PEP 723 dependencies may fetch (names; [\"*\"]: any "
+                    "pure-Python one; []: none)")
     policy: str | None = Field(default=None,
                                description="egress policy file: the guest's network")
     tools: list[str] = Field(default=[], description="host tools as module:attribute")

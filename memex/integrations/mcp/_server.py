@@ -158,6 +158,11 @@ def _instructions(cfg: McpConfig, tools: ToolSet | None) -> str:
         "earlier result to keep its state. Sessions end after "
         f"{cfg.sessions.idle_timeout:g} s without calls.",
     ]
+    if cfg.packages:
+        parts.append("A cell may declare pure-Python packages it needs in an inline script "
+                     "block (PEP 723): lines `# /// script`, `# dependencies = [\"humanize\"]`, "
+                     "`# ///` at its top. They are fetched for the session; one that has "
+                     "already run cells then starts over (its variables are gone).")
     if tools is not None and len(tools):
         parts.append("Python functions already defined in the session (call them from "
                      "code):\n" + tools.catalogue())
@@ -200,6 +205,9 @@ def build_server(config: McpConfig, sessions: Sessions) -> MCPServer:
         text = render_observation(r, limit=config.sessions.max_output_chars) or "(no output)"
         images = [ImageContent(type="image", data=base64.b64encode(png).decode(),
                                mime_type="image/png") for png in figures]
+        if s.started_over is not None:  # new packages: said once, on this answer
+            text = f"[{s.started_over}]\n" + text
+            s.started_over = None
         restored, s.notice = s.notice, None  # said once, on the first answer after
         if restored is not None:
             text = (f"[this session was brought back from its save at call "

@@ -29,7 +29,7 @@ from typing import Any, TypeVar, cast
 
 import anyio
 
-from ...errors import SandboxLost
+from ...errors import ConfigError, SandboxLost
 from ...host_tools import Egress, EgressPolicy, ToolHost, ToolSet
 from ...runtime_wasm import (
     Checkpoint,
@@ -41,14 +41,17 @@ from ...runtime_wasm import (
     SandboxAPI,
     TurnResult,
     TurnStatus,
+    script_dependencies,
 )
 from ...serving import (
     Bounds,
     DurableSession,
     Keeper,
+    PackageGate,
     QuotaExceeded,
     SessionTable,
     Shares,
+    allowed_packages,
     session_fields,
 )
 from .._display import FIGURES_CALL, MAX_FIGURES, PRELUDE
@@ -84,6 +87,7 @@ class Session(DurableSession):
     pyplot: bool = False
     calls: int = 0
     ended: bool = False
+    started_over: str | None = None  # said on the next answer: new packages, a fresh guest
 
 
 class Sessions:
@@ -97,6 +101,8 @@ class Sessions:
         base = config.resolve(".")
         self._mounts: list[Mount] = [m.mount(base) for m in config.mounts]
         self._preload = tuple(config.preload)
+        self._allowed = allowed_packages(config.packages, "packages")
+        self.gate = PackageGate()  # cells' PEP 723 dependencies: one pip run per principal
         self._policy = EgressPolicy.load(config.resolve(config.policy)) if config.policy \
             else None
         self.tools = tools if tools is not None and len(tools) else None
@@ -192,7 +198,8 @@ class Sessions:
         if s.ended:
             raise SessionError(f"session {s.id[:40]!r} ended")
         return Sandbox(limits=s.limits, mounts=s.mounts, preload=s.preload, door=s.door,
-                       rollback=self.config.sessions.rollback)
+                       rollback=self.config.sessions.rollback,
+                       packages=list(s.packages) or None)
 
     def _prepare(self, s: Session, sb: SandboxAPI[Any]) -> None:
         """(the keeper's on_open) The operator's tools and egress on a sandbox just opened,
@@ -232,7 +239,10 @@ class Sessions:
                 self.keeper.changed(s)
 
     def run(self, s: Session, code: str, timeout: float | None) -> tuple[TurnResult, list[bytes]]:
-        """A cell, and the PNGs of the figures it left open (rendered, then closed)."""
+        """A cell, and the PNGs of the figures it left open (rendered, then closed). A cell
+        whose PEP 723 block needs packages the session lacks starts the session over with
+        them (said in ``started_over``): a live guest cannot gain a folder."""
+        self._packages_for(s, code)
         def go(sb: Sandbox) -> tuple[TurnResult, list[bytes]]:
             s.figures = []
             self.keeper.turn_begins(s)
@@ -243,6 +253,24 @@ class Sessions:
 
         result: tuple[TurnResult, list[bytes]] = self.use(s, go)
         return result
+
+    def _packages_for(self, s: Session, code: str) -> None:
+        try:
+            deps = script_dependencies(code)
+        except ConfigError as exc:
+            raise SessionError(str(exc)) from None
+        if not deps:
+            return
+        pins = self.gate.pins(s.owner, self._allowed, deps)
+        if set(pins) <= set(s.packages):
+            return
+        by_name = {p.split("==")[0]: p for p in (*s.packages, *pins)}  # the new pin wins
+        had = bool(s.calls) or not s.fresh
+        s.packages = tuple(sorted(by_name.values()))
+        self.reset(s)  # a fresh guest with them (its row saved with them)
+        if had:
+            s.started_over = (f"the session started over to add {', '.join(pins)}: a fresh "
+                              "interpreter and an empty /tmp (its earlier variables are gone)")
 
     def interrupt(self, s: Session) -> None:
         """Stop the session's running cell (its client went away)."""
