@@ -3,15 +3,26 @@ tests build), resolved by pip for the guest, cached once, mounted read-only on s
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from package_index import PackageIndex, build_wheel, package_index
 
 from memex.errors import ConfigError, PackageError
-from memex.runtime_wasm import Artifacts, Limits, PackageSet, Sandbox, resolve_packages
+from memex.runtime_wasm import (
+    Artifacts,
+    Limits,
+    PackageSet,
+    Sandbox,
+    checked_requirements,
+    resolve_packages,
+    script_dependencies,
+)
 from memex.runtime_wasm.engine._engine import load_module
 
 DEMO = """from memexdep import VALUE
@@ -154,3 +165,37 @@ def test_a_preload_imports_a_package_into_the_warm_image(index: PackageIndex, ar
                 "(True, '1.0')"
         with Sandbox(packages=two, preload=["memexdep"], limits=Limits(timeout=30)) as sb:
             assert sb.run("memexdep.VALUE").value == "'1.2'"
+
+
+# ---- the parsers: any input gives an answer or ConfigError -----------------------------------
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=3000) | st.builds(
+    lambda a, b: f"{a}\n# /// script\n{b}\n# ///\n", st.text(max_size=200),
+    st.text(max_size=500)))
+def test_the_script_metadata_parser_answers_or_refuses(text: str) -> None:
+    try:
+        out = script_dependencies(text)
+    except ConfigError:
+        return
+    assert out is None or all(isinstance(d, str) for d in out)
+
+
+NAME = st.from_regex(r"[a-z][a-z0-9-]{0,20}[a-z0-9](==[0-9]{1,3}(\.[0-9]{1,3}){0,2})?",
+                     fullmatch=True)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(NAME, max_size=8), st.text(alphabet="abc xyz=()'\n", max_size=300))
+def test_a_script_block_round_trips(deps: list[str], body: str) -> None:
+    code = "# /// script\n# dependencies = " + json.dumps(deps) + "\n# ///\n" + body
+    assert script_dependencies(code) == deps
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text(max_size=60), max_size=4))
+def test_a_requirement_is_parsed_or_refused(reqs: list[str]) -> None:
+    try:
+        out = checked_requirements(reqs)
+    except ConfigError:
+        return
+    assert all(isinstance(r, str) and "@" not in r.split(";")[0] for r in out)
