@@ -8,7 +8,7 @@
 #   ./build.sh test     the above with dev tools and the local model, then ruff,
 #                       mypy --strict and the whole test suite (what CI runs)
 #   ./build.sh quick    the developers' fast lane: ruff, mypy --strict and the tests not
-#                       marked slow, local_llm or ray (a few minutes; no model needed)
+#                       marked slow, local_llm, ray or pypi (a few minutes; no model needed)
 #   ./build.sh bench    the above, then bench/runtime.py
 #   ./build.sh lock     write constraints.txt from the venv (after MEMEX_UNLOCKED=1
 #                       ./build.sh test has installed the newest versions the ranges allow
@@ -128,7 +128,7 @@ case "${1:-setup}" in
         setup "[dev,eval,serve,mcp,jupyter,smolagents,pydantic-ai,openai-agents,fastmcp]"
         "$VENV/bin/ruff" check memex tests bench examples
         "$VENV/bin/mypy" memex
-        "$VENV/bin/python" -m pytest -q -m "not slow and not local_llm and not ray" \
+        "$VENV/bin/python" -m pytest -q -m "not slow and not local_llm and not ray and not pypi" \
             --durations=10 "${@:2}"
         ;;
     bench)

@@ -199,3 +199,16 @@ def test_a_requirement_is_parsed_or_refused(reqs: list[str]) -> None:
     except ConfigError:
         return
     assert all(isinstance(r, str) and "@" not in r.split(";")[0] for r in out)
+
+
+@pytest.mark.pypi
+def test_a_package_from_the_real_index(arts: Artifacts, tmp_path: Path,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The index pip is configured with on this machine (PyPI here): a pure-Python package
+    runs; one with native code only (orjson) is refused by name."""
+    got = resolve_packages(["humanize==4.12.3"], arts, cache=tmp_path)
+    assert got.pins == ("humanize==4.12.3",)
+    with Sandbox(packages=got, limits=Limits(timeout=30)) as sb:
+        assert sb.run("import humanize; humanize.naturalsize(10**6)").value == "'1.0 MB'"
+    with pytest.raises(PackageError, match="no wheel of orjson runs in the guest"):
+        resolve_packages(["orjson"], arts, cache=tmp_path)
