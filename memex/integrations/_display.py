@@ -6,7 +6,8 @@ its final value (``_repr_html_`` and friends). Shared by ``memex mcp`` and the J
 hook calls door op ``display.pyplot``, so the host asks for figures only when there can be
 some) and defines two builtins the host calls after a cell: ``__memex_figures__()`` sends each
 open figure to door op ``display.figure`` (PNG bytes), ``__memex_bundle__()`` sends the mime
-bundle of ``builtins._`` (the cell's value) to ``display.bundle``.
+bundle of ``builtins._`` (the cell's value) to ``display.bundle`` (``__memex_bundle_of__``
+computes any value's).
 """
 
 from __future__ import annotations
@@ -44,8 +45,7 @@ def __memex_display_prelude__():
              ("_repr_latex_", "text/latex"), ("_repr_svg_", "image/svg+xml"),
              ("_repr_png_", "image/png"), ("_repr_jpeg_", "image/jpeg"),
              ("_repr_json_", "application/json"))
-    def bundle():
-        value = getattr(builtins, "_", None)
+    def bundle_of(value):
         out = {}
         mimebundle = getattr(type(value), "_repr_mimebundle_", None)
         if mimebundle is not None:
@@ -72,10 +72,14 @@ def __memex_display_prelude__():
         for mime, data in list(out.items()):
             if not isinstance(data, (str, bytes, dict, list)):
                 del out[mime]
+        return out
+    def bundle():
+        out = bundle_of(getattr(builtins, "_", None))
         if out:
             memex_guest.call("display.bundle", out)
     builtins.__memex_figures__ = figures
     builtins.__memex_bundle__ = bundle
+    builtins.__memex_bundle_of__ = bundle_of
 __memex_display_prelude__()
 del __memex_display_prelude__
 '''.replace("MAX_FIGURES", str(MAX_FIGURES))

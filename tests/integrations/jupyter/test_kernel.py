@@ -173,3 +173,25 @@ def test_kernel_install_command_writes_the_kernelspec(tmp_path: Path) -> None:
     assert spec["argv"][5:7] == ["--timeout", "9.0"]
     assert str(1 << 30) in spec["argv"] and f"{tmp_path}:/data" in spec["argv"]
     assert kernelspec(timeout=9)["metadata"]["memex"]["timeout"] == 9
+
+
+def test_tab_and_shift_tab_answer_from_the_sessions_state(kernel: tuple[KernelManager, Any]
+                                                          ) -> None:
+    """Completion sees the cells' variables and their attributes; inspection inside a call's
+    parentheses shows the called function's signature and docstring; neither is a turn the
+    history or the cell count sees."""
+    _, kc = kernel
+    reply, _ = run(kc, "def area(width, height=2):\n    'The area of a box.'\n"
+                       "    return width * height\nbox_size = {'w': 3}")
+    assert reply["status"] == "ok"
+    count = reply["execution_count"]
+    got = kc.complete("box_size.ke", 11, reply=True, timeout=30)["content"]
+    assert got["matches"] == ["box_size.keys"] and got["cursor_start"] == 0, got
+    got = kc.complete("x = are", 7, reply=True, timeout=30)["content"]
+    assert "area" in got["matches"] and got["cursor_start"] == 4, got
+    got = kc.inspect("area(3, ", 8, reply=True, timeout=30)["content"]
+    assert got["found"] and "Signature: area(width, height=2)" in got["data"]["text/plain"]
+    assert "The area of a box." in got["data"]["text/plain"]
+    assert not kc.inspect("no_such_name", 5, reply=True, timeout=30)["content"]["found"]
+    reply, _ = run(kc, "area(3)")
+    assert reply["execution_count"] == count + 1  # the helpers were not cells
