@@ -99,6 +99,24 @@ setup_local_model() {
     "$VENV/bin/memex" model fetch "$@" >/dev/null
 }
 
+# The MCP conformance suite (npm; its tests run memex mcp against it): the versions in
+# tests/integrations/mcp/conformance/package-lock.json, with a Node 22 of its own (from npm:
+# the suite needs Node 22, which Debian's node may not be). Without npm the tests say so.
+setup_mcp_conformance() {
+    local dir="$VENV/mcp-conformance" src=tests/integrations/mcp/conformance
+    if ! command -v npm >/dev/null; then
+        echo "build.sh: npm not found: the MCP conformance tests will be skipped" >&2
+        return 0
+    fi
+    if ! cmp -s "$src/package-lock.json" "$dir/installed.json" 2>/dev/null; then
+        echo "build.sh: installing the MCP conformance suite (npm)" >&2
+        mkdir -p "$dir"
+        cp "$src/package.json" "$src/package-lock.json" "$dir/"
+        npm ci --prefix "$dir" --no-audit --no-fund --loglevel=error >/dev/null
+        cp "$src/package-lock.json" "$dir/installed.json"  # what is installed, once it is
+    fi
+}
+
 case "${1:-setup}" in
     setup)
         setup ""
@@ -119,6 +137,7 @@ case "${1:-setup}" in
         setup "[dev,eval,serve,ray,cluster,mcp,jupyter,smolagents,pydantic-ai,openai-agents,fastmcp]"
         # The end-to-end agent test runs against the real local model.
         setup_local_model
+        setup_mcp_conformance
         "$VENV/bin/ruff" check memex tests bench examples
         "$VENV/bin/mypy" memex
         # pytest exits 5 when it collects no test: with set -e that fails the build too.
@@ -126,6 +145,7 @@ case "${1:-setup}" in
         ;;
     quick)
         setup "[dev,eval,serve,mcp,jupyter,smolagents,pydantic-ai,openai-agents,fastmcp]"
+        setup_mcp_conformance
         "$VENV/bin/ruff" check memex tests bench examples
         "$VENV/bin/mypy" memex
         "$VENV/bin/python" -m pytest -q -m "not slow and not local_llm and not ray and not pypi" \

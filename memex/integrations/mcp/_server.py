@@ -15,11 +15,19 @@ import base64
 import dataclasses
 import hashlib
 import mimetypes
+from importlib.metadata import version
 from typing import Annotated, Any, Literal, TypeVar
 
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
-from mcp_types import CallToolResult, ImageContent, TextContent, ToolAnnotations
+from mcp.shared.exceptions import MCPError
+from mcp_types import (
+    INVALID_PARAMS,
+    CallToolResult,
+    ImageContent,
+    TextContent,
+    ToolAnnotations,
+)
 from pydantic import BaseModel, Field
 
 from ...errors import GuestFileTooLarge, MemexError
@@ -170,10 +178,33 @@ def _instructions(cfg: McpConfig, tools: ToolSet | None) -> str:
 
 
 # ---- the server ---------------------------------------------------------------------------
+UNOFFERED = ("resources/list", "resources/read", "resources/templates/list", "prompts/list",
+             "prompts/get")
+"""Methods MCPServer serves that memex mcp has nothing behind (not advertised, not answered)."""
+
+
+class _Server(MCPServer):
+    """MCPServer answering a call to a tool it does not have as the spec says: a JSON-RPC
+    error -32602 ``Unknown tool: NAME``, not a tool result."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any],
+                        context: Context[Any, Any] | None = None) -> Any:
+        if self._tool_manager.get_tool(name) is None:
+            raise MCPError(INVALID_PARAMS, f"Unknown tool: {name[:200]}")
+        return await super().call_tool(name, arguments, context)
+
+
 def build_server(config: McpConfig, sessions: Sessions) -> MCPServer:
     """The MCP server over ``sessions`` (the caller owns and closes them)."""
     tools = sessions.tools
-    mcp = MCPServer(config.name, instructions=_instructions(config, tools), log_level="WARNING")
+    mcp = _Server(config.name, instructions=_instructions(config, tools), log_level="WARNING",
+                  version=version("memex"))
+    # Only the capabilities it has: MCPServer answers resources and prompts (empty lists)
+    # and so advertises them; the SDK offers no switch, so their handlers go (a client then
+    # gets the spec's -32601, and tests/integrations/mcp pins the advertised set).
+    handlers = mcp._lowlevel_server._request_handlers
+    for method in UNOFFERED:
+        handlers.pop(method, None)
     network = config.policy is not None
 
     def session_of(ctx: Context, handle: str | None) -> Session:
