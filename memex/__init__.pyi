@@ -19,6 +19,7 @@ from .errors import (
     MemexError as MemexError,
     ModelFileError as ModelFileError,
     ModuleCacheMissing as ModuleCacheMissing,
+    NotGranted as NotGranted,
     PackageError as PackageError,
     PolicyError as PolicyError,
     SandboxClosed as SandboxClosed,

@@ -6,6 +6,8 @@ misuse or for a host that cannot do what was asked::
 
     MemexError
     ├── ConfigError            bad Limits, Mount, preload or argument (also a ValueError)
+    │   ├── NotGranted         a tenant asked for what its operator did not grant (a mount,
+    │   │                      a guest package): the service's 403
     │   ├── ToolDefinitionError a tool cannot be defined as given (signature, schema, name)
     │   └── PolicyError        an egress policy is invalid (each problem with file, line, reason)
     ├── SetupError             the machine is not ready
@@ -56,6 +58,7 @@ __all__ = [
     "MemexError",
     "ModelFileError",
     "ModuleCacheMissing",
+    "NotGranted",
     "PackageError",
     "PolicyError",
     "SandboxClosed",
@@ -79,6 +82,11 @@ class ConfigError(MemexError, ValueError):
 class ToolDefinitionError(ConfigError):
     """A tool (function, OpenAI definition or tool set) cannot be offered as given: an
     unsupported signature, an invalid JSON Schema, a bad or duplicate name."""
+
+
+class NotGranted(ConfigError):
+    """A tenant asked for something its operator did not grant it (a mount, a guest
+    package): ``memex serve`` answers 403, and the message names what it may have."""
 
 
 class PolicyError(ConfigError):

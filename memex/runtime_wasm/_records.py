@@ -67,6 +67,10 @@ class Limits:
     open_files: int = 128
 
     def __post_init__(self) -> None:
+        for name in ("memory", "stdout_bytes", "stderr_bytes", "disk_bytes", "disk_files",
+                     "open_files"):  # bounded: None is no value for these
+            if getattr(self, name) is None:
+                raise ConfigError(f"Limits.{name} must be bounded (an int), got None")
         for name in ("memory", "fuel", "fuel_total", "stdout_bytes", "stderr_bytes",
                      "disk_bytes", "disk_files", "open_files"):
             v = getattr(self, name)

@@ -59,10 +59,15 @@ def create_app(config: ServiceConfig, *, backend: Backend | None = None) -> Fast
         return exc.response()
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return ApiError(exc.status_code, code, str(exc.detail),
-                        headers=dict(exc.headers or {})).response()
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        status = exc.status_code
+        if status == 400:  # a body FastAPI could not decode at all: as one that is not JSON
+            return ApiError(422, "invalid_request", f"body: {exc.detail}").response()
+        code = {404: "not_found", 405: "method_not_allowed"}.get(status, "http_error")
+        headers = dict(exc.headers or {})
+        if status == 405:  # every method the path has (one route serves one method)
+            headers["Allow"] = ", ".join(_methods_of(app, request))
+        return ApiError(status, code, str(exc.detail), headers=headers).response()
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -74,6 +79,18 @@ def create_app(config: ServiceConfig, *, backend: Backend | None = None) -> Fast
         return ApiError(500, "internal", f"internal error ({type(exc).__name__})").response()
 
     return app
+
+
+def _methods_of(app: FastAPI, request: Request) -> list[str]:
+    """The methods the routes matching the request's path serve."""
+    from starlette.routing import Match
+
+    methods: set[str] = set()
+    for route in app.routes:
+        match, _ = route.matches(request.scope)
+        if match is not Match.NONE:
+            methods.update(getattr(route, "methods", None) or ())
+    return sorted(methods)
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:

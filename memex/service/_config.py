@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
-from ..errors import ConfigError
+from ..errors import ConfigError, NotGranted
 from ..host_tools import EgressPolicy, ToolSet
 from ..runtime_wasm import SANDBOX_LIMITS, Limits
 from ..serving import (
@@ -105,7 +105,7 @@ class TenantConfig:
     def check_mount(self, host_path: Path, writable: bool) -> None:
         if not any(g.allows(host_path, writable) for g in self.mounts):
             kind = "writable" if writable else "read-only"
-            raise ConfigError(f"tenant {self.name!r} may not mount {str(host_path)!r} "
+            raise NotGranted(f"tenant {self.name!r} may not mount {str(host_path)!r} "
                               f"({kind}); its granted mounts: "
                               f"{[str(g.host) for g in self.mounts] or 'none'}")
 

@@ -19,6 +19,7 @@ from ..errors import (
     GuestFileError,
     GuestFileTooLarge,
     MemexError,
+    NotGranted,
     PackageError,
     SandboxClosed,
     SandboxLost,
@@ -63,14 +64,16 @@ def too_large(cap: int) -> ApiError:
 def translate(exc: MemexError) -> ApiError:
     name, reason = type(exc).__name__, getattr(exc, "reason", None)
     reason = reason if isinstance(reason, str) else None
+    if isinstance(exc, NotGranted):  # authenticated, but not allowed that
+        return ApiError(403, "forbidden", str(exc), type_=name)
     if isinstance(exc, ConfigError):
         return ApiError(422, "invalid", str(exc), type_=name)
     if isinstance(exc, PackageError):  # a guest package that cannot be had (it says which)
         return ApiError(422, "package", str(exc), type_=name)
     if isinstance(exc, GuestFileTooLarge):
         return ApiError(413, "too_large", str(exc), type_=name)
-    if isinstance(exc, GuestFileError):
-        return ApiError(400, "guest_file", str(exc), type_=name)
+    if isinstance(exc, GuestFileError):  # the path names no file of the session's
+        return ApiError(404, "guest_file", str(exc), type_=name)
     if isinstance(exc, SandboxLost):
         return ApiError(410, "session_lost", str(exc), type_=name, reason=reason)
     if isinstance(exc, SandboxClosed):

@@ -7,15 +7,23 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic.json_schema import SkipJsonSchema
 
-__all__ = ["API_VERSION", "CheckpointOut", "CreateSession", "ErrorBody", "ErrorDetail",
-           "FileList", "FileOut", "LimitsIn", "MountIn", "RestoreIn", "RunIn", "RunOut",
-           "SessionList", "SessionOut", "ToolList", "ToolOut"]
+__all__ = ["API_VERSION", "GUEST_PATH", "CheckpointOut", "CreateSession", "ErrorBody",
+           "ErrorDetail", "FileList", "FileOut", "LimitsIn", "MountIn", "RestoreIn", "RunIn",
+           "RunOut", "SessionList", "SessionOut", "ToolList", "ToolOut"]
 
 API_VERSION = "v1"
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _MAX_ENV_VALUE = 32 << 10
+# in the schema too, so a generated client (or a fuzzer) knows what a name may be
+EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
+EnvValue = Annotated[str, Field(max_length=_MAX_ENV_VALUE, pattern=r"^[^\x00]*$")]
+ModuleName = Annotated[str, Field(max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*"
+                                                          r"(\.[A-Za-z_][A-Za-z0-9_]*)*$")]
+EnvTable = Annotated[dict[EnvName, EnvValue],
+                     Field(json_schema_extra={"additionalProperties": False})]
 
 
 class _Strict(BaseModel):
@@ -33,10 +41,16 @@ def _guest_path(value: str) -> str:
     return value
 
 
+GUEST_PATH = r"^(/([^/\x00.][^/\x00]*|\.[^/\x00.][^/\x00]*|\.\.[^/\x00]+)?)+$"
+"""An absolute path whose parts are not '.' or '..', without NUL (what _guest_path checks,
+in the schema: lookarounds left out, as generators of the schema's data may lack them)."""
+
+
 class MountIn(_Strict):
     host: str = Field(description="a host directory inside one of the tenant's granted mounts",
-                      min_length=1, max_length=4096)
-    guest: str = Field(description="the absolute guest path it appears at")
+                      min_length=1, max_length=4096, pattern=r"^[^\x00]*$")
+    guest: str = Field(description="the absolute guest path it appears at", max_length=1024,
+                       pattern=GUEST_PATH)
     writable: bool = False
     links: bool = False
 
@@ -53,40 +67,54 @@ class MountIn(_Strict):
         return v
 
 
+def _integral(value: Any) -> Any:
+    """JSON Schema's integer: 5.0 is one (its value is integral), so it is taken as 5; any
+    other type still meets the strict check (``true`` and ``"5"`` are not integers)."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2 ** 63:
+        return int(value)
+    return value
+
+
 Seconds = Annotated[float, Field(gt=0, lt=1e9)]
-Count = Annotated[int, Field(ge=1, lt=1 << 62)]
+Count = Annotated[Annotated[int, Field(ge=1, lt=1 << 62)], BeforeValidator(_integral)]
+MemoryBytes = Annotated[Annotated[int, Field(ge=48 << 20, le=4 << 30)],
+                        BeforeValidator(_integral)]  # Limits' own bounds (wasm32)
+OpenFiles = Annotated[Annotated[int, Field(ge=16, le=4096)],  # Limits' open_files bounds
+                      BeforeValidator(_integral)]
 
 
 class LimitsIn(_Strict):
     """memex.Limits, each field within the tenant's ceiling (unset: the service's default,
     itself kept within the ceiling)."""
 
+    # null is a value only where Limits takes one (no bound); a field that must be bounded
+    # takes a number or is left out (SkipJsonSchema: null is not in the document, and is
+    # refused with 422 when sent)
     timeout: Seconds | None = Field(None, description="wall seconds per turn")
-    memory: Count | None = Field(None, description="bytes of guest memory")
+    memory: MemoryBytes | SkipJsonSchema[None] = Field(None, description="bytes of guest memory")
     fuel: Count | None = Field(None, description="instructions per turn (metered engine)")
     fuel_total: Count | None = Field(None, description="instructions over the session")
-    stdout_bytes: Count | None = None
-    stderr_bytes: Count | None = None
+    stdout_bytes: Count | SkipJsonSchema[None] = None
+    stderr_bytes: Count | SkipJsonSchema[None] = None
     idle_timeout: Seconds | None = None
     lifetime: Seconds | None = None
-    disk_bytes: Count | None = None
-    disk_files: Count | None = None
-    open_files: Count | None = None
+    disk_bytes: Count | SkipJsonSchema[None] = None
+    disk_files: Count | SkipJsonSchema[None] = None
+    open_files: OpenFiles | SkipJsonSchema[None] = None
 
 
 class CreateSession(_Strict):
     limits: LimitsIn | None = Field(
         None, description="memex.Limits fields; each within the tenant's ceiling")
-    preload: list[Annotated[str, Field(max_length=256)]] = Field(default_factory=list,
-                                                                 max_length=64)
+    preload: list[ModuleName] = Field(default_factory=list, max_length=64)
     packages: list[Annotated[str, Field(max_length=200)]] = Field(
         default_factory=list, max_length=64,
         description="pure-Python requirements for the guest ('humanize', 'tabulate==0.9.0'), "
                     "resolved by the server; each wheel must be one the tenant is allowed")
     mounts: list[MountIn] = Field(default_factory=list, max_length=32)
-    env: dict[str, str] | None = Field(None, max_length=256, description="environment "
-                                       "variables: names [A-Za-z_][A-Za-z0-9_]*, values "
-                                       "without NUL, at most 32 KiB each")
+    env: EnvTable | None = Field(None, max_length=256, description="environment "
+                                                "variables: names [A-Za-z_][A-Za-z0-9_]*, "
+                                                "values without NUL, at most 32 KiB each")
 
     @field_validator("env")
     @classmethod

@@ -29,6 +29,7 @@ from ._config import TenantConfig, key_matches
 from ._http import ApiError, invalid_request, too_large
 from ._models import (
     API_VERSION,
+    GUEST_PATH,
     CheckpointOut,
     CreateSession,
     ErrorBody,
@@ -48,10 +49,21 @@ from ._sessions import QuotaExceeded, Session
 __all__ = ["router"]
 
 V1 = f"/{API_VERSION}"
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorBody} for status in (401, 404, 422, 429)}
+_ERRORS: dict[int | str, dict[str, Any]] = {status: {"model": ErrorBody, "description": why}
+                                             for status, why in (
+    (401, "no valid API key"),
+    (403, "a mount or a guest package the tenant was not granted"),
+    (404, "no such session or checkpoint of this tenant, or no such file in the session"),
+    (409, "the session is closed, or cannot do what was asked (the error's code says why)"),
+    (410, "the session was lost and could not be brought back"),
+    (413, "a body, a file or a frame over its cap"),
+    (422, "a request the API or the tenant's grants refuse (the message names the field)"),
+    (429, "a quota or a fair share of the tenant is full: retry after Retry-After"),
+    (503, "the server or the cluster has no room now: retry after Retry-After"))}
 
 router = APIRouter()
+GuestPathQuery = Annotated[str, Query(max_length=1024, pattern=GUEST_PATH,
+                                      description="an absolute path in the guest")]
 
 
 def _key_of(headers: Any) -> str | None:
@@ -296,7 +308,7 @@ async def share_checkpoint(cid: str, tenant: Tenant, svc: Svc) -> Response:
 
 # ---- files --------------------------------------------------------------------------------
 @router.get(f"{V1}/sessions/{{sid}}/files", responses=_ERRORS)
-async def read_file(sid: str, path: Annotated[str, Query()], tenant: Tenant, svc: Svc,
+async def read_file(sid: str, path: GuestPathQuery, tenant: Tenant, svc: Svc,
                     max_bytes: Annotated[int | None, Query(ge=0)] = None) -> Response:
     """A file of the session, refused (413) before it is read when it is larger than the
     server's response cap or ``max_bytes``."""
@@ -310,7 +322,7 @@ async def read_file(sid: str, path: Annotated[str, Query()], tenant: Tenant, svc
 
 @router.get(f"{V1}/sessions/{{sid}}/files/list", responses=_ERRORS)
 async def list_files(sid: str, tenant: Tenant, svc: Svc,
-                     path: Annotated[str, Query()] = "/tmp",
+                     path: GuestPathQuery = "/tmp",
                      limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000) -> FileList:
     s = await svc.session_of(tenant, sid)
 
@@ -327,7 +339,7 @@ async def list_files(sid: str, tenant: Tenant, svc: Svc,
 
 
 @router.put(f"{V1}/sessions/{{sid}}/files", status_code=204, responses=_ERRORS)
-async def write_file(sid: str, request: Request, path: Annotated[str, Query()],
+async def write_file(sid: str, request: Request, path: GuestPathQuery,
                      tenant: Tenant, svc: Svc) -> Response:
     s = await svc.session_of(tenant, sid)
     data = await request.body()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Sequence
 
-from ..errors import BackendBusy, ConfigError
+from ..errors import BackendBusy, ConfigError, NotGranted
 from ..runtime_wasm import (
     PackageSet,
     bundled_packages,
@@ -53,7 +53,7 @@ class PackageGate:
     def pins(self, tenant: str, allowed: frozenset[str] | None, requirements: Sequence[str]
              ) -> tuple[str, ...]:
         """``requirements`` resolved to pins, every wheel of them (dependencies too) one the
-        tenant may have. ConfigError (422) for one it may not, PackageError (422) for one
+        tenant may have. NotGranted (403) for one it may not, PackageError (422) for one
         that cannot run in the guest, BackendBusy (429/503) while pip is busy."""
         if not requirements:
             return ()
@@ -93,6 +93,6 @@ class PackageGate:
         refused = sorted(set(names) - allowed)
         if refused:
             what = "needs" if needed else "asks for"
-            raise ConfigError(f"tenant {tenant!r} {what} {', '.join(refused)}, which its "
+            raise NotGranted(f"tenant {tenant!r} {what} {', '.join(refused)}, which its "
                               f"operator does not allow (allowed: "
                               f"{', '.join(sorted(allowed)) or 'none'})")

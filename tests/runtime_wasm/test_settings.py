@@ -141,3 +141,13 @@ def test_the_turn_deadline_is_written_once() -> None:
     assert _literal_timeouts() == []
     assert (SANDBOX_LIMITS.timeout, AGENT_LIMITS.timeout, KERNEL_LIMITS.timeout) == (
         30.0, 60.0, 600.0)
+
+
+@pytest.mark.parametrize("name", ["memory", "stdout_bytes", "stderr_bytes", "disk_bytes",
+                                  "disk_files", "open_files"])
+def test_a_bounded_limit_given_as_none_is_refused_by_name(name: str) -> None:
+    """None means "no bound" only where a field allows it (fuel, lifetime...): for one that
+    must be bounded it is a ConfigError naming the field, not a TypeError from a compare."""
+    with pytest.raises(ConfigError, match=f"Limits.{name} must be bounded"):
+        Limits.from_mapping({name: None})
+    assert Limits.from_mapping({"fuel": None, "lifetime": None}).fuel is None  # allowed there

@@ -157,7 +157,10 @@ def test_typed_errors_for_bad_requests(memex_server: Any) -> None:
         ("POST", "/v1/sessions/s_nope/run/stream", {"code": "1", "timeout": "2"}, 422,
          "invalid_request"),
         ("POST", "/v1/sessions", {"unknown": 1}, 422, "invalid_request"),
-        ("POST", "/v1/sessions", {"preload": ["not a module!"]}, 422, "invalid"),
+        # a module name's pattern is in the document: the schema refuses it
+        ("POST", "/v1/sessions", {"preload": ["not a module!"]}, 422, "invalid_request"),
+        ("POST", "/v1/sessions", {"limits": {"memory": 1 << 20}}, 422, "invalid_request"),
+        ("POST", "/v1/sessions", {"limits": {"memory": None}}, 422, "invalid"),
         ("GET", "/v1/sessions/s_nope", None, 404, "not_found"),
         ("POST", "/v1/sessions/s_nope/run", {"code": "1"}, 404, "not_found"),
     ]
@@ -174,9 +177,9 @@ def test_typed_errors_for_bad_requests(memex_server: Any) -> None:
             r = raw(memex_server, "POST", f"/v1/sessions/{sid}/run", json=body)
             assert r.status_code == 422, (body, r.text)
         r = raw(memex_server, "GET", f"/v1/sessions/{sid}/files?path=/etc/passwd")
-        assert (r.status_code, r.json()["error"]["type"]) == (400, "GuestFileError")
+        assert (r.status_code, r.json()["error"]["type"]) == (404, "GuestFileError")
         r = raw(memex_server, "GET", f"/v1/sessions/{sid}/files/list?path=/etc")
-        assert (r.status_code, r.json()["error"]["type"]) == (400, "GuestFileError")
+        assert (r.status_code, r.json()["error"]["type"]) == (404, "GuestFileError")
         a.write_file(sid, "/tmp/d/x.bin", b"12345")
         assert a.list_files(sid, "/tmp") == [{"name": "d", "path": "/tmp/d", "kind": "dir",
                                               "size": 0}]

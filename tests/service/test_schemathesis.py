@@ -1,0 +1,119 @@
+"""schemathesis against `memex serve`'s own OpenAPI document: every operation is called with
+requests generated from the document (valid and invalid ones), on a real server on
+127.0.0.1, and each answer must be one the document describes (status, content type, body
+schema, headers), never a server error. Session routes get the id of a live session about
+half the time (a fresh one when a case closed it), so they are tested past their 404."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import httpx2
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.errors import Unsatisfiable
+from schemathesis import GenerationMode
+from served import Served, start_server
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    s = start_server(tmp_path_factory.mktemp("st"), {"t": "max_sessions = 4\n"})
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+class Live:
+    """A live session of the tenant (a case may close it: then another is made)."""
+
+    def __init__(self, served: Served) -> None:
+        self.served, self.sid = served, ""
+        self.http = httpx2.Client(base_url=served.url, timeout=30,
+                                  headers={"Authorization": f"Bearer {served.keys['t']}"})
+
+    def session(self) -> str:
+        if not self.sid or self.http.get(f"/v1/sessions/{self.sid}").status_code != 200:
+            for sid in [s["id"] for s in self.http.get("/v1/sessions").json()["sessions"]]:
+                self.http.delete(f"/v1/sessions/{sid}")  # room under max_sessions
+            r = self.http.post("/v1/sessions", json={})
+            assert r.status_code == 201, r.text
+            self.sid = r.json()["id"]
+        return self.sid
+
+
+@pytest.fixture(scope="module")
+def live(served: Served) -> Iterator[Live]:
+    one = Live(served)
+    yield one
+    one.http.close()
+
+
+def test_every_answer_is_one_the_document_describes(served: Served, live: Live) -> None:
+    """Each operation, with cases of both kinds (valid and invalid requests) drawn by
+    hypothesis from the document (schemathesis' pytest plugin is not used: it does not run
+    on this pytest)."""
+    api = schemathesis.openapi.from_url(served.url + "/openapi.json")
+    operations = [result.ok() for result in api.get_all_operations()]
+    assert len(operations) >= 20  # every route is in the document
+    auth = {"Authorization": f"Bearer {served.keys['t']}"}
+    for op in operations:
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+            @given(case=op.as_strategy(generation_mode=mode))
+            @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
+                      suppress_health_check=list(HealthCheck))
+            def check(case: Any) -> None:
+                if "sid" in (case.path_parameters or {}) and \
+                        random.Random(repr(case.body)).random() < 0.5:
+                    case.path_parameters["sid"] = live.session()
+                case.call_and_validate(headers={} if case.path == "/metrics" else auth)
+
+            try:
+                check()
+            except Unsatisfiable:  # an operation with no input has no invalid request
+                assert mode is GenerationMode.NEGATIVE and not op.body and \
+                    not op.path_parameters and not op.query, op.label
+
+
+EXAMPLES = 15
+
+
+def test_the_documents_limits_bounds_are_the_runtimes() -> None:
+    """LimitsIn states Limits' own bounds, so a request the document allows is not refused
+    by Limits (and one it refuses is)."""
+    from memex.runtime_wasm import Limits
+    from memex.runtime_wasm._records import MAX_OPEN_FILES, MIN_OPEN_FILES
+    from memex.service import create_app
+    from memex.service._config import ServiceConfig
+
+    props = create_app(ServiceConfig()).openapi()["components"]["schemas"]["LimitsIn"][
+        "properties"]
+    assert (props["open_files"]["minimum"], props["open_files"]["maximum"]) == (
+        MIN_OPEN_FILES, MAX_OPEN_FILES)
+    lo, hi = int(props["memory"]["minimum"]), int(props["memory"]["maximum"])
+    Limits(memory=lo), Limits(memory=hi)  # both ends accepted
+    for bad in (lo - 1, hi + 1):
+        with pytest.raises(ValueError):
+            Limits(memory=bad)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(alphabet="/.a\x00b", max_size=12) | st.text(max_size=40))
+def test_the_documents_guest_path_pattern_is_the_servers_check(path: str) -> None:
+    """The pattern the document gives a mount's guest path admits exactly what the server's
+    check does (the document is what generated clients validate against)."""
+    import re
+
+    from memex.service._models import GUEST_PATH, _guest_path
+
+    try:
+        _guest_path(path)
+        accepted = len(path) <= 1024
+    except ValueError:
+        accepted = False
+    assert bool(re.fullmatch(GUEST_PATH, path)) == accepted, path
