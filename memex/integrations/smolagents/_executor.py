@@ -5,9 +5,11 @@ policy allows it) instead of the default local interpreter.
 The agent's tools (and managed agents) stay on the host and are called from guest code through
 MemEx's typed tools, so tools holding live clients (an MCP connection, a database handle, a
 managed agent) work, and their values arrive typed. ``final_answer(x)`` ends the code at once
-and hands smolagents ``x`` as the host object it became. A limit that stops the code
-(deadline, memory, fuel) is the error the agent loop shows the model, with the state rolled
-back; the next step runs in the same live session.
+and hands smolagents ``x`` as the host object it became (a PIL image as a PIL image, as
+smolagents' remote executors hand it, its size checked before its pixels are decoded). A
+failing step raises smolagents' own ``InterpreterError`` (``ExecutionTimeoutError`` for the
+deadline), the error the agent loop shows the model, with the state rolled back after a
+limit; the next step runs in the same live session.
 """
 
 from __future__ import annotations
@@ -17,7 +19,12 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from smolagents.local_python_executor import CodeOutput, PythonExecutor
+from smolagents.local_python_executor import (
+    CodeOutput,
+    ExecutionTimeoutError,
+    InterpreterError,
+    PythonExecutor,
+)
 from smolagents.tools import Tool as SmolTool
 
 from ...backends import Backend
@@ -40,18 +47,39 @@ __all__ = ["MemexExecutor"]
 log = logging.getLogger(__name__)
 
 _SIGNAL = "MemexFinalAnswer"
+_IMAGE = "__memex_image__"
+MAX_IMAGE_PIXELS = 40_000_000
+"""Pixels of a final-answer image the host opens (the guest made it: its PNG header is
+checked before its pixels are decoded; smolagents' remote executors take it as PIL too)."""
 # Wraps the final_answer stub: the host records the answer, then the code stops here (a
 # BaseException, so that `except Exception` in the agent's code cannot swallow it).
 _FINAL_WRAPPER = f'''
 class {_SIGNAL}(BaseException):
     """final_answer() was called: the step ends here."""
 def __memex_wrap_final__():
+    import sys
     import tools as _tools
     stub = getattr(_tools, "final_answer", None)
     if stub is None:
         return
+    def pack(value, depth=0):
+        # a PIL image crosses as PNG bytes (the host opens it again); containers, 8 deep
+        image = sys.modules.get("PIL.Image")
+        if image is not None and isinstance(value, image.Image):
+            import io
+            buf = io.BytesIO()
+            value.save(buf, format="PNG")
+            return {{"{_IMAGE}": buf.getvalue()}}
+        if depth < 8:
+            if isinstance(value, list):
+                return [pack(v, depth + 1) for v in value]
+            if isinstance(value, tuple):
+                return tuple(pack(v, depth + 1) for v in value)
+            if isinstance(value, dict):
+                return {{k: pack(v, depth + 1) for k, v in value.items()}}
+        return value
     def final_answer(*args, **kwargs):
-        stub(*args, **kwargs)
+        stub(*[pack(a) for a in args], **{{k: pack(v) for k, v in kwargs.items()}})
         raise {_SIGNAL}()
     final_answer.__doc__ = stub.__doc__
     final_answer.__signature__ = __import__("inspect").signature(stub)
@@ -176,7 +204,10 @@ class MemexExecutor(PythonExecutor):
             return CodeOutput(output=self._final[-1], logs=logs, is_final_answer=True)
         if r.ok:
             return CodeOutput(output=r.value, logs=logs, is_final_answer=False)
-        raise RuntimeError(error_text(r))
+        # smolagents' own types, as its local executor raises them (its loop shows the text)
+        if r.limit == "deadline":
+            raise ExecutionTimeoutError(error_text(r))
+        raise InterpreterError(error_text(r))
 
     def cleanup(self) -> None:
         """Close the tools' host, the sandbox and a backend made from a name (idempotent)."""
@@ -198,6 +229,7 @@ class MemexExecutor(PythonExecutor):
     # ---- helpers ----------------------------------------------------------------------------
     def _final_answer(self, tool: SmolTool) -> Any:
         def handler(**kwargs: Any) -> Any:
+            kwargs = {k: _unpack(v) for k, v in kwargs.items()}
             value = tool(**kwargs)  # the agent's own final_answer tool (it may check or change)
             self._final.append(value)
             return None
@@ -214,3 +246,32 @@ class MemexExecutor(PythonExecutor):
         limit = self.max_print_outputs_length
         return text if len(text) <= limit else text[:limit] + "\n[... output truncated]"
 
+
+def _unpack(value: Any, depth: int = 0) -> Any:
+    """The final answer as host objects: each image the guest packed opened as a PIL image
+    (its size checked first). Depth-bounded as the guest's packing is (8), over a value the
+    door already bounded in cost."""
+    if isinstance(value, dict):
+        if set(value) == {_IMAGE} and isinstance(value[_IMAGE], bytes):
+            return _image(value[_IMAGE])
+        if depth < 8:
+            return {k: _unpack(v, depth + 1) for k, v in value.items()}
+    if depth < 8 and isinstance(value, list | tuple):
+        return type(value)(_unpack(v, depth + 1) for v in value)
+    return value
+
+
+def _image(png: bytes) -> Any:
+    import io
+
+    import PIL.Image
+
+    try:
+        img = PIL.Image.open(io.BytesIO(png), formats=["PNG"])  # reads the header only
+        width, height = img.size
+        if width * height > MAX_IMAGE_PIXELS:
+            raise ValueError(f"{width}x{height} pixels, more than {MAX_IMAGE_PIXELS}")
+        img.load()
+    except (OSError, ValueError, PIL.Image.DecompressionBombError) as exc:
+        raise ValueError(f"final_answer's image cannot be opened on the host: {exc}") from None
+    return img

@@ -157,3 +157,33 @@ def test_egress_policy_passes_through() -> None:
         agent = CodeAgent(tools=[], model=model(srv), executor=ex, max_steps=2)
         assert agent.run("Fetch it.") == "EgressDenied"
     assert ex.egress is not None and ex.egress.records[0].decision == "deny"
+
+
+def test_final_answer_returns_an_image_and_errors_are_smolagents_own() -> None:
+    """A PIL image given to final_answer arrives as a PIL image (as from smolagents' remote
+    executors), inside containers too; one past the pixel bound is refused before its pixels
+    are decoded; a failing step raises smolagents' InterpreterError, a deadline its
+    ExecutionTimeoutError."""
+    from PIL import Image
+    from smolagents.default_tools import FinalAnswerTool
+    from smolagents.local_python_executor import ExecutionTimeoutError, InterpreterError
+
+    from memex.integrations.smolagents import _executor
+
+    with MemexExecutor(limits=Limits(timeout=20, memory=512 << 20)) as ex:
+        ex.send_tools({"final_answer": FinalAnswerTool()})
+        out = ex("from PIL import Image\nimg = Image.new('RGB', (4, 3), (255, 0, 0))\n"
+                 "final_answer(img)")
+        assert out.is_final_answer and isinstance(out.output, Image.Image)
+        assert out.output.size == (4, 3) and out.output.getpixel((1, 1)) == (255, 0, 0)
+        out = ex("final_answer({'chart': img, 'n': 2})")
+        assert isinstance(out.output["chart"], Image.Image) and out.output["n"] == 2
+        with pytest.raises(InterpreterError, match="ZeroDivisionError"):
+            ex("1 / 0")
+        with pytest.raises(InterpreterError, match="cannot be opened on the host"):
+            big = _executor.MAX_IMAGE_PIXELS // 1000 + 1
+            ex(f"final_answer(Image.new('1', (1000, {big})))")
+        assert ex("2 + 2").output == "4"  # the session goes on
+    with MemexExecutor(limits=Limits(timeout=1)) as ex, \
+            pytest.raises(ExecutionTimeoutError, match="time limit"):
+        ex("while True: pass")
