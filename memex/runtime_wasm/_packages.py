@@ -218,8 +218,11 @@ def resolve_packages(requirements: Sequence[str], arts: Artifacts | None = None,
     root = (cache or cache_dir()) / "packages"
     index = index_url or os.environ.get("PIP_INDEX_URL") or ""
     extra = os.environ.get("PIP_EXTRA_INDEX_URL") or ""
-    key = hashlib.sha256(json.dumps([wanted, index, extra, arts.python_tag,
-                                     sorted(bundled.items())]).encode()).hexdigest()[:32]
+    def key_of(reqs: Sequence[str]) -> str:
+        return hashlib.sha256(json.dumps([sorted(reqs), index, extra, arts.python_tag,
+                                          sorted(bundled.items())]).encode()).hexdigest()[:32]
+
+    key = key_of(wanted)
     pinned = all(_exact(t) for t in wanted)
     known = _read_resolution(root / "resolved" / f"{key}.json", None if pinned else RESOLVE_TTL)
     if known is not None:
@@ -229,8 +232,11 @@ def resolve_packages(requirements: Sequence[str], arts: Artifacts | None = None,
             return PackageSet(reqs, wheels, folder, tuple(met))
     wheels = _fetch(wanted, arts, bundled, root, index_url, timeout) if wanted else ()
     folder = _assemble(root, wheels)
-    atomic_write(root / "resolved" / f"{key}.json", json.dumps(
-        {"at": time.time(), "wheels": [w.__dict__ for w in wheels]}).encode())
+    record = json.dumps({"at": time.time(), "wheels": [w.__dict__ for w in wheels]}).encode()
+    atomic_write(root / "resolved" / f"{key}.json", record)
+    pins = sorted(w.pin for w in wheels)
+    if pins != sorted(wanted):  # what opens it again (a worker, a fork, a load) asks by pins
+        atomic_write(root / "resolved" / f"{key_of(pins)}.json", record)
     return PackageSet(reqs, wheels, folder, tuple(met))
 
 

@@ -712,14 +712,13 @@ def _checked_preload(preload: Iterable[str]) -> tuple[str, ...]:
 
 def _packages_of(packages: PackageSet | Sequence[str] | None, loaded: LoadedModule
                  ) -> PackageSet | None:
-    """The resolved set (requirements are resolved and fetched now); None for none."""
-    if packages is None or isinstance(packages, PackageSet):
-        return packages
+    """The resolved set (requirements are resolved and fetched now); None for none, and for
+    a set the bundle met whole (nothing to mount)."""
     if isinstance(packages, str):
         raise ConfigError("packages takes a list of requirements, not one string")
-    if not packages:
-        return None
-    return resolve_packages(list(packages), loaded.artifacts)
+    if packages is not None and not isinstance(packages, PackageSet):
+        packages = resolve_packages(list(packages), loaded.artifacts) if packages else None
+    return packages if packages is not None and packages.wheels else None
 
 
 def _checked_mounts(mounts: Sequence[Mount]) -> tuple[Mount, ...]:

@@ -90,6 +90,11 @@ def test_a_cached_set_is_used_without_the_index(index: PackageIndex, arts: Artif
     assert len(index.requests) == seen
     assert again.root == first.root and again.id == first.id
     assert first.pins == ("memexdep==1.0",)
+    ranged = resolve_packages(["memexdep>=1.1"], arts, index_url=index.url, cache=tmp_path)
+    seen = len(index.requests)  # what opens that set again asks by its pins: no pip run
+    assert resolve_packages(list(ranged.pins), arts, index_url=index.url,
+                            cache=tmp_path).id == ranged.id
+    assert len(index.requests) == seen
     assert not os.access(first.root / "memexdep.py", os.W_OK) or os.geteuid() == 0
 
 
@@ -125,6 +130,9 @@ def test_a_bundled_package_asked_for_is_met_by_the_bundle(arts: Artifacts, tmp_p
                                                           ) -> None:
     got = resolve_packages(["numpy>=2", "pandas"], arts, cache=tmp_path)
     assert got.wheels == () and set(got.bundled) == {"numpy>=2", "pandas"}
+    with Sandbox(packages=["numpy>=2"], limits=Limits(timeout=30)) as sb:
+        assert sb.packages is None  # nothing to mount: the same guest as without
+        assert sb.run("import numpy, sys; '/memex/packages' in sys.path").value == "False"
 
 
 def test_packages_count_against_the_disk_cap(index: PackageIndex, arts: Artifacts,
