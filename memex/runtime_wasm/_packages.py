@@ -218,12 +218,16 @@ def resolve_packages(requirements: Sequence[str], arts: Artifacts | None = None,
     root = (cache or cache_dir()) / "packages"
     index = index_url or os.environ.get("PIP_INDEX_URL") or ""
     extra = os.environ.get("PIP_EXTRA_INDEX_URL") or ""
-    def key_of(reqs: Sequence[str]) -> str:
-        return hashlib.sha256(json.dumps([sorted(reqs), index, extra, arts.python_tag,
+    def key_of(reqs: Sequence[str], pinned: bool) -> str:
+        # a pinned set is named by its pins alone (what a worker, a fork, a load or a
+        # cluster's slab on this machine asks for, whatever index its process is told of);
+        # a range depends on the index that answered it
+        where = [] if pinned else [index, extra]
+        return hashlib.sha256(json.dumps([sorted(reqs), *where, arts.python_tag,
                                           sorted(bundled.items())]).encode()).hexdigest()[:32]
 
-    key = key_of(wanted)
     pinned = all(_exact(t) for t in wanted)
+    key = key_of(wanted, pinned)
     known = _read_resolution(root / "resolved" / f"{key}.json", None if pinned else RESOLVE_TTL)
     if known is not None:
         wheels = tuple(known)
@@ -236,7 +240,7 @@ def resolve_packages(requirements: Sequence[str], arts: Artifacts | None = None,
     atomic_write(root / "resolved" / f"{key}.json", record)
     pins = sorted(w.pin for w in wheels)
     if pins != sorted(wanted):  # what opens it again (a worker, a fork, a load) asks by pins
-        atomic_write(root / "resolved" / f"{key_of(pins)}.json", record)
+        atomic_write(root / "resolved" / f"{key_of(pins, True)}.json", record)
     return PackageSet(reqs, wheels, folder, tuple(met))
 
 

@@ -62,7 +62,8 @@ def create_app(config: ServiceConfig, *, backend: Backend | None = None) -> Fast
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         status = exc.status_code
         if status == 400:  # a body FastAPI could not decode at all: as one that is not JSON
-            return ApiError(422, "invalid_request", f"body: {exc.detail}").response()
+            return ApiError(422, "invalid_request", f"body: {exc.detail}",
+                            type_="ConfigError").response()
         code = {404: "not_found", 405: "method_not_allowed"}.get(status, "http_error")
         headers = dict(exc.headers or {})
         if status == 405:  # every method the path has (one route serves one method)

@@ -51,10 +51,13 @@ class ApiError(Exception):
 
 
 def invalid_request(errors: Sequence[Any]) -> ApiError:
-    """422 for a body that does not fit its schema, naming the first error (pydantic's)."""
+    """422 for a body that does not fit its schema, naming the first error (pydantic's); a
+    ConfigError, as the same argument refused by a local backend is (RemoteBackend raises
+    that type)."""
     first = errors[0] if errors else {}
     where = ".".join(str(p) for p in first.get("loc", ()))
-    return ApiError(422, "invalid_request", f"{where}: {first.get('msg', 'invalid request')}")
+    return ApiError(422, "invalid_request", f"{where}: {first.get('msg', 'invalid request')}",
+                    type_="ConfigError")
 
 
 def too_large(cap: int) -> ApiError:

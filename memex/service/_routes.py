@@ -15,6 +15,7 @@ import msgpack
 from fastapi import APIRouter, Depends, Query, Request, Response, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
+from starlette.requests import HTTPConnection
 
 from ..errors import SandboxError
 from ..runtime_wasm import (
@@ -29,7 +30,6 @@ from ._config import TenantConfig, key_matches
 from ._http import ApiError, invalid_request, too_large
 from ._models import (
     API_VERSION,
-    GUEST_PATH,
     CheckpointOut,
     CreateSession,
     ErrorBody,
@@ -61,8 +61,28 @@ _ERRORS: dict[int | str, dict[str, Any]] = {status: {"model": ErrorBody, "descri
     (429, "a quota or a fair share of the tenant is full: retry after Retry-After"),
     (503, "the server or the cluster has no room now: retry after Retry-After"))}
 
-router = APIRouter()
-GuestPathQuery = Annotated[str, Query(max_length=1024, pattern=GUEST_PATH,
+async def _known_query(conn: HTTPConnection) -> None:
+    """Unknown query parameters are refused (422), as unknown body keys are: a misspelt
+    ``max_byte=`` would otherwise be silently ignored."""
+    dependant = getattr(conn.scope.get("route"), "dependant", None)
+    if dependant is None or not conn.query_params:
+        return
+    known: set[str] = set()
+    todo = [dependant]  # the route's own parameters and its dependencies' (a small tree)
+    while todo:
+        d = todo.pop()
+        known.update(p.alias for p in d.query_params)
+        todo.extend(d.dependencies)
+    unknown = sorted(set(conn.query_params) - known)
+    if unknown:
+        raise ApiError(422, "invalid_request", f"query: unknown parameter(s) "
+                       f"{', '.join(repr(u[:40]) for u in unknown[:5])}; this route takes "
+                       f"{', '.join(sorted(known)) or 'none'}", type_="ConfigError")
+
+
+router = APIRouter(dependencies=[Depends(_known_query)])
+# (no pattern: a relative or climbing path is the GuestFileError every backend raises)
+GuestPathQuery = Annotated[str, Query(max_length=1024,
                                       description="an absolute path in the guest")]
 
 

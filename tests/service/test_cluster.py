@@ -22,10 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from package_index import PackageIndex, build_wheel
 from served import Served, launch, tenant_table
 
 from memex import Door, Limits, RemoteBackend
-from memex.errors import ServiceError
+from memex.errors import NotGranted, ServiceError
 from memex.host_tools import Tool, ToolHost
 from memex.service import hash_key
 
@@ -90,15 +91,21 @@ class ClusterRig:
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterRig]:
+    wheels = tmp_path_factory.mktemp("wheels")  # guest packages, from an index on 127.0.0.1
+    build_wheel(wheels, "memexclu-dep", "1.0", {"memexclu_dep.py": "WORD = 'from a wheel'\n"})
+    index = PackageIndex(wheels)
+    mp = pytest.MonkeyPatch()
+    mp.setenv("PIP_INDEX_URL", index.url)  # the fronts' pip (the slabs find the pinned set)
     rig = ClusterRig(tmp_path_factory.mktemp("cluster"))
     keys = {"a": "key-a-" + "x" * 20, "small": "key-small-" + "y" * 20,
             "one": "key-one-" + "w" * 20, "gone": "key-gone-" + "z" * 20,
-            "ops": "key-ops-" + "v" * 20}
+            "ops": "key-ops-" + "v" * 20, "pkg": "key-pkg-" + "u" * 20}
     tenants = {"a": "max_sessions = 50\n[tenants.a.ceiling]\nmemory = 536870912\n",
                "small": "max_sessions = 3\n[tenants.small.ceiling]\nmemory = 268435456\n",
                "one": "max_running = 1\n[tenants.one.ceiling]\nmemory = 268435456\n",
                "ops": 'tools = ["ops_tools.py:TOOLS"]\negress = "policy.toml"\n'
                       "[tenants.ops.ceiling]\nmemory = 268435456\n",
+               "pkg": 'packages = ["memexclu-dep"]\n[tenants.pkg.ceiling]\nmemory = 268435456\n',
                "gone": "max_sessions = 5\n[tenants.gone.ceiling]\nmemory = 268435456\n"}
     rig.keys = keys
     try:
@@ -107,6 +114,8 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterRig]:
         yield rig
     finally:
         rig.close()
+        index.close()
+        mp.undo()
 
 
 def backend(front: Served, key: str) -> RemoteBackend:
@@ -404,6 +413,21 @@ def test_operator_tools_and_egress_are_served_in_the_slab(rig: ClusterRig, targe
 def memex(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "memex", *args], capture_output=True,
                           text=True, timeout=180)
+
+
+def test_guest_packages_are_resolved_by_the_front_and_opened_in_the_slab(rig: ClusterRig
+                                                                          ) -> None:
+    """A create's packages are resolved by the front (within the tenant's grant) and the
+    slab opens its session with the same wheels, pinned; a tenant without the grant is
+    refused before anything is placed."""
+    a, b = rig.fronts
+    with backend(a, rig.keys["pkg"]) as ba, backend(b, rig.keys["pkg"]) as bb:
+        sb = ba.open(limits=Limits(memory=256 << 20, timeout=20), packages=["memexclu-dep"])
+        assert sb.run("import memexclu_dep; memexclu_dep.WORD").value == "'from a wheel'"
+        assert bb.attach(sb.id).run("memexclu_dep.WORD").value == "'from a wheel'"
+        sb.close()
+    with backend(a, rig.keys["a"]) as other, pytest.raises(NotGranted):
+        other.open(limits=Limits(memory=256 << 20, timeout=20), packages=["memexclu-dep"])
 
 
 def test_check_reads_a_cluster_config_and_its_storage(rig: ClusterRig) -> None:

@@ -65,8 +65,8 @@ def test_state_typed_values_variables_and_final_answer(executor: MemexExecutor) 
         agent = CodeAgent(tools=[sales], model=model(srv), executor=executor, max_steps=5)
         answer = agent.run("Total north sales plus the bonus.",
                            additional_args={"bonus": 5, "targets": targets})
-    assert answer == {"total": 65, "rows": 2}
     obs = observations(agent)
+    assert answer == {"total": 65, "rows": 2}, (answer, obs)  # the steps say why not
     assert "DataFrame int64 DataFrame" in obs[0]  # the tool's value and a variable, typed
     assert "65" in obs[1]
     assert "not reached" not in obs[2]  # final_answer ended the code there
