@@ -332,6 +332,11 @@ class Sandbox(SandboxHandle):
     def _turn(self, code: str, timeout: float | None, filename: str | None,
               on_output: OutputListener | None = None) -> TurnResult:
         inst = self._require()
+        if self.rollback and not self._current:
+            # The state this turn may roll back to, taken now rather than after the last
+            # turn: an idle sandbox then holds its written pages once (not also a copy),
+            # and one closed after its last turn never pays for the copy.
+            self._checkpoint_good()
         lim = self.limits
         start = time.monotonic()
         # Limits.timeout is a hard cap: a per-turn timeout may only shorten it.
@@ -388,12 +393,7 @@ class Sandbox(SandboxHandle):
                 memory_bytes=self._inst.memory_size() if self._inst else 0,
                 disk_bytes=self._disk.bytes, disk_files=self._disk.entries,
             )
-        result = self._from_report(out, stdout, stderr, duration, truncated, inst, disk_hit)
-        if self.rollback:
-            # A weak reference: queued background work must not keep a dropped sandbox alive.
-            ref = weakref.WeakMethod(self._checkpoint_good)
-            self._runner.post(lambda: (m := ref()) is not None and m())
-        return result
+        return self._from_report(out, stdout, stderr, duration, truncated, inst, disk_hit)
 
     def interrupt(self) -> bool:
         """Stop the turn running now, from another thread or a signal handler (``memex repl``
@@ -445,7 +445,8 @@ class Sandbox(SandboxHandle):
         )
 
     def _checkpoint_good(self) -> None:
-        """(runner, background) Remember the state after a good turn for rollback."""
+        """(runner) Remember the live state, the end of the last good turn, for rollback (at
+        the start of the next turn, or when a checkpoint, fork or save needs it)."""
         inst = self._inst
         if inst is None or not inst.alive:
             return
@@ -487,6 +488,8 @@ class Sandbox(SandboxHandle):
                 return image
         image = self._image_of_now(self._require())
         image.freeze()
+        if self.rollback:  # it is also the state to roll back to
+            self._good, self._current = image, True
         return image
 
     def _recover(self) -> bool:

@@ -1,5 +1,5 @@
 """Many sandboxes in one host process: parallel turns, concurrent creation, churn without
-leaks of memory or threads."""
+leaks of memory, sandboxes or threads."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from memex import Limits, Sandbox, SandboxClosed, TurnResult, TurnStatus
+from memex.runtime_wasm._sandbox import _LIVE
+from memex.runtime_wasm.engine._runner import Runner, RunnerPool
 
 # RSS may grow by at most this much over 200 create/run/close cycles after a warm-up. One
 # leaked guest would be >= 40 MiB of linear memory (plus a 40 MiB rollback image), so a leak
@@ -27,17 +29,8 @@ def rss_bytes() -> int:
     raise AssertionError("no VmRSS in /proc/self/status")
 
 
-def sandbox_threads() -> set[threading.Thread]:
-    return {t for t in threading.enumerate() if t.name.startswith("memex-sandbox-")}
-
-
-def wait_for_threads_gone(before: set[threading.Thread], timeout: float = 5.0) -> set[str]:
-    deadline = time.monotonic() + timeout
-    while True:
-        extra = {t.name for t in sandbox_threads() - before if t.is_alive()}
-        if not extra or time.monotonic() > deadline:
-            return extra
-        time.sleep(0.05)
+def runner_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("memex-runner-")}
 
 
 def test_eight_sandboxes_run_cpu_turns_on_eight_threads() -> None:
@@ -113,7 +106,7 @@ def test_deadline_in_one_sandbox_does_not_disturb_others() -> None:
 
 @pytest.mark.slow
 def test_create_and_close_200_sandboxes_without_leaks() -> None:
-    before_threads = sandbox_threads()
+    before_live, before_threads = len(_LIVE), runner_threads()
     # warm-up: engine, module mmap, door pool, allocator arenas
     for _ in range(10):
         with Sandbox() as sb:
@@ -135,34 +128,64 @@ def test_create_and_close_200_sandboxes_without_leaks() -> None:
         f"RSS grew by {growth / 2**20:.1f} MiB over 200 sandboxes "
         f"(bound {RSS_GROWTH_BOUND / 2**20:.0f} MiB; peak {peak / 2**20:.0f} MiB)"
     )
-    leaked = wait_for_threads_gone(before_threads)
-    assert not leaked, f"leaked sandbox threads: {sorted(leaked)[:5]}"
+    assert len(_LIVE) == before_live
+    assert len(runner_threads() - before_threads) <= 2  # one at a time: the pool stays small
 
 
-def test_closing_many_sandboxes_stops_their_threads() -> None:
-    before = sandbox_threads()
-    sbs = [Sandbox() for _ in range(5)]
-    assert len(sandbox_threads() - before) == 5
-    for sb in sbs:
-        sb.run("1")
-        sb.close()
-    assert not wait_for_threads_gone(before)
+def test_idle_sandboxes_hold_no_thread() -> None:
+    """Runners share a pool: 50 idle sandboxes hold no thread of their own (positive
+    control: 8 busy ones at once each get one, in test_eight_sandboxes_run_...)."""
+    before = runner_threads()
+    sbs = [Sandbox() for _ in range(50)]
+    try:
+        for sb in sbs:
+            assert sb.run("1").value == "1"
+        assert len(runner_threads() - before) <= 2, sorted(t.name for t in runner_threads())
+    finally:
+        for sb in sbs:
+            sb.close()
+
+
+def test_runner_pool_threads_start_on_demand_and_end_when_idle() -> None:
+    pool = RunnerPool(keep_alive=0.2)
+    runners = [Runner(f"r{k}", pool=pool) for k in range(3)]
+    gate = threading.Event()
+    names: list[str] = []
+    for r in runners:  # three runners blocked at once: three threads
+        r.post(lambda: (names.append(threading.current_thread().name), gate.wait(10)))
+    deadline = time.monotonic() + 5
+    while len(names) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(set(names)) == 3 and pool.threads == 3
+    gate.set()
+    order: list[int] = []
+    for k in range(100):  # one runner's jobs run in order, one at a time
+        runners[0].post(lambda k=k: order.append(k))
+    assert runners[0].call(lambda: len(order)) == 100 and order == list(range(100))
+    deadline = time.monotonic() + 5
+    while pool.threads and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pool.threads == 0  # idle past keep_alive: ended
+    assert runners[1].call(lambda: 7) == 7  # and a new one starts for the next job
+    assert runners[2].stop(timeout=5)
+    with pytest.raises(RuntimeError):
+        runners[2].call(lambda: 1)
 
 
 def test_unclosed_sandbox_is_released_when_garbage_collected() -> None:
-    before = sandbox_threads()
+    before = len(_LIVE)
     sb = Sandbox()
     sb.run("1")
     ref = weakref.ref(sb)
     del sb
     try:
-        # Background work (the rollback checkpoint after a turn) may hold it for a moment.
+        # Queued work on its runner may hold it for a moment.
         deadline = time.monotonic() + 2
         while ref() is not None and time.monotonic() < deadline:
             gc.collect()
             time.sleep(0.02)
         assert ref() is None, "the sandbox is still referenced 2 s after del + gc"
-        assert not wait_for_threads_gone(before, timeout=2)
+        assert len(_LIVE) == before
     finally:
         leaked = ref()
         if leaked is not None:

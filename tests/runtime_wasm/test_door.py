@@ -82,7 +82,7 @@ def test_inline_handler_round_trip(make_sandbox: MakeSandbox) -> None:
     door.register("where", where, inline=True)
     sb = door_sandbox(make_sandbox, door)
     assert guest_eval(sb, "attempt('where')") == ("ok", "here")
-    assert threads and threads[0].startswith("memex-sandbox-")
+    assert threads and threads[0].startswith("memex-runner-")  # the guest's own thread
 
 
 def test_large_reply_round_trip(make_sandbox: MakeSandbox) -> None:

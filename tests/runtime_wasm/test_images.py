@@ -265,16 +265,17 @@ def test_load_of_image_truncated_at_chunk_boundary_raises(
         sb.close()
 
 
-def test_image_error_leaves_no_sandbox_threads(saved_image: Path, tmp_path: Path) -> None:
-    import threading
+def test_image_error_leaves_no_sandbox(saved_image: Path, tmp_path: Path) -> None:
+    from memex.runtime_wasm._sandbox import _LIVE
 
-    before = {t for t in threading.enumerate() if t.name.startswith("memex-sandbox-")}
+    before = len(_LIVE)
     bad = tmp_path / "bad.memex"
     bad.write_bytes(b"NOTMEMEX" + saved_image.read_bytes()[8:])
     with pytest.raises(ImageError):
         Sandbox.load(bad)
-    after = {t for t in threading.enumerate() if t.name.startswith("memex-sandbox-")}
-    assert after <= before
+    assert len(_LIVE) == before
+    with Sandbox.load(saved_image):  # positive control: a good load is registered
+        assert len(_LIVE) == before + 1
 
 
 # ---- preload ------------------------------------------------------------------------------
