@@ -37,6 +37,7 @@ from ..runtime_wasm import (
     TurnResult,
     checkpoint_from_bytes,
     checkpoint_to_bytes,
+    fork_each,
     open_from_checkpoint,
     serving_door,
 )
@@ -320,6 +321,11 @@ class RaySandbox(SandboxHandle):
             self._do("fork", child.sid)
             self._backend._adopt(child)
             return child
+
+    def fork_many(self, n: int) -> list[RaySandbox]:
+        """``n`` forks, all or none (each one call to the actor, which keeps one image of
+        this sandbox's state for all of them)."""
+        return fork_each(self.fork, n, RaySandbox.close)
 
     def read_file(self, guest_path: str, *, max_bytes: int | None = None) -> bytes:
         self._check_open()

@@ -40,6 +40,7 @@ from ..runtime_wasm import (
     OutputListener,
     SandboxHandle,
     TurnResult,
+    fork_count,
     retry_after,
     serving_door,
     unpack_bounded,
@@ -216,6 +217,13 @@ class Client:
 
     def fork(self, sid: str) -> dict[str, Any]:
         return dict(self.json("POST", f"/v1/sessions/{sid}/fork"))
+
+    def forks(self, sid: str, n: int) -> list[dict[str, Any]]:
+        out = self.json("POST", f"/v1/sessions/{sid}/forks", json={"count": n})
+        sessions = out.get("sessions") if isinstance(out, dict) else None
+        if not isinstance(sessions, list) or not all(isinstance(x, dict) for x in sessions):
+            raise ServiceError(f"POST /v1/sessions/{sid}/forks: an answer outside the API")
+        return [dict(x) for x in sessions]
 
     def checkpoint(self, sid: str) -> str:
         return str(self.json("POST", f"/v1/sessions/{sid}/checkpoints")["checkpoint"])
@@ -499,6 +507,14 @@ class RemoteSandbox(SandboxHandle):
             self._check_open()
             info = self._backend.client.fork(self.id)
         return self._backend._adopt(info, self.door)
+
+    def fork_many(self, n: int) -> list[RemoteSandbox]:
+        """``n`` independent copies in one request, all or none (the service counts them
+        against the tenant's quota together), sharing this handle's door."""
+        with self._lock:
+            self._check_open()
+            infos = self._backend.client.forks(self.id, fork_count(n))
+        return [self._backend._adopt(info, self.door) for info in infos]
 
     def read_file(self, guest_path: str, *, max_bytes: int | None = None) -> bytes:
         with self._lock:

@@ -29,7 +29,7 @@ from ._packages import (
     script_dependencies,
 )
 from ._prepare import prepare
-from ._protocol import SandboxAPI
+from ._protocol import SandboxAPI, fork_count, fork_each
 from ._records import (
     AGENT_LIMITS,
     KERNEL_LIMITS,
@@ -94,6 +94,8 @@ __all__ = [
     "compile_module",
     "dirty_tracking",
     "find_artifacts",
+    "fork_count",
+    "fork_each",
     "load_module",
     "module_path",
     "open_from_checkpoint",

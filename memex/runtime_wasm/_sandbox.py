@@ -11,6 +11,7 @@ import threading
 import time
 import weakref
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from ._handle import SandboxHandle
 from ._instance import Instance, InstanceSpec, TurnOutcome
 from ._output import OutputListener
 from ._packages import GUEST_PACKAGES, PackageSet, resolve_packages
+from ._protocol import fork_count
 from ._records import GuestException, GuestFile, Limits, Mount, TurnResult, TurnStatus
 from ._warm import warm_image, warm_image_named
 from .engine._engine import LoadedModule, load_module
@@ -557,6 +559,39 @@ class Sandbox(SandboxHandle):
                            door=door if door is not None else self.door,
                            env=self._env, rollback=self.rollback, packages=self.packages,
                            _image=img, _family=self)
+
+    def fork_many(self, n: int, *, door: Door | None = None) -> list[Sandbox]:
+        """``n`` independent sandboxes with this one's state, as ``n`` calls of :meth:`fork`
+        would make them, from one image of it: every child maps that image copy-on-write
+        and shares this one's /tmp files until it writes (each child costs what it writes).
+        All or none: when one child cannot be made (the family's disk quota, memory), the
+        ones made are closed and the error is raised."""
+        n = fork_count(n)
+        with self._lock:
+            self._check_open()
+            img = self._runner.call(self._shared_image)
+            kids: list[Sandbox] = []
+            kids_lock = threading.Lock()
+
+            def make() -> None:
+                kid = Sandbox(limits=self.limits, mounts=self.mounts,
+                              door=door if door is not None else self.door, env=self._env,
+                              rollback=self.rollback, packages=self.packages, _image=img,
+                              _family=self)
+                with kids_lock:
+                    kids.append(kid)
+
+            # as many at once as there are cores (each start is mostly the kernel's work)
+            width = max(1, min(n, os.cpu_count() or 1))
+            try:
+                with ThreadPoolExecutor(width, thread_name_prefix="memex-fork") as ex:
+                    for f in [ex.submit(make) for _ in range(n)]:
+                        f.result()
+            except BaseException:
+                for kid in kids:
+                    kid.close()
+                raise
+            return kids
 
     def fork_in_turn(self, *, door: Door | None = None, limits: Limits | None = None
                      ) -> Sandbox:

@@ -345,6 +345,9 @@ class ClusterSandbox(SandboxHandle):
     def fork(self) -> Any:
         raise SandboxError("a cluster's sessions fork through its control actor")
 
+    def fork_many(self, n: int) -> Any:
+        raise SandboxError("a cluster's sessions fork through its control actor")
+
     def read_file(self, guest_path: str, *, max_bytes: int | None = None) -> bytes:
         return bytes(self._do("read_file", guest_path, max_bytes))
 
@@ -678,6 +681,29 @@ class ClusterService(Service):
             self.table.add(c)
             return c
         return fork
+
+    def forks_of(self, s: Session, tenant: TenantConfig, n: int
+                 ) -> Callable[[Any], list[Session]]:
+        """``n`` forks through the control actor (which checks the tenant's bounds across
+        every front for each), all or none: when one is refused, those made are closed."""
+        one = self.fork_of(s, tenant)
+
+        def forks(sb: Any) -> list[Session]:
+            made: list[Session] = []
+            try:
+                for _ in range(n):
+                    made.append(one(sb))
+            except BaseException:
+                link = self.link
+                for c in made:
+                    self.table.pop(c.tenant, c.id)
+                    with contextlib.suppress(Exception):
+                        link.get(link.control.close.remote(c.tenant, c.id,
+                                                           "its fork batch failed"),
+                                 timeout=60)
+                raise
+            return made
+        return forks
 
     async def end(self, s: Session, why: str) -> None:
         self.table.pop(s.tenant, s.id)

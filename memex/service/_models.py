@@ -148,6 +148,14 @@ class SessionList(BaseModel):
     sessions: list[SessionOut]
 
 
+MAX_FORKS = 1024
+
+
+class ForksIn(_Strict):
+    count: int = Field(ge=1, le=MAX_FORKS, description="how many forks to make: all of "
+                       "them, within the tenant's quota, or none")
+
+
 class RunIn(_Strict):
     code: str
     timeout: Seconds | None = Field(None, description="seconds; at most the session's timeout")

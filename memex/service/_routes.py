@@ -35,6 +35,7 @@ from ._models import (
     ErrorBody,
     FileList,
     FileOut,
+    ForksIn,
     RestoreIn,
     RunIn,
     RunOut,
@@ -180,6 +181,18 @@ async def fork(sid: str, tenant: Tenant, svc: Svc) -> SessionOut:
         return svc.out(await svc.ordered(s, tenant, svc.fork_of(s, tenant)))
     except QuotaExceeded as exc:
         raise quota_error(exc) from None
+
+
+@router.post(f"{V1}/sessions/{{sid}}/forks", status_code=201, responses=_ERRORS)
+async def forks(sid: str, body: ForksIn, tenant: Tenant, svc: Svc) -> SessionList:
+    """``count`` forks of the session in one call, all or none: they count against the
+    tenant's quota together, and when one cannot be made none is kept."""
+    s = await svc.session_of(tenant, sid)
+    try:
+        made = await svc.ordered(s, tenant, svc.forks_of(s, tenant, body.count))
+    except QuotaExceeded as exc:
+        raise quota_error(exc) from None
+    return SessionList(sessions=[svc.out(c) for c in made])
 
 
 @router.post(f"{V1}/sessions/{{sid}}/park", status_code=204, responses=_ERRORS)

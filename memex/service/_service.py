@@ -372,6 +372,32 @@ class Service:
                 self.table.release(tenant.name, s.limits)
         return fork
 
+    def forks_of(self, s: Session, tenant: TenantConfig, n: int
+                 ) -> Callable[[SandboxAPI[Any]], list[Session]]:
+        """``n`` forks of ``s``, all or none: the quota is reserved for all of them first,
+        then one ``fork_many`` makes them (which keeps none when one fails)."""
+        def forks(sb: SandboxAPI[Any]) -> list[Session]:
+            held = 0
+            try:
+                for _ in range(n):
+                    self.table.reserve(tenant.name, tenant.bounds(), s.limits)
+                    held += 1
+                made: list[Session] = []
+                for child in sb.fork_many(n):  # their door is the parent's
+                    c = Session(id=new_session_id(), owner=tenant.name, sandbox=child,
+                                door=s.door, parent=s.id, limits=s.limits, mounts=s.mounts,
+                                preload=s.preload, env=s.env, packages=s.packages,
+                                turn_base=s.turns - child.turns,
+                                egress=s.egress, tools=s.tools)
+                    self.table.add(c)
+                    self.keeper.added(c)
+                    made.append(c)
+                return made
+            finally:
+                for _ in range(held):
+                    self.table.release(tenant.name, s.limits)
+        return forks
+
     # ---- turns ------------------------------------------------------------------------------
     def turn_of(self, s: Session, tenant: TenantConfig, body: RunIn,
                 emit: OutputListener | None = None) -> Callable[[SandboxAPI[Any]], TurnResult]:

@@ -202,6 +202,34 @@ def test_fork_is_independent(open_sandbox: OpenSandbox) -> None:
     assert sb.run("x").value == "2"
 
 
+def test_fork_many_makes_independent_children(open_sandbox: OpenSandbox) -> None:
+    sb = open_sandbox()
+    sb.run("x = [0]")
+    sb.write_file("/tmp/note.txt", b"from parent")
+    kids = list(sb.fork_many(3))
+    try:
+        assert len(kids) == 3 and len({id(k) for k in kids}) == 3
+        for k, kid in enumerate(kids):
+            assert kid.door is sb.door
+            assert kid.run(f"x.append({k + 1})\nx").value == f"[0, {k + 1}]"
+            kid.write_file("/tmp/note.txt", f"kid {k}".encode())
+        for k, kid in enumerate(kids):  # each from its first write on its own
+            assert kid.run("x").value == f"[0, {k + 1}]"
+            assert kid.read_file("/tmp/note.txt") == f"kid {k}".encode()
+        assert sb.run("x").value == "[0]"
+        assert sb.read_file("/tmp/note.txt") == b"from parent"
+        r = kids[0].run("import os\nos.abort()")  # a trap in one child
+        assert r.status is TurnStatus.KILLED, r
+        assert kids[0].run("x").value == "[0, 1]" and kids[1].run("x").value == "[0, 2]"
+    finally:
+        for kid in kids:
+            kid.close()
+    assert sb.run("x").value == "[0]"
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ConfigError):
+            sb.fork_many(bad)  # type: ignore[arg-type]
+
+
 def test_files_both_ways(open_sandbox: OpenSandbox) -> None:
     sb = open_sandbox()
     sb.write_file("/tmp/in/data.bin", b"\x00\x01payload")

@@ -85,6 +85,7 @@ def test_a_tenant_cannot_see_or_touch_another_tenants_sessions(memex_server: Any
             ("GET", f"/v1/sessions/{sid}", None),
             ("POST", f"/v1/sessions/{sid}/run", {"code": "secret"}),
             ("POST", f"/v1/sessions/{sid}/fork", None),
+            ("POST", f"/v1/sessions/{sid}/forks", {"count": 2}),
             ("POST", f"/v1/sessions/{sid}/checkpoints", None),
             ("GET", f"/v1/sessions/{sid}/files?path=/tmp/x", None),
             ("DELETE", f"/v1/sessions/{sid}", None),
@@ -137,6 +138,36 @@ def test_quota_and_ceilings(memex_server: Any) -> None:
     finally:
         small.close()
     assert Client(memex_server.url, memex_server.keys["small"]).sessions() == []
+
+
+def test_forks_in_one_call_are_all_or_none_within_the_quota(memex_server: Any) -> None:
+    small = get_backend("remote", url=memex_server.url, api_key=memex_server.keys["small"])
+    client = Client(memex_server.url, memex_server.keys["small"])
+    try:
+        ok = Limits(memory=256 << 20, timeout=10)
+        parent = small.open(limits=ok)
+        parent.run("x = 1")
+        with pytest.raises(ServiceError, match="bound is 2") as err:
+            parent.fork_many(2)  # 1 + 2 > max_sessions 2: none is made
+        assert err.value.status == 429
+        assert [s["id"] for s in client.sessions()] == [parent.id]
+        (kid,) = parent.fork_many(1)  # positive control: one fits
+        assert kid.run("x + 1").value == "2" and kid.door is parent.door
+        assert {s["id"] for s in client.sessions()} == {parent.id, kid.id}
+        for body in ({"count": 0}, {"count": 1025}, {"count": "2"}, {}):
+            r = raw(memex_server, "POST", f"/v1/sessions/{parent.id}/forks", key="small",
+                    json=body)
+            assert r.status_code == 422, (body, r.text)
+        kid.close()
+        r = raw(memex_server, "POST", f"/v1/sessions/{parent.id}/forks", key="small",
+                json={"count": 1})
+        assert r.status_code == 201, r.text
+        (out,) = r.json()["sessions"]
+        assert out["parent"] == parent.id and out["turns"] == 1
+    finally:
+        small.close()
+        for s in client.sessions():
+            client.close_session(s["id"])
 
 
 def test_typed_errors_for_bad_requests(memex_server: Any) -> None:

@@ -1,0 +1,73 @@
+"""``Sandbox.fork_many``: n children from one image of the parent, all or none."""
+
+from __future__ import annotations
+
+import pytest
+
+from memex import Limits, Sandbox, SandboxClosed, SandboxError, TurnStatus
+from memex.runtime_wasm._sandbox import _LIVE
+
+
+def test_children_share_one_image_and_diverge_from_their_first_write() -> None:
+    with Sandbox(limits=Limits(timeout=30)) as sb:
+        sb.run("state = {'n': 0}")
+        kids = sb.fork_many(8)
+        try:
+            images = {id(k._base) for k in kids}
+            assert len(images) == 1  # one image of the parent, mapped by every child
+            for k, kid in enumerate(kids):
+                assert kid.run(f"state['n'] += {k}\nstate['n']").value == str(k)
+            assert [kid.run("state['n']").value for kid in kids] == [str(k) for k in range(8)]
+            assert sb.run("state['n']").value == "0"
+        finally:
+            for kid in kids:
+                kid.close()
+
+
+def test_a_trap_in_one_child_rolls_back_that_child_only() -> None:
+    with Sandbox(limits=Limits(timeout=30)) as sb:
+        sb.run("v = 1")
+        a, b = sb.fork_many(2)
+        try:
+            a.run("v = 2")
+            r = a.run("v = 3\nimport os\nos.abort()")
+            assert r.status is TurnStatus.KILLED and r.rolled_back, r
+            assert a.run("v").value == "2"
+            assert b.run("v").value == "1"
+        finally:
+            a.close()
+            b.close()
+
+
+def test_children_outlive_a_parent_closed_first() -> None:
+    sb = Sandbox(limits=Limits(timeout=30))
+    sb.run("v = 'kept'")
+    sb.write_file("/tmp/f", b"file")
+    kids = sb.fork_many(3)
+    sb.close()
+    try:
+        for kid in kids:
+            assert kid.run("v").value == "'kept'"
+            assert kid.read_file("/tmp/f") == b"file"
+            assert kid.fork_many(2)[0].run("v").value == "'kept'"  # and fork further
+    finally:
+        for kid in kids:
+            kid.close()
+    with pytest.raises(SandboxClosed):
+        sb.fork_many(2)
+
+
+def test_all_or_none_when_the_family_quota_runs_out() -> None:
+    before = len(_LIVE)
+    # A child's /tmp shares the parent's files but has folders of its own, which count
+    # against the family's one disk_files quota: 10 each, so 4 children do not fit in 40.
+    with Sandbox(limits=Limits(timeout=30, disk_files=40)) as sb:
+        sb.run("import os\nfor i in range(10):\n    os.makedirs(f'/tmp/d{i}')")
+        assert sb._disk.ledger.entries == 10
+        with pytest.raises(SandboxError, match="disk quota"):
+            sb.fork_many(4)
+        assert len(_LIVE) == before + 1  # none of the children was kept
+        kids = sb.fork_many(2)  # positive control: two fit
+        assert len(_LIVE) == before + 3
+        for kid in kids:
+            kid.close()
