@@ -18,6 +18,7 @@ nothing is ever compiled.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import ctypes
 import functools
@@ -25,6 +26,7 @@ import gc
 import json
 import mmap
 import os
+import resource
 import shutil
 import statistics
 import struct
@@ -46,6 +48,7 @@ from _fmt import TOUCH_1MIB, ballast, fmt  # noqa: E402  (bench/ is on sys.path 
 import memex.runtime_wasm._sandbox as _sandbox  # noqa: E402  (patched for the eager load)
 import memex.runtime_wasm.images._lz4 as _lz4  # noqa: E402  (patched for the codec's baseline)
 from memex.runtime_wasm import Door, Limits, Sandbox, dirty_tracking, module_path  # noqa: E402
+from memex.runtime_wasm._awake import AWAKE  # noqa: E402  (every sandbox awake, for the baseline)
 from memex.runtime_wasm.engine._engine import ASYNC_STACK, WASM_STACK  # noqa: E402  (the floor's engine)
 from memex.runtime_wasm.images._dirty import TRACKER  # noqa: E402  (switched off for the baseline)
 
@@ -720,6 +723,135 @@ def bench_scale(q: bool) -> None:
         add("scale", "  closing them", time.perf_counter() - t)
 
 
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _maps() -> int:
+    with open("/proc/self/maps") as f:
+        return sum(1 for _ in f)
+
+
+def _hold(n: int, awake: int | None) -> dict[str, float]:
+    """``n`` idle live sandboxes (one cell run in each) held at once, with at most ``awake``
+    of them keeping a live instance (None: every one, as before sandboxes could sleep):
+    what they cost the machine, and how long making and closing them took."""
+    was = AWAKE.limit
+    AWAKE.limit = awake if awake is not None else 1 << 30
+    gc.collect()
+    time.sleep(0.2)
+    _, machine0 = memory_now()
+    fds0, maps0, threads0 = _fds(), _maps(), threading.active_count()
+    live: list[Sandbox] = []
+    try:
+        t, cpu = time.perf_counter(), time.process_time()
+        for _ in range(n):
+            sb = Sandbox(limits=Limits(timeout=30))
+            sb.run("x = 1")
+            live.append(sb)
+        for sb in live:
+            sync(sb)
+        built, cpu = time.perf_counter() - t, time.process_time() - cpu
+        time.sleep(0.2)
+        _, machine1 = memory_now()
+        out = {"memory": (machine1 - machine0) / n, "fds": (_fds() - fds0) / n,
+               "maps": (_maps() - maps0) / n, "threads": threading.active_count() - threads0,
+               "rate": n / built, "cpu": cpu / n}
+    finally:
+        t = time.perf_counter()
+        for sb in live:
+            sb.close()
+        closed = time.perf_counter() - t
+        AWAKE.limit = was
+    out["close"] = closed
+    return out
+
+
+def bench_density(q: bool) -> None:
+    """10,000 idle live sandboxes (2,000 with --quick) in this process, beside 1,000 kept
+    awake as every sandbox was before idle ones could sleep (runtime_wasm/_awake.py)."""
+    Sandbox().close()
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    base = _hold(1000, None)
+    n = 2000 if q else 10_000
+    ours = _hold(n, None if AWAKE.limit >= n else AWAKE.limit)
+    for label, r, k in (("baseline: 1,000, every one awake", base, 1000),
+                        (f"{n:,} idle live sandboxes", ours, n)):
+        add("density", f"{label}: memory each", f"{r['memory'] / 2**20:.2f} MiB",
+            f"machine: anonymous + file + shared memory; {r['fds']:.1f} descriptors, "
+            f"{r['maps']:.1f} mappings each; {r['threads']:+d} threads in all")
+        add("density", "  made at", f"{r['rate']:.0f}/s",
+            f"{k:,} in {k / r['rate']:.1f} s, CPU {fmt(r['cpu'])} each; closed in "
+            f"{fmt(r['close'])}")
+    add("density", "descriptor limit of this process", f"{soft:,}",
+        f"awake limit {AWAKE.limit:,} (MEMEX_AWAKE_SANDBOXES); 10,000 awake would need "
+        f"{10_000 * base['fds']:,.0f}")
+
+
+def bench_fanout(q: bool) -> None:
+    """fork_many(64) of a 141 MiB session to 64 first results, beside one fork() to its
+    first result and beside 64 fork() calls in a row; the memory the 64 children add."""
+    sb = _grown(150, rollback=True)
+    sb.run("1")
+    size = f"{sb.memory_bytes >> 20} MiB"
+    n = 64
+
+    def one() -> None:
+        kid = sb.fork()
+        kid.run("1")
+        kid.close()
+
+    def firsts(kids: list[Sandbox]) -> None:
+        with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as ex:
+            for r in ex.map(lambda k: k.run("1"), kids):
+                assert r.ok, r
+
+    try:
+        singles = timed(one, 6 if q else 15, warmup=2)
+        add("fanout", f"fork() to first result, {size}", singles, "baseline")
+        loops: list[float] = []
+        many: list[float] = []
+        added: list[float] = []
+        for _ in range(2 if q else 4):
+            t = time.perf_counter()
+            kids = [sb.fork() for _ in range(n)]
+            firsts(kids)
+            loops.append(time.perf_counter() - t)
+            for k in kids:
+                k.close()
+            gc.collect()
+            _, m0 = memory_now()
+            t = time.perf_counter()
+            kids = sb.fork_many(n)
+            firsts(kids)
+            many.append(time.perf_counter() - t)
+            _, m1 = memory_now()
+            added.append((m1 - m0) / n)
+            for k in kids:
+                k.close()
+        one_s = statistics.median(singles)
+        add("fanout", f"{n} x fork() in a row to {n} first results", loops,
+            f"{statistics.median(loops) / one_s:.1f}x one fork; baseline")
+        add("fanout", f"fork_many({n}) to {n} first results", many,
+            f"{statistics.median(many) / one_s:.1f}x one fork (target <= 10x); first "
+            f"results on {os.cpu_count()} threads")
+        alone: list[float] = []
+        for _ in range(3):
+            gc.collect()
+            _, m0 = memory_now()
+            kid = sb.fork()
+            kid.run("1")
+            _, m1 = memory_now()
+            alone.append(m1 - m0)
+            kid.close()
+        add("fanout", "  machine memory added per child",
+            f"{statistics.median(added) / 2**20:.2f} MiB",
+            f"one fork() alone, after its first result: "
+            f"{statistics.median(alone) / 2**20:.2f} MiB")
+    finally:
+        sb.close()
+
+
 _BIG = ("import time\nchunk = b'x' * (1 << 20)\nt = time.perf_counter()\n"
         "with open('/tmp/big', 'wb') as f:\n    for _ in range(200): f.write(chunk)\n"
         "dt = time.perf_counter() - t\nimport os\nos.remove('/tmp/big')\ndt * 1000")
@@ -904,6 +1036,8 @@ def main() -> None:
         ("memex", "cli", bench_cli),
         ("rss", "rss", bench_rss),
         ("scale", "scale", bench_scale),
+        ("fanout", "fanout", bench_fanout),
+        ("density", "density", bench_density),
     ]
     if args.only:
         steps = [st for st in steps if st[1] in args.only or st[2].__name__[6:] in args.only]

@@ -47,6 +47,7 @@ ALLOWED_PRIVATE: dict[str, dict[str, str]] = {
         "memex.runtime_wasm.engine._engine.WASM_STACK": "the start-up floor's engine settings",
         "memex.runtime_wasm.images._lz4": "plain lz4.block on one thread, for the codec's baseline",
         "memex.runtime_wasm._sandbox": "loads decompressed eagerly, for the load's baseline",
+        "memex.runtime_wasm._awake.AWAKE": "every sandbox kept awake, for the density baseline",
     },
     "tests/conftest.py": {
         "memex.runtime_wasm.engine._engine": "the tripwire that stops any test from compiling",

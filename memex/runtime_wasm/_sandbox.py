@@ -22,6 +22,7 @@ from ..errors import (
     SandboxClosed,
     SandboxError,
 )
+from ._awake import AWAKE
 from ._door import Door, serving_door
 from ._handle import SandboxHandle
 from ._instance import Instance, InstanceSpec, TurnOutcome
@@ -123,6 +124,7 @@ class Sandbox(SandboxHandle):
         self._watch: MemoryWatch | None = None
         self._current = False
         self._inst: Instance | None = None
+        self._asleep = False  # the instance was given up while idle (see _awake)
         self._loaded: LoadedModule = load_module("metered" if self.limits.metered else "plain")
         self.packages = _packages_of(packages, self._loaded)
         if self.packages is not None and self.packages.size > self.limits.disk_bytes:
@@ -256,9 +258,34 @@ class Sandbox(SandboxHandle):
             inst.close()
             raise
         self._inst = inst
+        self._asleep = False
         self._current = image is not None
         if image is not None:
             self._watch_from(inst, image)
+        AWAKE.used(self)
+
+    def _doze(self) -> None:
+        """Queue giving the live instance up (see _awake), weakly: the queued job must not
+        keep a dropped sandbox alive."""
+        ref = weakref.WeakMethod(self._sleep)
+        self._runner.post(lambda: (m := ref()) is not None and m())
+
+    def _sleep(self) -> None:
+        """(runner) Give the instance up, keeping the guest's state as its image, if it is
+        idle and its guest holds no file open (a new instance would not have it open)."""
+        inst = self._inst
+        if inst is None or not inst.alive or self._closed_reason is not None or self._busy \
+                or not self._spec.guard_files or inst.files.open_count:
+            return
+        if not self._current:
+            self._checkpoint_good()
+        if self._inst is not inst or not self._current:
+            return
+        self._inst = None
+        self._backing = self._ref = self._watch = None
+        self._asleep = True
+        AWAKE.forget(self)
+        inst.close()
 
     def _watch_from(self, inst: Instance, image: MemoryImage) -> None:
         """(runner) From now on the next image of ``inst`` is ``image`` plus what it writes
@@ -297,10 +324,20 @@ class Sandbox(SandboxHandle):
     @property
     def memory_bytes(self) -> int:
         self._check_open()
-        return self._runner.call(lambda: self._require().memory_size())
+        return self._runner.call(self._memory_size)
+
+    def _memory_size(self) -> int:
+        if self._asleep and self._good is not None:
+            return self._good.size  # no need to wake it
+        return self._require().memory_size()
 
     def _require(self) -> Instance:
+        """(runner) The live instance; a sleeping sandbox gets a new one on its image."""
         if self._inst is None:
+            if self._asleep and self._closed_reason is None:
+                self._fresh_instance()
+                if self._inst is not None:
+                    return self._inst
             raise SandboxClosed(self._closed_reason or "guest lost")
         return self._inst
 
@@ -334,6 +371,7 @@ class Sandbox(SandboxHandle):
     def _turn(self, code: str, timeout: float | None, filename: str | None,
               on_output: OutputListener | None = None) -> TurnResult:
         inst = self._require()
+        AWAKE.used(self)  # the most recently used: the last to be put to sleep
         if self.rollback and not self._current:
             # The state this turn may roll back to, taken now rather than after the last
             # turn: an idle sandbox then holds its written pages once (not also a copy),
@@ -709,6 +747,7 @@ class Sandbox(SandboxHandle):
             if inst is not None:
                 inst.cancel_detail = None
                 inst.cancel.set()
+        AWAKE.forget(self)
         runner = self.__dict__.get("_runner")
         if runner is not None:
             def job() -> None:
