@@ -11,8 +11,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 from pydantic.json_schema import SkipJsonSchema
 
 __all__ = ["API_VERSION", "GUEST_PATH", "CheckpointOut", "CreateSession", "ErrorBody",
-           "ErrorDetail", "FileList", "FileOut", "LimitsIn", "MountIn", "RestoreIn", "RunIn",
-           "RunOut", "SessionList", "SessionOut", "ToolList", "ToolOut"]
+           "ErrorDetail", "FileList", "FileOut", "ForksIn", "LimitsIn", "MountIn", "RestoreIn",
+           "RunIn", "RunOut", "SessionList", "SessionOut", "ToolList", "ToolOut"]
 
 API_VERSION = "v1"
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
@@ -151,9 +151,12 @@ class SessionList(BaseModel):
 MAX_FORKS = 1024
 
 
+ForkCount = Annotated[Annotated[int, Field(ge=1, le=MAX_FORKS)], BeforeValidator(_integral)]
+
+
 class ForksIn(_Strict):
-    count: int = Field(ge=1, le=MAX_FORKS, description="how many forks to make: all of "
-                       "them, within the tenant's quota, or none")
+    count: ForkCount = Field(description="how many forks to make: all of them, within the "
+                             "tenant's quota, or none")
 
 
 class RunIn(_Strict):

@@ -154,7 +154,8 @@ def test_forks_in_one_call_are_all_or_none_within_the_quota(memex_server: Any) -
         (kid,) = parent.fork_many(1)  # positive control: one fits
         assert kid.run("x + 1").value == "2" and kid.door is parent.door
         assert {s["id"] for s in client.sessions()} == {parent.id, kid.id}
-        for body in ({"count": 0}, {"count": 1025}, {"count": "2"}, {}):
+        for body in ({"count": 0}, {"count": 1025}, {"count": "2"}, {"count": 1.5},
+                     {"count": True}, {}):
             r = raw(memex_server, "POST", f"/v1/sessions/{parent.id}/forks", key="small",
                     json=body)
             assert r.status_code == 422, (body, r.text)
