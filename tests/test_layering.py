@@ -248,6 +248,7 @@ def test_no_layer_imports_the_cli() -> None:
         assert not bad, f"{name} imports the CLI: {bad}"
 
 
+@pytest.mark.slow
 def test_no_wasmtime_outside_the_runtime() -> None:
     for name, path in MODULES.items():
         if _layer(name) == "runtime_wasm":
@@ -292,6 +293,7 @@ def _room_of(module: str) -> str | None:
     return rest[0] if module.startswith(RT + ".") and rest[0] in ROOMS else None
 
 
+@pytest.mark.slow
 def test_the_runtime_rooms_import_only_downwards() -> None:
     graph = _edges()
     bad = []
@@ -368,6 +370,7 @@ def test_no_import_cycles_in_the_guest() -> None:
     assert not found, f"import cycles between guest modules:\n{shown}"
 
 
+@pytest.mark.slow
 def test_allowed_cycles_still_exist() -> None:
     live = {tuple(c) for c in _cycles(_edges())}
     stale = [c for c in ALLOWED_CYCLES if c not in live]
@@ -419,6 +422,7 @@ def _private_reach(importer: str, targets: list[str]) -> list[str]:
     return bad
 
 
+@pytest.mark.slow
 def test_private_modules_are_imported_only_inside_their_layer() -> None:
     bad = []
     for name, path in MODULES.items():
@@ -485,6 +489,7 @@ def _declared() -> set[str]:
     return {_norm(re.match(r"[A-Za-z0-9_.-]+", r).group(0)) for r in reqs}  # type: ignore[union-attr]
 
 
+@pytest.mark.slow
 def test_every_third_party_import_is_declared() -> None:
     dists = importlib.metadata.packages_distributions()
     declared = _declared()

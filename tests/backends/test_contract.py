@@ -100,6 +100,7 @@ def test_exit_is_data(open_sandbox: OpenSandbox) -> None:
 
 
 # ---- limits -------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_deadline_kills_and_rolls_back(open_sandbox: OpenSandbox) -> None:
     sb = open_sandbox(limits=Limits(timeout=1.0))
     sb.run("x = 1")
@@ -392,6 +393,7 @@ def test_handler_may_drive_another_sandbox(open_sandbox: OpenSandbox) -> None:
         assert sb.run("ask_inner()").value == "'42'"
 
 
+@pytest.mark.slow
 def test_door_handler_outliving_the_deadline_traps_the_turn(open_sandbox: OpenSandbox) -> None:
     release = threading.Event()
     door = Door()

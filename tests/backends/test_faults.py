@@ -168,6 +168,7 @@ def test_explicit_checkpoint_survives_its_worker(sub_noresume: SubprocessBackend
     again.close()
 
 
+@pytest.mark.slow
 def test_stuck_worker_is_killed_and_resumed(sub: SubprocessBackend) -> None:
     sb = sub.open(limits=Limits(timeout=1.0))
     sb.run("x = 'before'")
@@ -473,6 +474,7 @@ def test_workers_recycle_after_n_sandboxes() -> None:
         pool.close()
 
 
+@pytest.mark.slow
 def test_workers_recycle_above_an_rss_bound() -> None:
     pool = PoolBackend(workers=1, warm=1, max_worker_rss=1, limits=Limits(timeout=10))
     try:

@@ -93,6 +93,7 @@ def test_a_stranger_cannot_make_it_hold_more_than_a_hello(slab: Slab) -> None:
     assert out[1]["result"]["value"] == "False"
 
 
+@pytest.mark.slow
 def test_connections_that_have_not_said_the_secret_are_bounded(slab: Slab) -> None:
     from memex.backends._cluster import MAX_UNPROVEN
 

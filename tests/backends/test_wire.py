@@ -54,6 +54,7 @@ messages = st.tuples(st.text(min_size=1, max_size=10), st.lists(values, max_size
 
 
 # ---- frames -------------------------------------------------------------------------------------
+@pytest.mark.slow
 @given(st.lists(messages, min_size=1, max_size=5), st.data())
 @settings(max_examples=200, deadline=None)
 def test_frames_survive_any_split(msgs: list[list[Any]], data: st.DataObject) -> None:

@@ -90,6 +90,7 @@ def test_run_disk_and_descriptor_flags() -> None:
     assert p.returncode == 2 and "open_files" in p.stderr
 
 
+@pytest.mark.slow
 def test_the_entry_point_exits_cleanly_and_still_cleans_up(tmp_path: Path) -> None:
     """``memex`` leaves through os._exit after the atexit handlers (memex.cli.run): nothing
     printed at exit, the exit code kept, and every sandbox's /tmp removed."""

@@ -33,6 +33,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
+@pytest.mark.slow
 def test_agent_command_streams_turns_and_writes_the_trajectory(
         project: Path, capsys: pytest.CaptureFixture[str]) -> None:
     script = ["Look first.\n```python\nm = scale(float(data.v.mean()), k=1.0)\nprint(m)\n```",

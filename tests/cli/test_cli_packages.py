@@ -41,6 +41,7 @@ def test_run_with_a_package_imports_it(index: PackageIndex, tmp_path: Path) -> N
     assert bare.returncode == 1 and "ModuleNotFoundError" in bare.stderr + bare.stdout
 
 
+@pytest.mark.slow
 def test_run_with_a_native_package_says_why_and_exits_2(index: PackageIndex) -> None:
     p = run(index, "--with", "memexcli-native", "-c", "pass")
     assert p.returncode == 2, (p.stdout, p.stderr)

@@ -80,6 +80,7 @@ def files(tmp_path: Path) -> Path:
     return tmp_path
 
 
+@pytest.mark.slow
 def test_check_prints_decision_rule_and_reason(files: Path) -> None:
     p = memex("policy", "check", str(files / "policy.toml"), "http://2130706433:8080/x")
     assert p.returncode == 0, p.stderr
@@ -156,6 +157,7 @@ def server() -> Iterator[ThreadingHTTPServer]:
     t.join(timeout=5)
 
 
+@pytest.mark.slow
 def test_run_with_policy_prints_the_audit(files: Path, server: ThreadingHTTPServer) -> None:
     port = server.server_address[1]
     code = ("import json, urllib.request\n"

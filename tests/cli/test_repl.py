@@ -121,6 +121,7 @@ def test_continuation_prompts_wait_for_the_blank_line_like_python(repl: pexpect.
     assert _cell(repl, "total").split("\n")[1] == "3"
 
 
+@pytest.mark.slow
 def test_ctrl_c_interrupts_a_running_cell_and_keeps_the_session(repl: pexpect.spawn) -> None:
     _cell(repl, "x = 41")
     repl.sendline("while True: x += 1")
@@ -149,6 +150,7 @@ def test_ctrl_c_at_a_prompt_discards_the_input_like_python(repl: pexpect.spawn) 
     assert _cell(repl, "print('still here')").split("\n")[1] == "still here"
 
 
+@pytest.mark.slow
 def test_history_and_line_editing(histfile: Path) -> None:
     child = _spawn(histfile)
     assert _cell(child, "y = 6 * 7").strip() == "y = 6 * 7"

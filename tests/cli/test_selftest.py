@@ -10,10 +10,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from memex import Sandbox
 from memex.cli._selftest import Check, _need, run_checks
 
 
+@pytest.mark.slow
 def test_selftest_passes_here_as_json() -> None:
     p = subprocess.run([sys.executable, "-m", "memex", "selftest", "--json"],
                        capture_output=True, text=True, timeout=300)
@@ -26,6 +29,7 @@ def test_selftest_passes_here_as_json() -> None:
     assert all(c["seconds"] >= 0 and c["detail"] for c in d["checks"])
 
 
+@pytest.mark.slow
 def test_selftest_prints_a_table() -> None:
     p = subprocess.run([sys.executable, "-m", "memex", "selftest"], capture_output=True,
                        text=True, timeout=300)

@@ -159,6 +159,7 @@ def _dead_endpoint() -> str:
     return f"http://127.0.0.1:{port}/v1"
 
 
+@pytest.mark.slow
 def test_an_endpoint_that_is_down_stops_the_run_and_loses_nothing(
         srv: ScriptedLLM, tmp_path: Path) -> None:
     dead = LLMClient("scripted", base_url=_dead_endpoint(), max_retries=0, timeout=5)

@@ -25,6 +25,7 @@ def _tool(ws: Any, name: str) -> Any:
     return next(t for t in ws.tools if t.name == name)
 
 
+@pytest.mark.slow
 def test_warehouse_is_deterministic_per_seed_and_differs_across_seeds(tmp_path: Path) -> None:
     a, b, c = (_build("warehouse", s, tmp_path) for s in (3, 3, 4))
     assert len(a.tasks) >= 40
@@ -73,6 +74,7 @@ def test_big_outputs_tools_return_thousands_of_records(tmp_path: Path) -> None:
     assert [t.reference for t in again.tasks] == [t.reference for t in a.tasks]
 
 
+@pytest.mark.slow
 def test_a_rollout_through_the_real_warehouse_tools_is_graded_correct(tmp_path: Path) -> None:
     ws = _build("warehouse", 0, tmp_path)
     task = next(t for t in ws.tasks if t.id == "cancelled_orders")

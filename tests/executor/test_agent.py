@@ -354,6 +354,7 @@ def test_a_tool_call_that_cannot_be_read_is_told_to_the_model() -> None:
     assert "not valid JSON" in told
 
 
+@pytest.mark.slow
 def test_trajectory_jsonl_round_trip_and_inputs(tmp_path: Path) -> None:
     import numpy as np
     import pandas as pd

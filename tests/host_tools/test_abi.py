@@ -178,6 +178,7 @@ GUEST_VALUES = [
 ]
 
 
+@pytest.mark.slow
 def test_guest_frames_are_the_host_encoders_bytes(
         make_sandbox: Callable[..., Sandbox]) -> None:
     door = RecordingDoor()

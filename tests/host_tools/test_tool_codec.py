@@ -60,6 +60,7 @@ _values = st.recursive(
 )
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(_values)
 def test_plain_values_round_trip(value: Any) -> None:
@@ -218,6 +219,7 @@ def frames(draw: st.DrawFn) -> pd.DataFrame:
     return df
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(frames())
 def test_dataframes_round_trip(df: pd.DataFrame) -> None:

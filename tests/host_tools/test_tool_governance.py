@@ -195,6 +195,7 @@ def test_async_timeout_cancels(tool_sandbox: Sandbox, serve: Serve, guest_eval: 
     assert cancelled == [True]
 
 
+@pytest.mark.slow
 def test_a_tool_hanging_past_the_turn_deadline(make_sandbox: Callable[..., Sandbox]) -> None:
     release = threading.Event()
     finished: list[bool] = []

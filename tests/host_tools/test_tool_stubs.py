@@ -173,6 +173,7 @@ def test_help_shows_parameter_descriptions(stubbed: tuple[Sandbox, ToolHost]) ->
         assert text in r.stdout, r.stdout
 
 
+@pytest.mark.slow
 def test_typed_values_arrive_as_objects(stubbed: tuple[Sandbox, ToolHost],
                                         guest_eval: Eval) -> None:
     sb, _ = stubbed

@@ -15,6 +15,7 @@ FOLDER = Path(__file__).resolve().parents[2] / "examples" / "frameworks"
 @pytest.mark.parametrize("example", ["smolagents_executor.py", "pydantic_ai_code_mode.py",
                                      "openai_agents_code_mode.py", "fastmcp_code_mode.py",
                                      "jupyter_notebook.py"])
+@pytest.mark.slow
 def test_the_example_runs_and_answers(example: str) -> None:
     out = subprocess.run([sys.executable, str(FOLDER / example)], capture_output=True,
                          text=True, timeout=300, cwd=FOLDER)

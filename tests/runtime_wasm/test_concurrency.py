@@ -89,6 +89,7 @@ def test_turns_on_one_sandbox_from_many_threads_are_serialized(sandbox: Sandbox)
     assert sandbox.run("counter").value == "40"
 
 
+@pytest.mark.slow
 def test_deadline_in_one_sandbox_does_not_disturb_others() -> None:
     slow = Sandbox(limits=Limits(timeout=1))
     fast = Sandbox(limits=Limits(timeout=30))

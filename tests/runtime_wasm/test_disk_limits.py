@@ -203,6 +203,7 @@ def test_a_forks_write_in_a_subfolder_copies_that_file_not_another(make_sandbox:
         fork.close()
 
 
+@pytest.mark.slow
 def test_rollback_after_a_trap_keeps_the_count_of_what_is_on_disk(make_sandbox: Make) -> None:
     sb = make_sandbox(limits=_quota(timeout=1))
     assert sb.run("open('/tmp/a', 'wb').write(b'a' * 4096)").ok

@@ -353,6 +353,7 @@ def test_dispatch_random_bytes_never_raises(frame: bytes) -> None:
 
 @settings(max_examples=150, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.slow
 @given(frames)
 def test_dispatch_valid_frames_always_reply(req: dict[str, Any]) -> None:
     decoded = _check_reply(FUZZ_DOOR.dispatch(msgpack.packb(req, use_bin_type=True)))
@@ -374,6 +375,7 @@ def test_dispatch_valid_frames_always_reply(req: dict[str, Any]) -> None:
 
 @settings(max_examples=200, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.slow
 @given(frames, st.data())
 def test_dispatch_mutated_frames_never_raises(req: dict[str, Any], data: st.DataObject) -> None:
     frame = bytearray(msgpack.packb(req, use_bin_type=True))

@@ -147,6 +147,7 @@ _EXTRA = st.recursive(
 @given(kind=st.text(min_size=1, max_size=64), message=st.text(max_size=300),
        extra=st.dictionaries(st.text(min_size=1, max_size=8).filter(
            lambda k: k not in ("kind", "message")), _EXTRA, max_size=5))
+@pytest.mark.slow
 def test_any_door_error_gets_a_decodable_reply(kind: str, message: str,
                                                extra: dict[str, Any]) -> None:
     door = Door()

@@ -383,6 +383,7 @@ def make_frame() -> Any:
     }, index=pd.RangeIndex(10, 18, 2, name="row"))
 
 
+@pytest.mark.slow
 def test_dataframe_from_host(env: Any) -> None:
     sb, tools, _ = env
     df = make_frame()
@@ -693,6 +694,7 @@ def test_argument_error_carries_paths(env: Any) -> None:
                     "  filters.0.op: Field required")
 
 
+@pytest.mark.slow
 def test_door_level_failures_map_to_tool_errors(env: Any) -> None:
     sb, _, door = env
     ok(sb, GUEST_ERR)

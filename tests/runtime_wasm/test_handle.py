@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import gc
 
+import pytest
+
 from memex.backends import ProcessSandbox, RaySandbox, RemoteSandbox
 from memex.runtime_wasm import Sandbox, SandboxHandle
 
@@ -34,6 +36,7 @@ def test_close_runs_once_and_the_context_manager_closes() -> None:
     assert log == ["closed"]
 
 
+@pytest.mark.slow
 def test_a_forgotten_handle_is_closed_on_collection_where_it_owns_the_guest() -> None:
     log: list[str] = []
     _Counting(log)

@@ -64,6 +64,7 @@ def grown(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
     return delta, portable, digest
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["delta", "portable"])
 def test_large_save_round_trips(grown: tuple[Path, Path, str], kind: str) -> None:
     path = grown[0] if kind == "delta" else grown[1]
@@ -93,6 +94,7 @@ def test_files_match_the_lz4_module_byte_for_byte(tmp_path: Path,
             assert lb.run("sum(xs)").value == str(sum(range(200_000)))
 
 
+@pytest.mark.slow
 def test_runs_that_pass_their_checksum_but_do_not_decode_are_refused(
         grown: tuple[Path, Path, str], tmp_path: Path) -> None:
     blob = grown[1].read_bytes()

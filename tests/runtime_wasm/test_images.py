@@ -39,6 +39,7 @@ def test_checkpoint_can_be_restored_twice(sandbox: Sandbox) -> None:
         assert sandbox.run("n").value == "10"
 
 
+@pytest.mark.slow
 def test_rollback_after_restore_goes_to_restored_state(make_sandbox: MakeSandbox) -> None:
     sb = make_sandbox(limits=Limits(timeout=1))
     sb.run("x = 'checkpointed'")
@@ -50,6 +51,7 @@ def test_rollback_after_restore_goes_to_restored_state(make_sandbox: MakeSandbox
     assert sb.run("x").value == "'checkpointed'"
 
 
+@pytest.mark.slow
 def test_checkpoint_survives_later_turns_and_traps(make_sandbox: MakeSandbox) -> None:
     """Images are shared copy-on-write: the rollback image recaptured in place after later
     good turns must never be the one a checkpoint holds."""
@@ -106,6 +108,7 @@ def test_fork_is_independent(make_sandbox: MakeSandbox) -> None:
         child.close()
 
 
+@pytest.mark.slow
 def test_fork_state_is_not_disturbed_by_parent_turns(make_sandbox: MakeSandbox) -> None:
     parent = make_sandbox(limits=Limits(timeout=1))
     parent.run("v = 'at fork'")
@@ -121,6 +124,7 @@ def test_fork_state_is_not_disturbed_by_parent_turns(make_sandbox: MakeSandbox) 
         child.close()
 
 
+@pytest.mark.slow
 def test_fork_keeps_limits_and_rolls_back_to_fork_point(make_sandbox: MakeSandbox) -> None:
     parent = make_sandbox(limits=Limits(timeout=1))
     parent.run("v = 'at fork'")

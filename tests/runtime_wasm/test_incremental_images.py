@@ -91,6 +91,7 @@ def test_tracking_can_be_switched_off_by_the_environment(monkeypatch: pytest.Mon
     assert off.take(0, PAGE) is None and not off.start(0, PAGE)
 
 
+@pytest.mark.slow
 def test_a_trap_after_many_checkpoints_restores_the_exact_state(
         make_sandbox: MakeSandbox, tracking: str) -> None:
     sb = make_sandbox(limits=Limits(timeout=2))
@@ -109,6 +110,7 @@ def test_a_trap_after_many_checkpoints_restores_the_exact_state(
     assert sb.run("state['n'], len(log)").value == f"({sum(range(1, 32))}, 31)"
 
 
+@pytest.mark.slow
 def test_held_checkpoints_each_restore_their_own_state(
         make_sandbox: MakeSandbox, tracking: str) -> None:
     """Twenty held checkpoints: each one after the first is a delta on the one before (or
@@ -156,6 +158,7 @@ def test_fork_of_a_fork_of_a_delta_chain_is_independent(
         sb.close()
 
 
+@pytest.mark.slow
 def test_growth_between_checkpoints(make_sandbox: MakeSandbox, tracking: str) -> None:
     """Memory grown by a turn is not watched yet: its pages must land in the next image."""
     sb = make_sandbox(limits=Limits(timeout=2))
@@ -176,6 +179,7 @@ def test_growth_between_checkpoints(make_sandbox: MakeSandbox, tracking: str) ->
     assert sb.run("hashlib.sha256(big).hexdigest()").value == want
 
 
+@pytest.mark.slow
 def test_a_turn_that_rewrites_most_of_memory(make_sandbox: MakeSandbox, tracking: str) -> None:
     """Past half of the memory a delta is not worth it: the image goes flat, same state."""
     sb = make_sandbox(limits=Limits(timeout=2))
@@ -187,6 +191,7 @@ def test_a_turn_that_rewrites_most_of_memory(make_sandbox: MakeSandbox, tracking
     assert _digest(sb) == want
 
 
+@pytest.mark.slow
 def test_pages_written_by_the_host_are_in_the_image(
         make_sandbox: MakeSandbox, tracking: str, tmp_path: Path) -> None:
     """A file read lands in guest memory through the host (WASI fd_read): tracked too."""
@@ -214,6 +219,7 @@ def test_save_and_load_of_a_delta(make_sandbox: MakeSandbox, tracking: str,
         loaded.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("portable", [False, True])
 def test_a_loaded_session_is_whole_on_every_path(make_sandbox: MakeSandbox, tracking: str,
                                                  portable: bool, tmp_path: Path) -> None:

@@ -8,6 +8,8 @@ import threading
 import time
 from collections.abc import Callable
 
+import pytest
+
 from memex import Limits, Sandbox, TurnStatus
 
 
@@ -51,6 +53,7 @@ def test_interrupt_without_a_turn_does_nothing(sandbox: Sandbox) -> None:
     assert sandbox.interrupt() is False
 
 
+@pytest.mark.slow
 def test_an_interrupt_as_the_turn_ends_never_reaches_the_next_turn(sandbox: Sandbox) -> None:
     # Hammer interrupt() while short turns run: each turn either finishes or is cancelled
     # (and rolled back); once the hammering stops, no interrupt is left pending.

@@ -20,6 +20,7 @@ SLACK = 2.5
 
 
 # ---- wall-clock deadline ------------------------------------------------------------------
+@pytest.mark.slow
 def test_infinite_loop_hits_deadline_and_rolls_back(make_sandbox: MakeSandbox) -> None:
     sb = make_sandbox(limits=Limits(timeout=DEADLINE))
     sb.run("x = 1\nhistory = ['a']")
@@ -38,6 +39,7 @@ def test_infinite_loop_hits_deadline_and_rolls_back(make_sandbox: MakeSandbox) -
     assert after.value == "(1, ['a'])"
 
 
+@pytest.mark.slow
 def test_deadline_keeps_output_written_before_the_kill(make_sandbox: MakeSandbox) -> None:
     sb = make_sandbox(limits=Limits(timeout=DEADLINE))
     r = sb.run("print('started', flush=True)\nwhile True:\n    pass")
@@ -46,6 +48,7 @@ def test_deadline_keeps_output_written_before_the_kill(make_sandbox: MakeSandbox
     assert "started" in r.stdout
 
 
+@pytest.mark.slow
 def test_sleep_ends_at_the_deadline(make_sandbox: MakeSandbox) -> None:
     sb = make_sandbox(limits=Limits(timeout=DEADLINE))
     sb.run("y = 'before'")
@@ -83,6 +86,7 @@ def test_per_turn_timeout_cannot_exceed_the_limits_cap(make_sandbox: MakeSandbox
     assert r.duration < 0.5 + 1.0, r.duration
 
 
+@pytest.mark.slow
 def test_no_rollback_sandbox_starts_over_after_a_trap(make_sandbox: MakeSandbox) -> None:
     sb = make_sandbox(limits=Limits(timeout=DEADLINE), rollback=False)
     sb.run("x = 1")
@@ -268,6 +272,7 @@ def test_idle_timeout_closes_the_sandbox(make_sandbox: MakeSandbox) -> None:
     assert "idle" in info.value.reason
 
 
+@pytest.mark.slow
 def test_activity_keeps_an_idle_timeout_sandbox_open(make_sandbox: MakeSandbox) -> None:
     # 2.4 s in total, never more than ~0.3 s idle; the 1.5 s bound leaves room for a loaded
     # machine (0.6 s failed once when a model server shared the 2 cores)
@@ -280,6 +285,7 @@ def test_activity_keeps_an_idle_timeout_sandbox_open(make_sandbox: MakeSandbox) 
     assert sb.run("n").value == "8"
 
 
+@pytest.mark.slow
 def test_lifetime_cuts_a_running_turn_and_then_closes(make_sandbox: MakeSandbox) -> None:
     sb = make_sandbox(limits=Limits(timeout=10, lifetime=1.0))
     sb.run("x = 1")

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from memex import Limits, Sandbox
 
 
+@pytest.mark.slow
 def test_figure_saved_in_guest_is_readable_from_host() -> None:
     with Sandbox(limits=Limits(timeout=120)) as sb:
         r = sb.run(

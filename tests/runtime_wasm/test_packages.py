@@ -163,6 +163,7 @@ def test_a_saved_session_comes_back_with_its_packages(index: PackageIndex, arts:
         assert back.packages is not None and back.packages.pins == ("memexdep==1.2",)
 
 
+@pytest.mark.slow
 def test_a_preload_imports_a_package_into_the_warm_image(index: PackageIndex, arts: Artifacts,
                                                          tmp_path: Path) -> None:
     """The warm image of a set keeps its packages (the image's key names their content), so
@@ -194,6 +195,7 @@ NAME = st.from_regex(r"[a-z][a-z0-9-]{0,20}[a-z0-9](==[0-9]{1,3}(\.[0-9]{1,3}){0
                      fullmatch=True)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(st.lists(NAME, max_size=8), st.text(alphabet="abc xyz=()'\n", max_size=300))
 def test_a_script_block_round_trips(deps: list[str], body: str) -> None:

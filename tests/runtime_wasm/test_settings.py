@@ -135,6 +135,7 @@ def _literal_timeouts() -> list[str]:
     return found
 
 
+@pytest.mark.slow
 def test_the_turn_deadline_is_written_once() -> None:
     """Every entry point takes its turn deadline from SANDBOX_LIMITS, AGENT_LIMITS or
     KERNEL_LIMITS, never from a number written again."""

@@ -175,6 +175,7 @@ BOMBS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(BOMBS))
 def test_resource_bombs_end_the_turn_not_the_host(open_sandbox: OpenSandbox, name: str,
                                                   outside: Path) -> None:
@@ -197,6 +198,7 @@ def test_resource_bombs_end_the_turn_not_the_host(open_sandbox: OpenSandbox, nam
     _usable(sb)
 
 
+@pytest.mark.slow
 def test_door_flooding_is_answered_and_bounded(open_sandbox: OpenSandbox) -> None:
     door = Door(keep_calls=100)
     door.register("ping", lambda: 1, inline=True)

@@ -77,6 +77,7 @@ def _quiet_turn(served: Served) -> None:
 
 
 # ---- authenticate first ---------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_stranger_is_refused_from_the_headers_before_the_body_is_read(server: Served) -> None:
     """30 MiB of nested empty arrays with no key: 401 from the headers alone (the server
     answers before the body is sent and reads none of it); with a key, the same body is
@@ -118,6 +119,7 @@ def test_an_unauthenticated_request_learns_nothing(server: Served, path: str) ->
 
 
 # ---- connections ------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_half_open_connections_cannot_lock_out_a_tenant(server: Served) -> None:
     """Hundreds of connections from this address that each send half a request head: the
     oldest are closed as new ones come (at most 16 pending per address), the rest at the
@@ -139,6 +141,7 @@ def test_half_open_connections_cannot_lock_out_a_tenant(server: Served) -> None:
     _quiet_turn(server)
 
 
+@pytest.mark.slow
 def test_a_request_head_or_body_that_stops_is_closed(server: Served) -> None:
     host, port = _addr(server)
     with socket.create_connection((host, port), timeout=10) as idle:
@@ -169,6 +172,7 @@ def test_a_head_that_never_ends_is_cut(server: Served) -> None:
         assert _closed(s, 5.0)
 
 
+@pytest.mark.slow
 def test_past_max_connections_a_new_one_is_refused_until_one_closes(server: Served) -> None:
     host, port = _addr(server)
     held = []

@@ -52,6 +52,7 @@ def _url(p: subprocess.Popen[str]) -> str:
     ((), "only with a bearer token"),
     (("--no-auth", "--host", "0.0.0.0"), "only on a loopback address"),
 ])
+@pytest.mark.slow
 def test_http_without_a_token_refuses_to_start(args: tuple[str, ...], why: str) -> None:
     p = _start(*args)
     try:
@@ -79,6 +80,7 @@ def _rpc(url: str, method: str, params: dict[str, object], rid: int = 1,
                        headers={**ACCEPT, **(headers or {})}, timeout=60)
 
 
+@pytest.mark.slow
 def test_no_auth_on_loopback_serves_and_says_so(no_auth: tuple[str, subprocess.Popen[str]]
                                                 ) -> None:
     url, _ = no_auth
@@ -87,6 +89,7 @@ def test_no_auth_on_loopback_serves_and_says_so(no_auth: tuple[str, subprocess.P
     assert r.status_code == 200, r.text
 
 
+@pytest.mark.slow
 def test_the_mcp_servers_connections_are_guarded(no_auth: tuple[str, subprocess.Popen[str]]
                                                  ) -> None:
     """Half-open connections are evicted (at most 32 pending per address) and closed at
@@ -115,6 +118,7 @@ def test_the_mcp_servers_connections_are_guarded(no_auth: tuple[str, subprocess.
             s.close()
 
 
+@pytest.mark.slow
 def test_calls_sent_at_once_run_in_the_order_they_arrived() -> None:
     """Twenty run_python calls written to a stdio server without waiting for any answer run
     in the order they were sent (a host sending a model's parallel tool calls)."""
@@ -178,6 +182,7 @@ def _text(r: CallToolResult) -> str:
     return "\n".join(c.text for c in r.content if hasattr(c, "text"))
 
 
+@pytest.mark.slow
 def test_each_token_is_held_to_its_own_bounds() -> None:
     """Two tokens, each its own principal (the session core's owner): one at its session
     bound is refused while the other is served; one at its memory bound cannot keep a

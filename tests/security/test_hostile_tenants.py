@@ -59,6 +59,7 @@ def server(start: Start) -> Served:
                   "b": "max_sessions = 50"}, server="threads = 16\ntenant_threads = 4")
 
 
+@pytest.mark.slow
 def test_one_tenants_flood_leaves_the_others_served(server: Served) -> None:
     """72 turns at once on one session of tenant a (each 0.4 s): they wait in the event loop,
     in order, never in the shared thread pool; tenant b creates a session and runs turns
@@ -94,6 +95,7 @@ def test_one_tenants_flood_leaves_the_others_served(server: Served) -> None:
     a.close_session(sid)
 
 
+@pytest.mark.slow
 def test_past_its_queue_a_tenant_gets_429_not_the_server_stuck(start: Start) -> None:
     served = start({"a": "max_running = 1\nqueued = 4"})
     try:
@@ -116,6 +118,7 @@ def test_past_its_queue_a_tenant_gets_429_not_the_server_stuck(start: Start) -> 
         served.stop()
 
 
+@pytest.mark.slow
 def test_turns_sent_at_once_run_in_the_order_they_arrived(server: Served) -> None:
     a = Client(server.url, server.keys["a"])
     sid = a.create()["id"]
@@ -139,6 +142,7 @@ def test_turns_sent_at_once_run_in_the_order_they_arrived(server: Served) -> Non
     a.close_session(sid)
 
 
+@pytest.mark.slow
 def test_a_rotated_out_key_loses_its_open_sockets(server: Served) -> None:
     """The door socket of a key rotated out of serve.toml closes within a second, and the
     guest's tool calls are no longer answered by it; a socket of a key still listed stays."""
@@ -185,6 +189,7 @@ def _hwm(served: Served) -> int:
     raise AssertionError("no VmHWM")
 
 
+@pytest.mark.slow
 def test_held_checkpoints_count_against_memory_and_expire_with_their_session(
         start: Start) -> None:
     served = start({"a": "max_memory = 419430400"}, server="checkpoint_ttl = 1")  # 400 MiB
@@ -227,6 +232,7 @@ def test_held_checkpoints_count_against_memory_and_expire_with_their_session(
         served.stop()
 
 
+@pytest.mark.slow
 def test_a_file_is_refused_before_it_is_read_and_a_stream_costs_its_output(
         start: Start) -> None:
     served = start({"a": ""}, server="max_body_bytes = 8388608")

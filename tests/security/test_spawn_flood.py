@@ -45,6 +45,7 @@ def _router(req: dict[str, Any]) -> ScriptedReply:
     return [_py(FLOOD), _py("submit(started=len(started), refused=refused)")][turn]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["inprocess", "subprocess", "pool"])
 def test_a_spawn_flood_is_refused_fast_and_bounded(backend: str) -> None:
     before = len(_LIVE)

@@ -41,6 +41,7 @@ def wait_saved(c: Client, sid: str, turns: int) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_sigterm_saves_and_a_restart_brings_every_session_back(tmp_path: Path) -> None:
     served = durable(tmp_path, "save_interval = 3600")  # only the stop saves
     a = Client(served.url, served.keys["a"])
@@ -77,6 +78,7 @@ def test_sigterm_saves_and_a_restart_brings_every_session_back(tmp_path: Path) -
         third.stop()
 
 
+@pytest.mark.slow
 def test_kill_9_mid_turn_restores_the_last_save_and_says_what_was_lost(tmp_path: Path
                                                                        ) -> None:
     served = durable(tmp_path, "save_interval = 0")  # saved after every turn
@@ -111,6 +113,7 @@ def test_kill_9_mid_turn_restores_the_last_save_and_says_what_was_lost(tmp_path:
         again.stop()
 
 
+@pytest.mark.slow
 def test_idle_sessions_are_evicted_and_come_back_on_use(tmp_path: Path) -> None:
     served = durable(tmp_path, "save_interval = 0.2\nidle_evict = 0.5")
     try:
@@ -137,6 +140,7 @@ def test_idle_sessions_are_evicted_and_come_back_on_use(tmp_path: Path) -> None:
         served.stop()
 
 
+@pytest.mark.slow
 def test_a_save_that_cannot_be_read_back_is_lost_not_an_error(tmp_path: Path) -> None:
     served = durable(tmp_path, "save_interval = 3600")
     a = Client(served.url, served.keys["a"])
@@ -175,6 +179,7 @@ def workers_of(pid: int) -> list[int]:
     return out
 
 
+@pytest.mark.slow
 def test_a_dead_worker_falls_back_to_the_last_save(tmp_path: Path) -> None:
     served = durable(tmp_path, "save_interval = 0")
     try:
@@ -194,6 +199,7 @@ def test_a_dead_worker_falls_back_to_the_last_save(tmp_path: Path) -> None:
         served.stop()
 
 
+@pytest.mark.slow
 def test_a_session_killed_before_its_first_save_comes_back_empty_and_says_so(
         tmp_path: Path) -> None:
     served = durable(tmp_path, "save_interval = 3600")
@@ -212,6 +218,7 @@ def test_a_session_killed_before_its_first_save_comes_back_empty_and_says_so(
         again.stop()
 
 
+@pytest.mark.slow
 def test_a_kill_9_at_any_moment_leaves_each_save_whole(tmp_path: Path) -> None:
     """Saves after every turn while the server is killed at random moments: after each
     restart the guest's counter is the turn its save says it holds (an image and the

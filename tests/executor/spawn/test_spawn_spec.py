@@ -69,6 +69,7 @@ keys = st.sampled_from(["task", "inputs", "submit", "tools", "model", "limits", 
                         "instructions", "other"])
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.dictionaries(keys, values, max_size=6) | values)
 def test_any_request_is_a_spec_or_a_clear_refusal(spec: Any) -> None:

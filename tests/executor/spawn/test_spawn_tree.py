@@ -36,6 +36,7 @@ print(hs[0].exception().reason)"""
     (TreeBudget(max_cost=0.004), "max_cost"),
     (TreeBudget(max_seconds=2.0), "max_seconds"),
 ])
+@pytest.mark.slow
 def test_each_tree_budget_ends_the_whole_tree(budget: TreeBudget, what: str) -> None:
     root = [ScriptedReply(content=py(FAN_OUT), prompt_tokens=50, completion_tokens=10),
             py("submit(total=0, label='never')")]
@@ -139,6 +140,7 @@ def _our_threads() -> list[str]:
                   if t.name.startswith("memex-") and not t.name.startswith(SHARED_THREADS))
 
 
+@pytest.mark.slow
 def test_no_sandbox_or_thread_survives_100_spawns() -> None:
     before_live = len(_LIVE)
     before_threads = _our_threads()

@@ -92,6 +92,7 @@ def test_errors_and_bad_arguments(guest: Sandbox, mcp_tools: ToolSet) -> None:
         assert failure(guest, "get_weather()")[0] == "TypeError"
 
 
+@pytest.mark.slow
 def test_a_slow_call_times_out_and_the_next_works() -> None:
     with ToolSet.from_mcp(sys.executable, args=[SERVER], timeout=0.5) as ts, \
             Sandbox(limits=Limits(timeout=20)) as sb, ToolHost(ts).attach(sb):
@@ -102,6 +103,7 @@ def test_a_slow_call_times_out_and_the_next_works() -> None:
         assert value(sb, "add(1, 1)") == "2"
 
 
+@pytest.mark.slow
 def test_reconnects_after_the_server_is_killed() -> None:
     with ToolSet.from_mcp(sys.executable, args=[SERVER]) as ts, \
             Sandbox(limits=Limits(timeout=20)) as sb, ToolHost(ts).attach(sb):
@@ -137,6 +139,7 @@ def test_every_page_of_the_listing() -> None:
             assert value(sb, "extra_59()") == "59"
 
 
+@pytest.mark.slow
 def test_include_and_bad_servers() -> None:
     with ToolSet.from_mcp(sys.executable, args=[SERVER], include=["add"]) as ts:
         assert ts.names == ("add",)
@@ -153,6 +156,7 @@ def test_include_and_bad_servers() -> None:
         ToolSet.from_mcp(url="ftp://127.0.0.1/mcp")
 
 
+@pytest.mark.slow
 def test_close_is_idempotent_and_a_closed_set_fails_clearly() -> None:
     ts = ToolSet.from_mcp(sys.executable, args=[SERVER])
     ts.close()
@@ -185,6 +189,7 @@ def http_server() -> Iterator[str]:
     proc.wait(10)
 
 
+@pytest.mark.slow
 def test_over_streamable_http(http_server: str) -> None:
     with ToolSet.from_mcp(url=http_server, headers={"X-Test": "1"}) as ts, \
             Sandbox() as sb, ToolHost(ts).attach(sb):

@@ -87,6 +87,7 @@ def test_the_execute_contract_typed_values_pandas_and_parallel_calls(
     assert calls[2].batch and calls[3].batch  # gather's calls went out as one batch
 
 
+@pytest.mark.slow
 def test_failures_and_limits_are_tool_errors_and_the_server_goes_on(
         provider: MemexSandboxProvider) -> None:
     mcp = server(provider)
@@ -109,6 +110,7 @@ def test_failures_and_limits_are_tool_errors_and_the_server_goes_on(
     assert out[6] == "still here"
 
 
+@pytest.mark.slow
 def test_state_per_call_or_shared() -> None:
     with MemexSandboxProvider() as per_call:
         out = asyncio.run(execute(server(per_call), "kept = 5\nreturn kept", "return kept"))
@@ -136,6 +138,7 @@ def test_fastmcps_wall_clock_cancels_the_block() -> None:
     assert took < 60  # by the interrupt: the cell's own deadline is 120 s away
 
 
+@pytest.mark.slow
 def test_inputs_and_external_functions_directly() -> None:
     async def lookup(key: str) -> str:
         return key.upper()
@@ -154,6 +157,7 @@ def test_inputs_and_external_functions_directly() -> None:
         asyncio.run(p.run("return 1"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["subprocess", "pool"])
 def test_on_another_backend_and_with_a_policy(backend: str) -> None:
     probe = ("import urllib.request\ntry:\n    urllib.request.urlopen('http://127.0.0.1:9/')\n"

@@ -61,6 +61,7 @@ def run(kc: Any, code: str, timeout: float = 60) -> tuple[dict[str, Any], list[d
                                                                          "execute_input")]
 
 
+@pytest.mark.slow
 def test_state_streams_and_results(kernel: tuple[KernelManager, Any]) -> None:
     _, kc = kernel
     reply, msgs = run(kc, "x = 41\nprint('hi')\nimport sys\nsys.stderr.write('careful\\n')\n"
@@ -76,6 +77,7 @@ def test_state_streams_and_results(kernel: tuple[KernelManager, Any]) -> None:
     assert msgs[-1]["content"]["data"]["text/plain"] == "41"
 
 
+@pytest.mark.slow
 def test_output_is_streamed_while_the_cell_runs(kernel: tuple[KernelManager, Any]) -> None:
     _, kc = kernel
     stamps: list[float] = []
@@ -90,6 +92,7 @@ def test_output_is_streamed_while_the_cell_runs(kernel: tuple[KernelManager, Any
     assert len(stamps) == 3 and stamps[1] - stamps[0] > 0.25  # one message per line, in time
 
 
+@pytest.mark.slow
 def test_rich_reprs_and_figures(kernel: tuple[KernelManager, Any]) -> None:
     _, kc = kernel
     _, msgs = run(kc, "import pandas as pd\npd.read_csv('/data/table.csv')")
@@ -115,6 +118,7 @@ def test_errors_carry_the_trimmed_traceback(kernel: tuple[KernelManager, Any]) -
     assert reply["ename"] == "SyntaxError"
 
 
+@pytest.mark.slow
 def test_interrupt_cancels_the_cell_and_keeps_the_session(
         kernel: tuple[KernelManager, Any]) -> None:
     km, kc = kernel
@@ -128,6 +132,7 @@ def test_interrupt_cancels_the_cell_and_keeps_the_session(
     assert msgs[-1]["content"]["data"]["text/plain"] == "7"
 
 
+@pytest.mark.slow
 def test_limits_from_the_kernelspec(kernel: tuple[KernelManager, Any]) -> None:
     _, kc = kernel
     reply, _ = run(kc, "while True: pass")
@@ -140,6 +145,7 @@ def test_limits_from_the_kernelspec(kernel: tuple[KernelManager, Any]) -> None:
     assert reply["status"] == "ok" and msgs[-1]["content"]["data"]["text/plain"] == "4"
 
 
+@pytest.mark.slow
 def test_a_notebook_runs_with_nbclient(specs: KernelSpecManager, tmp_path: Path) -> None:
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(c) for c in (

@@ -64,6 +64,7 @@ def run_suite() -> unittest.TestResult:
     return result
 
 
+@pytest.mark.slow
 def test_the_kernel_passes_the_protocol_conformance_suite() -> None:
     result = run_suite()
     problems = [(str(t), err[-2000:]) for t, err in [*result.failures, *result.errors]]

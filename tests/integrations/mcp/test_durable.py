@@ -16,6 +16,7 @@ from typing import Any
 
 import anyio
 import httpx2
+import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult
@@ -58,6 +59,7 @@ def _saved(state: Path, sid: str) -> bool:
     return bool(row and row[0])
 
 
+@pytest.mark.slow
 def test_a_session_outlives_a_kill_9_and_a_reset_is_kept_as_reset(tmp_path: Path) -> None:
     state = tmp_path / "state"
     p, url = _start(state, "--save-interval", "0")
@@ -96,6 +98,7 @@ def test_a_session_outlives_a_kill_9_and_a_reset_is_kept_as_reset(tmp_path: Path
         assert p.wait(60) == 0
 
 
+@pytest.mark.slow
 def test_sigterm_saves_every_session(tmp_path: Path) -> None:
     state = tmp_path / "state"
     p, url = _start(state, "--save-interval", "3600")  # only the stop saves
@@ -120,6 +123,7 @@ def test_sigterm_saves_every_session(tmp_path: Path) -> None:
         assert p.wait(60) == 0
 
 
+@pytest.mark.slow
 def test_an_ended_session_is_not_brought_back(tmp_path: Path) -> None:
     state = tmp_path / "state"
     p, url = _start(state, "--save-interval", "0", "--idle-timeout", "1")

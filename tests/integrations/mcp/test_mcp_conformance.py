@@ -36,6 +36,7 @@ def node() -> str | None:
     return None
 
 
+@pytest.mark.slow
 def test_memex_mcp_passes_the_mcp_conformance_suite(tmp_path: Path) -> None:
     entry = SUITE / "node_modules" / "@modelcontextprotocol" / "conformance" / "dist" / "index.js"
     runner = node()

@@ -51,6 +51,7 @@ async def call(c: Client, code: str) -> tuple[CallToolResult, str, dict[str, Any
     return r, text, r.structured_content or {}
 
 
+@pytest.mark.slow
 def test_a_cells_dependencies_are_fetched_and_a_used_session_starts_over(
         index: PackageIndex) -> None:
     async def go() -> None:
@@ -72,6 +73,7 @@ def test_a_cells_dependencies_are_fetched_and_a_used_session_starts_over(
     anyio.run(go)
 
 
+@pytest.mark.slow
 def test_an_operator_can_allow_no_packages(index: PackageIndex, tmp_path: Path) -> None:
     cfg = tmp_path / "mcp.toml"
     cfg.write_text("packages = []\n")

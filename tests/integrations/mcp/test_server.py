@@ -56,6 +56,7 @@ def text(r: CallToolResult) -> str:
 
 
 # ---- stdio ----------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_tools_have_schemas_and_honest_annotations() -> None:
     async def go() -> None:
         async with stdio() as c:
@@ -78,6 +79,7 @@ def test_tools_have_schemas_and_honest_annotations() -> None:
     run(go)
 
 
+@pytest.mark.slow
 def test_state_errors_and_limits() -> None:
     async def go() -> None:
         async with stdio("--timeout", "2") as c:
@@ -112,6 +114,7 @@ def _png_size(data: bytes) -> tuple[int, int]:
     return width, height
 
 
+@pytest.mark.slow
 def test_files_mounts_and_figures(tmp_path: Path) -> None:
     ro, rw = tmp_path / "ro", tmp_path / "rw"
     ro.mkdir()
@@ -161,6 +164,7 @@ def test_files_mounts_and_figures(tmp_path: Path) -> None:
     run(go)
 
 
+@pytest.mark.slow
 def test_checkpoint_restore_and_reset() -> None:
     async def go() -> None:
         async with stdio() as c:
@@ -183,6 +187,7 @@ def test_checkpoint_restore_and_reset() -> None:
     run(go)
 
 
+@pytest.mark.slow
 def test_two_connections_never_share_a_guest() -> None:
     async def go() -> None:
         async with stdio() as a, stdio() as b:
@@ -195,6 +200,7 @@ def test_two_connections_never_share_a_guest() -> None:
     run(go)
 
 
+@pytest.mark.slow
 def test_host_tools_and_bridged_servers_from_a_config(tmp_path: Path) -> None:
     (tmp_path / "ops_tools.py").write_text(textwrap.dedent('''
         from memex import tool
@@ -238,6 +244,7 @@ def test_host_tools_and_bridged_servers_from_a_config(tmp_path: Path) -> None:
     run(go)
 
 
+@pytest.mark.slow
 def test_a_bad_config_is_refused_with_the_key(tmp_path: Path) -> None:
     cfg = tmp_path / "bad.toml"
     cfg.write_text("[limits]\ntimeout = -1\nbogus = 3\n")
@@ -248,6 +255,7 @@ def test_a_bad_config_is_refused_with_the_key(tmp_path: Path) -> None:
     assert out.stdout == ""  # nothing but protocol ever goes to stdout
 
 
+@pytest.mark.slow
 def test_malformed_lines_get_protocol_errors_and_the_server_goes_on() -> None:
     p = subprocess.Popen([MEMEX, "mcp"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          stderr=subprocess.DEVNULL, text=True)
@@ -302,6 +310,7 @@ async def http(url: str, token: str = TOKEN, mode: Any = "auto") -> AsyncIterato
         yield client
 
 
+@pytest.mark.slow
 def test_http_refuses_a_wrong_or_missing_token(http_server: tuple[str, Any]) -> None:
     url, _ = http_server
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
@@ -358,6 +367,7 @@ def test_http_malformed_request_is_a_protocol_error(http_server: tuple[str, Any]
     run(go)
 
 
+@pytest.mark.slow
 def test_a_client_that_disconnects_mid_call_leaves_a_working_server(
         http_server: tuple[str, Any]) -> None:
     url, _ = http_server

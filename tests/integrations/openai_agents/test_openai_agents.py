@@ -92,6 +92,7 @@ def mode() -> Iterator[MemexCodeMode]:
     m.close()  # idempotent
 
 
+@pytest.mark.slow
 def test_typed_tools_state_and_submit_end_the_run() -> None:
     with MemexCodeMode(timeout=60) as mode:  # no cell here is meant to hit a deadline
         typed_tools_state_and_submit(mode)
@@ -124,6 +125,7 @@ def typed_tools_state_and_submit(mode: MemexCodeMode) -> None:
     assert agent.tools == [catalog, rate, sales]  # the original agent is unchanged
 
 
+@pytest.mark.slow
 def test_limits_and_tool_failures_are_observations_and_the_run_goes_on(
         mode: MemexCodeMode) -> None:
     model = code_calls("kept = 3", "while True:\n    kept += 1", "rate('XXX')",
@@ -223,6 +225,7 @@ def test_the_raw_string_custom_tool() -> None:
         MemexCodeMode(kind="custom", submit=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["subprocess", "pool"])
 def test_same_semantics_on_other_backends(backend: str) -> None:
     # pandas is preloaded (outside any deadline) so only the loop meets the 2 s deadline
@@ -243,6 +246,7 @@ def test_egress_policy_passes_through() -> None:
         assert Runner.run_sync(agent, "Fetch it.").final_output == "EgressDenied"
 
 
+@pytest.mark.slow
 def test_mounts_pass_through_read_only(tmp_path: Path) -> None:
     (tmp_path / "prices.csv").write_text("item,price\npen,1.5\ncup,4\n")
     probe = ("import pandas as pd\ndf = pd.read_csv('/data/prices.csv')\n"

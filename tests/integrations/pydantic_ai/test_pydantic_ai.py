@@ -103,6 +103,7 @@ def test_tools_are_typed_functions_state_persists_and_submit_ends_the_run(
     assert [c.tool for c in mode.tool_calls] == ["catalog", "rate", "submit"]
 
 
+@pytest.mark.slow
 def test_limits_and_errors_are_observations_and_the_run_goes_on(mode: MemexCodeMode) -> None:
     fn = scripted("kept = 3", "while True:\n    kept += 1", "rate('XXX')",
                   "submit({'total': kept, 'label': 'x'})")
@@ -168,6 +169,7 @@ def test_sessions_per_run_and_per_conversation() -> None:
         per_conv.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["subprocess", "pool"])
 def test_on_another_backend(backend: str) -> None:
     on_pool = MemexCodeMode(backend=backend, limits=Limits(timeout=2))

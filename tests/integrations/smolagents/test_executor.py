@@ -73,6 +73,7 @@ def test_state_typed_values_variables_and_final_answer(executor: MemexExecutor) 
     assert [c.tool for c in executor.tool_calls] == ["sales", "final_answer"]
 
 
+@pytest.mark.slow
 def test_limits_are_errors_for_the_model_and_the_session_goes_on(
         executor: MemexExecutor) -> None:
     script = [
@@ -93,6 +94,7 @@ def test_limits_are_errors_for_the_model_and_the_session_goes_on(
     assert "time limit" in str(srv.requests[2].messages)
 
 
+@pytest.mark.slow
 def test_a_managed_agent_and_a_tool_with_a_live_mcp_connection(executor: MemexExecutor
                                                                ) -> None:
     class Weather(Tool):
@@ -121,6 +123,7 @@ def test_a_managed_agent_and_a_tool_with_a_live_mcp_connection(executor: MemexEx
     assert answer[0] == 21.0 and "42" in str(answer[1])
 
 
+@pytest.mark.slow
 def test_the_same_tool_in_tool_calling_and_in_code_mode() -> None:
     calls = [ScriptedReply(tool_calls=(ScriptedToolCall(name="sales",
                                                         arguments={"region": "east"}),)),
@@ -136,6 +139,7 @@ def test_the_same_tool_in_tool_calling_and_in_code_mode() -> None:
     assert by_tools == by_code == 60
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["subprocess", "pool"])
 def test_same_semantics_on_other_backends(backend: str) -> None:
     script = [code("df = sales('west')\nn = len(df)"),
@@ -159,6 +163,7 @@ def test_egress_policy_passes_through() -> None:
     assert ex.egress is not None and ex.egress.records[0].decision == "deny"
 
 
+@pytest.mark.slow
 def test_final_answer_returns_an_image_and_errors_are_smolagents_own() -> None:
     """A PIL image given to final_answer arrives as a PIL image (as from smolagents' remote
     executors), inside containers too; one past the pixel bound is refused before its pixels
