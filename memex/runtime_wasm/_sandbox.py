@@ -249,8 +249,9 @@ class Sandbox(SandboxHandle):
         inst = self._new_instance()
         try:
             image = self._good if self._good is not None else self._base
+            mapped: int | None = None
             if image is not None:
-                image.restore_into(inst)
+                mapped = image.restore_into(inst)
                 self._backing = image
             else:
                 self._bootstrap(inst)
@@ -261,7 +262,7 @@ class Sandbox(SandboxHandle):
         self._asleep = False
         self._current = image is not None
         if image is not None:
-            self._watch_from(inst, image)
+            self._watch_from(inst, image, mapped=mapped)
         AWAKE.used(self)
 
     def _doze(self) -> None:
@@ -287,12 +288,14 @@ class Sandbox(SandboxHandle):
         AWAKE.forget(self)
         inst.close()
 
-    def _watch_from(self, inst: Instance, image: MemoryImage) -> None:
+    def _watch_from(self, inst: Instance, image: MemoryImage, *,
+                    mapped: int | None = None) -> None:
         """(runner) From now on the next image of ``inst`` is ``image`` plus what it writes
-        (when this host can track written pages)."""
+        (when this host can track written pages); ``mapped``: see MemoryWatch."""
         self._ref, self._watch = None, None
         if TRACKER.mode != "off":
-            watch = MemoryWatch(TRACKER, inst.memory_address(), inst.memory_size())
+            watch = MemoryWatch(TRACKER, inst.memory_address(), inst.memory_size(),
+                                mapped=mapped)
             if watch.active:
                 self._ref, self._watch = image, watch
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from memex import Limits, Sandbox, SandboxClosed, SandboxError, TurnStatus
+from memex.runtime_wasm import dirty_tracking
 from memex.runtime_wasm._sandbox import _LIVE
 
 
@@ -70,4 +71,29 @@ def test_all_or_none_when_the_family_quota_runs_out() -> None:
         kids = sb.fork_many(2)  # positive control: two fit
         assert len(_LIVE) == before + 3
         for kid in kids:
+            kid.close()
+
+
+@pytest.mark.skipif(dirty_tracking() != "uffd-wp", reason="needs the written-page tracking")
+def test_a_fork_records_its_first_turns_writes_without_a_watch_until_then() -> None:
+    """A child starts on a private mapping of the image: what its first turn wrote is found
+    by one scan at its first record (the watch proper starts then), and a trap in its second
+    turn goes back to exactly that state."""
+    with Sandbox(limits=Limits(timeout=30)) as sb:
+        sb.run("base = bytes(range(256)) * 4096")
+        kid = sb.fork_many(1)[0]
+        try:
+            watch = kid._watch
+            assert watch is not None and watch._mapped is not None  # no watch started yet
+            kid.run("mine = bytearray(b'k' * 3_000_000)\nbase2 = base[::-1]")
+            r = kid.run("mine[:] = b'z' * len(mine)\nimport os\nos.abort()")
+            assert r.status is TurnStatus.KILLED and r.rolled_back, r
+            assert kid.run("(bytes(set(mine)), len(mine), base2 == base[::-1])").value == \
+                "(b'k', 3000000, True)"
+            kid.run("mine[1] = 0")  # on the instance the trap left: a fresh mapping again
+            kid.run("1")  # this turn began with a record: the watch proper runs from it
+            assert kid._watch is not None and kid._watch._mapped is None
+            r = kid.run("mine[1] = 5\nimport os\nos.abort()")
+            assert r.rolled_back and kid.run("(mine[0], mine[1])").value == f"({ord('k')}, 0)"
+        finally:
             kid.close()

@@ -39,6 +39,7 @@ _PAGEMAP_SCAN = 0xC0606610
 _PM_SCAN_WP_MATCHING = 1 << 0
 _PM_SCAN_CHECK_WPASYNC = 1 << 1
 _PAGE_IS_WRITTEN = 1 << 1
+_PAGE_IS_FILE = 1 << 2
 _PAGE_IS_PRESENT = 1 << 3
 _PAGE_IS_SWAPPED = 1 << 4
 _VEC = 4096  # regions per ioctl call
@@ -174,6 +175,13 @@ class DirtyTracker:
         zero. For memory that is not watched (a part the guest just grew)."""
         return self._scan(addr, size, 0, 0, _PAGE_IS_PRESENT | _PAGE_IS_SWAPPED)
 
+    def private(self, addr: int, size: int) -> Runs | None:
+        """Pages in the range that are the process's own (present or swapped, and not a
+        file's): in a private mapping of an image file, the pages written since it was
+        mapped (a read leaves the file's page mapped)."""
+        return self._scan(addr, size, 0, 0, _PAGE_IS_PRESENT | _PAGE_IS_SWAPPED,
+                          inverted=_PAGE_IS_FILE, required=_PAGE_IS_FILE)
+
     def stop(self, addr: int, size: int) -> None:
         if self._libc is None:
             return
@@ -181,14 +189,16 @@ class DirtyTracker:
         with self._lock:
             self._libc.ioctl(self._uffd, _UFFDIO_UNREGISTER, ctypes.addressof(rng))
 
-    def _scan(self, addr: int, size: int, flags: int, mask: int, anyof: int) -> Runs | None:
+    def _scan(self, addr: int, size: int, flags: int, mask: int, anyof: int, *,
+              inverted: int = 0, required: int = 0) -> Runs | None:
         if self._libc is None:
             return None
         end = addr + size
         runs: Runs = []
         arg = _ScanArg(size=ctypes.sizeof(_ScanArg), flags=flags, start=addr, end=end,
-                       vec=ctypes.addressof(self._vec), vec_len=_VEC, category_mask=mask,
-                       category_anyof_mask=anyof, return_mask=mask | anyof)
+                       vec=ctypes.addressof(self._vec), vec_len=_VEC,
+                       category_inverted=inverted, category_mask=mask | required,
+                       category_anyof_mask=anyof, return_mask=mask | anyof | required)
         with self._lock:
             while True:
                 n = self._libc.ioctl(self._pagemap, _PAGEMAP_SCAN, ctypes.byref(arg))
@@ -222,12 +232,22 @@ class MemoryWatch:
     memory may grow between looks: the grown part is not watched yet, so its resident pages
     count as written and it is watched from then on."""
 
-    __slots__ = ("_addr", "_size", "_tracker")
+    __slots__ = ("_addr", "_mapped", "_size", "_tracker")
 
-    def __init__(self, tracker: DirtyTracker, addr: int, size: int) -> None:
+    def __init__(self, tracker: DirtyTracker, addr: int, size: int, *,
+                 mapped: int | None = None) -> None:
         self._tracker = tracker
         self._addr = addr
-        self._size = size if tracker.start(addr, size) else -1
+        # ``mapped``: the memory was just made by mapping an image file privately over its
+        # first ``mapped`` bytes (and writing the rest): the pages written since are then
+        # the process's own pages, which one scan finds at the first look, so the watch
+        # proper (registering and protecting the whole range, which costs with its size)
+        # starts only then, and a sandbox closed before its second turn never pays for it.
+        self._mapped = mapped if mapped is not None and tracker.mode != "off" else None
+        if self._mapped is not None:
+            self._size = size
+        else:
+            self._size = size if tracker.start(addr, size) else -1
 
     @property
     def active(self) -> bool:
@@ -240,6 +260,8 @@ class MemoryWatch:
         if self._size < 0 or addr != self._addr:
             self._size = -1
             return None
+        if self._mapped is not None:
+            return self._first(size)
         runs = self._tracker.take(self._addr, self._size)
         if runs is None:
             self._size = -1
@@ -253,3 +275,27 @@ class MemoryWatch:
             runs += [(off + self._size, n) for off, n in grown]
             self._size = size
         return runs
+
+    def _first(self, size: int) -> Runs | None:
+        """(a watch of a fresh mapping) The written pages so far, and the watch started."""
+        mapped, self._mapped = self._mapped, None
+        assert mapped is not None
+        t, addr = self._tracker, self._addr
+        cut = min(mapped, size)
+        own = t.private(addr, cut)
+        rest = t.resident(addr + cut, size - cut) if size > cut else []
+        if own is None or rest is None or not t.start(addr, size):
+            self._size = -1
+            return None
+        self._size = size
+        return _joined(own + [(off + cut, n) for off, n in rest])
+
+
+def _joined(runs: Runs) -> Runs:
+    out: Runs = []
+    for off, n in runs:
+        if out and out[-1][0] + out[-1][1] == off:
+            out[-1] = (out[-1][0], out[-1][1] + n)
+        else:
+            out.append((off, n))
+    return out

@@ -372,10 +372,12 @@ class MemoryImage:
         return out
 
     # ---- restore --------------------------------------------------------------------------
-    def restore_into(self, inst: Instance) -> None:
+    def restore_into(self, inst: Instance) -> int | None:
         """Make ``inst`` (a fresh, idle instance of the same binary) hold this image. A
         pending image's runs are written straight into the instance's memory (the image's
-        own file stays unwritten until something needs it)."""
+        own file stays unwritten until something needs it). Returns how many bytes from the
+        start of the memory are the root's file mapped privately (None: none are), the
+        rest written: what a watch of the new memory may take as unwritten so far."""
         chain = self._layers()
         # The first restore of a pending image (the load itself) writes its runs into the
         # instance; a later one (a fork, a rollback) maps its file, written by then.
@@ -390,6 +392,7 @@ class MemoryImage:
                 f"memory size mismatch restoring an image ({inst.memory_size()} < {self.size})"
             )
         dst = inst.memory_address()
+        mapped: int | None = None
         if root is pending:  # a flat image: zeros wherever its runs do not write
             _fresh_pages(dst, root.size, zero_fallback=True)
         else:
@@ -397,6 +400,8 @@ class MemoryImage:
                              root._offset)
             if got != dst:  # mapping refused (e.g. a seccomp policy): the kernel copies
                 _read_into(root._fd, dst, root._offset, root.size)
+            else:
+                mapped = root.size
             for off, n in root._hot:
                 _libc.madvise(dst + off, n, _MADV_POPULATE_WRITE)  # unsupported: no harm
         for layer in chain[1:]:
@@ -407,6 +412,9 @@ class MemoryImage:
         if pending is not None:
             pending._write_runs_into(dst)
             pending._written_into = True
+            if pending._parent is not None:
+                mapped = None  # fresh pages of its own over parts of the mapping
+        return mapped
 
     def _write_runs_into(self, dst: int) -> None:
         """A pending image's runs, written into the memory at ``dst``: each stretch of at
