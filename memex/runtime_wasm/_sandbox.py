@@ -11,7 +11,6 @@ import threading
 import time
 import weakref
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -612,22 +611,12 @@ class Sandbox(SandboxHandle):
             self._check_open()
             img = self._runner.call(self._shared_image)
             kids: list[Sandbox] = []
-            kids_lock = threading.Lock()
-
-            def make() -> None:
-                kid = Sandbox(limits=self.limits, mounts=self.mounts,
-                              door=door if door is not None else self.door, env=self._env,
-                              rollback=self.rollback, packages=self.packages, _image=img,
-                              _family=self)
-                with kids_lock:
-                    kids.append(kid)
-
-            # as many at once as there are cores (each start is mostly the kernel's work)
-            width = max(1, min(n, os.cpu_count() or 1))
             try:
-                with ThreadPoolExecutor(width, thread_name_prefix="memex-fork") as ex:
-                    for f in [ex.submit(make) for _ in range(n)]:
-                        f.result()
+                for _ in range(n):
+                    kids.append(Sandbox(limits=self.limits, mounts=self.mounts,
+                                        door=door if door is not None else self.door,
+                                        env=self._env, rollback=self.rollback,
+                                        packages=self.packages, _image=img, _family=self))
             except BaseException:
                 for kid in kids:
                     kid.close()
