@@ -661,19 +661,25 @@ def bench_cli(q: bool) -> None:
         "no instance, no turn (bench/_start_floor.py)")
 
 
+def _make_idle(n: int, into: list[Sandbox]) -> None:
+    """``n`` sandboxes that ran one cell each, appended to ``into`` as they are made (the
+    caller closes them), then left idle (no work queued on their runners)."""
+    for _ in range(n):
+        sb = Sandbox(limits=Limits(timeout=30))
+        sb.run("x = 1")
+        into.append(sb)
+    for sb in into:
+        sync(sb)
+
+
 def bench_rss(q: bool) -> None:
     for count in (1, 16, 64):
         gc.collect()
         time.sleep(0.2)
         pss0, machine0 = memory_now()
-        sbs = []
+        sbs: list[Sandbox] = []
         try:
-            for _ in range(count):
-                sb = Sandbox(limits=Limits(timeout=30))
-                sb.run("x = 1")
-                sbs.append(sb)
-            for sb in sbs:
-                sync(sb)
+            _make_idle(count, sbs)
             time.sleep(0.2)
             pss1, machine1 = memory_now()
             add("rss", f"marginal memory per idle sandbox, {count} live",
@@ -704,12 +710,7 @@ def bench_scale(q: bool) -> None:
     live: list[Sandbox] = []
     t = time.perf_counter()
     try:
-        for _ in range(1000):
-            sb = Sandbox(limits=Limits(timeout=30))
-            sb.run("x = 1")
-            live.append(sb)
-        for sb in live:
-            sync(sb)
+        _make_idle(1000, live)
         built = time.perf_counter() - t
         time.sleep(0.2)
         pss1, machine1 = memory_now()
@@ -745,12 +746,7 @@ def _hold(n: int, awake: int | None) -> dict[str, float]:
     live: list[Sandbox] = []
     try:
         t, cpu = time.perf_counter(), time.process_time()
-        for _ in range(n):
-            sb = Sandbox(limits=Limits(timeout=30))
-            sb.run("x = 1")
-            live.append(sb)
-        for sb in live:
-            sync(sb)
+        _make_idle(n, live)
         built, cpu = time.perf_counter() - t, time.process_time() - cpu
         time.sleep(0.2)
         _, machine1 = memory_now()
