@@ -592,13 +592,7 @@ class Sandbox(SandboxHandle):
         shares this one's files until either side opens one for writing (which then copies
         it), and the two count against one disk quota: a family of forks holds at most
         ``Limits.disk_bytes`` / ``disk_files`` together."""
-        with self._lock:
-            self._check_open()
-            img = self._runner.call(self._shared_image)
-            return Sandbox(limits=self.limits, mounts=self.mounts,
-                           door=door if door is not None else self.door,
-                           env=self._env, rollback=self.rollback, packages=self.packages,
-                           _image=img, _family=self)
+        return self.fork_many(1, door=door)[0]
 
     def fork_many(self, n: int, *, door: Door | None = None) -> list[Sandbox]:
         """``n`` independent sandboxes with this one's state, as ``n`` calls of :meth:`fork`

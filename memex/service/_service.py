@@ -356,21 +356,8 @@ class Service:
         return limits, mounts
 
     def fork_of(self, s: Session, tenant: TenantConfig) -> Callable[[SandboxAPI[Any]], Session]:
-        def fork(sb: SandboxAPI[Any]) -> Session:
-            self.table.reserve(tenant.name, tenant.bounds(), s.limits)
-            try:
-                child = sb.fork()  # its door is the parent's (shared, see ClientDoor)
-                c = Session(id=new_session_id(), owner=tenant.name, sandbox=child,
-                            door=s.door, parent=s.id, limits=s.limits, mounts=s.mounts,
-                            preload=s.preload, env=s.env, packages=s.packages,
-                            turn_base=s.turns - child.turns,
-                            egress=s.egress, tools=s.tools)  # a fork shares its door
-                self.table.add(c)
-                self.keeper.added(c)
-                return c
-            finally:
-                self.table.release(tenant.name, s.limits)
-        return fork
+        forks = self.forks_of(s, tenant, 1)
+        return lambda sb: forks(sb)[0]
 
     def forks_of(self, s: Session, tenant: TenantConfig, n: int
                  ) -> Callable[[SandboxAPI[Any]], list[Session]]:

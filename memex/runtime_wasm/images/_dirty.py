@@ -20,7 +20,7 @@ import ctypes
 import os
 import threading
 
-__all__ = ["TRACKER", "DirtyTracker", "MemoryWatch", "Runs", "dirty_tracking"]
+__all__ = ["TRACKER", "DirtyTracker", "MemoryWatch", "Runs", "dirty_tracking", "joined"]
 
 Runs = list[tuple[int, int]]  # (offset, length), sorted, non-overlapping, page-aligned
 
@@ -288,10 +288,11 @@ class MemoryWatch:
             self._size = -1
             return None
         self._size = size
-        return _joined(own + [(off + cut, n) for off, n in rest])
+        return joined(own + [(off + cut, n) for off, n in rest])
 
 
-def _joined(runs: Runs) -> Runs:
+def joined(runs: Runs) -> Runs:
+    """Sorted (offset, bytes) runs, joined where one ends where the next begins."""
     out: Runs = []
     for off, n in runs:
         if out and out[-1][0] + out[-1][1] == off:

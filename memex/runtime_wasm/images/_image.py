@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from ...errors import ImageError
 from ._dirty import PAGE as _PAGE
-from ._dirty import Runs
+from ._dirty import Runs, joined
 
 if TYPE_CHECKING:
     from .._instance import Instance
@@ -525,13 +525,7 @@ def _fresh_pages(addr: int, n: int, *, zero_fallback: bool) -> None:
 
 def _stretches_of(runs: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
     """(offset, bytes) runs joined where one ends where the next begins."""
-    out: list[tuple[int, int]] = []
-    for off, n in sorted(runs):
-        if out and out[-1][0] + out[-1][1] == off:
-            out[-1] = (out[-1][0], out[-1][1] + n)
-        else:
-            out.append((off, n))
-    return out
+    return joined(sorted(runs))
 
 
 def _mostly(nbytes: int, size: int) -> bool:
