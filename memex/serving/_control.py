@@ -25,6 +25,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import json
+import logging
 import secrets
 import threading
 import time
@@ -42,6 +43,7 @@ from ._doorkit import DoorKit, SlabDoors
 __all__ = ["CONTROL_NAME", "Control", "ControlRefusal", "checkpoint_key"]
 
 CONTROL_NAME = "memex-control"
+LOG = logging.getLogger("memex.serving")
 
 
 class ControlRefusal(Exception):
@@ -612,7 +614,7 @@ class Control:
         recovery threads, so lookups never wait on one)."""
         with self.lock:
             e = self.sessions.get(sid)
-            if e is None or e.recovering or (e.slab is not None and e.slab != dead):
+            if e is None or e.recovering or not self._orphaned(e):
                 return
             e.recovering = True
         try:
@@ -620,6 +622,12 @@ class Control:
         except RuntimeError:  # shutting down
             with self.lock:
                 e.recovering = False
+
+    def _orphaned(self, e: _Entry) -> bool:
+        """Whether ``e`` has no live slab (under the lock). One whose slab still answers
+        stays there: opening it elsewhere from its save would leave two slabs serving it."""
+        slab = self.slabs.get(e.slab) if e.slab is not None else None
+        return slab is None or slab.dead is not None
 
     def _mark_dead(self, name: str, why: str) -> None:
         with self.lock:
@@ -651,8 +659,7 @@ class Control:
         cannot be read back is kept, said in ``failed``, and tried again later)."""
         with self.lock:
             e = self.sessions.get(sid)
-            if e is None or (e.slab is not None and e.slab != dead) or \
-                    (e.recovering and not claimed):
+            if e is None or not self._orphaned(e) or (e.recovering and not claimed):
                 if e is not None and claimed:
                     e.recovering = False
                 return
@@ -692,30 +699,43 @@ class Control:
                 e.recovering = False
 
     def _monitor(self, every: float) -> None:
+        """Every ``every`` seconds: :meth:`_watch`. A round that fails is logged and the next
+        one runs (a monitor that died would leave every lost slab's sessions unmoved)."""
         while True:
             time.sleep(every)
-            with self.lock:
-                slabs = [s for s in self.slabs.values() if s.dead is None]
-            refs = [(s, s.handle.ready.remote()) for s in slabs]
-            for s, ref in refs:
-                try:
-                    self._ray.get(ref, timeout=max(2.0, every * 2))
-                    s.last_ok = time.monotonic()
-                except Exception:
-                    self._mark_dead(s.name, "it stopped answering")
-            self._retire_empty()
-            self._expire_checkpoints()
-            now = time.time()
-            with self.lock:
-                ended = [(e.tenant, sid, why) for sid, e in self.sessions.items()
-                         if (why := e.why_ended(now)) is not None]
-            for tenant, sid, why in ended:  # their quota freed within a second
+            try:
+                self._watch(every)
+            except Exception:
+                LOG.exception("the control actor's monitor round failed")
+
+    def _watch(self, every: float) -> None:
+        """Ping the live slabs (a silent one is marked dead), retire empty ones, end the
+        sessions past their limits and start moving those without a slab."""
+        with self.lock:
+            slabs = [s for s in self.slabs.values() if s.dead is None]
+        refs = [(s, s.handle.ready.remote()) for s in slabs]
+        for s, ref in refs:
+            try:
+                self._ray.get(ref, timeout=max(2.0, every * 2))
+                s.last_ok = time.monotonic()
+            except Exception:
+                self._mark_dead(s.name, "it stopped answering")
+        self._retire_empty()
+        self._expire_checkpoints()
+        now = time.time()
+        with self.lock:
+            ended = [(e.tenant, sid, why) for sid, e in self.sessions.items()
+                     if (why := e.why_ended(now)) is not None]
+        for tenant, sid, why in ended:  # their quota freed within a second
+            try:
                 self.close(tenant, sid, why)
-            with self.lock:
-                orphans = [sid for sid, e in self.sessions.items()
-                           if e.slab is None and not e.recovering]
-            for sid in orphans:
-                self._start_recovery(sid, None)
+            except Exception:
+                LOG.exception("ending session %s (%s) failed", sid, why)
+        with self.lock:
+            orphans = [sid for sid, e in self.sessions.items()
+                       if e.slab is None and not e.recovering]
+        for sid in orphans:
+            self._start_recovery(sid, None)
 
     def _retire_empty(self) -> None:
         """Give back to Ray the slabs that held no session for ``slab_idle`` seconds (the
