@@ -4,7 +4,8 @@ A root rollout of an agent built with ``spawn=TreeBudget(...)`` owns a :class:`S
 budget (depth, live and total sub-agents, turns, tokens, cost, wall time) for every rollout in
 the tree, each of which is a :class:`Node`. A node serves its guest's door ops:
 
-* ``agent.spawn(spec)`` (inline, returns at once): checks the request, starts the child on its
+* ``agent.spawn(spec)`` (inline, returns at once; ``agent.spawn_many(spec, n)`` for a group,
+  all or none): checks the request, starts the child on its
   own thread with its own sandbox and door (a fork of the tree's template for its kind, see
   ``_template``, or with ``fork=True`` a ``fork_in_turn`` of the parent's sandbox), and
   answers its id;
@@ -69,7 +70,8 @@ AgentFailed with .kind and .reason if it has none); h.done(), h.cancel(), h.traj
 full record). wait_all(handles) returns all answers in order (an AgentFailed in place of a \
 failed one); as_completed(handles) yields handles as they finish; handles can be awaited. \
 fork=True starts it from a copy of your variables as they were when your previous block \
-ended. At most {max_live} sub-agents run at once ({left} more may be started in all); they \
+ended. spawn_agents(n, task, ...) starts n on the same task at once (all or none; a list of \
+handles). At most {max_live} sub-agents run at once ({left} more may be started in all); they \
 can nest {levels} more level(s)."""
 
 
@@ -245,6 +247,7 @@ class Node:
             self.session = session
         door = session.door
         door.register("agent.spawn", self._op_spawn, inline=True)
+        door.register("agent.spawn_many", self._op_spawn_many, inline=True)
         door.register("agent.poll", self._op_poll, inline=True)
         door.register("agent.cancel", self._op_cancel, inline=True)
         door.register("agent.wait", self._op_wait, context=True)
@@ -375,11 +378,21 @@ class Node:
     # ---- door ops (this node is the parent) --------------------------------------------
     def _op_spawn(self, spec: object) -> dict[str, Any]:
         try:
-            return {"id": self._spawn(spec).id}
+            return {"id": self._spawn(spec, 1)[0].id}
         except SpawnRefused as exc:
             return {"error": exc.kind, "message": exc.message}
 
-    def _spawn(self, raw: object) -> Node:
+    def _op_spawn_many(self, spec: object, n: object) -> dict[str, Any]:
+        try:
+            if type(n) is not int or n < 1:
+                raise SpawnRefused("n", f"spawn_agents needs n as an int >= 1, not {n!r}")
+            return {"ids": [node.id for node in self._spawn(spec, n)]}
+        except SpawnRefused as exc:
+            return {"error": exc.kind, "message": exc.message}
+
+    def _spawn(self, raw: object, n: int) -> list[Node]:
+        """``n`` children on one request, all or none: the budget is checked for all of
+        them at once, and with ``fork`` every child maps the same image of this session."""
         tree, b, run, session = self.tree, self.tree.budget, self.run, self.session
         if run is None or session is None:
             raise SpawnRefused("protocol", "this agent is not running")
@@ -395,46 +408,63 @@ class Node:
         if spec.fork and not isinstance(sandbox, Sandbox):
             raise SpawnRefused("fork", "fork=True needs an in-process sandbox")
         agent = self._child_agent(spec)
+        what = "sub-agent" if n == 1 else f"{n} sub-agents"
         with tree.cond:
             if tree.exhausted is not None:
                 raise SpawnRefused("budget", f"the agent tree's {tree.exhausted} budget ran "
                                    f"out ({tree.usage()})")
-            if tree.live >= b.max_live:
+            if tree.live + n > b.max_live:
+                then = "wait for one first" if n == 1 else "start fewer, or wait for some"
                 raise SpawnRefused("max_live", f"{tree.live} sub-agents are running in this "
-                                   f"agent tree (max_live={b.max_live}): wait for one first")
-            if tree.spawned >= b.max_children:
-                raise SpawnRefused("max_children", f"this agent tree has started its "
-                                   f"{b.max_children} sub-agents (max_children)")
-            n = len(self.children) + 1
-            node = Node(tree, self, node_id=f"{self.id}.{n}" if self.id else str(n),
-                         depth=self.depth + 1, task=spec.task, agent=agent,
-                         inputs=spec.inputs, pickled=spec.pickled,
-                         step_index=len(run.steps))
-            tree.spawned += 1
-            tree.live += 1
-            self.children.append(node)
-            self.by_id[node.id] = node
-            tree.nodes.append(node)
+                                   f"agent tree (max_live={b.max_live}), no room for {what}: "
+                                   f"{then}")
+            if tree.spawned + n > b.max_children:
+                raise SpawnRefused("max_children", f"this agent tree has started "
+                                   f"{tree.spawned} of its {b.max_children} sub-agents "
+                                   f"(max_children), no room for {what}")
+            nodes = []
+            for _ in range(n):
+                k = len(self.children) + 1
+                node = Node(tree, self, node_id=f"{self.id}.{k}" if self.id else str(k),
+                            depth=self.depth + 1, task=spec.task, agent=agent,
+                            inputs=spec.inputs, pickled=spec.pickled,
+                            step_index=len(run.steps))
+                self.children.append(node)
+                self.by_id[node.id] = node
+                tree.nodes.append(node)
+                nodes.append(node)
+            tree.spawned += n
+            tree.live += n
+        started = 0
         try:
             if spec.fork:
                 assert isinstance(sandbox, Sandbox)
-                node.fork_sandbox = sandbox.fork_in_turn(door=Door(), limits=spec.limits)
-            node.thread = threading.Thread(target=node._main, daemon=True,
-                                           name=f"memex-agent-{node.id}")
-            node.thread.start()
+                for node in nodes:  # one image of this session, mapped by each
+                    node.fork_sandbox = sandbox.fork_in_turn(door=Door(), limits=spec.limits)
+            for node in nodes:
+                node.thread = threading.Thread(target=node._main, daemon=True,
+                                               name=f"memex-agent-{node.id}")
+                node.thread.start()
+                started += 1
         except (MemexError, RuntimeError) as exc:
-            node.thread = None
-            if node.fork_sandbox is not None:
-                node.fork_sandbox.close()
+            for node in nodes[started:]:
+                node.thread = None
+                if node.fork_sandbox is not None:
+                    node.fork_sandbox.close()
+                    node.fork_sandbox = None
             with tree.cond:
-                tree.spawned -= 1
-                tree.live -= 1
-                self.children.remove(node)
-                del self.by_id[node.id]
-                tree.nodes.remove(node)
+                tree.spawned -= n - started
+                tree.live -= n - started
+                for node in nodes[started:]:
+                    self.children.remove(node)
+                    del self.by_id[node.id]
+                    tree.nodes.remove(node)
+            for node in nodes[:started]:  # started before a thread could not be: stopped
+                node.stop("cancelled", "the rest of its group could not be started",
+                          EndReason.CANCELLED)
             raise SpawnRefused("fork" if spec.fork else "start",
-                               f"the sub-agent could not be started: {exc}") from None
-        return node
+                               f"the {what} could not be started: {exc}") from None
+        return nodes
 
     def _child_agent(self, spec: ChildSpec) -> AgentSpec:
         """The parent's spec with the child's tools, answer schema, instructions, budget,

@@ -321,6 +321,22 @@ def test_fork_sees_the_state_of_the_previous_block() -> None:
     assert r.answer == Answer(total=44, label="{'k': 41}")
 
 
+def test_a_group_forked_from_one_state_is_independent() -> None:
+    """spawn_agents(3, fork=True): three children from the same image of the parent's
+    session, each changing its copy alone; the parent's own state is untouched."""
+    r, _ = run_tree({
+        "root": [py("base = {'k': 40}\nlog = []"),
+                 py("hs = spawn_agents(3, 'forked', fork=True, inputs={'extra': 2})\n"
+                    "print([h.id for h in hs], wait_all(hs), base, log)"),
+                 py("submit(total=sum(wait_all(hs)), label=str(base))")],
+        "forked": [py("base['k'] += extra\nlog.append(base['k'])\nsubmit(sum(log))")],
+    }, submit=Answer)
+    assert "['1', '2', '3'] [42, 42, 42] {'k': 40} []" in obs(r, 1)
+    kids = r.trajectory.steps[1].children
+    assert len(kids) == 3 and all(k.answer == 42 for k in kids)
+    assert r.answer == Answer(total=126, label="{'k': 40}")
+
+
 # ---- failures are data -------------------------------------------------------------------
 def loop_forever(turn: int, _req: dict[str, Any]) -> ScriptedReply:
     return ScriptedReply(content=py(f"import time\ntime.sleep(0.05)\nprint({turn})"),

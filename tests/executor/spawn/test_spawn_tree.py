@@ -105,14 +105,27 @@ def attempt(task):
         return spawn_agent(task)
     except SpawnError as e:
         print(e.kind, "|", e)
-a = attempt("wait")
-b = attempt("wait")
+def group(n):
+    try:
+        return spawn_agents(n, "wait")
+    except SpawnError as e:
+        print(e.kind, "|", e)
+group(3)  # past max_live: none of the three starts
+a, b = group(2)
 attempt("wait")
 a.cancel()
+group(2)  # room for one more running, not two
 c = attempt("wait")
 b.cancel(); c.cancel()
+group(2)  # max_children: 3 started, none left
 attempt("wait")
-print([h.status for h in (a, b, c)])"""
+print([h.status for h in (a, b, c)])
+try:
+    spawn_agents(0, "wait")
+except SpawnError as e:
+    print(e.kind, "|", e)
+import memex_guest.door as door
+print(door.request("agent.spawn_many", [{"task": "wait", "fork": False}, True], {}, True))"""
 
 
 def test_max_live_and_max_children_refuse_new_spawns() -> None:
@@ -121,10 +134,20 @@ def test_max_live_and_max_children_refuse_new_spawns() -> None:
                      "wait": sleepy}, tree=TreeBudget(max_live=2, max_children=3),
                     submit=Answer)
     text = r.trajectory.steps[0].observation
-    assert "max_live | 2 sub-agents are running in this agent tree (max_live=2)" in text
-    assert "max_children | this agent tree has started its 3 sub-agents" in text
+    assert "max_live | 0 sub-agents are running in this agent tree (max_live=2), no room " \
+        "for 3 sub-agents: start fewer, or wait for some" in text
+    assert "max_live | 2 sub-agents are running in this agent tree (max_live=2), no room " \
+        "for sub-agent: wait for one first" in text
+    assert "max_live | 1 sub-agents are running in this agent tree (max_live=2), no room " \
+        "for 2 sub-agents" in text
+    assert "max_children | this agent tree has started 3 of its 3 sub-agents (max_children)" \
+        ", no room for 2 sub-agents" in text
+    assert "max_children | this agent tree has started 3 of its 3 sub-agents (max_children)" \
+        ", no room for sub-agent" in text
     assert "['cancelled', 'cancelled', 'cancelled']" in text
-    assert len(r.trajectory.steps[0].children) == 3
+    assert "n | spawn_agents(n, task, ...) needs n as an int >= 1, not 0" in text
+    assert "{'error': 'n', 'message': 'spawn_agents needs n as an int >= 1, not True'}" in text
+    assert len(r.trajectory.steps[0].children) == 3  # the refused groups started none
 
 
 def test_depth_zero_disables_spawning_and_no_prompt() -> None:

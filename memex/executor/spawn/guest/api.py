@@ -1,8 +1,9 @@
 # Runs inside the guest (exec'd into the module ``memex_agents`` on the first call of
-# spawn_agent, wait_all or as_completed). Imports nothing from the host packages.
+# spawn_agent, spawn_agents, wait_all or as_completed). Imports nothing from the host packages.
 """Sub-agents from a code block.
 
-``spawn_agent(task, ...)`` starts another agent at once and returns an ``AgentHandle``; the
+``spawn_agent(task, ...)`` starts another agent at once and returns an ``AgentHandle``
+(``spawn_agents(n, task, ...)`` a group of ``n`` on one task, all or none); the
 sub-agent runs on the host in a sandbox of its own, in parallel with this one, and its typed
 answer comes back here as an object (never through a model's context).
 
@@ -26,7 +27,7 @@ from memex_guest._codec import Raw as _Raw
 from memex_guest._codec import packb as _packb
 
 __all__ = ["AgentFailed", "AgentHandle", "SpawnError", "as_completed", "spawn_agent",
-           "wait_all"]
+           "spawn_agents", "wait_all"]
 
 _BUILTINS = {int: "int", float: "float", str: "str", bool: "bool", bytes: "bytes",
              list: "list", dict: "dict", tuple: "tuple", set: "set", frozenset: "frozenset"}
@@ -110,6 +111,29 @@ def spawn_agent(task, inputs=None, submit=None, tools=None, model=None, limits=N
         or memory (bytes). fork=True starts it from a copy of this session as it was when
         the previous block ended (what this block defined is not in it: pass it in inputs).
         instructions: extra text for its system prompt."""
+    spec = _spec(task, inputs, submit, tools, model, limits, fork, instructions)
+    return AgentHandle(_started(_request_spawn("agent.spawn", [spec]), "id"), task)
+
+
+def spawn_agents(n, task, inputs=None, submit=None, tools=None, model=None, limits=None,
+                 fork=False, instructions=None):
+    """Start ``n`` sub-agents on the same ``task`` and inputs at once (a group sampled from
+    one state: best-of-n, votes); a list of ``n`` AgentHandles. All or none: when the tree's
+    budget has no room for all ``n``, none is started. With fork=True every one starts from
+    the same copy of this session (its pages shared until each writes). The other
+    arguments are spawn_agent's."""
+    if type(n) is not int or n < 1:
+        raise SpawnError("n", "spawn_agents(n, task, ...) needs n as an int >= 1, not %r"
+                         % (n,))
+    spec = _spec(task, inputs, submit, tools, model, limits, fork, instructions)
+    ids = _started(_request_spawn("agent.spawn_many", [spec, n]), "ids")
+    if type(ids) is not list or len(ids) != n:
+        raise SpawnError("protocol", "malformed reply: %r" % (ids,))
+    return [AgentHandle(i, task) for i in ids]
+
+
+def _spec(task, inputs, submit, tools, model, limits, fork, instructions):
+    """The request spawn_agent and spawn_agents send (checked here, and again on the host)."""
     if not isinstance(task, str) or not task.strip():
         raise SpawnError("task", "spawn_agent() needs the task as a non-empty str")
     spec = {"task": task, "fork": bool(fork)}
@@ -146,16 +170,24 @@ def spawn_agent(task, inputs=None, submit=None, tools=None, model=None, limits=N
         if not isinstance(instructions, str):
             raise SpawnError("instructions", "instructions is a str")
         spec["instructions"] = instructions
+    return spec
+
+
+def _request_spawn(op, args):
     try:
-        reply = _request("agent.spawn", [spec], True)
+        return _request(op, args, True)
     except _door.DoorError as exc:
         raise SpawnError(exc.kind, "the sub-agent could not be started: %s" % exc.message
                          ) from None
-    if type(reply) is not dict or "id" not in reply:
+
+
+def _started(reply, key):
+    """``reply[key]``, or the SpawnError the host's refusal says."""
+    if type(reply) is not dict or key not in reply:
         err = reply if type(reply) is dict else {}
         raise SpawnError(str(err.get("error", "protocol")),
                          str(err.get("message", "malformed reply: %r" % (reply,))))
-    return AgentHandle(reply["id"], task)
+    return reply[key]
 
 
 class AgentHandle:

@@ -2,8 +2,8 @@
 # ``memex_agents``). Imports nothing from the host packages.
 """The part of the sub-agent API every session needs, kept small because every session
 compiles it: the exceptions, the copying of values (inputs, a sub-agent's answer) and the
-names bound in ``__main__``. ``spawn_agent``, ``wait_all`` and ``as_completed`` there load the
-rest (``api.py``, fetched through the door) the first time one is called.
+names bound in ``__main__``. ``spawn_agent``, ``spawn_agents``, ``wait_all`` and ``as_completed``
+there load the rest (``api.py``, fetched through the door) the first time one is called.
 
 Values are copied with their types: plain values, tuples, sets, datetimes, numpy arrays,
 DataFrames and records travel through the typed codec; functions, classes and any other object
@@ -182,8 +182,8 @@ def _load():
         src = _door.request("agent.api", [], {}, False)
         exec(compile(src, "<memex-agents>", "exec"), sys.modules["memex_agents"].__dict__)
         g = sys.modules["memex_agents"].__dict__
-        _api.update(spawn_agent=g["spawn_agent"], wait_all=g["wait_all"],
-                    as_completed=g["as_completed"])
+        _api.update(spawn_agent=g["spawn_agent"], spawn_agents=g["spawn_agents"],
+                    wait_all=g["wait_all"], as_completed=g["as_completed"])
     return _api
 
 
@@ -208,6 +208,16 @@ def spawn_agent(task, inputs=None, submit=None, tools=None, model=None, limits=N
                                   instructions)
 
 
+def spawn_agents(n, task, inputs=None, submit=None, tools=None, model=None, limits=None,
+                 fork=False, instructions=None):
+    """Start ``n`` sub-agents on the same ``task`` and inputs at once (a group sampled from
+    one state: best-of-n, votes); a list of ``n`` AgentHandles. All or none: when the tree's
+    budget has no room for all ``n``, none is started. With fork=True every one starts from
+    the same copy of this session. The other arguments are spawn_agent's."""
+    return _load()["spawn_agents"](n, task, inputs, submit, tools, model, limits, fork,
+                                   instructions)
+
+
 def wait_all(handles, timeout=None):
     """Wait for every handle; returns their results in order, with an AgentFailed (not
     raised) in place of each sub-agent that failed."""
@@ -220,7 +230,7 @@ def as_completed(handles, timeout=None):
 
 
 _PUBLIC = {"AgentFailed": AgentFailed, "SpawnError": SpawnError, "spawn_agent": spawn_agent,
-           "wait_all": wait_all, "as_completed": as_completed}
+           "spawn_agents": spawn_agents, "wait_all": wait_all, "as_completed": as_completed}
 
 
 def _setup(config):
