@@ -514,6 +514,38 @@ def test_a_slab_answers_only_a_front_that_knows_its_secret(rig: ClusterRig) -> N
         sb.close()
 
 
+def test_a_front_s_word_does_not_move_a_session_whose_slab_answers(rig: ClusterRig) -> None:
+    """A front that says a slab is lost (as one that could not reach it, or was refused by a
+    slab whose lease ran out) is checked: the slab answers the control actor, so the session
+    stays where it is, with its state, and is not opened a second time from its save on
+    another slab (two slabs would serve it). The positive control, a node that really dies,
+    is test_a_killed_node_s_sessions_resume_elsewhere_flagged."""
+    with backend(rig.fronts[0], rig.keys["ops"]) as ba:
+        sb = ba.open(limits=Limits(memory=256 << 20, timeout=20))
+        assert sb.run("kept = 'here'").ok
+        before = ast.literal_eval(sb.run("where()").value or "")[0]
+        moved = "memex_cluster_control_calls{kind=\"recoveries\"}"
+        recoveries = [ln for ln in get(rig.fronts[0], "/metrics", METRICS_KEY).text
+                      .splitlines() if ln.startswith(moved)]
+        out = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+            import time
+            import ray
+            from memex.serving import CONTROL_NAME
+            ray.init(address={rig.cluster.address!r}, namespace="memex", log_to_driver=False)
+            control = ray.get_actor(CONTROL_NAME)
+            e = ray.get(control.recover.remote({sb.id!r}, {before!r}, 2))
+            time.sleep(2.0)  # a recovery, were one started, runs in the background
+            print(e["slab"], e["moving"], ray.get(control.lookup.remote("ops", {sb.id!r}))["slab"])
+        """)], capture_output=True, text=True, timeout=120, check=True)
+        said, moving, after = out.stdout.split()[-3:]
+        assert said == before and moving == "False" and after == before, out.stdout
+        assert sb.run("kept, where()[0]").value == repr(("here", before))
+        assert sb.restored is None  # nothing was lost, nothing is said
+        assert [ln for ln in get(rig.fronts[0], "/metrics", METRICS_KEY).text.splitlines()
+                if ln.startswith(moved)] == recoveries
+        sb.close()
+
+
 def lose_machine(rig: ClusterRig, node: Any) -> None:
     """The node as a machine that dies: its Ray processes and the workers they started
     (which would otherwise outlive their raylet for a while, still answering)."""
