@@ -152,6 +152,24 @@ def cluster_stats(front: Served, key: str) -> dict[str, Any]:
     return {"slabs": slabs, "nodes": {k: float(v) for k, v in nodes.items()}}
 
 
+def metric_lines(front: Served, prefix: str) -> list[str]:
+    """The lines of the front's /metrics that start with ``prefix``."""
+    return [ln for ln in get(front, "/metrics", METRICS_KEY).text.splitlines()
+            if ln.startswith(prefix)]
+
+
+def ask_control(rig: ClusterRig, code: str) -> list[str]:
+    """The words ``code`` prints, run in a Ray driver of its own with ``ray`` imported and the
+    control actor as ``control`` (asked through Ray as a front does; this process may be a
+    driver of another cluster already)."""
+    head = ("import ray\nfrom memex.serving import CONTROL_NAME\n"
+            f"ray.init(address={rig.cluster.address!r}, namespace='memex', "
+            "log_to_driver=False)\ncontrol = ray.get_actor(CONTROL_NAME)\n")
+    out = subprocess.run([sys.executable, "-c", head + textwrap.dedent(code)],
+                         capture_output=True, text=True, timeout=120, check=True)
+    return out.stdout.split()
+
+
 def get(front: Served, path: str, key: str) -> Any:
     import urllib.request
 
@@ -482,16 +500,10 @@ def test_a_slab_answers_only_a_front_that_knows_its_secret(rig: ClusterRig) -> N
 
     with backend(rig.fronts[0], rig.keys["a"]) as ba:
         sb = ba.open(limits=Limits(memory=256 << 20, timeout=20))
-        # asked through Ray as a front does, from a driver of its own (this process may be
-        # one of another cluster already)
-        out = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
-            import ray
-            from memex.serving import CONTROL_NAME
-            ray.init(address={rig.cluster.address!r}, namespace="memex", log_to_driver=False)
-            e = ray.get(ray.get_actor(CONTROL_NAME).lookup.remote("a", {sb.id!r}))
+        host, port, hexed = ask_control(rig, f"""
+            e = ray.get(control.lookup.remote("a", {sb.id!r}))
             print(e["endpoint"][0], e["endpoint"][1], e["secret"].hex())
-        """)], capture_output=True, text=True, timeout=120, check=True)
-        host, port, hexed = out.stdout.split()[-3:]
+        """)[-3:]
         endpoint, secret = (host, int(port)), bytes.fromhex(hexed)
         call = ["call", 1, "run", [sb.id, "x = 'ran'", None, None]]
 
@@ -525,24 +537,17 @@ def test_a_front_s_word_does_not_move_a_session_whose_slab_answers(rig: ClusterR
         assert sb.run("kept = 'here'").ok
         before = ast.literal_eval(sb.run("where()").value or "")[0]
         moved = "memex_cluster_control_calls{kind=\"recoveries\"}"
-        recoveries = [ln for ln in get(rig.fronts[0], "/metrics", METRICS_KEY).text
-                      .splitlines() if ln.startswith(moved)]
-        out = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+        recoveries = metric_lines(rig.fronts[0], moved)
+        said, moving, after = ask_control(rig, f"""
             import time
-            import ray
-            from memex.serving import CONTROL_NAME
-            ray.init(address={rig.cluster.address!r}, namespace="memex", log_to_driver=False)
-            control = ray.get_actor(CONTROL_NAME)
             e = ray.get(control.recover.remote({sb.id!r}, {before!r}, 2))
             time.sleep(2.0)  # a recovery, were one started, runs in the background
             print(e["slab"], e["moving"], ray.get(control.lookup.remote("ops", {sb.id!r}))["slab"])
-        """)], capture_output=True, text=True, timeout=120, check=True)
-        said, moving, after = out.stdout.split()[-3:]
-        assert said == before and moving == "False" and after == before, out.stdout
+        """)[-3:]
+        assert said == before and moving == "False" and after == before, (said, moving, after)
         assert sb.run("kept, where()[0]").value == repr(("here", before))
         assert sb.restored is None  # nothing was lost, nothing is said
-        assert [ln for ln in get(rig.fronts[0], "/metrics", METRICS_KEY).text.splitlines()
-                if ln.startswith(moved)] == recoveries
+        assert metric_lines(rig.fronts[0], moved) == recoveries
         sb.close()
 
 
@@ -639,10 +644,9 @@ def test_a_move_the_door_relay_found_is_said_to_the_next_turn_through_any_front(
                 if x["node"] != node) < held:  # every session open again (others' too)
             time.sleep(0.2)
         if time.monotonic() >= deadline:  # what the cluster held, whole (not a repr cut short)
-            shown = [ln for ln in get(a, "/metrics", METRICS_KEY).text.splitlines()
-                     if ln.startswith("memex_cluster")]
             pytest.fail(f"not every session was opened again after node {node} died (the "
-                        f"slabs held {held} before):\n" + "\n".join(shown))
+                        f"slabs held {held} before):\n"
+                        + "\n".join(metric_lines(a, "memex_cluster")))
         time.sleep(2.0)  # its relay has found it (it asks every 0.25 s once it moved)
         r = other.run("kept")
         assert r.value == "7", r
