@@ -72,7 +72,10 @@ class Shares:
                               "already")
         t.waiting += 1
         try:
-            await asyncio.wait_for(t.turns.acquire(), self.wait)
+            if t.turns.locked():  # wait_for runs a task of its own: only when waiting
+                await asyncio.wait_for(t.turns.acquire(), self.wait)
+            else:
+                await t.turns.acquire()
         except TimeoutError:
             raise BackendBusy("timeout", f"tenant {tenant!r} kept its {t.running} running "
                               f"turns for more than {self.wait:g} s") from None
@@ -121,6 +124,7 @@ class Shares:
         borrower = object()  # the share is the call's, not the task's: a thread gives it back
         await t.threads.acquire_on_behalf_of(borrower)
         lock, state = threading.Lock(), ["queued"]
+        loop = asyncio.get_running_loop()
 
         def call() -> T:
             with lock:
@@ -129,9 +133,10 @@ class Shares:
                 state[0] = "started"
             try:
                 return fn(*args)
-            finally:  # the thread's end gives its share back, also for an abandoned call
+            finally:  # the thread's end gives its share back, also for an abandoned call;
+                # without waiting for the loop (queued before the result, so it runs first)
                 with contextlib.suppress(RuntimeError):  # the loop is gone
-                    anyio.from_thread.run_sync(t.threads.release_on_behalf_of, borrower)
+                    loop.call_soon_threadsafe(t.threads.release_on_behalf_of, borrower)
 
         try:
             return await anyio.to_thread.run_sync(call, limiter=self.pool,
