@@ -16,6 +16,7 @@ guest with the server's message.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import contextlib
@@ -131,6 +132,9 @@ class McpConnection:
         self.reconnects = 0
         self._portal_cm = anyio.from_thread.start_blocking_portal()
         self._portal = self._portal_cm.__enter__()
+        # Calls go straight to the portal's loop: a portal call first waits for the loop to
+        # start its task, a second round trip between threads (0.3 ms of a bridged call).
+        self._loop: asyncio.AbstractEventLoop = self._portal.call(asyncio.get_running_loop)
         try:
             self._ensure()
         except BaseException:
@@ -220,8 +224,13 @@ class McpConnection:
             with anyio.fail_after(timeout) if timeout is not None else _no_scope():
                 return await fn(live.client)
 
+        future = asyncio.run_coroutine_threadsafe(call(), self._loop)
         try:
-            return self._portal.call(call)
+            try:
+                return future.result()
+            except BaseException:
+                future.cancel()  # the caller was interrupted: so is the call (or it ended)
+                raise
         except TimeoutError:
             raise MCPServerError(f"the MCP server {self.label} did not answer within "
                                  f"{timeout:g}s") from None
