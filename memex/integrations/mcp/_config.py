@@ -102,7 +102,8 @@ class HttpConfig(FileModel):
                                   "separated: one per client, each its own principal)")
     no_auth: bool = Field(default=False, description="serve without a token: only on a "
                           "loopback address, with a warning (every local process may use it)")
-    max_request_bytes: Size = Field(default=16 << 20, gt=0)
+    max_request_bytes: Size = Field(default=16 << 20, gt=0, description="bytes of one "
+                                    "request: an HTTP body, or a line over stdio")
 
 
 class McpConfig(FileModel):

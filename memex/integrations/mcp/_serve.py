@@ -30,6 +30,7 @@ from ...serving import ConnectionGuard, EdgeLimits
 from ._config import McpConfig
 from ._server import build_server
 from ._sessions import Sessions
+from ._stdio import wire
 
 __all__ = ["BearerAuth", "load_tools", "serve"]
 
@@ -211,10 +212,11 @@ def _protocol_error(exc: Exception) -> JSONRPCError:
         + (f" ({where}: {errors[0].get('msg')})" if where else "")))
 
 
-async def _run_stdio(server: Any) -> None:
-    """``server.run_stdio_async()`` with the read side answering malformed lines."""
+async def _run_stdio(server: Any, limit: int) -> None:
+    """``server.run_stdio_async()`` over memex's own wire (:mod:`._stdio`; a line is at most
+    ``limit`` bytes), with the read side answering malformed lines."""
     low = server._lowlevel_server  # the SDK's own stdio path drives this same server
-    async with stdio_server() as (read, write):
+    async with wire(limit) as (lines, out), stdio_server(lines, out) as (read, write):
         await low.run(_Answering(read, write), write, low.create_initialization_options())
 
 
@@ -248,7 +250,7 @@ def serve(config: McpConfig, *, ready: Callable[[str], None] | None = None) -> N
             async def stdio() -> None:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(_until_signalled, tg.cancel_scope, lambda: None)
-                    await _run_stdio(server)
+                    await _run_stdio(server, config.http.max_request_bytes)
                     tg.cancel_scope.cancel()
 
             anyio.run(stdio)
