@@ -108,6 +108,14 @@ def _pipe_or_socket(fd: int) -> bool:
     return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
 
 
+def _stderr_or_null() -> int:
+    """Where stray writes to fd 1 go while serving: stderr, or nowhere when it is closed."""
+    try:
+        return os.dup(2)
+    except OSError:
+        return os.open(os.devnull, os.O_WRONLY)
+
+
 @contextlib.contextmanager
 def _claimed(fd: int, diversion: int) -> Iterator[int]:
     """fd's wire on a private descriptor while fd points at ``diversion`` (which this
@@ -139,7 +147,7 @@ async def wire(limit: int) -> AsyncIterator[tuple[Any, Any]]:
         return
     loop = asyncio.get_running_loop()
     with _claimed(0, os.open(os.devnull, os.O_RDONLY)) as fd_in, \
-            _claimed(1, os.dup(2)) as fd_out:
+            _claimed(1, _stderr_or_null()) as fd_out:
         reader = asyncio.StreamReader(loop=loop)
         r_transport, _ = await loop.connect_read_pipe(
             lambda: asyncio.StreamReaderProtocol(reader, loop=loop),
