@@ -2,7 +2,8 @@
 
 A call goes: look up the tool, bound and decode its arguments, charge the budget, validate,
 ask the gate, run the handler (sync ones on worker threads, async ones on the host's event-loop
-thread; ``inline`` tools on the guest's own thread), validate and encode the return. Every
+thread; ``inline`` tools on the guest's own thread; a bridged MCP server's tools on its
+session's loop), validate and encode the return. Every
 failure is an error map for the guest and a :class:`ToolCallRecord` for the host; nothing a
 guest sends raises here. Waits are bounded by the tool's timeout, the door's call bound and the
 turn's deadline; a handler past its bound is abandoned (threads cannot be killed: the record
@@ -447,7 +448,11 @@ class ToolHost:
     def _launch(self, ctx: DoorContext, call: _Call) -> None:
         tool, args = call.tool, call.arguments
         assert tool is not None
-        if tool.is_async:
+        runs_on = getattr(tool.handler, "memex_runs_on", None)
+        if runs_on is not None and not runs_on[0].is_closed():
+            loop, make = runs_on  # a sync handler that waits on its own loop: wait there
+            call.job = AsyncJob(loop, lambda: make(**args))
+        elif tool.is_async:
             call.job = self._loop.submit(lambda: tool.invoke(args))
         elif tool.inline:
             job = Job(lambda: tool.invoke(args))

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memex import Limits, Sandbox, ToolHost, ToolSet
+from memex import Limits, Sandbox, ToolHost, ToolSet, TurnStatus
 from memex.errors import ConfigError, MCPServerError
 
 SERVER = str(Path(__file__).with_name("mcp_test_server.py"))
@@ -101,6 +101,20 @@ def test_a_slow_call_times_out_and_the_next_works() -> None:
         assert kind == "ToolTimeoutError", message
         assert time.monotonic() - start < 4
         assert value(sb, "add(1, 1)") == "2"
+
+
+def test_the_turn_s_deadline_cuts_a_call_the_tool_s_timeout_would_allow() -> None:
+    # The guest's thread waits on the MCP session's loop itself (no worker thread): the
+    # turn's deadline still bounds the wait, and the call is cancelled, not left running.
+    with ToolSet.from_mcp(sys.executable, args=[SERVER], timeout=30) as ts, \
+            Sandbox(limits=Limits(timeout=1.5)) as sb, ToolHost(ts).attach(sb):
+        start = time.monotonic()
+        r = sb.run("slow(10)")
+        assert r.status is TurnStatus.KILLED and r.limit == "deadline", r
+        assert time.monotonic() - start < 6
+        start = time.monotonic()
+        assert value(sb, "add(1, 1)") == "2"  # the session is free again at once
+        assert time.monotonic() - start < 3
 
 
 @pytest.mark.slow
