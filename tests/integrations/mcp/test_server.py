@@ -255,19 +255,24 @@ def test_a_bad_config_is_refused_with_the_key(tmp_path: Path) -> None:
     assert out.stdout == ""  # nothing but protocol ever goes to stdout
 
 
+def raw_sender(p: subprocess.Popen[str]) -> Callable[[str], dict[str, Any]]:
+    """Send a line to a ``memex mcp`` process started with pipes; its answer line, as JSON."""
+    def send(line: str) -> dict[str, Any]:
+        assert p.stdin is not None and p.stdout is not None
+        p.stdin.write(line + "\n")
+        p.stdin.flush()
+        answer: dict[str, Any] = json.loads(p.stdout.readline())  # each line is JSON
+        return answer
+    return send
+
+
 @pytest.mark.slow
 def test_malformed_lines_get_protocol_errors_and_the_server_goes_on() -> None:
     p = subprocess.Popen([MEMEX, "mcp"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          stderr=subprocess.DEVNULL, text=True)
     assert p.stdin is not None and p.stdout is not None
+    send = raw_sender(p)
     try:
-        def send(line: str) -> dict[str, Any]:
-            assert p.stdin is not None and p.stdout is not None
-            p.stdin.write(line + "\n")
-            p.stdin.flush()
-            answer: dict[str, Any] = json.loads(p.stdout.readline())
-            return answer
-
         assert send("this is not json")["error"]["code"] == -32700
         bad = send('{"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": 5}')
         assert bad["error"]["code"] == -32600 and bad["id"] == 7  # answered by its id
@@ -285,6 +290,81 @@ def test_malformed_lines_get_protocol_errors_and_the_server_goes_on() -> None:
     finally:
         p.stdin.close()
         assert p.wait(30) == 0
+
+
+def _init(rid: int = 1) -> str:
+    return json.dumps({"jsonrpc": "2.0", "id": rid, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "0"}}})
+
+
+def _cell(rid: int, code: str) -> str:
+    return json.dumps({"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": {
+        "name": "run_python", "arguments": {"code": code}}})
+
+
+INITIALIZED = json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+
+
+@pytest.mark.slow
+def test_over_a_pipe_a_long_line_is_refused_and_stray_output_misses_the_wire(
+        tmp_path: Path) -> None:
+    (tmp_path / "noisy.py").write_text(textwrap.dedent('''
+        import os, sys
+
+        def shout(word: str) -> str:
+            """Print to the process's stdout three ways, then answer."""
+            print("stray print", word)
+            sys.stdout.flush()
+            os.write(1, b"stray write\\n")
+            return word.upper()
+    '''))
+    (tmp_path / "memex-mcp.toml").write_text(
+        'tools = ["noisy:shout"]\n\n[http]\nmax_request_bytes = 4096\n')
+    p = subprocess.Popen([MEMEX, "mcp", "--config", str(tmp_path / "memex-mcp.toml")],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    assert p.stdin is not None and p.stdout is not None
+    send = raw_sender(p)
+    try:
+        assert send(_init())["id"] == 1
+        p.stdin.write(INITIALIZED + "\n")
+        long_cell = _cell(2, "x = '" + "a" * 5000 + "'")
+        assert send(long_cell)["error"]["code"] == -32700  # over 4096 bytes: not read
+        # positive control: a cell just under the bound runs
+        ok = send(_cell(3, "x = '" + "a" * 3900 + "'\nlen(x)"))
+        assert ok["result"]["structuredContent"]["value"] == "3900"
+        r = send(_cell(4, "shout('hi')"))
+        assert r["id"] == 4 and r["result"]["structuredContent"]["value"] == "'HI'"
+    finally:
+        p.stdin.close()
+        assert p.wait(30) == 0
+        rest = p.stdout.read()
+        err = p.stderr.read() if p.stderr else ""
+    assert rest == ""  # nothing after the last answer: the stray output went to stderr
+    assert "stray print hi" in err and "stray write" in err
+
+
+@pytest.mark.slow
+def test_with_a_file_for_stdout_the_sdk_transport_serves(tmp_path: Path) -> None:
+    answers_file = tmp_path / "answers.jsonl"
+    with answers_file.open("wb") as stdout:
+        p = subprocess.Popen([MEMEX, "mcp"], stdin=subprocess.PIPE, stdout=stdout,
+                             stderr=subprocess.DEVNULL)
+        assert p.stdin is not None
+        try:
+            p.stdin.write("\n".join([_init(), INITIALIZED, _cell(2, "6 * 7")]).encode() + b"\n")
+            p.stdin.flush()
+            deadline = time.monotonic() + 120
+            while answers_file.read_text().count("\n") < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            p.stdin.close()
+            assert p.wait(30) == 0
+    answers = [json.loads(line) for line in answers_file.read_text().splitlines()]
+    assert [a["id"] for a in answers] == [1, 2]
+    assert answers[1]["result"]["structuredContent"]["value"] == "42"
 
 
 # ---- streamable HTTP ------------------------------------------------------------------------

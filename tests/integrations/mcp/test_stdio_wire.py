@@ -1,28 +1,22 @@
 """``memex mcp``'s own stdio wire (memex/integrations/mcp/_stdio.py): lines read in the event
-loop, whatever the chunks the pipe hands over, bounded; and the server over it, against a raw
-pipe, a regular file as stdout (the SDK's transport then), and a handler that prints."""
+loop, whatever the chunks the pipe hands over, bounded; taken only for pipes and sockets. The
+server over it: test_server.py."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import json
-import shutil
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
-from typing import Any
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memex.integrations.mcp._stdio import OVERLONG, Lines
 
 LIMIT = 64
-MEMEX = shutil.which("memex", path=str(Path(sys.executable).parent)) or "memex"
 
 
 def read_all(chunks: list[bytes], limit: int = LIMIT) -> list[str]:
@@ -70,87 +64,6 @@ def test_a_line_far_over_the_bound_is_dropped_as_it_comes_and_reads_as_overlong(
 
 def test_undecodable_bytes_are_replaced_as_the_sdk_reads_them() -> None:
     assert read_all([b"caf\xc3", b"\xa9 \xff\n"]) == ["caf\u00e9 \ufffd"]
-
-
-# ---- the server over it ---------------------------------------------------------------------
-def _init(rid: int = 1) -> str:
-    return json.dumps({"jsonrpc": "2.0", "id": rid, "method": "initialize", "params": {
-        "protocolVersion": "2025-11-25", "capabilities": {},
-        "clientInfo": {"name": "raw", "version": "0"}}})
-
-
-def _cell(rid: int, code: str) -> str:
-    return json.dumps({"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": {
-        "name": "run_python", "arguments": {"code": code}}})
-
-
-INITIALIZED = json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"})
-
-
-@pytest.mark.slow
-def test_over_a_pipe_a_long_line_is_refused_and_stray_output_misses_the_wire(
-        tmp_path: Path) -> None:
-    (tmp_path / "noisy.py").write_text(textwrap.dedent('''
-        import os, sys
-
-        def shout(word: str) -> str:
-            """Print to the process's stdout three ways, then answer."""
-            print("stray print", word)
-            sys.stdout.flush()
-            os.write(1, b"stray write\\n")
-            return word.upper()
-    '''))
-    (tmp_path / "memex-mcp.toml").write_text(
-        'tools = ["noisy:shout"]\n\n[http]\nmax_request_bytes = 4096\n')
-    p = subprocess.Popen([MEMEX, "mcp", "--config", str(tmp_path / "memex-mcp.toml")],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-    assert p.stdin is not None and p.stdout is not None
-    try:
-        def send(line: str) -> dict[str, Any]:
-            assert p.stdin is not None and p.stdout is not None
-            p.stdin.write(line + "\n")
-            p.stdin.flush()
-            answer: dict[str, Any] = json.loads(p.stdout.readline())  # each line is JSON
-            return answer
-
-        assert send(_init())["id"] == 1
-        p.stdin.write(INITIALIZED + "\n")
-        long_cell = _cell(2, "x = '" + "a" * 5000 + "'")
-        assert send(long_cell)["error"]["code"] == -32700  # over 4096 bytes: not read
-        # positive control: a cell just under the bound runs
-        ok = send(_cell(3, "x = '" + "a" * 3900 + "'\nlen(x)"))
-        assert ok["result"]["structuredContent"]["value"] == "3900"
-        r = send(_cell(4, "shout('hi')"))
-        assert r["id"] == 4 and r["result"]["structuredContent"]["value"] == "'HI'"
-    finally:
-        p.stdin.close()
-        assert p.wait(30) == 0
-        rest = p.stdout.read()
-        err = p.stderr.read() if p.stderr else ""
-    assert rest == ""  # nothing after the last answer: the stray output went to stderr
-    assert "stray print hi" in err and "stray write" in err
-
-
-@pytest.mark.slow
-def test_with_a_file_for_stdout_the_sdk_transport_serves(tmp_path: Path) -> None:
-    answers_file = tmp_path / "answers.jsonl"
-    with answers_file.open("wb") as stdout:
-        p = subprocess.Popen([MEMEX, "mcp"], stdin=subprocess.PIPE, stdout=stdout,
-                             stderr=subprocess.DEVNULL)
-        assert p.stdin is not None
-        try:
-            p.stdin.write("\n".join([_init(), INITIALIZED, _cell(2, "6 * 7")]).encode() + b"\n")
-            p.stdin.flush()
-            deadline = time.monotonic() + 120
-            while answers_file.read_text().count("\n") < 2 and time.monotonic() < deadline:
-                time.sleep(0.05)
-        finally:
-            p.stdin.close()
-            assert p.wait(30) == 0
-    answers = [json.loads(line) for line in answers_file.read_text().splitlines()]
-    assert [a["id"] for a in answers] == [1, 2]
-    assert answers[1]["result"]["structuredContent"]["value"] == "42"
 
 
 def test_the_wire_is_only_taken_for_pipes_and_sockets(tmp_path: Path) -> None:
