@@ -288,14 +288,6 @@ class McpConnection:
         listed: list[mt.Tool] = self.run(pages, timeout=self._connect_timeout, retry=True)
         return listed
 
-    def call_tool(self, name: str, arguments: Mapping[str, Any], *, timeout: float | None,
-                  retry: bool) -> mt.CallToolResult:
-        async def one(client: Client) -> mt.CallToolResult:
-            return await client.call_tool(name, dict(arguments))
-
-        result: mt.CallToolResult = self.run(one, timeout=timeout, retry=retry)
-        return result
-
     def close(self) -> None:
         with self._lock:
             if self._closed:

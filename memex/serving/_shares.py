@@ -24,7 +24,6 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
 import anyio
-import anyio.from_thread
 import anyio.to_thread
 
 from ..errors import BackendBusy

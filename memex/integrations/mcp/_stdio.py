@@ -46,30 +46,20 @@ class Lines:
         while True:
             i = self._buf.find(b"\n", self._seen)
             if i >= 0:
-                line = bytes(self._buf[:i])
+                over = self._dropping or i > self._limit
+                line = "" if over else self._buf[:i].decode("utf-8", "replace")
                 del self._buf[:i + 1]
-                self._seen = 0
-                if self._dropping or i > self._limit:
-                    self._dropping = False
-                    return OVERLONG
-                return line.decode("utf-8", "replace")
+                self._seen, self._dropping = 0, False
+                return OVERLONG if over else line
             if len(self._buf) > self._limit:
                 self._buf.clear()
                 self._dropping = True
             self._seen = len(self._buf)
             chunk = await self._reader.read(_CHUNK)
             if not chunk:  # the end: a last line without its newline is still a line
-                if self._dropping:
-                    self._dropping = False
-                    return OVERLONG
-                if len(self._buf) > self._limit:
-                    self._buf.clear()
-                    return OVERLONG
-                if self._buf:
-                    line = bytes(self._buf)
-                    self._buf.clear()
-                    return line.decode("utf-8", "replace")
-                raise StopAsyncIteration
+                if not self._buf and not self._dropping:
+                    raise StopAsyncIteration
+                chunk = b"\n"
             self._buf += chunk
 
 
