@@ -6,7 +6,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
-import tempfile
 import threading
 import time
 import weakref
@@ -40,7 +39,7 @@ from .engine._files import (
     stdlib_dir,
 )
 from .engine._runner import Runner
-from .files import _hostfiles, _tree
+from .files import _hostfiles, _scratch, _tree
 from .files._disk import DiskLedger, DiskPlace, DiskUse
 from .images._dirty import TRACKER, MemoryWatch, Runs
 from .images._image import MemoryImage
@@ -129,8 +128,9 @@ class Sandbox(SandboxHandle):
         if self.packages is not None and self.packages.size > self.limits.disk_bytes:
             raise ConfigError(f"the packages take {self.packages.size} bytes unpacked, more "
                               f"than Limits.disk_bytes ({self.limits.disk_bytes})")
-        self._scratch = Path(tempfile.mkdtemp(prefix="memex-tmp-"))
-        self._place = DiskPlace(root=os.path.realpath(self._scratch), scratch=True)
+        scratch, real = _scratch.take()
+        self._scratch = Path(scratch)
+        self._place = DiskPlace(root=real, scratch=True)
         self._disk = self._disk_of(_family, _scratch_from)
         self._spec = self._make_spec(_guard_files)
         self._runner = Runner(f"memex-sandbox-{id(self):x}")
@@ -738,6 +738,8 @@ class Sandbox(SandboxHandle):
         if runner is not None:
             def job() -> None:
                 if self._inst is not None:
+                    if self.turns == 1 and self._base is not None and not self._base.hot_known:
+                        self._written(self._inst)  # a churned sandbox's one turn: learn it
                     self._inst.close()
                     self._inst = None
             if runner.on_thread():
@@ -756,7 +758,8 @@ class Sandbox(SandboxHandle):
                         disk.ledger.release_tree(self._place)
                 except Exception:  # accounting is for the living: never a reason to stay
                     pass
-            _tree.remove(str(scratch))
+            place = self.__dict__.get("_place")
+            _scratch.give_back(str(scratch), place.root if place else str(scratch))
         with _LIVE_LOCK:
             _LIVE.discard(self)
 

@@ -47,6 +47,7 @@ _MAP_FAILED = ctypes.c_void_p(-1).value
 _MADV_HUGEPAGE = 14
 _MADV_POPULATE_WRITE = 23  # Linux 5.14
 _HOT_MAX = 2 << 20
+_HOT_TRIES = 8  # first turns over _HOT_MAX after which learn_hot stops asking
 _FRESH_MIN = 2 << 20  # stretches a load writes whole get fresh (huge) pages from this size up
 
 Fill = Callable[[list[int]], None]
@@ -68,8 +69,8 @@ class MemoryImage:
     """
 
     __slots__ = ("__weakref__", "_fd", "_fill", "_fill_at", "_fill_lock", "_flat", "_frozen",
-                 "_hot", "_offset", "_origin", "_pages", "_parent", "_runs", "_used",
-                 "_view_map", "_written_into", "depth", "size")
+                 "_hot", "_hot_refused", "_offset", "_origin", "_pages", "_parent", "_runs",
+                 "_used", "_view_map", "_written_into", "depth", "size")
 
     def __init__(self, fd: int, size: int, *, parent: MemoryImage | None = None,
                  pages: dict[int, int] | None = None, offset: int = 0,
@@ -93,6 +94,7 @@ class MemoryImage:
         self._fill_lock: threading.Lock | None = None
         self._written_into = False  # a pending image was restored once by writing its runs
         self._hot: tuple[tuple[int, int], ...] = ()  # see learn_hot
+        self._hot_refused = 0
 
     @property
     def origin(self) -> str | None:
@@ -229,8 +231,18 @@ class MemoryImage:
         before the guest runs (the driver's own working set, ~160 scattered pages), where
         the turn would take a copy-on-write fault for each (on this VM a fault costs ~2 us;
         a first result ~0.25 ms sooner)."""
-        if not self._hot and self._pages is None and sum(n for _, n in runs) <= _HOT_MAX:
+        if self.hot_known or self._pages is not None:
+            return
+        if sum(n for _, n in runs) <= _HOT_MAX:
             self._hot = tuple(runs)
+        else:
+            self._hot_refused += 1
+
+    @property
+    def hot_known(self) -> bool:
+        """Nothing more to learn: a first turn's pages are kept, or enough first turns were
+        too large to keep that asking again is not worth a scan of the memory."""
+        return bool(self._hot) or self._hot_refused >= _HOT_TRIES
 
     @property
     def pending(self) -> bool:
