@@ -42,7 +42,7 @@ from .engine._files import (
     GUEST_PACKAGES,
     bootstrap_source,
     bundle_dir,
-    driver_source,
+    driver_sha256,
 )
 from .files import _tree
 from .images._image import MemoryImage
@@ -114,7 +114,7 @@ def _key(loaded: LoadedModule, spec: InstanceSpec, preload: tuple[str, ...]) -> 
         repr(tuple(g for _, g, _ in spec.preopens)),
         repr(spec.env),
         repr(preload),
-        hashlib.sha256(driver_source().encode()).hexdigest(),
+        driver_sha256(),
         str(bundle_dir()),
     ]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]

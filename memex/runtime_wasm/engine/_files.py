@@ -24,6 +24,7 @@ __all__ = [
     "GUEST_PACKAGES",
     "bootstrap_source",
     "bundle_dir",
+    "driver_sha256",
     "driver_source",
     "materialize",
     "mpl_data_dir",
@@ -126,8 +127,15 @@ def bundle_dir() -> Path:
 
 
 @functools.lru_cache(maxsize=1)
+@functools.lru_cache(maxsize=1)
 def driver_source() -> str:
+    """The turn driver's source, read once per process (like the bundle beside it)."""
     return (_GUEST_SRC / "_driver.py").read_text()
+
+
+@functools.lru_cache(maxsize=1)
+def driver_sha256() -> str:
+    return hashlib.sha256(driver_source().encode()).hexdigest()
 
 
 def bootstrap_source() -> str:
