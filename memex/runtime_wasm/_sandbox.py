@@ -739,7 +739,8 @@ class Sandbox(SandboxHandle):
             def job() -> None:
                 if self._inst is not None:
                     if self.turns == 1 and self._base is not None and not self._base.hot_known:
-                        self._written(self._inst)  # a churned sandbox's one turn: learn it
+                        with contextlib.suppress(Exception):  # learning never stops a close
+                            self._written(self._inst)  # a churned sandbox's one turn
                     self._inst.close()
                     self._inst = None
             if runner.on_thread():

@@ -17,6 +17,7 @@ from memex import Sandbox
 from memex.runtime_wasm import scratch_dir
 from memex.runtime_wasm.files import _scratch
 from memex.runtime_wasm.images._dirty import TRACKER
+from memex.runtime_wasm.images._image import MemoryImage
 
 
 @pytest.fixture
@@ -107,25 +108,48 @@ def test_a_forked_process_starts_with_an_empty_shelf(shelf_in: Path) -> None:
     assert _scratch.shelved() == 1
 
 
-def _first_turn_faults(preload: list[str]) -> int:
+def _first_turn_faults(preload: list[str], code: str = "1") -> int:
     sb = Sandbox(preload=preload)
     try:
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        assert sb.run("1").value == "1"
+        assert sb.run(code).ok
         return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
     finally:
         sb.close()
 
 
+def _base_of(preload: list[str]) -> MemoryImage:
+    sb = Sandbox(preload=preload)
+    image = sb._base
+    sb.close()
+    assert image is not None
+    return image
+
+
 @pytest.mark.skipif(TRACKER.mode == "off", reason="written pages are not tracked here")
-def test_a_churned_sandbox_s_one_turn_teaches_its_image_what_to_prefault() -> None:
+def test_churned_sandboxes_teach_their_image_what_a_first_turn_writes() -> None:
     preload = ["colorsys"]  # a warm image of this test's own
-    base = Sandbox(preload=preload)
-    image = base._base
-    base.close()
-    assert image is not None and not image.hot_known
-    first = _first_turn_faults(preload)  # closed after one turn: its pages are learned
+    image = _base_of(preload)
+    assert not image.hot_known
+    # two sandboxes closed after one turn: what both wrote is prefaulted from now on
+    first = _first_turn_faults(preload)
+    assert not image.hot_known
+    _first_turn_faults(preload)
     assert image.hot_known
     later = min(_first_turn_faults(preload) for _ in range(3))
-    # the first turn faulted in each page it wrote (~150); later ones find most written
+    # the first turns faulted in each page they wrote (~150); later ones find most written
     assert later * 2 < first, (first, later)
+
+
+@pytest.mark.skipif(TRACKER.mode == "off", reason="written pages are not tracked here")
+def test_one_workload_s_first_cell_is_not_prefaulted_for_every_later_sandbox() -> None:
+    preload = ["colorsys", "keyword"]
+    image = _base_of(preload)
+    big = "x = bytearray(1 << 20)"  # a first cell that writes 256 pages of its own
+    _first_turn_faults(preload, big)
+    _first_turn_faults(preload, "1")
+    assert image.hot_known
+    hot = sum(n for _, n in image._hot)
+    assert 0 < hot < 1 << 20, hot  # the pages both first turns wrote, not the big cell's
+    # positive control: the big cell's pages are written by it, not found prefaulted
+    assert _first_turn_faults(preload, big) > 200

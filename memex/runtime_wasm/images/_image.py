@@ -69,8 +69,9 @@ class MemoryImage:
     """
 
     __slots__ = ("__weakref__", "_fd", "_fill", "_fill_at", "_fill_lock", "_flat", "_frozen",
-                 "_hot", "_hot_refused", "_offset", "_origin", "_pages", "_parent", "_runs",
-                 "_used", "_view_map", "_written_into", "depth", "size")
+                 "_hot", "_hot_done", "_hot_refused", "_hot_seen", "_offset", "_origin",
+                 "_pages", "_parent", "_runs", "_used", "_view_map", "_written_into", "depth",
+                 "size")
 
     def __init__(self, fd: int, size: int, *, parent: MemoryImage | None = None,
                  pages: dict[int, int] | None = None, offset: int = 0,
@@ -95,6 +96,8 @@ class MemoryImage:
         self._written_into = False  # a pending image was restored once by writing its runs
         self._hot: tuple[tuple[int, int], ...] = ()  # see learn_hot
         self._hot_refused = 0
+        self._hot_done = False
+        self._hot_seen: frozenset[int] | None = None  # the first of two turns compared
 
     @property
     def origin(self) -> str | None:
@@ -226,23 +229,32 @@ class MemoryImage:
         return img
 
     def learn_hot(self, runs: Runs) -> None:
-        """Remember what the first turn of a guest restored from this (root) image wrote,
-        if it was small: later restores write those pages in one ``madvise`` per stretch
-        before the guest runs (the driver's own working set, ~160 scattered pages), where
-        the turn would take a copy-on-write fault for each (on this VM a fault costs ~2 us;
-        a first result ~0.25 ms sooner)."""
+        """Learn from the first turn of a guest restored from this (root) image which pages
+        such a turn writes: later restores write them in one ``madvise`` per stretch before
+        the guest runs (the driver's own working set, ~155 scattered pages), where the turn
+        would take a copy-on-write fault for each. What is kept is what two first turns
+        both wrote, so the pages of one workload's first cell (a big list, an import) are not
+        paid for by every later sandbox; a first turn over ``_HOT_MAX`` is not counted."""
         if self.hot_known or self._pages is not None:
             return
-        if sum(n for _, n in runs) <= _HOT_MAX:
-            self._hot = tuple(runs)
-        else:
+        if sum(n for _, n in runs) > _HOT_MAX:
             self._hot_refused += 1
+            return
+        pages = {off + k for off, n in runs for k in range(0, n, _PAGE)}
+        seen = self._hot_seen  # read once: two sandboxes may close at the same moment
+        if seen is None:
+            self._hot_seen = frozenset(pages)
+            return
+        both = sorted(pages & seen)
+        self._hot = tuple(joined([(off, _PAGE) for off in both]))
+        self._hot_seen = None
+        self._hot_done = True
 
     @property
     def hot_known(self) -> bool:
-        """Nothing more to learn: a first turn's pages are kept, or enough first turns were
-        too large to keep that asking again is not worth a scan of the memory."""
-        return bool(self._hot) or self._hot_refused >= _HOT_TRIES
+        """Nothing more to learn: two first turns have been compared, or enough were too
+        large that asking again is not worth a scan of the memory."""
+        return self._hot_done or self._hot_refused >= _HOT_TRIES
 
     @property
     def pending(self) -> bool:
