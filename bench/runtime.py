@@ -672,6 +672,54 @@ def _make_idle(n: int, into: list[Sandbox]) -> None:
         sync(sb)
 
 
+_CHURN_CHILD = r"""
+import resource, sys, time
+sys.path.insert(0, __ROOT__)
+from memex import Sandbox
+if not __BUILT__:  # the baseline: a new /tmp folder for each sandbox, no first-turn prefault
+    from memex.runtime_wasm.files import _scratch
+    from memex.runtime_wasm.images._image import MemoryImage
+    _scratch.SHELF_SIZE = 0
+    MemoryImage.learn_hot = lambda self, runs: None
+    MemoryImage.hot_known = property(lambda self: True)
+Sandbox().close()
+for _ in range(50):
+    sb = Sandbox(); sb.run("1"); sb.close()
+f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+cpu = time.process_time()
+for _ in range(__N__):
+    sb = Sandbox(); sb.run("1"); sb.close()
+cpu = time.process_time() - cpu
+print(cpu / __N__, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / __N__)
+"""
+
+
+def bench_churn(q: bool) -> None:
+    """create + run('1') + close in fresh processes, in alternating rounds: as built, and
+    beside it the baseline with a new /tmp folder made and deleted for each sandbox and no
+    first-turn prefault (what the landed code did). CPU of all threads, user + system."""
+    n, rounds = (200, 4) if q else (400, 8)
+    got: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
+    for r in range(rounds):
+        for built in ((True, False) if r % 2 == 0 else (False, True)):
+            code = (_CHURN_CHILD.replace("__ROOT__", repr(str(ROOT)))
+                    .replace("__BUILT__", repr(built)).replace("__N__", str(n)))
+            out = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                                 text=True, timeout=600, check=True)
+            cpu, faults = map(float, out.stdout.split())
+            got[built].append((cpu, faults))
+    for built, label in ((False, "baseline: a new folder each, no prefault"),
+                         (True, "as built")):
+        cpus = [c for c, _ in got[built]]
+        add("churn", f"create + run('1') + close, CPU each: {label}", cpus,
+            f"{statistics.median(f for _, f in got[built]):.0f} page faults each; "
+            f"{rounds} rounds of {n}, alternating")
+    base = statistics.median(c for c, _ in got[False])
+    built_cpu = statistics.median(c for c, _ in got[True])
+    add("churn", "  as built against the baseline", f"{built_cpu / base:.2f}x",
+        f"{fmt(base - built_cpu)} less per sandbox")
+
+
 def bench_rss(q: bool) -> None:
     for count in (1, 16, 64):
         gc.collect()
@@ -1032,6 +1080,7 @@ def main() -> None:
         ("memex", "cli", bench_cli),
         ("rss", "rss", bench_rss),
         ("scale", "scale", bench_scale),
+        ("churn", "churn", bench_churn),
         ("fanout", "fanout", bench_fanout),
         ("density", "density", bench_density),
     ]
