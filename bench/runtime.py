@@ -681,7 +681,7 @@ if not __BUILT__:  # the baseline: a new /tmp folder for each sandbox, no first-
     from memex.runtime_wasm.images._image import MemoryImage
     _scratch.give_back = lambda path, real: _tree.remove(path)
     MemoryImage.learn_hot = lambda self, runs: None
-    MemoryImage.hot_known = property(lambda self: True)
+    MemoryImage.learns_hot = property(lambda self: False)
 Sandbox().close()
 for _ in range(50):
     sb = Sandbox(); sb.run("1"); sb.close()

@@ -738,7 +738,9 @@ class Sandbox(SandboxHandle):
         if runner is not None:
             def job() -> None:
                 if self._inst is not None:
-                    if self.turns == 1 and self._base is not None and not self._base.hot_known:
+                    base = self._base
+                    if self.turns == 1 and base is not None and self._ref is base \
+                            and base.learns_hot:
                         with contextlib.suppress(Exception):  # learning never stops a close
                             self._written(self._inst)  # a churned sandbox's one turn
                     self._inst.close()

@@ -130,12 +130,12 @@ def _base_of(preload: list[str]) -> MemoryImage:
 def test_churned_sandboxes_teach_their_image_what_a_first_turn_writes() -> None:
     preload = ["colorsys"]  # a warm image of this test's own
     image = _base_of(preload)
-    assert not image.hot_known
+    assert image.learns_hot
     # two sandboxes closed after one turn: what both wrote is prefaulted from now on
     first = _first_turn_faults(preload)
-    assert not image.hot_known
+    assert image.learns_hot
     _first_turn_faults(preload)
-    assert image.hot_known
+    assert not image.learns_hot
     later = min(_first_turn_faults(preload) for _ in range(3))
     # the first turns faulted in each page they wrote (~150); later ones find most written
     assert later * 2 < first, (first, later)
@@ -148,8 +148,21 @@ def test_one_workload_s_first_cell_is_not_prefaulted_for_every_later_sandbox() -
     big = "x = bytearray(1 << 20)"  # a first cell that writes 256 pages of its own
     _first_turn_faults(preload, big)
     _first_turn_faults(preload, "1")
-    assert image.hot_known
+    assert not image.learns_hot
     hot = sum(n for _, n in image._hot)
     assert 0 < hot < 1 << 20, hot  # the pages both first turns wrote, not the big cell's
     # positive control: the big cell's pages are written by it, not found prefaulted
     assert _first_turn_faults(preload, big) > 200
+
+
+def test_a_fork_s_image_learns_nothing_so_closing_a_child_scans_nothing() -> None:
+    with Sandbox() as parent:
+        assert parent.run("x = 1").ok
+        child = parent.fork()
+        try:
+            assert child._base is not None and not child._base.learns_hot
+            assert child.run("x").value == "1"
+        finally:
+            child.close()
+    # positive control: a warm image (flat) that no first turn has taught yet learns
+    assert _base_of(["colorsys", "token"]).learns_hot

@@ -235,7 +235,7 @@ class MemoryImage:
         would take a copy-on-write fault for each. What is kept is what two first turns
         both wrote, so the pages of one workload's first cell (a big list, an import) are not
         paid for by every later sandbox; a first turn over ``_HOT_MAX`` is not counted."""
-        if self.hot_known or self._pages is not None:
+        if not self.learns_hot:
             return
         if sum(n for _, n in runs) > _HOT_MAX:
             self._hot_refused += 1
@@ -251,10 +251,12 @@ class MemoryImage:
         self._hot_done = True
 
     @property
-    def hot_known(self) -> bool:
-        """Nothing more to learn: two first turns have been compared, or enough were too
-        large that asking again is not worth a scan of the memory."""
-        return self._hot_done or self._hot_refused >= _HOT_TRIES
+    def learns_hot(self) -> bool:
+        """A flat image still learning what a first turn writes: not yet two first turns
+        compared, nor so many too large that asking again is not worth a scan of the
+        memory. (A delta never learns: the turns after a fork or a load are not alike.)"""
+        return (self._pages is None and not self._hot_done
+                and self._hot_refused < _HOT_TRIES)
 
     @property
     def pending(self) -> bool:
