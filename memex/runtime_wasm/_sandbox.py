@@ -278,7 +278,7 @@ class Sandbox(SandboxHandle):
                 or not self._spec.guard_files or inst.files.open_count:
             return
         if not self._current:
-            self._checkpoint_good()
+            self._checkpoint_good(last=True)
         if self._inst is not inst or not self._current:
             return
         self._inst = None
@@ -298,11 +298,12 @@ class Sandbox(SandboxHandle):
             if watch.active:
                 self._ref, self._watch = image, watch
 
-    def _written(self, inst: Instance) -> Runs | None:
-        """(runner) The pages written since ``_ref``, or None when they are not known."""
+    def _written(self, inst: Instance, *, last: bool = False) -> Runs | None:
+        """(runner) The pages written since ``_ref``, or None when they are not known
+        (``last``: ``inst`` is let go right after; see MemoryWatch.take)."""
         if self._watch is None or self._ref is None:
             return None
-        runs = self._watch.take(inst.memory_address(), inst.memory_size())
+        runs = self._watch.take(inst.memory_address(), inst.memory_size(), last=last)
         if runs is None:
             self._ref = self._watch = None
         elif self.turns == 1 and self._ref is self._base:
@@ -486,16 +487,17 @@ class Sandbox(SandboxHandle):
             **common,
         )
 
-    def _checkpoint_good(self) -> None:
+    def _checkpoint_good(self, *, last: bool = False) -> None:
         """(runner) Remember the live state, the end of the last good turn, for rollback (at
-        the start of the next turn, or when a checkpoint, fork or save needs it)."""
+        the start of the next turn, or when a checkpoint, fork or save needs it; ``last``:
+        before the instance is let go, so nothing need watch it afterwards)."""
         inst = self._inst
         if inst is None or not inst.alive:
             return
         good = self._good
         if good is not None and not good.frozen:
             if good is self._ref:  # only what the turn wrote, into the image itself
-                runs = self._written(inst)
+                runs = self._written(inst, last=last)
                 if runs is not None:
                     self._good = self._ref = good.update(inst, runs)
                     self._current = True
@@ -505,19 +507,20 @@ class Sandbox(SandboxHandle):
                 self._watch_from(inst, good)
                 self._current = True
                 return
-        self._good = self._image_of_now(inst)
+        self._good = self._image_of_now(inst, last=last)
         self._current = True
 
-    def _image_of_now(self, inst: Instance) -> MemoryImage:
+    def _image_of_now(self, inst: Instance, *, last: bool = False) -> MemoryImage:
         """(runner) A new image of the live memory: a delta on ``_ref`` when the watch knows
-        what was written since, else a whole copy (watched from then on)."""
-        runs = self._written(inst)
+        what was written since, else a whole copy (watched from then on, unless ``last``)."""
+        runs = self._written(inst, last=last)
         if runs is not None and self._ref is not None:
             image = self._ref.derive(inst, runs)
             self._ref = image
         else:
             image = MemoryImage.capture(inst)
-            self._watch_from(inst, image)
+            if not last:
+                self._watch_from(inst, image)
         return image
 
     def _shared_image(self) -> MemoryImage:
@@ -742,7 +745,7 @@ class Sandbox(SandboxHandle):
                     if self.turns == 1 and base is not None and self._ref is base \
                             and base.learns_hot:
                         with contextlib.suppress(Exception):  # learning never stops a close
-                            self._written(self._inst)  # a churned sandbox's one turn
+                            self._written(self._inst, last=True)  # a churned one's turn
                     self._inst.close()
                     self._inst = None
             if runner.on_thread():

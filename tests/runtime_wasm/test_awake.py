@@ -11,6 +11,7 @@ import pytest
 
 from memex import ConfigError, Limits, Sandbox, TurnStatus
 from memex.runtime_wasm._awake import AWAKE, awake_limit
+from memex.runtime_wasm.images._dirty import TRACKER
 
 
 @pytest.fixture
@@ -44,6 +45,26 @@ def test_the_least_recently_used_sleeps_and_wakes_as_it_was(awake_one: None) -> 
         assert a.turns == 2
         assert asleep(b) and not asleep(a)
         assert b.run("y").value == "2"
+
+
+@pytest.mark.skipif(TRACKER.mode == "off", reason="written pages are not tracked here")
+def test_going_to_sleep_starts_no_watch_of_the_memory_it_lets_go(
+        awake_one: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[int] = []
+    real = TRACKER.start
+
+    def start(addr: int, size: int) -> bool:
+        started.append(size)
+        return real(addr, size)
+
+    monkeypatch.setattr(TRACKER, "start", start)
+    with Sandbox(limits=Limits(timeout=30)) as a, Sandbox(limits=Limits(timeout=30)) as b:
+        a.run("x = 1")
+        b.run("1")  # a sleeps: its first turn recorded, its memory let go
+        assert asleep(a) and started == []
+        # positive control: the record at an awake sandbox's next turn starts the watch
+        assert b.run("2").value == "2" and len(started) == 1
+        assert a.run("x").value == "1"
 
 
 def test_a_trap_after_waking_rolls_back_to_the_state_it_slept_in(awake_one: None) -> None:

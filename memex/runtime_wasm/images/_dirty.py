@@ -253,15 +253,16 @@ class MemoryWatch:
     def active(self) -> bool:
         return self._size >= 0
 
-    def take(self, addr: int, size: int) -> Runs | None:
+    def take(self, addr: int, size: int, *, last: bool = False) -> Runs | None:
         """Written runs since the last look, for a memory now at ``addr``, ``size`` bytes
         long; None when watching failed or the memory moved (the caller then copies
-        everything and starts a new watch)."""
+        everything and starts a new watch). ``last``: the memory is let go right after (a
+        sandbox put to sleep or closed), so a watch not started yet is never started."""
         if self._size < 0 or addr != self._addr:
             self._size = -1
             return None
         if self._mapped is not None:
-            return self._first(size)
+            return self._first(size, last)
         runs = self._tracker.take(self._addr, self._size)
         if runs is None:
             self._size = -1
@@ -276,18 +277,19 @@ class MemoryWatch:
             self._size = size
         return runs
 
-    def _first(self, size: int) -> Runs | None:
-        """(a watch of a fresh mapping) The written pages so far, and the watch started."""
+    def _first(self, size: int, last: bool) -> Runs | None:
+        """(a watch of a fresh mapping) The written pages so far, and the watch started
+        (unless this is the ``last`` look: registering costs with the memory's size)."""
         mapped, self._mapped = self._mapped, None
         assert mapped is not None
         t, addr = self._tracker, self._addr
         cut = min(mapped, size)
         own = t.private(addr, cut)
         rest = t.resident(addr + cut, size - cut) if size > cut else []
-        if own is None or rest is None or not t.start(addr, size):
+        if own is None or rest is None or (not last and not t.start(addr, size)):
             self._size = -1
             return None
-        self._size = size
+        self._size = -1 if last else size
         return joined(own + [(off + cut, n) for off, n in rest])
 
 
