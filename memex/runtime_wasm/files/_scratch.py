@@ -56,8 +56,10 @@ def take() -> tuple[str, str]:
 def give_back(path: str, real: str) -> None:
     """The folder of a closed sandbox (nothing can write in it any more): onto the shelf if
     it is as good as new and there is room, else deleted with whatever it holds."""
-    if _as_good_as_new(path):
-        parent = os.path.dirname(path)
+    parent = os.path.dirname(path)
+    with _lock:  # a full shelf of the same folder: no need to look (a bulk close)
+        room = len(_shelf) < SHELF_SIZE or _shelf_parent[0] != parent
+    if room and _as_good_as_new(path):
         with _lock:
             if _shelf_parent[0] != parent:
                 stale, _shelf[:] = list(_shelf), []
