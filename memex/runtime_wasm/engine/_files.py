@@ -127,14 +127,13 @@ def bundle_dir() -> Path:
 
 
 @functools.lru_cache(maxsize=1)
-@functools.lru_cache(maxsize=1)
 def driver_source() -> str:
-    """The turn driver's source, read once per process (like the bundle beside it)."""
     return (_GUEST_SRC / "_driver.py").read_text()
 
 
 @functools.lru_cache(maxsize=1)
 def driver_sha256() -> str:
+    """The driver's hash, for the warm images' keys (made once, not per new sandbox)."""
     return hashlib.sha256(driver_source().encode()).hexdigest()
 
 
