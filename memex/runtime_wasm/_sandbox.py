@@ -310,6 +310,15 @@ class Sandbox(SandboxHandle):
             self._ref.learn_hot(runs)  # what a first turn writes: prefaulted from now on
         return runs
 
+    def _teach_base(self, inst: Instance) -> None:
+        """(runner, closing) A sandbox closed after one turn (a churn loop never reaches a
+        second) teaches its image what a first turn writes (MemoryImage.learn_hot); the
+        scan is paid only while the image is learning, and never fails a close."""
+        base = self._base
+        if self.turns == 1 and base is not None and self._ref is base and base.learns_hot:
+            with contextlib.suppress(Exception):
+                self._written(inst, last=True)
+
     def _bootstrap(self, inst: Instance) -> None:
         out = inst.run_raw(bootstrap_source(), deadline=time.monotonic() + 60, fuel=None,
                            cell={})
@@ -741,11 +750,7 @@ class Sandbox(SandboxHandle):
         if runner is not None:
             def job() -> None:
                 if self._inst is not None:
-                    base = self._base
-                    if self.turns == 1 and base is not None and self._ref is base \
-                            and base.learns_hot:
-                        with contextlib.suppress(Exception):  # learning never stops a close
-                            self._written(self._inst, last=True)  # a churned one's turn
+                    self._teach_base(self._inst)
                     self._inst.close()
                     self._inst = None
             if runner.on_thread():

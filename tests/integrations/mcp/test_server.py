@@ -306,7 +306,6 @@ def _cell(rid: int, code: str) -> str:
 INITIALIZED = json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"})
 
 
-
 @pytest.mark.slow
 def test_over_a_pipe_a_long_line_is_refused_and_stray_output_misses_the_wire(
         tmp_path: Path) -> None:
