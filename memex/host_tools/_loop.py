@@ -17,49 +17,71 @@ __all__ = ["AsyncJob", "LoopThread"]
 
 
 class AsyncJob:
-    """A coroutine scheduled on the loop thread; same interface as :class:`Job`."""
+    """A coroutine scheduled on the loop thread; same interface as :class:`Job`.
 
-    __slots__ = ("_future", "ended", "started")
+    The coroutine's task releases a plain lock as its last step, so a waiting thread wakes
+    as soon as the result is set (a ``concurrent.futures`` future is told one loop iteration
+    later, through the task's done callbacks, and then wakes its waiters with a condition)."""
+
+    __slots__ = ("_cancelled", "_loop", "_task", "done", "ended", "error", "started", "value")
 
     def __init__(self, loop: asyncio.AbstractEventLoop,
                  make: Callable[[], Coroutine[Any, Any, Any]]) -> None:
         self.started = False
         self.ended: float | None = None
+        self.value: Any = None
+        self.error: BaseException | None = None
+        self.done = threading.Lock()
+        self.done.acquire()
+        self._loop = loop
+        self._task: asyncio.Task[None] | None = None
+        self._cancelled = False
+        loop.call_soon_threadsafe(self._start, make)  # RuntimeError if the loop is closed
 
-        async def runner() -> Any:
-            self.started = True
-            try:
-                return await make()
-            finally:
-                self.ended = time.monotonic()
+    def _start(self, make: Callable[[], Coroutine[Any, Any, Any]]) -> None:
+        if self._cancelled:  # cancelled before it began: it never runs
+            self._end(asyncio.CancelledError())
+            return
+        self._task = self._loop.create_task(self._run(make))
 
-        self._future = asyncio.run_coroutine_threadsafe(runner(), loop)
+    async def _run(self, make: Callable[[], Coroutine[Any, Any, Any]]) -> None:
+        self.started = True
+        try:
+            self.value = await make()
+        except BaseException as exc:  # the task's outcome is this job's, read by the waiter
+            self._end(exc)
+            return
+        self._end(None)
+
+    def _end(self, error: BaseException | None) -> None:
+        self.error = error
+        self.ended = time.monotonic()
+        self.done.release()
 
     def wait(self, timeout: float) -> bool:
-        try:
-            self._future.result(timeout=max(timeout, 0.0))
-        except TimeoutError:
-            return self._future.done()
-        except BaseException:
-            pass
-        return True
+        """True when finished within ``timeout`` seconds."""
+        if self.done.acquire(timeout=max(timeout, 0.0)):
+            self.done.release()
+            return True
+        return False
 
     def result(self) -> Any:
         """Block until done; the value or the coroutine's exception."""
-        return self._future.result()
-
-    @property
-    def value(self) -> Any:
-        return self._future.result(timeout=0)
-
-    @property
-    def error(self) -> BaseException | None:
-        if self._future.cancelled():
-            return asyncio.CancelledError()
-        return self._future.exception(timeout=0)
+        self.wait(threading.TIMEOUT_MAX)
+        if self.error is not None:
+            raise self.error
+        return self.value
 
     def cancel(self) -> None:
-        self._future.cancel()
+        """Cancel the task (it never starts if it has not yet)."""
+        self._cancelled = True
+
+        def cancel() -> None:
+            if self._task is not None:
+                self._task.cancel()
+
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nothing runs on it
+            self._loop.call_soon_threadsafe(cancel)
 
 
 class LoopThread:

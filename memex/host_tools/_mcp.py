@@ -230,7 +230,8 @@ class McpConnection:
         if live is None:  # (re)connecting waits for the session's task: not on its loop
             live = await anyio.to_thread.run_sync(self._ensure)
         try:
-            with anyio.fail_after(timeout) if timeout is not None else _no_scope():
+            # asyncio's own timeout: anyio's looks up the running library on every call
+            async with asyncio.timeout(timeout):
                 return await fn(live.client)
         except TimeoutError:
             raise MCPServerError(f"the MCP server {self.label} did not answer within "
@@ -302,18 +303,6 @@ class McpConnection:
 
     def __repr__(self) -> str:
         return f"<McpConnection {self.label}{' closed' if self._closed else ''}>"
-
-
-class _NoScope:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-def _no_scope() -> _NoScope:
-    return _NoScope()
 
 
 # ---- tools --------------------------------------------------------------------------------
