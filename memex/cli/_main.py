@@ -122,6 +122,7 @@ def run() -> NoReturn:
     is done: wait for its non-daemon threads, run the atexit handlers (they close every
     sandbox and remove its /tmp), flush, and leave with ``os._exit``.
     """
+    _standard_streams()
     try:
         code = main()
     except SystemExit as exc:  # argparse: --help, usage errors
@@ -130,6 +131,27 @@ def run() -> NoReturn:
         traceback.print_exc()
         code = 1
     _leave(code)
+
+
+def _standard_streams() -> None:
+    """Descriptors 0-2 open, on the null device when one was closed (``memex mcp 2>&-``).
+    Else the first file a sandbox opens takes a closed one's number, and what a library, a
+    child or wasmtime writes to "stderr" lands in that file; and ``sys.stderr`` is None,
+    which the messages below and the exit path would trip over."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDONLY if fd == 0 else os.O_WRONLY)
+            if null != fd:  # a lower number was free: the loop's order rules it out
+                os.dup2(null, fd)
+                os.close(null)
+    if sys.stdin is None:
+        sys.stdin = open(0, closefd=False)  # noqa: SIM115 - the process's, never closed
+    if sys.stdout is None:
+        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+    if sys.stderr is None:
+        sys.stderr = open(2, "w", errors="backslashreplace", closefd=False)  # noqa: SIM115
 
 
 def _code(value: object) -> int:
@@ -150,6 +172,6 @@ def _leave(code: int) -> NoReturn:
         atexit._run_exitfuncs()
     finally:
         for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(OSError, ValueError):
+            with contextlib.suppress(OSError, ValueError, AttributeError):  # None: closed
                 stream.flush()
         os._exit(code & 0xFF if code >= 0 else 1)

@@ -107,6 +107,41 @@ def test_the_entry_point_exits_cleanly_and_still_cleans_up(tmp_path: Path) -> No
     assert p.returncode == 2 and "invalid choice" in p.stderr
 
 
+def _stderr_closed(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["sh", "-c", 'exec "$0" "$@" 2>&-', *argv], capture_output=False,
+                          stdout=subprocess.PIPE, text=True, timeout=120)
+
+
+def test_with_stderr_closed_a_command_runs_and_keeps_its_exit_code() -> None:
+    # ``memex ... 2>&-`` exited 1 on the way out (flushing a stderr that was None)
+    p = _stderr_closed(sys.executable, "-m", "memex", "run", "-c", "print(6 * 7)")
+    assert (p.returncode, p.stdout) == (0, "42\n")
+    p = _stderr_closed(sys.executable, "-m", "memex", "run", "-c", "import sys; sys.exit(3)")
+    assert p.returncode == 3
+
+
+@pytest.mark.parametrize("guarded", [True, False])
+def test_a_closed_standard_descriptor_is_the_null_device_not_the_next_file(
+        guarded: bool) -> None:
+    # memex holds no descriptor at 0-2 after its import (the write tracker's userfaultfd took
+    # a closed stderr's number); the command then opens the null device there, so no file it
+    # opens later is where a library's or wasmtime's writes to "stderr" go.
+    probe = ("import os, sys\n"
+             "closed = sys.stderr is None\n"
+             "import memex.cli._main\n"
+             "free = not os.path.exists('/proc/self/fd/2')\n"
+             f"if {guarded}: memex.cli._main._standard_streams()\n"
+             "fd = os.open('/proc/self/status', os.O_RDONLY)\n"
+             "print(closed, free, fd, os.readlink('/proc/self/fd/2'), sys.stderr is not None)\n")
+    p = _stderr_closed(sys.executable, "-c", probe)
+    closed, free, fd, two, has_stderr = p.stdout.split()
+    assert (closed, free) == ("True", "True"), p.stdout
+    if guarded:
+        assert int(fd) > 2 and (two, has_stderr) == ("/dev/null", "True")
+    else:  # positive control: without it, the next file opened is descriptor 2
+        assert fd == "2" and two.endswith("/status") and has_stderr == "False"
+
+
 @pytest.mark.parametrize(
     "args",
     [

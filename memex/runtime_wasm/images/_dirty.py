@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import os
 import threading
 
@@ -56,6 +57,17 @@ class _Region(ctypes.Structure):
                 ("categories", ctypes.c_uint64)]
 
 
+def _above_standard(fd: int) -> int:
+    """``fd`` moved to a number above 2: a process started with stdin, stdout or stderr
+    closed must not find this process-long descriptor where writes to "stderr" would go."""
+    if fd > 2:
+        return fd
+    try:
+        return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+    finally:
+        os.close(fd)
+
+
 class DirtyTracker:
     """One ``userfaultfd`` (async write-protect) and one ``/proc/self/pagemap`` descriptor
     for the whole process; thread-safe. ``mode`` is ``"uffd-wp"`` or ``"off"``; ``reason``
@@ -91,6 +103,7 @@ class DirtyTracker:
         if fd < 0:
             self.reason = f"userfaultfd refused: {os.strerror(ctypes.get_errno())}"
             return
+        fd = _above_standard(fd)
         want = _FEATURE_WP_ASYNC | _FEATURE_WP_UNPOPULATED
         api = (ctypes.c_uint64 * 3)(_UFFD_API, want, 0)
         if libc.ioctl(fd, _UFFDIO_API, ctypes.addressof(api)) < 0 or (api[1] & want) != want:
@@ -98,7 +111,7 @@ class DirtyTracker:
             self.reason = "the kernel has no asynchronous write-protect (needs Linux 6.7+)"
             return
         try:
-            pagemap = os.open("/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC)
+            pagemap = _above_standard(os.open("/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC))
         except OSError as exc:
             os.close(fd)
             self.reason = f"cannot open /proc/self/pagemap: {exc}"
