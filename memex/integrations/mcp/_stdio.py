@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import logging
 import os
 import stat
 from collections.abc import AsyncIterator, Iterator
@@ -26,6 +27,7 @@ OVERLONG = "(a line over the server's bound, dropped unread)"
 """What a line over the bound reads as: no JSON, so the server answers it with a parse error."""
 
 _CHUNK = 1 << 16
+_log = logging.getLogger(__name__)
 
 
 class Lines:
@@ -33,8 +35,9 @@ class Lines:
     A line over ``limit`` bytes reads as :data:`OVERLONG`; at most ``limit`` and one chunk
     are held: the rest of a longer line is dropped as it comes."""
 
-    def __init__(self, reader: asyncio.StreamReader, limit: int) -> None:
-        self._reader, self._limit = reader, limit
+    def __init__(self, reader: asyncio.StreamReader, limit: int,
+                 stopped: asyncio.Future[None] | None = None) -> None:
+        self._reader, self._limit, self._stopped = reader, limit, stopped
         self._buf = bytearray()
         self._seen = 0  # bytes of _buf already searched for a newline
         self._dropping = False
@@ -44,6 +47,8 @@ class Lines:
 
     async def __anext__(self) -> str:
         while True:
+            if self._stopped is not None and self._stopped.done():
+                raise StopAsyncIteration  # no one reads the answers: the lines end here
             i = self._buf.find(b"\n", self._seen)
             if i >= 0:
                 over = self._dropping or i > self._limit
@@ -64,16 +69,21 @@ class Lines:
 
 
 class _Out:
-    """The wire's writing side: ``write`` queues, ``flush`` waits while the reader lags."""
+    """The wire's writing side: ``write`` queues, ``flush`` waits while the reader lags.
+    Once the reader is gone, what is written goes nowhere (the input ends: see ``wire``)."""
 
-    def __init__(self, writer: asyncio.StreamWriter) -> None:
-        self._writer = writer
+    def __init__(self, writer: asyncio.StreamWriter, gone: asyncio.Future[None]) -> None:
+        self._writer, self._gone = writer, gone
 
     async def write(self, text: str) -> None:
-        self._writer.write(text.encode("utf-8"))
+        if not self._gone.done():
+            self._writer.write(text.encode("utf-8"))
 
     async def flush(self) -> None:
-        await self._writer.drain()
+        if self._gone.done():
+            return
+        with contextlib.suppress(ConnectionError):  # the reader just went: gone is set
+            await self._writer.drain()
 
 
 class _Flow(asyncio.streams.FlowControlMixin):
@@ -128,6 +138,14 @@ def _claimed(fd: int, diversion: int) -> Iterator[int]:
         os.close(private)
 
 
+def _reader_left(r_transport: asyncio.BaseTransport, serving: list[bool]) -> None:
+    if not serving:
+        return  # the wire's own close at the end of serving, not the reader leaving
+    _log.warning("the client stopped reading the server's output: stopping as at the end "
+                 "of the input")
+    r_transport.close()
+
+
 @contextlib.asynccontextmanager
 async def wire(limit: int) -> AsyncIterator[tuple[Any, Any]]:
     """(lines in, text out) for the SDK's ``stdio_server(stdin, stdout)``, or (None, None)
@@ -146,9 +164,15 @@ async def wire(limit: int) -> AsyncIterator[tuple[Any, Any]]:
             w_transport, w_protocol = await loop.connect_write_pipe(
                 _Flow, os.fdopen(fd_out, "wb", buffering=0, closefd=False))
             writer = asyncio.StreamWriter(w_transport, w_protocol, None, loop)
+            gone = w_protocol.gone
+            # The client closed its end of our output: nothing it sends can be answered, so
+            # the input ends as at the end of stdin (the server stops, sessions are ended).
+            serving = [True]
+            gone.add_done_callback(lambda _: _reader_left(r_transport, serving))
             try:
-                yield Lines(reader, limit), _Out(writer)
+                yield Lines(reader, limit, gone), _Out(writer, gone)
             finally:
+                serving.clear()
                 # What is still queued goes out, unless the reader stopped reading.
                 writer.close()
                 with anyio.CancelScope(shield=True), anyio.move_on_after(5):

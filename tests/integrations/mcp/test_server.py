@@ -4,6 +4,7 @@ by the client) and streamable HTTP on 127.0.0.1 (started here), with a bearer to
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import shutil
@@ -343,6 +344,30 @@ def test_over_a_pipe_a_long_line_is_refused_and_stray_output_misses_the_wire(
         err = p.stderr.read() if p.stderr else ""
     assert rest == ""  # nothing after the last answer: the stray output went to stderr
     assert "stray print hi" in err and "stray write" in err
+
+
+@pytest.mark.slow
+def test_a_client_that_stops_reading_ends_the_server_as_the_end_of_input_does() -> None:
+    # It exited 1 with a traceback (the SDK's writer met the closed pipe); now the input
+    # ends there, sessions are closed and the exit is 0, while the client still holds stdin.
+    p = subprocess.Popen([MEMEX, "mcp"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    assert p.stdin is not None and p.stdout is not None and p.stderr is not None
+    try:
+        assert raw_sender(p)(_init())["id"] == 1  # positive control: answered while read
+        p.stdout.close()
+        with contextlib.suppress(BrokenPipeError):
+            p.stdin.write("\n".join([INITIALIZED, _cell(2, "print('x' * 100)")]) + "\n")
+            p.stdin.flush()
+        rc = p.wait(60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+        with contextlib.suppress(BrokenPipeError):
+            p.stdin.close()
+    err = p.stderr.read()
+    assert rc == 0, err
+    assert "Traceback" not in err and "stopped reading" in err
 
 
 @pytest.mark.slow
