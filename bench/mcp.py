@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -79,12 +80,20 @@ async def over_http(n: int, url: str, mode: Any) -> list[float]:
                                                                  "session": sid}))
 
 
-def bridged_vs_host(n: int, rounds: int = 10) -> tuple[list[float], list[float]]:
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def bridged_vs_host(n: int, rounds: int = 10, cpu: dict[str, float] | None = None
+                    ) -> tuple[list[float], list[float]]:
     """The same add(1, 2) from a plain host client (timed in its event loop) and from guest
     code through ToolSet.from_mcp (timed in the guest), in alternating rounds so that load
-    from other work falls on both alike. Each side has its own server process."""
+    from other work falls on both alike. Each side has its own server process. ``cpu`` gets
+    each side's CPU time per call in this process (all its threads; the servers' not)."""
     host: list[float] = []
     guest: list[float] = []
+    spent = {"host": 0.0, "guest": 0.0}
     k = max(1, n // rounds)
     with anyio.from_thread.start_blocking_portal() as portal, \
             ToolSet.from_mcp(sys.executable, args=[SERVER]) as ts, \
@@ -99,10 +108,17 @@ def bridged_vs_host(n: int, rounds: int = 10) -> tuple[list[float], list[float]]
             code = (f"_t = []\nfor _ in range({k}):\n    _s = time.perf_counter()\n"
                     "    add(1, 2)\n    _t.append(time.perf_counter() - _s)\n_t")
             for _ in range(rounds):
+                c0 = _cpu()
                 host += portal.call(batch)
+                c1 = _cpu()
                 r = sb.run(code, timeout=600)
+                spent["host"] += c1 - c0
+                spent["guest"] += _cpu() - c1
                 guest += [float(x) for x in (r.value or "[]").strip("[]").split(",")
                           if x.strip()]
+    if cpu is not None:
+        cpu["host"] = spent["host"] / max(len(host), 1)
+        cpu["guest"] = spent["guest"] / max(len(guest), 1)
     return host, guest
 
 
@@ -145,7 +161,8 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(30)
-    host, guest = bridged_vs_host(n)
+    cpu: dict[str, float] = {}
+    host, guest = bridged_vs_host(n, cpu=cpu)
     rows.append(("host mcp Client -> server: add(1, 2)", host,
                  "the bridged server's own round trip over stdio: the protocol's floor"))
     rows.append(("guest -> ToolSet.from_mcp -> server: add(1, 2)", guest,
@@ -160,6 +177,8 @@ def main() -> None:
     guest_med = median_p90(rows[-1][1])[0]
     print(f"\nbridged call overhead over the host client's own call: {fmt(guest_med - host)} "
           "(target <= 0.5 ms)")
+    print(f"CPU per call in this process (all threads; the servers' not): host client "
+          f"{fmt(cpu['host'])}, bridged {fmt(cpu['guest'])} (+{fmt(cpu['guest'] - cpu['host'])})")
     stdio = median_p90(rows[2][1])[0]
     turn = median_p90(rows[1][1])[0]
     print(f"stdio run_python('pass') median: {fmt(stdio)} back to back, "
