@@ -42,7 +42,12 @@ class AsyncJob:
         if self._cancelled:  # cancelled before it began: it never runs
             self._end(asyncio.CancelledError())
             return
-        self._task = self._loop.create_task(self._run(make))
+        run = self._run(make)
+        try:
+            self._task = self._loop.create_task(run)
+        except BaseException as exc:  # the loop is closing: the waiter hears of it now
+            run.close()
+            self._end(exc)
 
     async def _run(self, make: Callable[[], Coroutine[Any, Any, Any]]) -> None:
         self.started = True

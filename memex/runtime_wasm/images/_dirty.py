@@ -103,7 +103,11 @@ class DirtyTracker:
         if fd < 0:
             self.reason = f"userfaultfd refused: {os.strerror(ctypes.get_errno())}"
             return
-        fd = _above_standard(fd)
+        try:
+            fd = _above_standard(fd)
+        except OSError as exc:  # no descriptor free above 2
+            self.reason = f"userfaultfd: {exc}"
+            return
         want = _FEATURE_WP_ASYNC | _FEATURE_WP_UNPOPULATED
         api = (ctypes.c_uint64 * 3)(_UFFD_API, want, 0)
         if libc.ioctl(fd, _UFFDIO_API, ctypes.addressof(api)) < 0 or (api[1] & want) != want:
