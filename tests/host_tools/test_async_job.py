@@ -87,3 +87,19 @@ def test_a_job_cancelled_before_it_starts_never_runs() -> None:
     assert again.wait(10) and again.started and ran.is_set()
     lt.close()
     again.cancel()  # cancelling after the loop stopped is harmless
+
+
+def test_a_coroutine_raising_systemexit_fails_its_job_and_the_loop_goes_on(
+        loop: asyncio.AbstractEventLoop) -> None:
+    # Through run_coroutine_threadsafe, SystemExit (a library calling sys.exit) ended the
+    # loop thread: that job never finished and every later async tool of the host hung.
+    async def exits() -> None:
+        raise SystemExit(3)
+
+    async def fine() -> str:
+        return "still here"
+
+    job = AsyncJob(loop, exits)
+    assert job.wait(10) and isinstance(job.error, SystemExit)
+    later = AsyncJob(loop, fine)
+    assert later.wait(10) and later.value == "still here"
