@@ -7,6 +7,7 @@ import base64
 import hashlib
 import http.server
 import threading
+import time
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -47,6 +48,8 @@ class PackageIndex:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self.requests: list[str] = []
+        self.slow: set[str] = set()  # files sent 64 KiB every 10 ms
+        self.sent: dict[str, int] = {}  # bytes of each slow file sent before the end
         index = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -70,8 +73,26 @@ class PackageIndex:
                 if len(parts) == 2 and parts[0] == "files":
                     f = index.folder / parts[1]
                     if f.is_file() and f.parent == index.folder:
+                        if f.name in index.slow:
+                            return self._trickle(f)
                         return self._send(200, f.read_bytes(), "application/octet-stream")
                 self._send(404, b"not found", "text/plain")
+
+            def _trickle(self, f: Path) -> None:
+                data = f.read_bytes()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/octet-stream")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                index.sent[f.name] = 0
+                try:
+                    for i in range(0, len(data), 1 << 16):
+                        self.wfile.write(data[i:i + (1 << 16)])
+                        self.wfile.flush()
+                        index.sent[f.name] = i + len(data[i:i + (1 << 16)])
+                        time.sleep(0.01)
+                except OSError:  # the client went away
+                    pass
 
             def _send(self, status: int, body: bytes, kind: str) -> None:
                 self.send_response(status)

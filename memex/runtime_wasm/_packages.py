@@ -12,6 +12,7 @@ writes them make the host fetch from anywhere.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -21,7 +22,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 from ..errors import ConfigError, PackageError
 from .engine._artifacts import Artifacts
@@ -43,6 +44,9 @@ MAX_REQUIREMENTS = 64
 MAX_WHEEL_BYTES = 64 << 20
 MAX_WHEEL_FILES = 20_000
 MAX_UNPACKED_BYTES = 256 << 20
+MAX_DOWNLOAD_BYTES = 512 << 20
+"""Bytes pip may write while fetching one set (wheels and its own temporary files; it keeps
+no cache of its own): past this it is stopped and the set refused."""
 PIP_TIMEOUT = 300.0
 _NATIVE = re.compile(r"\.(so|pyd|dylib|dll|a|o|wasm)(\.[0-9.]+)?$", re.IGNORECASE)
 _PIP_ENV_DROPPED = ("PIP_CONSTRAINT", "PIP_REQUIREMENT", "PIP_TARGET", "PIP_PREFIX",
@@ -290,7 +294,6 @@ def _stubs(arts: Artifacts, bundled: dict[str, str], root: Path) -> Path:
 
 def _fetch(wanted: list[str], arts: Artifacts, bundled: dict[str, str], root: Path,
            index_url: str | None, timeout: float) -> tuple[Wheel, ...]:
-    import subprocess
     import sys
     import tempfile
 
@@ -300,27 +303,74 @@ def _fetch(wanted: list[str], arts: Artifacts, bundled: dict[str, str], root: Pa
     env = {k: v for k, v in os.environ.items() if k not in _PIP_ENV_DROPPED}
     env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
     (root / "downloads").mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=root / "downloads") as dl:
+    with tempfile.TemporaryDirectory(dir=root / "downloads") as work:
+        dest, tmp, log = Path(work, "wheels"), Path(work, "tmp"), Path(work, "pip.log")
+        dest.mkdir()
+        tmp.mkdir()
+        env["TMPDIR"] = str(tmp)  # pip's files in flight are counted with the wheels
         cmd = [sys.executable, "-m", "pip", "download", "--no-input", "--progress-bar", "off",
-               "--only-binary=:all:", "--platform", "any", "--python-version", version,
-               "--implementation", "py", "--abi", "none", "--find-links", str(stubs),
-               "--constraint", str(stubs / "constraints.txt"), "--dest", dl]
+               "--no-cache-dir", "--only-binary=:all:", "--platform", "any", "--python-version",
+               version, "--implementation", "py", "--abi", "none", "--find-links", str(stubs),
+               "--constraint", str(stubs / "constraints.txt"), "--dest", str(dest)]
         if index_url:
             cmd += ["--index-url", index_url]
-        try:
-            out = subprocess.run([*cmd, "--", *wanted], capture_output=True, text=True,
-                                 env=env, timeout=timeout, check=False)
-        except subprocess.TimeoutExpired:
-            raise PackageError(f"pip took more than {timeout:.0f} s to fetch "
-                               f"{', '.join(wanted)}") from None
-        if out.returncode != 0:
-            raise PackageError(_why(out.stderr + out.stdout, wanted, bundled)) from None
+        with log.open("w+") as out:
+            code = _bounded_run([*cmd, "--", *wanted], env, out, (dest, tmp), timeout,
+                                ", ".join(wanted))
+            out.seek(0)
+            text = out.read(1 << 20)
+        if code != 0:
+            raise PackageError(_why(text, wanted, bundled)) from None
         wheels = []
-        for f in sorted(Path(dl).iterdir()):
+        for f in sorted(dest.iterdir()):
             w = _admit(f, bundled)
             if w is not None:
                 wheels.append(_unpack(f, w, root))
     return tuple(wheels)
+
+
+def _bounded_run(cmd: list[str], env: dict[str, str], out: IO[str], watched: Sequence[Path],
+                 timeout: float, what: str) -> int:
+    """pip's exit status, or PackageError once it runs past ``timeout`` or the files under
+    ``watched`` pass MAX_DOWNLOAD_BYTES (looked at every 0.1 s and at the end; it is
+    killed then)."""
+    import subprocess
+
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out,
+                            stderr=subprocess.STDOUT, env=env)
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                code = proc.wait(0.1)
+            except subprocess.TimeoutExpired:
+                code = None
+            if _bytes_under(watched) > MAX_DOWNLOAD_BYTES:
+                raise PackageError(f"fetching {what} wrote more than {MAX_DOWNLOAD_BYTES} "
+                                   "bytes: refused")
+            if code is not None:
+                return code
+            if time.monotonic() > deadline:
+                raise PackageError(f"pip took more than {timeout:.0f} s to fetch {what}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _bytes_under(folders: Sequence[Path]) -> int:
+    """Bytes of the files under ``folders`` (pip's own: a few folders deep, a few files)."""
+    total = 0
+    stack = [str(f) for f in folders]
+    while stack:
+        with contextlib.suppress(OSError), os.scandir(stack.pop()) as it:
+            for e in it:
+                with contextlib.suppress(OSError):
+                    if e.is_dir(follow_symlinks=False):
+                        stack.append(e.path)
+                    elif e.is_file(follow_symlinks=False):
+                        total += e.stat(follow_symlinks=False).st_size
+    return total
 
 
 def _why(text: str, wanted: list[str], bundled: dict[str, str]) -> str:

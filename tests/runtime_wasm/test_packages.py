@@ -117,6 +117,30 @@ def test_what_cannot_run_in_the_guest_is_refused_by_name(index: PackageIndex, ar
         tmp_path / "packages" / "sets").exists() else True
 
 
+def test_pip_is_stopped_once_its_downloads_pass_the_bound(
+        arts: Artifacts, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A requirement whose wheel is larger than the fetch may write: pip is killed part way
+    (the index did not finish sending) and the set is refused, leaving nothing behind. The
+    same fetch under a bound that holds it is the positive control."""
+    import memex.runtime_wasm._packages as packages
+
+    w = tmp_path / "wheels"
+    w.mkdir()
+    big = build_wheel(w, "memexbig", "1.0", {"memexbig/__init__.py": "",
+                                             "memexbig/blob.bin": os.urandom(6 << 20)})
+    with package_index(w) as idx:
+        idx.slow.add(big.name)
+        monkeypatch.setattr(packages, "MAX_DOWNLOAD_BYTES", 1 << 20)
+        with pytest.raises(PackageError, match="more than 1048576 bytes"):
+            resolve_packages(["memexbig==1.0"], arts, index_url=idx.url, cache=tmp_path / "c")
+        assert 0 < idx.sent[big.name] < big.stat().st_size, idx.sent
+        assert list((tmp_path / "c" / "packages" / "downloads").iterdir()) == []
+        monkeypatch.setattr(packages, "MAX_DOWNLOAD_BYTES", 64 << 20)
+        got = resolve_packages(["memexbig==1.0"], arts, index_url=idx.url,
+                               cache=tmp_path / "c")
+        assert [x.name for x in got.wheels] == ["memexbig"]
+
+
 @pytest.mark.parametrize("req", [
     "memexdep @ http://127.0.0.1:9/memexdep.whl", "--index-url=http://127.0.0.1:9/",
     "-r requirements.txt", "not a requirement!", "",
