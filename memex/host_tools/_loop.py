@@ -13,46 +13,42 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from ..runtime_wasm import Job
+
 __all__ = ["AsyncJob", "LoopThread"]
 
 
-class AsyncJob:
-    """A coroutine scheduled on the loop thread; same interface as :class:`Job`.
-
-    The coroutine's task releases a plain lock as its last step, so a waiting thread wakes
-    as soon as the result is set (a ``concurrent.futures`` future is told one loop iteration
+class AsyncJob(Job):
+    """A coroutine scheduled on the loop thread: a :class:`Job` (its lock, fields and
+    ``wait``) whose task releases the lock as its last step, so a waiting thread wakes as
+    soon as the result is set (a ``concurrent.futures`` future is told one loop iteration
     later, through the task's done callbacks, and then wakes its waiters with a condition)."""
 
-    __slots__ = ("_cancelled", "_loop", "_task", "done", "ended", "error", "started", "value")
+    __slots__ = ("_cancelled", "_loop", "_task")
 
     def __init__(self, loop: asyncio.AbstractEventLoop,
                  make: Callable[[], Coroutine[Any, Any, Any]]) -> None:
-        self.started = False
-        self.ended: float | None = None
-        self.value: Any = None
-        self.error: BaseException | None = None
-        self.done = threading.Lock()
-        self.done.acquire()
+        super().__init__(make)
         self._loop = loop
         self._task: asyncio.Task[None] | None = None
         self._cancelled = False
-        loop.call_soon_threadsafe(self._start, make)  # RuntimeError if the loop is closed
+        loop.call_soon_threadsafe(self._start)  # RuntimeError if the loop is closed
 
-    def _start(self, make: Callable[[], Coroutine[Any, Any, Any]]) -> None:
+    def _start(self) -> None:
         if self._cancelled:  # cancelled before it began: it never runs
             self._end(asyncio.CancelledError())
             return
-        run = self._run(make)
+        run = self._run()
         try:
             self._task = self._loop.create_task(run)
         except BaseException as exc:  # the loop is closing: the waiter hears of it now
             run.close()
             self._end(exc)
 
-    async def _run(self, make: Callable[[], Coroutine[Any, Any, Any]]) -> None:
+    async def _run(self) -> None:
         self.started = True
         try:
-            self.value = await make()
+            self.value = await self.fn()
         except BaseException as exc:  # the task's outcome is this job's, read by the waiter
             self._end(exc)
             return
@@ -62,13 +58,6 @@ class AsyncJob:
         self.error = error
         self.ended = time.monotonic()
         self.done.release()
-
-    def wait(self, timeout: float) -> bool:
-        """True when finished within ``timeout`` seconds."""
-        if self.done.acquire(timeout=max(timeout, 0.0)):
-            self.done.release()
-            return True
-        return False
 
     def result(self) -> Any:
         """Block until done; the value or the coroutine's exception."""
