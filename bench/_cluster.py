@@ -32,13 +32,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # every address 127.0.0.1,
-# read when ray is first imported
-
 from _fmt import fmt, sample
 
 from memex import Limits
-from memex.backends import get_backend
+from memex.backends import LOOPBACK_NODE, get_backend, init_ray, ray_on_loopback
 from memex.service import hash_key
 
 GiB = 1 << 30
@@ -114,10 +111,13 @@ def cluster_figures(scale: int) -> None:
                               + tenant)
         pool_cfg = folder / "pool.toml"
         pool_cfg.write_text("[server]\nport = 0\nworkers = 2\naccess_log = false\n" + tenant)
-        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0,
-                                                               "include_dashboard": False})
-        workers = [cluster.add_node(num_cpus=4, memory=4 * GiB)]
+        ray_on_loopback()  # every node below is on 127.0.0.1 by name, and this driver too
+        cluster = Cluster(initialize_head=True, head_node_args={
+            "num_cpus": 0, "include_dashboard": False, **LOOPBACK_NODE})
+        workers = [cluster.add_node(num_cpus=4, memory=4 * GiB, **LOOPBACK_NODE)]
         cluster.wait_for_nodes()
+        nodes = sorted({cluster.head_node.node_ip_address, *(w.node_ip_address for w in workers)})
+        print(f"\nRay cluster at {cluster.address}; its nodes' addresses: {', '.join(nodes)}")
         cfg = folder / "cluster.toml"
         cfg.write_text(
             "[server]\nport = 0\naccess_log = false\n"
@@ -162,7 +162,9 @@ def cluster_figures(scale: int) -> None:
             _row("cluster create (a slab with room)", creates["cluster"])
 
             print("\nthe control actor alone, called back to back from this process:")
-            ray.init(address=cluster.address, namespace="memex", log_to_driver=False)
+            init_ray(cluster.address, namespace="memex", log_to_driver=False)
+            print(f"  (this driver joined on {ray.util.get_node_ip_address()}; the nodes: "
+                  f"{', '.join(sorted({n['NodeManagerAddress'] for n in ray.nodes()}))})")
             from memex.serving import CONTROL_NAME
             control = ray.get_actor(CONTROL_NAME, namespace="memex")
             with many.open(limits=LIM) as s:
@@ -199,7 +201,7 @@ def cluster_figures(scale: int) -> None:
 
             print("\nturns/s, 8 clients with a session each, trivial cells:")
             tps1 = _turns_per_second(front_url, key, 8, 10.0 / scale ** 0.5)
-            workers.append(cluster.add_node(num_cpus=4, memory=4 * GiB))
+            workers.append(cluster.add_node(num_cpus=4, memory=4 * GiB, **LOOPBACK_NODE))
             cluster.wait_for_nodes()
             tps2 = _turns_per_second(front_url, key, 8, 10.0 / scale ** 0.5)
             print(f"  {'1 worker node':44s}     {tps1:9.0f} turns/s")

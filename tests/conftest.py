@@ -8,16 +8,11 @@ that builds it, and ``compile_module`` is replaced by a tripwire for the whole s
 from __future__ import annotations
 
 import importlib.util
-import os
-
-# Every Ray node, driver and actor the tests start binds 127.0.0.1 (read when ray is first
-# imported: set before any test module imports it).
-os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from served import Served, cluster_toml, start_server
+from served import Served, cluster_toml, loopback_cluster, start_server
 
 import memex.runtime_wasm as rw
 import memex.runtime_wasm.engine._engine as _engine
@@ -176,12 +171,7 @@ def memex_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 def ray_cluster() -> Iterator[Any]:
     """A Ray cluster on 127.0.0.1 for the session (a head and one worker node of 4 CPUs and
     8 GiB) that fronts join, each server in a namespace of its own (``cluster_toml``)."""
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0,
-                                                           "include_dashboard": False})
-    cluster.add_node(num_cpus=4, memory=8 << 30)
-    cluster.wait_for_nodes()
+    cluster = loopback_cluster({}, {"num_cpus": 4, "memory": 8 << 30})
     yield cluster
     cluster.shutdown()
 

@@ -49,6 +49,29 @@ class Served:
         return self.proc.returncode
 
 
+def loopback_cluster(head: dict[str, Any] | None = None, *nodes: dict[str, Any]) -> Any:
+    """A ``ray.cluster_utils.Cluster`` whose head (``head``: its arguments besides the
+    defaults below) and worker nodes (one per ``nodes`` entry) are on 127.0.0.1 by name, with
+    this process's Ray on loopback too (a driver then joins it there)."""
+    from ray.cluster_utils import Cluster
+
+    from memex.backends import LOOPBACK_NODE, ray_on_loopback
+
+    ray_on_loopback()
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 0, "include_dashboard": False, **(head or {}), **LOOPBACK_NODE})
+    for args in nodes:
+        cluster.add_node(**args, **LOOPBACK_NODE)
+    cluster.wait_for_nodes()
+    return cluster
+
+
+DRIVER = ("import sys\nfrom memex.backends import init_ray\n"
+          "init_ray(sys.argv[1], namespace=sys.argv[2], log_to_driver=False)\nimport ray\n")
+"""The head of a script run as a Ray driver of its own (``python -c DRIVER+code ADDRESS
+NAMESPACE``): joins the cluster at ADDRESS as MemEx does (over loopback for a local one)."""
+
+
 def cluster_toml(cluster: Any, folder: Path) -> str:
     """The ``[cluster]`` table of a front joining ``cluster`` (a ``ray.cluster_utils.Cluster``)
     in a namespace of its own (its control actor and slabs are its alone), its storage in
@@ -61,15 +84,12 @@ def end_namespace(cluster: Any, namespace: str) -> None:
     """Kill the control actor and the slabs of a server's namespace on ``cluster`` (they are
     detached: they outlive the fronts, as a cluster's sessions do), from a driver of its own
     (this process may be a driver of another cluster already)."""
-    script = ("import sys, ray\n"
-              "ray.init(address=sys.argv[1], namespace=sys.argv[2], log_to_driver=False)\n"
-              "from ray.util import list_named_actors\n"
+    script = (DRIVER + "from ray.util import list_named_actors\n"
               "for name in list_named_actors():\n"
               "    if name == 'memex-control' or name.startswith('memex-slab-'):\n"
               "        ray.kill(ray.get_actor(name))\n")
     subprocess.run([sys.executable, "-c", script, cluster.address, namespace], check=True,
-                   capture_output=True, timeout=120,
-                   env={**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})
+                   capture_output=True, timeout=120)
 
 
 def tenant_table(name: str, key: str, extra: str = "") -> str:

@@ -64,12 +64,13 @@ PINNED: dict[str, list[str]] = {
     "memex.runtime_wasm.files": [],
     "memex.runtime_wasm.images": [],
     "memex.backends": [
-        "BACKENDS", "FILES_CAP", "FILES_ENTRIES", "SLAB_LEASE", "Backend", "Client",
+        "BACKENDS", "FILES_CAP", "FILES_ENTRIES", "LOOPBACK_NODE", "SLAB_LEASE", "Backend",
+        "Client",
         "ClientDoor", "InProcessBackend", "PoolBackend", "PoolStats", "ProcessCheckpoint",
         "ProcessSandbox", "RayBackend",
         "RayCheckpoint", "RaySandbox", "RemoteBackend", "RemoteCheckpoint", "RemoteSandbox",
-        "Slab", "Storage", "SubprocessBackend", "TenantQuota", "get_backend", "session_key",
-        "tmp_files", "tmp_files_from",
+        "Slab", "Storage", "SubprocessBackend", "TenantQuota", "get_backend", "init_ray",
+        "ray_on_loopback", "session_key", "tmp_files", "tmp_files_from",
     ],
     "memex.client": [
         "Client", "RemoteBackend", "RemoteCheckpoint", "RemoteSandbox",

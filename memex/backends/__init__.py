@@ -17,6 +17,7 @@ from ._contract import Backend
 from ._inprocess import InProcessBackend
 from ._pool import PoolBackend, PoolStats, TenantQuota
 from ._ray import RayBackend, RayCheckpoint, RaySandbox
+from ._raynet import LOOPBACK_NODE, init_ray, ray_on_loopback
 from ._registry import BACKENDS, get_backend
 from ._storage import Storage
 from ._subprocess import ProcessCheckpoint, ProcessSandbox, SubprocessBackend
@@ -31,6 +32,7 @@ __all__ = [
     "BACKENDS",
     "FILES_CAP",
     "FILES_ENTRIES",
+    "LOOPBACK_NODE",
     "SLAB_LEASE",
     "Backend",
     "Client",
@@ -51,6 +53,8 @@ __all__ = [
     "SubprocessBackend",
     "TenantQuota",
     "get_backend",
+    "init_ray",
+    "ray_on_loopback",
     "session_key",
     "tmp_files",
     "tmp_files_from",

@@ -42,6 +42,7 @@ from ..runtime_wasm import (
     serving_door,
 )
 from ._contract import Backend
+from ._raynet import init_ray
 from ._subprocess import SubprocessBackend, check_run_args
 from .worker import (
     error_from_wire,
@@ -359,8 +360,9 @@ class RayBackend(Backend):
 
     Args:
         actors: host actors to start (each a process somewhere in the cluster).
-        address: the cluster to join; None starts a local one (``ray.init``) unless Ray is
-            initialised already. A cluster this backend started is shut down by ``close``.
+        address: the cluster to join; None starts a local one on 127.0.0.1 (``init_ray``)
+            unless Ray is initialised already. A cluster this backend started is shut down
+            by ``close``.
         init_options: more keyword arguments for ``ray.init``.
         actor_options: options for the host actors (``num_cpus``, ``resources``, ...).
         max_concurrency: threads per host actor (turns, door polls and file calls at once).
@@ -382,10 +384,8 @@ class RayBackend(Backend):
         self._ray = ray
         self.grace, self.op_timeout = grace, op_timeout
         self._owns_ray = False
-        if not ray.is_initialized():
-            opts = {"include_dashboard": False, "log_to_driver": False, **(init_options or {})}
-            ray.init(address=address, **opts)
-            self._owns_ray = True
+        opts = {"include_dashboard": False, "log_to_driver": False, **(init_options or {})}
+        self._owns_ray = init_ray(address, **opts)
         self._closed = False
         self._lock = threading.Lock()
         self._ids = itertools.count(1)

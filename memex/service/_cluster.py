@@ -28,7 +28,7 @@ from typing import Any
 
 import anyio
 
-from ..backends import Backend, Storage
+from ..backends import Backend, Storage, init_ray
 from ..backends.worker import (
     Channel,
     ChannelClosed,
@@ -83,8 +83,7 @@ class _Link:
         except ImportError as exc:
             raise ConfigError("[cluster] needs Ray: pip install 'memex[cluster]'") from exc
         self.ray, self.cfg = ray, cfg
-        if not ray.is_initialized():
-            ray.init(address=cfg.address, namespace=cfg.namespace, log_to_driver=False)
+        init_ray(cfg.address, namespace=cfg.namespace, log_to_driver=False)
         self.storage = Storage(cfg.storage, dict(cfg.storage_options))
         self.control = ray.remote(Control).options(
             name=CONTROL_NAME, namespace=cfg.namespace, lifetime="detached",
@@ -856,8 +855,7 @@ def drain_node(cfg: ClusterConfig, node: str, *, undo: bool = False) -> dict[str
     ``undo``, place slabs on it again."""
     import ray
 
-    if not ray.is_initialized():
-        ray.init(address=cfg.address, namespace=cfg.namespace, log_to_driver=False)
+    init_ray(cfg.address, namespace=cfg.namespace, log_to_driver=False)
     try:
         control = ray.get_actor(CONTROL_NAME, namespace=cfg.namespace)
         if undo:

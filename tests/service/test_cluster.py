@@ -23,9 +23,10 @@ from typing import Any
 
 import pytest
 from package_index import PackageIndex, build_wheel
-from served import Served, launch, tenant_table
+from served import DRIVER, Served, launch, loopback_cluster, tenant_table
 
 from memex import Door, Limits, RemoteBackend
+from memex.backends import LOOPBACK_NODE
 from memex.errors import NotGranted, ServiceError
 from memex.host_tools import Tool, ToolHost
 from memex.service import hash_key
@@ -59,12 +60,9 @@ METRICS_KEY = "metrics-key-" + "m" * 20
 
 class ClusterRig:
     def __init__(self, folder: Path) -> None:
-        from ray.cluster_utils import Cluster
-
         self.folder = folder
-        self.cluster = Cluster(initialize_head=True, head_node_args={
-            "num_cpus": 0, "include_dashboard": False})
-        self.nodes = [self.cluster.add_node(**NODE) for _ in range(2)]
+        self.cluster = loopback_cluster({})
+        self.nodes = [self.cluster.add_node(**NODE, **LOOPBACK_NODE) for _ in range(2)]
         self.cluster.wait_for_nodes()
         self.keys: dict[str, str] = {}
         self.fronts: list[Served] = []
@@ -162,10 +160,10 @@ def ask_control(rig: ClusterRig, code: str) -> list[str]:
     """The words ``code`` prints, run in a Ray driver of its own with ``ray`` imported and the
     control actor as ``control`` (asked through Ray as a front does; this process may be a
     driver of another cluster already)."""
-    head = ("import ray\nfrom memex.serving import CONTROL_NAME\n"
-            f"ray.init(address={rig.cluster.address!r}, namespace='memex', "
-            "log_to_driver=False)\ncontrol = ray.get_actor(CONTROL_NAME)\n")
-    out = subprocess.run([sys.executable, "-c", head + textwrap.dedent(code)],
+    head = (DRIVER + "from memex.serving import CONTROL_NAME\n"
+            "control = ray.get_actor(CONTROL_NAME)\n")
+    out = subprocess.run([sys.executable, "-c", head + textwrap.dedent(code),
+                          rig.cluster.address, "memex"],
                          capture_output=True, text=True, timeout=120, check=True)
     return out.stdout.split()
 
@@ -576,7 +574,7 @@ def replace_node(rig: ClusterRig, node_id: str) -> None:
     victim = next(n for n in rig.nodes if n.node_id == node_id)
     lose_machine(rig, victim)
     rig.nodes.remove(victim)
-    rig.nodes.append(rig.cluster.add_node(**NODE))
+    rig.nodes.append(rig.cluster.add_node(**NODE, **LOOPBACK_NODE))
 
 
 def test_a_killed_node_s_sessions_resume_elsewhere_flagged(rig: ClusterRig,

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from served import launch, tenant_table
+from served import launch, loopback_cluster, tenant_table
 
 from memex import Limits, RemoteBackend
 from memex.backends import Client, RemoteCheckpoint
@@ -20,12 +20,7 @@ GiB = 1 << 30
 
 
 def start(folder: Path, s3: dict[str, Any], key: str) -> tuple[Any, Any]:
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0,
-                                                           "include_dashboard": False})
-    cluster.add_node(num_cpus=2, memory=2 * GiB)
-    cluster.wait_for_nodes()
+    cluster = loopback_cluster({}, {"num_cpus": 2, "memory": 2 * GiB})
     folder.mkdir(parents=True, exist_ok=True)
     endpoint = s3["endpoint"]
     config = folder / "serve.toml"
