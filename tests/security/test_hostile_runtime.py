@@ -380,3 +380,116 @@ def test_a_secret_never_reaches_the_guest_inside_a_compressed_body(
     assert out[0][0] == "gzip"
     assert json.loads(gzip.decompress(bytes.fromhex(out[0][1]))) == {"auth": ""}
     assert out[2][0] == "br"
+
+
+class _Reflect(BaseHTTPRequestHandler):
+    """Reflects the token of the Authorization header it received wherever ``mode`` says:
+    the reason phrase, a header's name, a gzip transfer coding under chunked, the part of
+    it a ``Range`` asks for, or a 206 nobody asked for. Written by hand: http.server would
+    not send most of these."""
+
+    protocol_version = "HTTP/1.1"
+    seen: ClassVar[list[dict[str, str]]] = []
+
+    def do_GET(self) -> None:
+        mode = self.path.split("mode=", 1)[-1]
+        type(self).seen.append({k.lower(): v for k, v in self.headers.items()})
+        token = self.headers.get("Authorization", "").removeprefix("Bearer ")
+        body = json.dumps({"auth": token}).encode()
+        status, reason, extra = 200, "OK", [f"Content-Length: {len(body)}"]
+        asked = self.headers.get("Range", "")
+        if mode == "reason":
+            reason = f"OK {token or 'plain'}"
+        elif mode == "hname":
+            extra.append(f"X-Echo-{token or 'none'}: 1")
+        elif mode == "te":
+            z = gzip.compress(body)
+            body = f"{len(z):x}\r\n".encode() + z + b"\r\n0\r\n\r\n"
+            extra = ["Transfer-Encoding: gzip, chunked"]
+        elif mode == "range" and asked.startswith("bytes="):
+            lo, hi = (int(x) for x in asked[6:].split("-"))
+            part = body[lo:hi + 1]
+            status, reason = 206, "Partial Content"
+            extra = [f"Content-Range: bytes {lo}-{hi}/{len(body)}",
+                     f"Content-Length: {len(part)}"]
+            body = part
+        elif mode == "partial":
+            status, reason = 206, "Partial Content"
+            extra.append(f"Content-Range: bytes 0-{len(body) - 1}/{len(body) * 2}")
+        head = f"HTTP/1.1 {status} {reason}\r\n" + "".join(f"{h}\r\n" for h in extra)
+        self.wfile.write(head.encode() + b"Connection: close\r\n\r\n" + body)
+        self.close_connection = True
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+REFLECTED = """
+import json
+from memex_guest import net
+out = {}
+for mode, headers in CASES:
+    try:
+        r = net.fetch(f'http://HOST:PORT/r?mode={mode}', headers=headers)
+        out[mode] = [r.status, r.reason, [[k, v] for k, v in r.headers.items()],
+                     r.body.decode('latin-1')]
+    except Exception as e:
+        out[mode] = ['error', type(e).__name__ + ': ' + str(e)[:200]]
+print(json.dumps(out))
+"""
+
+
+def test_a_secret_reaches_the_guest_only_in_a_response_seen_whole(
+        open_sandbox: OpenSandbox, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reflecting server hands the injected secret back in the status line's reason, in a
+    header's name, under a transfer coding layered with chunked, and in halves through Range:
+    the guest gets it redacted or not at all (Range and If-Range are not sent; a transfer
+    coding the host does not undo and a partial response are refused). The control: to a
+    host no secret goes to, the same server's reason, header names, Range and 206 reach the
+    guest as sent."""
+    _Reflect.seen = []
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Reflect)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    port = srv.server_address[1]
+    monkeypatch.setenv("MEMEX_TEST_EGRESS_TOKEN", TOKEN)
+    policy = EgressPolicy.from_dict({
+        "rules": [{"action": "allow", "host": ["api.test", "plain.test"], "ip": "127.0.0.1"}],
+        "secrets": [{"name": "tok", "host": "api.test", "scheme": "http", "header":
+                     "Authorization", "format": "Bearer {value}",
+                     "env": "MEMEX_TEST_EGRESS_TOKEN"}]})
+    sb = open_sandbox(limits=Limits(**QUOTA))
+    Egress(policy, resolver=lambda host, port: ["127.0.0.1"]).attach(sb)
+    cases = [("plain", {}), ("reason", {}), ("hname", {}), ("te", {}),
+             ("range", {"Range": "bytes=0-12", "If-Range": "x"}), ("partial", {})]
+
+    def fetch(host: str, extra: dict[str, str] | None = None) -> dict[str, Any]:
+        code = REFLECTED.replace("CASES", repr(cases)).replace("HOST", host) \
+            .replace("PORT", str(port))
+        r = sb.run(code)
+        assert r.ok, r
+        return dict(json.loads(r.stdout))
+
+    try:
+        out = fetch("api.test")
+        assert all(s.get("authorization") == f"Bearer {TOKEN}" for s in _Reflect.seen)
+        assert not any("range" in s or "if-range" in s for s in _Reflect.seen), _Reflect.seen
+        assert TOKEN not in json.dumps(out) and TOKEN[:8] not in json.dumps(out), out
+        assert out["plain"][0] == 200 and json.loads(out["plain"][3]) == {
+            "auth": "[REDACTED]"}
+        assert out["reason"][1] == "OK [REDACTED]"
+        assert ["X-Echo-[REDACTED]", "1"] in out["hname"][2], out["hname"]
+        assert out["te"][0] == "error" and "transfer coding" in out["te"][1], out["te"]
+        assert out["range"][0] == 200 and json.loads(out["range"][3]) == {
+            "auth": "[REDACTED]"}
+        assert out["partial"][0] == "error" and "partial response" in out["partial"][1]
+        # the control: no secret goes out, nothing is held back
+        _Reflect.seen = []
+        plain = fetch("plain.test")
+        assert "authorization" not in _Reflect.seen[0]
+        assert plain["reason"][1] == "OK plain" and ["X-Echo-none", "1"] in plain["hname"][2]
+        assert plain["range"][0] == 206 and plain["range"][3] == '{"auth": ""}'[:13]
+        assert plain["partial"][0] == 206
+        assert any(s.get("range") == "bytes=0-12" for s in _Reflect.seen)
+    finally:
+        srv.shutdown()
+        srv.server_close()

@@ -340,19 +340,21 @@ class Fetcher:
         hop_deadline = min(deadline, st.start + timeout)
         st.request_bytes = len(body or b"")
         if st.redact:
-            # A secret went out: the answer must come back in a form the host can search for
-            # it. Ask for no content coding; one the server applies anyway is undone below.
-            sent[:] = [(k, v) for k, v in sent if k.lower() != "accept-encoding"]
+            # A secret went out: the answer must come back whole, in a form the host can
+            # search for it. Ask for no content coding (one the server applies anyway is
+            # undone below) and for no part of the resource (a reflecting server could hand
+            # the secret out in pieces the redactor never sees whole).
+            dropped = {"accept-encoding", *PARTIAL}
+            st.stripped = tuple(dict.fromkeys((*st.stripped, *(
+                k.lower() for k, _ in sent if k.lower() in PARTIAL))))
+            sent[:] = [(k, v) for k, v in sent if k.lower() not in dropped]
             sent.append(("Accept-Encoding", "identity"))
         status, reason, rheaders, rbody = self._exchange(st, sent_t, addrs, sent, body,
                                                          hop_deadline, resp_cap)
         if st.redact:
-            values = [v for v in st.redact if len(v) >= 4]
-            rheaders, rbody = _decoded(rheaders, rbody, resp_cap, t.url)
-            rheaders = tuple((k, _redact(v, values)) for k, v in rheaders)
-            for v in values:
-                rbody = rbody.replace(v.encode("utf-8"), REDACTED.encode())
-        return status, reason, rheaders, rbody, t
+            return (*_seen_whole(status, reason, rheaders, rbody, st.redact, resp_cap,
+                                 t.url), t)
+        return status, reason, _framing_dropped(rheaders), rbody, t
 
     def _headers(self, headers: list[tuple[str, str]], allowed: Callable[[str], bool], *,
                  cross_origin: bool) -> tuple[list[tuple[str, str]], tuple[str, ...]]:
@@ -412,7 +414,7 @@ class Fetcher:
             st.status = resp.status
             data = _read_body(st, t, resp, sock, deadline, cap)
             rheaders = tuple((k, v.replace("\r", " ").replace("\n", " "))
-                             for k, v in resp.getheaders() if k.lower() != "transfer-encoding")
+                             for k, v in resp.getheaders())
             return resp.status, resp.reason, rheaders, data
         except FetchFailure:
             raise
@@ -471,6 +473,42 @@ def _read_body(st: _HopState, t: Target, resp: http.client.HTTPResponse, sock: s
         if total > cap:
             raise FetchFailure("cap", f"the response exceeds the {cap}-byte cap", url=t.url)
         chunks.append(chunk)
+
+
+PARTIAL = frozenset({"range", "if-range"})
+"""Request headers that ask for part of a response: dropped from a request a secret goes out
+with (docs/egress.md)."""
+
+
+def _framing_dropped(headers: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    """The headers without ``Transfer-Encoding`` (the host's HTTP client undid the framing)."""
+    return tuple((k, v) for k, v in headers if k.lower() != "transfer-encoding")
+
+
+def _seen_whole(status: int, reason: str, headers: tuple[tuple[str, str], ...], body: bytes,
+                secrets: Sequence[str], cap: int, url: str
+                ) -> tuple[int, str, tuple[tuple[str, str], ...], bytes]:
+    """The one rule for a response to a request that carried a secret: it reaches the guest
+    only in a form the redactor has seen whole, or not at all. Every transfer coding but
+    plain ``chunked`` (which the client undid) and a partial response (206, or any
+    ``Content-Range``) are refused; every content coding is undone; then the status line's
+    reason, every header's name and value and the body are redacted."""
+    transfer = [c.strip().lower() for k, v in headers if k.lower() == "transfer-encoding"
+                for c in v.split(",") if c.strip()]
+    if transfer and transfer != ["chunked"]:
+        raise FetchFailure("bad_response", f"the response's transfer coding "
+                           f"{', '.join(transfer)!r} cannot be checked for secrets: refused",
+                           url=url)
+    if status == 206 or any(k.lower() == "content-range" for k, _ in headers):
+        raise FetchFailure("bad_response", "a partial response (206 or Content-Range) to a "
+                           "request that carried a secret is refused: only a whole one can "
+                           "be checked for it", url=url)
+    headers, body = _decoded(_framing_dropped(headers), body, cap, url)
+    values = [v for v in secrets if len(v) >= 4]
+    headers = tuple((_redact(k, values), _redact(v, values)) for k, v in headers)
+    for v in values:
+        body = body.replace(v.encode("utf-8"), REDACTED.encode())
+    return status, _redact(reason, values), headers, body
 
 
 def _decoded(headers: tuple[tuple[str, str], ...], body: bytes, cap: int, url: str
