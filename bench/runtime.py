@@ -228,15 +228,45 @@ def bench_new_sandbox(q: bool) -> None:
         "close() not timed")
 
 
+PACKAGES_BASELINE = "91e03be"
+"""The landed commit whose package resolution (pip run as a child) is the baseline rows."""
+
+
+def _landed_packages(commit: str) -> Any:
+    """The landed ``runtime_wasm/_packages.py`` of ``commit`` (read with git), loaded as a
+    module of this tree's runtime (its relative imports resolve here): the baseline's own
+    code, run in the same process and run as this one's. None without git or that commit."""
+    import importlib.util
+
+    try:
+        text = subprocess.run(["git", "-C", str(ROOT), "show",
+                               f"{commit}:memex/runtime_wasm/_packages.py"],
+                              capture_output=True, text=True, check=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    folder = Path(tempfile.mkdtemp(prefix="memex-landed-"))
+    (folder / "_packages_landed.py").write_text(text)
+    name = "memex.runtime_wasm._packages_landed"
+    spec = importlib.util.spec_from_file_location(name, folder / "_packages_landed.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def bench_packages(q: bool) -> None:
-    """Time to first use of a pure-Python package not in the bundle: resolved and fetched by
-    pip from the configured index (PyPI unless PIP_INDEX_URL says otherwise; pip's own cache
-    off, a fresh MemEx cache each time), then from MemEx's cache (no pip at all); beside a
-    new sandbox importing a bundled module (the baseline)."""
+    """Time to first use of a pure-Python package not in the bundle: resolved from the
+    indexes' metadata and fetched by MemEx itself from the configured index (PyPI unless
+    PIP_INDEX_URL says otherwise; a fresh MemEx cache each time), then from MemEx's cache;
+    each beside the landed resolution (pip run as a child, its cache off: the baseline, the
+    code of PACKAGES_BASELINE), alternating, and beside a new sandbox importing a bundled
+    module."""
     from memex.runtime_wasm import load_module, resolve_packages
 
     arts = load_module("plain").artifacts
     pkg, code = os.environ.get("MEMEX_BENCH_PACKAGE", "humanize==4.12.3"), "import humanize"
+    landed = _landed_packages(PACKAGES_BASELINE)
 
     def baseline(module: str) -> Callable[[], Callable[[], None]]:
         def one() -> Callable[[], None]:
@@ -245,8 +275,9 @@ def bench_packages(q: bool) -> None:
             return sb.close
         return one
 
-    def use(cache: Path, preload: tuple[str, ...] = ()) -> Callable[[], None]:
-        sb = Sandbox(packages=resolve_packages([pkg], arts, cache=cache), preload=preload)
+    def use(cache: Path, preload: tuple[str, ...] = (), resolve: Any = resolve_packages
+            ) -> Callable[[], None]:
+        sb = Sandbox(packages=resolve([pkg], arts, cache=cache), preload=preload)
         r = sb.run(code)
         if not r.ok:
             raise RuntimeError(f"{code}: {r.exception}")
@@ -260,18 +291,31 @@ def bench_packages(q: bool) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         old = os.environ.get("PIP_NO_CACHE_DIR")
         os.environ["PIP_NO_CACHE_DIR"] = "1"
+        cold: list[float] = []
+        cold_landed: list[float] = []
         try:
-            fresh = [Path(tmp) / f"c{i}" for i in range(2 if q else 5)]
-            cold = timed(lambda: use(fresh.pop()), len(fresh))
+            for i in range(2 if q else 5):  # alternating: the network's moods hit both
+                cold += timed(lambda i=i: use(Path(tmp) / f"c{i}"), 1)
+                if landed is not None:
+                    cold_landed += timed(lambda i=i: use(Path(tmp) / f"l{i}",
+                                                         resolve=landed.resolve_packages), 1)
         finally:
             if old is None:
                 del os.environ["PIP_NO_CACHE_DIR"]
             else:
                 os.environ["PIP_NO_CACHE_DIR"] = old
-        add("packages", f"first use of {pkg} (pip fetches it)", cold, "pip's cache off")
-        warm = Path(tmp) / "warm"
+        add("packages", f"first use of {pkg} (MemEx fetches it)", cold,
+            "metadata first, then the wheel")
+        if landed is not None:
+            add("packages", "  the same, landed: pip fetches it", cold_landed,
+                f"baseline ({PACKAGES_BASELINE}); pip's cache off")
+        warm, warm_landed = Path(tmp) / "warm", Path(tmp) / "warm-landed"
         add("packages", f"use of {pkg} from MemEx's cache",
-            timed(lambda: use(warm), n, warmup=1), "no pip run")
+            timed(lambda: use(warm), n, warmup=1), "no index asked")
+        if landed is not None:
+            add("packages", "  the same, landed",
+                timed(lambda: use(warm_landed, resolve=landed.resolve_packages), n, warmup=1),
+                f"baseline ({PACKAGES_BASELINE})")
         add("packages", f"the same, {pkg.split('=')[0]} preloaded",
             timed(lambda: use(warm, (code.split()[-1],)), n, warmup=2),
             "a warm image with it imported")

@@ -1,5 +1,6 @@
-"""A package index on 127.0.0.1 (PEP 503 simple pages, with each file's sha256) serving
-wheels the tests build: what pip fetches guest packages from in the tests."""
+"""A package index on 127.0.0.1 (PEP 503 simple pages, with each file's sha256, and each
+wheel's metadata beside it as PEP 658 says, as PyPI does) serving wheels the tests build:
+what MemEx fetches guest packages from in the tests."""
 
 from __future__ import annotations
 
@@ -42,14 +43,28 @@ def build_wheel(folder: Path, name: str, version: str, files: dict[str, str | by
     return out
 
 
+def _metadata(wheel: Path) -> bytes | None:
+    """The wheel's METADATA, None when it has none to give (a malformed wheel: the index
+    then names no metadata file for it, as one built by another tool might)."""
+    try:
+        with zipfile.ZipFile(wheel) as z:
+            name = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+            return z.read(name)
+    except (zipfile.BadZipFile, StopIteration, OSError):
+        return None
+
+
 class PackageIndex:
     """Serves every wheel in ``folder`` at ``url`` (``/simple/<name>/``)."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, metadata: bool = True) -> None:
         self.folder = folder
+        self.metadata = metadata  # serve each wheel's METADATA beside it (PEP 658), as PyPI
         self.requests: list[str] = []
         self.slow: set[str] = set()  # files sent 64 KiB every 10 ms
         self.sent: dict[str, int] = {}  # bytes of each slow file sent before the end
+        self.undeclared: set[str] = set()  # slow files sent without a Content-Length
+        self.swap: dict[str, bytes] = {}  # files served with other bytes than their page's hash
         index = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -61,28 +76,45 @@ class PackageIndex:
                 parts = [p for p in self.path.split("?")[0].split("/") if p]
                 if len(parts) == 2 and parts[0] == "simple":
                     links = []
-                    for f in sorted(index.folder.glob("*.whl")):
+                    for f in sorted(index.folder.iterdir()):
+                        if f.suffix not in (".whl", ".gz"):
+                            continue
                         if canonicalize_name(f.name.split("-")[0]) == canonicalize_name(
                                 parts[1]):
                             sha = hashlib.sha256(f.read_bytes()).hexdigest()
-                            links.append(f'<a href="/files/{f.name}#sha256={sha}">{f.name}</a>')
+                            meta = ""
+                            found = _metadata(f) if index.metadata and f.suffix == ".whl" \
+                                else None
+                            if found is not None:
+                                msha = hashlib.sha256(found).hexdigest()
+                                meta = f' data-core-metadata="sha256={msha}"'
+                            links.append(f'<a href="/files/{f.name}#sha256={sha}"{meta}>'
+                                         f'{f.name}</a>')
                     if not links:
                         return self._send(404, b"not found", "text/plain")
                     page = "<!DOCTYPE html><html><body>" + "".join(links) + "</body></html>"
                     return self._send(200, page.encode(), "text/html")
+                if len(parts) == 2 and parts[0] == "files" and parts[1].endswith(".metadata"):
+                    f = index.folder / parts[1][:-len(".metadata")]
+                    found = _metadata(f) if index.metadata and f.is_file() and \
+                        f.parent == index.folder else None
+                    if found is not None:
+                        return self._send(200, found, "application/octet-stream")
                 if len(parts) == 2 and parts[0] == "files":
                     f = index.folder / parts[1]
                     if f.is_file() and f.parent == index.folder:
                         if f.name in index.slow:
                             return self._trickle(f)
-                        return self._send(200, f.read_bytes(), "application/octet-stream")
+                        return self._send(200, index.swap.get(f.name) or f.read_bytes(),
+                                          "application/octet-stream")
                 self._send(404, b"not found", "text/plain")
 
             def _trickle(self, f: Path) -> None:
                 data = f.read_bytes()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/octet-stream")
-                self.send_header("Content-Length", str(len(data)))
+                if f.name not in index.undeclared:  # else its end is the connection's
+                    self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 index.sent[f.name] = 0
                 try:
@@ -107,8 +139,9 @@ class PackageIndex:
         self._thread.start()
 
     def fetched(self) -> list[str]:
-        """The wheel files pip downloaded so far."""
-        return [p.rsplit("/", 1)[1] for p in self.requests if p.startswith("/files/")]
+        """The files (wheels, sdists) downloaded so far; metadata files aside."""
+        return [p.rsplit("/", 1)[1] for p in self.requests
+                if p.startswith("/files/") and not p.endswith(".metadata")]
 
     def close(self) -> None:
         self.server.shutdown()
@@ -116,9 +149,22 @@ class PackageIndex:
 
 
 @contextmanager
-def package_index(folder: Path) -> Iterator[PackageIndex]:
-    index = PackageIndex(folder)
+def package_index(folder: Path, metadata: bool = True) -> Iterator[PackageIndex]:
+    index = PackageIndex(folder, metadata)
     try:
         yield index
     finally:
         index.close()
+
+
+def hostile_wheel(folder: Path, name: str, marker: Path) -> Path:
+    """A wheel of ``name`` whose dependency is a direct reference to a source tree on this
+    machine whose build code (setup.py) would leave ``marker``: what a host that builds it
+    runs."""
+    tree = folder / f"{name}-evilsrc"
+    tree.mkdir(exist_ok=True)
+    (tree / "setup.py").write_text(
+        f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n"
+        "from setuptools import setup\nsetup(name='memexevil', version='1.0')\n")
+    return build_wheel(folder, name, "1.0", {f"{name.replace('-', '_')}.py": ""},
+                       requires=(f"memexevil @ file://{tree}",))

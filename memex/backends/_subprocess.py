@@ -537,7 +537,8 @@ class SubprocessBackend(Backend):
             if not isinstance(name, str) or not all(p.isidentifier() for p in name.split(".")):
                 raise ConfigError(f"preload entries are module names, got {name!r}")
         # resolved here (a PackageError in the caller's process), pinned for the worker
-        pins = list(resolve_packages(list(packages)).pins) if packages else []
+        pins = list(resolve_packages(list(packages), max_bytes=limits.disk_bytes).locked) \
+            if packages else []
         return limits, {"limits": limits_to_wire(limits), "mounts": mounts_to_wire(mounts),
                         "preload": pre, "env": dict(env) if env is not None else None,
                         "packages": pins}

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..runtime_wasm import Limits, Mount, TurnResult
+    from ..runtime_wasm import Limits, Mount, PackageSet, TurnResult
 
 __all__ = ["add_model_options", "add_sandbox_options", "exit_code", "limits", "llm_from_args",
            "mounts", "preload", "print_result", "seconds", "size"]
@@ -113,6 +113,18 @@ def preload(args: argparse.Namespace) -> list[str]:
     return [p for p in (args.preload or "").split(",") if p]
 
 
+def resolved(packages: list[str], disk_bytes: int) -> PackageSet | None:
+    """The guest packages a command was asked for, resolved before its sandbox starts, the
+    steps shown on stderr once they take more than a second."""
+    if not packages:
+        return None
+    from ..runtime_wasm import resolve_packages
+    from ._progress import steps
+
+    with steps("memex") as say:
+        return resolve_packages(packages, max_bytes=disk_bytes, progress=say)
+
+
 def print_result(r: TurnResult, *, echo: bool) -> None:
     """A turn's output as ``python`` shows it: stdout, stderr, the echoed value, the
     traceback; then MemEx's own notes (the limit that stopped it, truncation) on stderr."""
@@ -125,12 +137,26 @@ def print_result(r: TurnResult, *, echo: bool) -> None:
         print(r.value, flush=True)
     if r.exception is not None:
         sys.stderr.write(r.exception.traceback or f"{r.exception.type}: {r.exception.message}\n")
+        if r.exception.type == "ModuleNotFoundError":
+            sys.stderr.write(f"memex: {missing_module_hint(r.exception.message)}\n")
     if r.limit is not None and r.status.value == "killed":
         note = " (state rolled back to the last good turn)" if r.rolled_back else ""
         sys.stderr.write(f"memex: turn stopped by {r.limit}: {r.trap}{note}\n")
     if r.truncated:
         sys.stderr.write(f"memex: output truncated: {', '.join(r.truncated)}\n")
     sys.stderr.flush()
+
+
+def missing_module_hint(message: str) -> str:
+    """How to add a module the guest does not bundle (a pure-Python package from the index:
+    its name on the index may differ from the module's)."""
+    import re
+
+    m = re.search(r"No module named '([^'.]+)", message)
+    name = m.group(1) if m else "NAME"
+    return (f"the guest does not bundle {name!r}; a pure-Python package can be added: "
+            f"memex run --with {name.replace('_', '-')} (Sandbox(packages=[...]) in Python, "
+            "or a '# /// script' dependencies block)")
 
 
 def exit_code(r: TurnResult) -> int:

@@ -22,7 +22,7 @@ Run `memex prepare` once per machine (./build.sh does), then `memex run`, `memex
 
 
 COMMANDS = ("prepare", "run", "repl", "agent", "eval", "trajectory", "model", "policy", "mcp",
-            "serve", "kernel", "selftest")
+            "serve", "kernel", "cache", "selftest")
 """The subcommands, in the order ``memex --help`` lists them; ``memex X`` is the module
 ``memex.cli._X``, which adds its parser with ``add_parser``."""
 

@@ -10,7 +10,47 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-__all__ = ["activity", "byte_bar"]
+__all__ = ["activity", "byte_bar", "steps"]
+
+STEPS_AFTER = 1.0
+"""Seconds a step of ``steps`` runs before it is shown (a cached package set says nothing)."""
+
+
+@contextlib.contextmanager
+def steps(prefix: str) -> Iterator[Callable[[str], None]]:
+    """A ``say(what)`` callback for a job of a few named steps (a package resolution): quiet
+    for its first second; past it the step under way is printed, then each later one, with
+    the seconds spent."""
+    lock = threading.Lock()
+    latest: list[str] = []
+    shown = threading.Event()
+    stop = threading.Event()
+    start = time.monotonic()
+
+    def show(what: str) -> None:
+        print(f"{prefix}: {what} ... {time.monotonic() - start:.1f}s", file=sys.stderr,
+              flush=True)
+
+    def say(what: str) -> None:
+        with lock:
+            latest[:] = [what]
+            if shown.is_set():
+                show(what)
+
+    def wait() -> None:
+        if not stop.wait(STEPS_AFTER):
+            with lock:
+                shown.set()
+                if latest:
+                    show(latest[0])
+
+    t = threading.Thread(target=wait, daemon=True)
+    t.start()
+    try:
+        yield say
+    finally:
+        stop.set()
+        t.join()
 
 
 @contextlib.contextmanager

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._common import add_sandbox_options, limits, mounts, preload, print_result
+from ._common import add_sandbox_options, limits, mounts, preload, print_result, resolved
 
 if TYPE_CHECKING:
     from ..runtime_wasm import Sandbox, TurnResult
@@ -148,8 +148,9 @@ def cmd_repl(args: argparse.Namespace) -> int:
     from ..runtime_wasm import Sandbox
 
     tty = sys.stdin.isatty()
-    with Sandbox(limits=limits(args), mounts=mounts(args.mount), preload=preload(args),
-                 packages=args.packages or None) as sb, \
+    lim = limits(args)
+    with Sandbox(limits=lim, mounts=mounts(args.mount), preload=preload(args),
+                 packages=resolved(list(args.packages), lim.disk_bytes)) as sb, \
             _line_editing() if tty else contextlib.nullcontext():
         return repl(sb, tty=tty)
 

@@ -8,7 +8,15 @@ import json
 import sys
 from typing import Any
 
-from ._common import add_sandbox_options, exit_code, limits, mounts, preload, print_result
+from ._common import (
+    add_sandbox_options,
+    exit_code,
+    limits,
+    mounts,
+    preload,
+    print_result,
+    resolved,
+)
 
 __all__ = ["add_parser"]
 
@@ -32,13 +40,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ..runtime_wasm import script_dependencies
 
     packages = [*args.packages, *(script_dependencies(code) or [])]  # --with, and PEP 723
+    lim = limits(args)
+    found = resolved(packages, lim.disk_bytes)
     egress = None
     if args.policy is not None:  # network egress under a policy; the audit after the run
         from ._policy import audit_dicts, print_audit, run_egress
 
         egress = run_egress(args.policy)
-    with Sandbox(limits=limits(args), mounts=mounts(args.mount), preload=preload(args),
-                 packages=packages or None, rollback=False) as sb:
+    with Sandbox(limits=lim, mounts=mounts(args.mount), preload=preload(args),
+                 packages=found, rollback=False) as sb:
         if egress is not None:
             egress.attach(sb, install=False)
         r = sb.run(code, filename=filename)

@@ -16,6 +16,7 @@ one grammar for sizes and durations (``parse_size``, ``parse_seconds``) that
 """
 
 from ._bounded import DecodeCost, unpack_bounded
+from ._diskcache import CACHE_PARTS, cache_report, clean_cache
 from ._door import Door, DoorCall, DoorContext, DoorError, serving_door
 from ._handle import SandboxHandle
 from ._instance import GuestKilled
@@ -24,6 +25,7 @@ from ._packages import (
     PackageSet,
     Wheel,
     bundled_packages,
+    cancel_resolutions,
     checked_requirements,
     resolve_packages,
     script_dependencies,
@@ -60,6 +62,7 @@ from .images._dirty import dirty_tracking
 
 __all__ = [
     "AGENT_LIMITS",
+    "CACHE_PARTS",
     "KERNEL_LIMITS",
     "SANDBOX_LIMITS",
     "Artifacts",
@@ -86,11 +89,14 @@ __all__ = [
     "Workers",
     "bundled_packages",
     "cache_dir",
+    "cache_report",
+    "cancel_resolutions",
     "checked_requirements",
     "checkpoint_from_bytes",
     "checkpoint_from_fds",
     "checkpoint_to_bytes",
     "checkpoint_to_fds",
+    "clean_cache",
     "compile_module",
     "dirty_tracking",
     "find_artifacts",

@@ -1,72 +1,91 @@
 """Packages in the guest: pure-Python wheels the host resolves, fetches and unpacks once per
 machine, then mounts read-only at :data:`GUEST_PACKAGES` (on the guest's ``sys.path``).
 
-The host does the fetching with pip (the user's configured index: ``PIP_INDEX_URL``,
-pip.conf), so a guest needs no network for it. pip resolves for the guest (CPython 3.15,
-platform ``any``): a package with native code has no wheel that fits and is refused by name.
-The guest's bundled packages (numpy, pandas...) stand in as stubs at their bundled versions,
+No third-party code runs on the host, by construction: MemEx reads the package indexes
+itself (``packages/``: pip's configured indexes, read as hostile input, never pip run) and
+decides the whole set from the indexes' pages and the wheels' metadata before any wheel is
+fetched for it. Only wheels are candidates (an sdist would need its build code run), only
+pure-Python ones run in the guest, and a dependency named by a direct reference (a URL, a
+path, VCS) is refused by name as soon as its parent's metadata is read. Then, still before a
+wheel is fetched, the caller's grant check (``allow``) sees every wheel of the set; each
+wheel is fetched into a private folder and checked against the hash the index gave; the
+set's unpacked size, from the zips' directories, is checked against ``max_bytes`` and
+:data:`MAX_SET_BYTES`; only then is anything unpacked into the cache. A refusal leaves
+nothing in the cache.
+
+The cache is content-addressed: each wheel is kept under the sha256 of its bytes, a set
+under its wheels' hashes, and a resolution record is keyed by the indexes that answered it,
+except a set asked for by locked pins (``name==version --hash=sha256:...``, what
+:attr:`PackageSet.locked` gives), whose hashes name its bytes whatever index is configured:
+a saved session, a worker and a cluster's slab reopen exactly the wheels they were given, or
+refuse. The guest's bundled packages (numpy, pandas...) stand in at their bundled versions,
 so a requirement that needs another version of one fails to resolve instead of shadowing it.
-Requirements are names and version specifiers only: a URL or a pip option would let whoever
-writes them make the host fetch from anywhere.
+Requirements are names, extras, version specifiers and markers (and hashes): a URL or a pip
+option would let whoever writes them make the host fetch from anywhere.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import json
 import os
 import re
+import shutil
+import tempfile
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
-from typing import IO, TYPE_CHECKING
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from ..errors import ConfigError, PackageError
 from .engine._artifacts import Artifacts
 from .engine._cache import atomic_write, cache_dir
 from .engine._files import GUEST_PACKAGES, materialize
+from .packages._store import Held, building, cache_bound, evict, hold, record_set, stamp
 
-if TYPE_CHECKING:
-    import zipfile
-
-__all__ = ["GUEST_PACKAGES", "PackageSet", "Wheel", "bundled_packages", "resolve_packages",
-           "script_dependencies"]
+__all__ = ["GUEST_PACKAGES", "PackageSet", "Wheel", "bundled_packages", "cancel_resolutions",
+           "resolve_packages", "script_dependencies"]
 
 
 RESOLVE_TTL = 3600.0
-"""Seconds a resolution of requirements that are not all pinned is reused before pip is
-asked again (pinned ones, ``name==version``, are reused for as long as the cache holds them)."""
+"""Seconds a resolution of requirements that are not all pinned is reused before the index
+is asked again (pinned ones, ``name==version``, are reused for as long as the cache holds
+them)."""
 
 MAX_REQUIREMENTS = 64
-MAX_WHEEL_BYTES = 64 << 20
-MAX_WHEEL_FILES = 20_000
-MAX_UNPACKED_BYTES = 256 << 20
 MAX_DOWNLOAD_BYTES = 512 << 20
-"""Bytes pip may write while fetching one set (wheels and its own temporary files; it keeps
-no cache of its own): past this it is stopped and the set refused."""
-PIP_TIMEOUT = 300.0
-_NATIVE = re.compile(r"\.(so|pyd|dylib|dll|a|o|wasm)(\.[0-9.]+)?$", re.IGNORECASE)
-_PIP_ENV_DROPPED = ("PIP_CONSTRAINT", "PIP_REQUIREMENT", "PIP_TARGET", "PIP_PREFIX",
-                    "PIP_ONLY_BINARY", "PIP_NO_BINARY", "PIP_PLATFORM", "PIP_PYTHON_VERSION",
-                    "PIP_IMPLEMENTATION", "PIP_ABI", "PIP_FIND_LINKS", "PIP_NO_DEPS")
+"""Bytes one resolution may download (metadata aside): past this it stops, refused."""
+MAX_SET_BYTES = 512 << 20
+"""Bytes a set may take unpacked, whatever the sandbox's disk cap (a server's bound on what
+one create can make it write)."""
+FETCH_TIMEOUT = 300.0
+"""Seconds one resolution (pages, metadata and wheels) may take."""
+Allow = Callable[[Sequence[tuple[str, str]]], None]
+"""A grant check: called with every (name, version) of a resolved set before any of its
+wheels is fetched; raises to refuse the set."""
+_HASHED = re.compile(r"^(?P<req>.*?)(?P<hashes>(?:\s+--hash=sha256:[0-9a-fA-F]{64})+)\s*$")
 
 
 @dataclass(frozen=True)
 class Wheel:
-    """One wheel of a package set: what pip fetched and MemEx unpacked."""
+    """One wheel of a package set: what was fetched and unpacked, and where from."""
 
     name: str
     version: str
     filename: str
     sha256: str
     size: int  # bytes unpacked
+    origin: str = ""  # the index that served it (credentials removed)
 
     @property
     def pin(self) -> str:
         return f"{self.name}=={self.version}"
+
+    @property
+    def locked(self) -> str:
+        """The pin with its hash: these bytes and no others."""
+        return f"{self.name}=={self.version} --hash=sha256:{self.sha256}"
 
 
 @dataclass(frozen=True)
@@ -95,9 +114,15 @@ class PackageSet:
     def pins(self) -> tuple[str, ...]:
         return tuple(sorted(w.pin for w in self.wheels))
 
+    @property
+    def locked(self) -> tuple[str, ...]:
+        """The pins with their hashes: what reopens exactly this set (a worker, a save, a
+        slab), from the cache or else from the configured index, checked by hash."""
+        return tuple(sorted(w.locked for w in self.wheels))
+
     def describe(self) -> list[dict[str, object]]:
-        return [{"name": w.name, "version": w.version, "sha256": w.sha256, "size": w.size}
-                for w in self.wheels]
+        return [{"name": w.name, "version": w.version, "sha256": w.sha256, "size": w.size,
+                 "origin": w.origin} for w in self.wheels]
 
 
 @functools.lru_cache(maxsize=4)
@@ -118,7 +143,8 @@ def bundled_packages(arts: Artifacts) -> dict[str, str]:
 
 
 def checked_requirements(requirements: Iterable[str]) -> tuple[str, ...]:
-    """Each requirement parsed (names, extras, specifiers and markers only), normalized."""
+    """Each requirement parsed (names, extras, specifiers and markers only; a pinned one may
+    carry ``--hash=sha256:HEX``, pip's hash-checking form, which only narrows), normalized."""
     from packaging.requirements import InvalidRequirement, Requirement
 
     out: list[str] = []
@@ -126,6 +152,12 @@ def checked_requirements(requirements: Iterable[str]) -> tuple[str, ...]:
         if not isinstance(raw, str):
             raise ConfigError(f"a package requirement is a string, got {type(raw).__name__}")
         text = raw.strip()
+        hashed = _HASHED.match(text) if len(text) <= 2000 else None
+        hashes: list[str] = []
+        if hashed:
+            text = hashed["req"].strip()
+            hashes = sorted({h.split(":", 1)[1].lower()
+                             for h in hashed["hashes"].split()})
         if not text or text.startswith("-") or len(text) > 200:
             raise ConfigError(f"not a package requirement: {raw!r} (a name and an optional "
                               "version, as 'tabulate==0.9.0')")
@@ -136,10 +168,19 @@ def checked_requirements(requirements: Iterable[str]) -> tuple[str, ...]:
         if req.url is not None:
             raise ConfigError(f"{raw!r}: a requirement names a package of the index, not a "
                               "URL (the host would fetch it from anywhere)")
-        out.append(str(req))
+        if hashes and not _exact(str(req)):
+            raise ConfigError(f"{raw!r}: a requirement with a hash pins one version "
+                              "(name==version --hash=sha256:...)")
+        out.append(str(req) + "".join(f" --hash=sha256:{h}" for h in hashes))
     if len(out) > MAX_REQUIREMENTS:
         raise ConfigError(f"{len(out)} package requirements; at most {MAX_REQUIREMENTS}")
     return tuple(sorted(set(out)))
+
+
+def _split_hashes(text: str) -> tuple[str, frozenset[str]]:
+    """A checked requirement's text and the hashes it allows (none: any)."""
+    req, *hashes = text.split(" --hash=sha256:")
+    return req, frozenset(hashes)
 
 
 MAX_SCRIPT_METADATA = 64 << 10
@@ -195,12 +236,22 @@ def script_dependencies(code: str) -> list[str] | None:
 
 def resolve_packages(requirements: Sequence[str], arts: Artifacts | None = None, *,
                      index_url: str | None = None, cache: Path | None = None,
-                     timeout: float = PIP_TIMEOUT) -> PackageSet:
+                     timeout: float = FETCH_TIMEOUT, allow: Allow | None = None,
+                     max_bytes: int | None = None,
+                     progress: Callable[[str], None] | None = None) -> PackageSet:
     """The pure-Python wheels ``requirements`` need in the guest, fetched and unpacked (once
     per machine). Raises :class:`PackageError` (naming the package) when one cannot run in
-    the guest or pip cannot resolve them. ``arts``: the guest's (default: this machine's)."""
+    the guest or the set cannot be had; nothing of a refused set stays in the cache.
+
+    ``arts``: the guest's (default: this machine's). ``index_url``: this index alone instead
+    of pip's configured ones. ``allow``: the grant check, given every wheel of the set before
+    any is fetched. ``max_bytes``: what the set may take unpacked (a sandbox's disk cap),
+    checked from the zips' directories before a byte is unpacked. ``progress``: told, in a
+    few words, what the resolution is doing (a CLI shows it)."""
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
+
+    from .packages._index import configured_indexes
 
     reqs = checked_requirements(requirements)
     if arts is None:
@@ -209,43 +260,86 @@ def resolve_packages(requirements: Sequence[str], arts: Artifacts | None = None,
         arts = find_artifacts()
     bundled = bundled_packages(arts)
     wanted, met = [], []
-    for text in reqs:
+    hashes: dict[str, frozenset[str]] = {}
+    for full in reqs:
+        text, allowed = _split_hashes(full)
         req = Requirement(text)
-        have = bundled.get(canonicalize_name(req.name))
+        name = canonicalize_name(req.name)
+        have = bundled.get(name)
         if have is None:
-            wanted.append(text)
+            wanted.append(full)
+            if allowed:
+                hashes[name] = hashes.get(name, frozenset()) | allowed
         elif req.specifier.contains(have, prereleases=True):
-            met.append(text)
+            met.append(full)
         else:
             raise PackageError(f"{text!r}: the guest bundles {req.name} {have}, which that "
                                "requirement excludes (a bundled package cannot be replaced)")
     root = (cache or cache_dir()) / "packages"
-    index = index_url or os.environ.get("PIP_INDEX_URL") or ""
-    extra = os.environ.get("PIP_EXTRA_INDEX_URL") or ""
-    def key_of(reqs: Sequence[str], pinned: bool) -> str:
-        # a pinned set is named by its pins alone (what a worker, a fork, a load or a
-        # cluster's slab on this machine asks for, whatever index its process is told of);
-        # a range depends on the index that answered it
-        where = [] if pinned else [index, extra]
-        return hashlib.sha256(json.dumps([sorted(reqs), *where, arts.python_tag,
-                                          sorted(bundled.items())]).encode()).hexdigest()[:32]
-
-    pinned = all(_exact(t) for t in wanted)
-    key = key_of(wanted, pinned)
+    indexes = configured_indexes(index_url)
+    cap = MAX_SET_BYTES if max_bytes is None else min(max_bytes, MAX_SET_BYTES)
+    if not wanted:
+        return PackageSet(reqs, (), root / "sets" / "none", tuple(met))
+    locked = all(_split_hashes(t)[1] for t in wanted)
+    pinned = locked or all(_exact(_split_hashes(t)[0]) for t in wanted)
+    key = _key(wanted, [] if locked else list(indexes), arts, bundled)
     known = _read_resolution(root / "resolved" / f"{key}.json", None if pinned else RESOLVE_TTL)
+    folder = None
     if known is not None:
         wheels = tuple(known)
-        folder = root / "sets" / _set_id(wheels)
-        if folder.is_dir() and all((root / "wheels" / w.sha256).is_dir() for w in wheels):
-            return PackageSet(reqs, wheels, folder, tuple(met))
-    wheels = _fetch(wanted, arts, bundled, root, index_url, timeout) if wanted else ()
-    folder = _assemble(root, wheels)
-    record = json.dumps({"at": time.time(), "wheels": [w.__dict__ for w in wheels]}).encode()
+        _admit(wheels, allow, cap)
+        with building(root):  # no eviction between the look and the set's record
+            if all((root / "wheels" / w.sha256).is_dir() for w in wheels):
+                folder = _assemble(root, wheels)
+    if folder is None:
+        wheels, folder = _fetch(wanted, arts, bundled, hashes, root, indexes, timeout, allow,
+                                cap, progress)
+    stamp(folder)
+    record = json.dumps({"at": time.time(), "indexes": [_bare(i) for i in indexes],
+                         "wheels": [asdict(w) for w in wheels]}).encode()
     atomic_write(root / "resolved" / f"{key}.json", record)
-    pins = sorted(w.pin for w in wheels)
-    if pins != sorted(wanted):  # what opens it again (a worker, a fork, a load) asks by pins
-        atomic_write(root / "resolved" / f"{key_of(pins, True)}.json", record)
+    # what reopens it (a worker, a fork, a load, a slab) asks by its hashes: index-free
+    again = _key(sorted(w.locked for w in wheels), [], arts, bundled)
+    atomic_write(root / "resolved" / f"{again}.json", record)
+    evict(root, cache_bound(), keep=folder.name)  # within MEMEX_PACKAGE_CACHE_BYTES
     return PackageSet(reqs, wheels, folder, tuple(met))
+
+
+def hold_packages(packages: PackageSet, arts: Artifacts) -> tuple[PackageSet, Held]:
+    """``packages`` held for a sandbox that mounts it (never evicted until released); a set
+    evicted since it was resolved is made again from its locked pins (the cache, else the
+    index, by hash)."""
+    root = packages.root.parent.parent
+    for _ in range(3):
+        held = hold(root, packages.id, [w.sha256 for w in packages.wheels])
+        if held is not None:
+            return packages, held
+        packages = resolve_packages(list(packages.locked), arts, cache=root.parent)
+    raise PackageError(f"the package set {packages.id} was evicted each time it was made "
+                       "again (MEMEX_PACKAGE_CACHE_BYTES too small for it?)")
+
+
+def cancel_resolutions(reason: str = "the server is stopping") -> None:
+    """Stop every resolution of this process at once (a server's SIGTERM): their open reads
+    are closed and each raises PackageError naming ``reason``; nothing they fetched stays."""
+    from .packages._index import cancel_all
+
+    cancel_all(reason)
+
+
+def _key(reqs: Sequence[str], indexes: Sequence[str], arts: Artifacts,
+         bundled: dict[str, str]) -> str:
+    """A resolution record's name: the requirements, the indexes that answer them (none for
+    locked pins: their hashes name the bytes), the guest."""
+    return hashlib.sha256(json.dumps([sorted(reqs), [_bare(i) for i in indexes],
+                                      arts.python_tag, sorted(bundled.items())]).encode()
+                          ).hexdigest()[:32]
+
+
+def _bare(url: str) -> str:
+    from .packages._index import redact
+
+    return redact(url)
 
 
 def _exact(text: str) -> bool:
@@ -269,221 +363,128 @@ def _set_id(wheels: Sequence[Wheel]) -> str:
     return PackageSet((), tuple(wheels), Path()).id
 
 
-def _stubs(arts: Artifacts, bundled: dict[str, str], root: Path) -> Path:
-    """Wheels holding only the metadata of each bundled package: what pip resolves a
-    dependency on one to (they are never unpacked)."""
-    import zipfile
-
-    def build(tmp: Path) -> None:
-        lines = []
-        for name, version in sorted(bundled.items()):
-            dist = name.replace("-", "_")
-            with zipfile.ZipFile(tmp / f"{dist}-{version}-py3-none-any.whl", "w") as z:
-                info = f"{dist}-{version}.dist-info"
-                z.writestr(f"{info}/METADATA",
-                           f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
-                z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: memex\n"
-                           "Root-Is-Purelib: true\nTag: py3-none-any\n")
-                z.writestr(f"{info}/RECORD", "")
-            lines.append(f"{name}=={version}\n")
-        (tmp / "constraints.txt").write_text("".join(lines))
-
-    key = hashlib.sha256(json.dumps(sorted(bundled.items())).encode()).hexdigest()[:16]
-    return materialize(root / "bundled" / f"{arts.python_tag}-{key}", build)
+def _admit(wheels: Sequence[Wheel], allow: Allow | None, cap: int) -> None:
+    """The grant check and the size cap, on a set known before anything is fetched."""
+    if allow is not None:
+        allow([(w.name, w.version) for w in wheels])
+    total = sum(w.size for w in wheels)
+    if total > cap:
+        raise PackageError(f"{', '.join(w.pin for w in wheels)} take {total} bytes unpacked, "
+                           f"more than the {cap} this set may take")
 
 
-def _fetch(wanted: list[str], arts: Artifacts, bundled: dict[str, str], root: Path,
-           index_url: str | None, timeout: float) -> tuple[Wheel, ...]:
-    import sys
-    import tempfile
+def _fetch(wanted: list[str], arts: Artifacts, bundled: dict[str, str],
+           hashes: dict[str, frozenset[str]], root: Path, indexes: Sequence[str],
+           timeout: float, allow: Allow | None, cap: int,
+           progress: Callable[[str], None] | None) -> tuple[tuple[Wheel, ...], Path]:
+    """Resolve from metadata, check grants, fetch into a private folder, check sizes, then
+    unpack into the cache and link the set (in that order: each step before the next
+    writes anything). The wheels and the set's folder."""
+    from .packages._index import Index
+    from .packages._resolve import resolve
+    from .packages._wheels import MAX_WHEEL_BYTES, WheelPlan, plan_wheel, unpack
 
-    stubs = _stubs(arts, bundled, root)
-    tag = arts.python_tag  # "315"
-    version = f"{tag[0]}.{tag[1:]}"
-    env = {k: v for k, v in os.environ.items() if k not in _PIP_ENV_DROPPED}
-    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    say = progress or (lambda _: None)
     (root / "downloads").mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=root / "downloads") as work:
-        dest, tmp, log = Path(work, "wheels"), Path(work, "tmp"), Path(work, "pip.log")
-        dest.mkdir()
-        tmp.mkdir()
-        env["TMPDIR"] = str(tmp)  # pip's files in flight are counted with the wheels
-        cmd = [sys.executable, "-m", "pip", "download", "--no-input", "--progress-bar", "off",
-               "--no-cache-dir", "--only-binary=:all:", "--platform", "any", "--python-version",
-               version, "--implementation", "py", "--abi", "none", "--find-links", str(stubs),
-               "--constraint", str(stubs / "constraints.txt"), "--dest", str(dest)]
-        if index_url:
-            cmd += ["--index-url", index_url]
-        with log.open("w+") as out:
-            code = _bounded_run([*cmd, "--", *wanted], env, out, (dest, tmp), timeout,
-                                ", ".join(wanted))
-            out.seek(0)
-            text = out.read(1 << 20)
-        if code != 0:
-            raise PackageError(_why(text, wanted, bundled)) from None
-        wheels = []
-        for f in sorted(dest.iterdir()):
-            w = _admit(f, bundled)
-            if w is not None:
-                wheels.append(_unpack(f, w, root))
-    return tuple(wheels)
-
-
-def _bounded_run(cmd: list[str], env: dict[str, str], out: IO[str], watched: Sequence[Path],
-                 timeout: float, what: str) -> int:
-    """pip's exit status, or PackageError once it runs past ``timeout`` or the files under
-    ``watched`` pass MAX_DOWNLOAD_BYTES (looked at every 0.1 s and at the end; it is
-    killed then)."""
-    import subprocess
-
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out,
-                            stderr=subprocess.STDOUT, env=env)
     deadline = time.monotonic() + timeout
-    try:
-        while True:
-            try:
-                code = proc.wait(0.1)
-            except subprocess.TimeoutExpired:
-                code = None
-            if _bytes_under(watched) > MAX_DOWNLOAD_BYTES:
-                raise PackageError(f"fetching {what} wrote more than {MAX_DOWNLOAD_BYTES} "
-                                   "bytes: refused")
-            if code is not None:
-                return code
-            if time.monotonic() > deadline:
-                raise PackageError(f"pip took more than {timeout:.0f} s to fetch {what}")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-
-
-def _bytes_under(folders: Sequence[Path]) -> int:
-    """Bytes of the files under ``folders`` (pip's own: a few folders deep, a few files)."""
-    total = 0
-    stack = [str(f) for f in folders]
-    while stack:
-        with contextlib.suppress(OSError), os.scandir(stack.pop()) as it:
-            for e in it:
-                with contextlib.suppress(OSError):
-                    if e.is_dir(follow_symlinks=False):
-                        stack.append(e.path)
-                    elif e.is_file(follow_symlinks=False):
-                        total += e.stat(follow_symlinks=False).st_size
-    return total
-
-
-def _why(text: str, wanted: list[str], bundled: dict[str, str]) -> str:
-    """pip's refusal, said for the guest: which package has no wheel that runs there."""
-    missing = re.findall(r"No matching distribution found for ([^\s]+)", text)
-    bundle = ", ".join(sorted(n for n in ("numpy", "pandas", "scipy", "matplotlib", "lxml",
-                                          "pyyaml", "regex", "pillow", "scikit-learn")
-                              if n in bundled))
-    if missing:
-        return (f"no wheel of {', '.join(missing)} runs in the guest: it needs a pure-Python "
-                "wheel (py3-none-any), and a package with native code has none (the guest "
-                f"bundles these with native code built for it: {bundle})")
-    if "ResolutionImpossible" in text or "conflict" in text.lower():
-        tail = "\n".join(line for line in text.splitlines() if line.strip())[-1500:]
-        return (f"{', '.join(wanted)} cannot be resolved for the guest alongside its bundled "
-                f"packages (fixed at their bundled versions):\n{tail}")
-    return f"pip could not fetch {', '.join(wanted)}:\n{text.strip()[-1500:]}"
-
-
-def _admit(path: Path, bundled: dict[str, str]) -> Wheel | None:
-    """The wheel's record if it goes into the set (None: a bundled package's stand-in)."""
-    from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
-
-    try:
-        name, version, _, tags = parse_wheel_filename(path.name)
-    except InvalidWheelFilename:
-        raise PackageError(f"pip fetched {path.name}, which is not a wheel") from None
-    if canonicalize_name(name) in bundled:
-        return None
-    if any(t.platform != "any" or t.abi != "none" for t in tags):
-        raise PackageError(f"{name} {version}: its wheel {path.name} holds native code, which "
-                           "does not run in the guest")
-    size = path.stat().st_size
-    if size > MAX_WHEEL_BYTES:
-        raise PackageError(f"{name} {version}: its wheel is {size} bytes, more than "
-                           f"{MAX_WHEEL_BYTES}")
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return Wheel(str(name), str(version), path.name, h.hexdigest(), 0)
-
-
-def _unpack(path: Path, w: Wheel, root: Path) -> Wheel:
-    """The wheel unpacked once per machine under its sha256 (bounded before anything is
-    written: file count, sizes, names; native code refused by name)."""
-    import shutil
-    import stat
-    import zipfile
-
-    with zipfile.ZipFile(path) as z:
-        infos = z.infolist()
-        if len(infos) > MAX_WHEEL_FILES:
-            raise PackageError(f"{w.name} {w.version}: {len(infos)} files in its wheel, more "
-                               f"than {MAX_WHEEL_FILES}")
-        total = 0
-        plan: list[tuple[zipfile.ZipInfo, PurePosixPath]] = []
-        for info in infos:
-            p = PurePosixPath(info.filename)
-            if info.is_dir():
+    with tempfile.TemporaryDirectory(dir=root / "downloads") as work, \
+            Index(indexes, deadline=deadline) as index:
+        say(f"resolving {', '.join(_split_hashes(t)[0] for t in wanted)}")
+        res = resolve([_split_hashes(t)[0] for t in wanted], index, bundled=bundled,
+                      python_tag=arts.python_tag, work=Path(work), hashes=hashes)
+        if allow is not None:  # every wheel of the set, before any is fetched
+            allow([(c.name, c.version) for c in res.wheels])
+        planned: list[tuple[Wheel, Path | None, WheelPlan | None]] = []
+        budget = MAX_DOWNLOAD_BYTES
+        todo = [c for c in res.wheels
+                if not (c.file.sha256 and (root / "wheels" / c.file.sha256).is_dir()
+                        and _meta(root, c.file.sha256) is not None)]
+        if todo:
+            say(f"fetching {len(todo)} wheel{'s' * (len(todo) != 1)}")
+        for i, c in enumerate(res.wheels):
+            what = f"{c.name} {c.version}"
+            cached = _meta(root, c.file.sha256) if c.file.sha256 else None
+            if cached is not None and (root / "wheels" / cached.sha256).is_dir():
+                planned.append((cached, None, None))
                 continue
-            if p.is_absolute() or ".." in p.parts or "\\" in info.filename or \
-                    stat.S_ISLNK(info.external_attr >> 16):
-                raise PackageError(f"{w.name} {w.version}: its wheel holds {info.filename!r}, "
-                                   "a path outside the package")
-            if _NATIVE.search(p.name):
-                raise PackageError(f"{w.name} {w.version}: its wheel holds native code "
-                                   f"({info.filename}), which does not run in the guest")
-            parts = p.parts
-            if parts[0].endswith(".data"):  # purelib/platlib go in the root; scripts do not
-                if len(parts) < 3 or parts[1] not in ("purelib", "platlib"):
-                    continue
-                p = PurePosixPath(*parts[2:])
-            total += info.file_size
-            plan.append((info, p))
-        if total > MAX_UNPACKED_BYTES:
-            raise PackageError(f"{w.name} {w.version}: {total} bytes unpacked, more than "
-                               f"{MAX_UNPACKED_BYTES}")
+            if c.local is not None and c.sha256 is not None:
+                path, sha = c.local, c.sha256
+            else:
+                path = Path(work) / f"fetch-{i}.whl"
+                if budget <= 0:
+                    raise PackageError(f"fetching {what} would download more than "
+                                       f"{MAX_DOWNLOAD_BYTES} bytes: refused")
+                sha = index.download(c.file, path, min(MAX_WHEEL_BYTES, budget))
+            budget -= path.stat().st_size
+            if budget < 0:
+                raise PackageError(f"the set's wheels are more than {MAX_DOWNLOAD_BYTES} "
+                                   "bytes: refused")
+            want = hashes.get(c.name)
+            if want and sha not in want:
+                raise PackageError(f"{what}: the index serves bytes (sha256 {sha}) other "
+                                   "than the hash asked for")
+            plan = plan_wheel(path, what)
+            planned.append((Wheel(c.name, c.version, c.file.filename, sha, plan.size,
+                                  c.file.index), path, plan))
+        total = sum(w.size for w, _, _ in planned)
+        if total > cap:  # from the zips' directories: nothing unpacked yet
+            raise PackageError(f"{', '.join(f'{w.name}=={w.version}' for w, _, _ in planned)}"
+                               f" take {total} bytes unpacked, more than the {cap} this set "
+                               "may take (the sandbox's disk cap, or MemEx's per-set bound)")
+        out = []
+        with building(root):  # no eviction takes a wheel before its set is recorded
+            for w, src, how in planned:
+                if src is not None and how is not None:
+                    def build(tmp: Path, src: Path = src, how: WheelPlan = how,
+                              what: str = f"{w.name} {w.version}") -> None:
+                        unpack(src, how, tmp, what)
 
-        def build(tmp: Path) -> None:
-            for info, p in plan:
-                dest = tmp.joinpath(*p.parts)
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                with z.open(info) as src, dest.open("wb") as out:
-                    shutil.copyfileobj(src, out, 1 << 20)
-                    if out.tell() != info.file_size:
-                        raise PackageError(f"{w.name}: {info.filename} is not the size its "
-                                           "wheel says")
-                dest.chmod(0o444)
+                    materialize(root / "wheels" / w.sha256, build)
+                    atomic_write(root / "wheels" / f"{w.sha256}.json",
+                                 json.dumps(asdict(w)).encode())
+                out.append(w)
+            folder = _assemble(root, out)
+    return tuple(out), folder
 
-        materialize(root / "wheels" / w.sha256, build)
-    return Wheel(w.name, w.version, w.filename, w.sha256, total)
+
+def _meta(root: Path, sha256: str) -> Wheel | None:
+    """The record of a wheel unpacked in the cache (written beside it)."""
+    try:
+        w = Wheel(**json.loads((root / "wheels" / f"{sha256}.json").read_bytes()))
+    except (OSError, ValueError, TypeError):
+        return None
+    return w if w.sha256 == sha256 else None
 
 
 def _assemble(root: Path, wheels: Sequence[Wheel]) -> Path:
     """One folder holding every wheel of the set (hard links into the unpacked wheels)."""
-    import shutil
 
     def build(tmp: Path) -> None:
-        owner: dict[str, str] = {}
+        owner: dict[str, str] = {}  # a file's path -> the wheel holding it
+        folders: dict[str, str] = {}
         for w in wheels:
             src = root / "wheels" / w.sha256
             for dirpath, _, files in os.walk(src):
                 rel = Path(dirpath).relative_to(src)
+                if str(rel) in owner:
+                    raise PackageError(f"{w.name} holds a folder {rel} where "
+                                       f"{owner[str(rel)]} holds a file")
+                folders.setdefault(str(rel), w.name)
                 (tmp / rel).mkdir(parents=True, exist_ok=True)
                 for f in files:
                     key = str(rel / f)
                     if key in owner:
                         raise PackageError(f"{w.name} and {owner[key]} both hold {key}")
+                    if key in folders:
+                        raise PackageError(f"{w.name} holds a file {key} where "
+                                           f"{folders[key]} holds a folder")
                     owner[key] = w.name
                     try:
                         os.link(Path(dirpath) / f, tmp / rel / f)
                     except OSError:
                         shutil.copy2(Path(dirpath) / f, tmp / rel / f)
 
-    return materialize(root / "sets" / _set_id(wheels), build)
+    set_id = _set_id(wheels)
+    folder = materialize(root / "sets" / set_id, build)
+    record_set(root, set_id, [w.sha256 for w in wheels])
+    return folder

@@ -25,7 +25,7 @@ from ._door import Door, serving_door
 from ._handle import SandboxHandle
 from ._instance import Instance, InstanceSpec, TurnOutcome
 from ._output import OutputListener
-from ._packages import GUEST_PACKAGES, PackageSet, resolve_packages
+from ._packages import GUEST_PACKAGES, PackageSet, hold_packages, resolve_packages
 from ._protocol import fork_count
 from ._records import GuestException, GuestFile, Limits, Mount, TurnResult, TurnStatus
 from ._warm import warm_image, warm_image_named
@@ -44,6 +44,7 @@ from .files._disk import DiskLedger, DiskPlace, DiskUse
 from .images._dirty import TRACKER, MemoryWatch, Runs
 from .images._image import MemoryImage
 from .images._imagefile import read_image_file, write_image_file
+from .packages._store import Held
 
 __all__ = ["Checkpoint", "Sandbox"]
 
@@ -124,10 +125,13 @@ class Sandbox(SandboxHandle):
         self._inst: Instance | None = None
         self._asleep = False  # the instance was given up while idle (see _awake)
         self._loaded: LoadedModule = load_module("metered" if self.limits.metered else "plain")
-        self.packages = _packages_of(packages, self._loaded)
+        self.packages = _packages_of(packages, self._loaded, self.limits.disk_bytes)
         if self.packages is not None and self.packages.size > self.limits.disk_bytes:
             raise ConfigError(f"the packages take {self.packages.size} bytes unpacked, more "
                               f"than Limits.disk_bytes ({self.limits.disk_bytes})")
+        self._held: Held | None = None
+        if self.packages is not None:  # never evicted while mounted here (any process)
+            self.packages, self._held = hold_packages(self.packages, self._loaded.artifacts)
         scratch, real = _scratch.take()
         self._scratch = Path(scratch)
         self._place = DiskPlace(root=real, scratch=True)
@@ -670,7 +674,7 @@ class Sandbox(SandboxHandle):
             meta = {"turns": self.turns, "env": dict(self._env),
                     "guest_paths": [g for _, g, _ in self._spec.preopens],
                     "flavour": self._loaded.flavour,
-                    "packages": list(self.packages.pins) if self.packages else []}
+                    "packages": list(self.packages.locked) if self.packages else []}
             return write_image_file(Path(path), img, self._loaded.artifacts.snapshot_sha256,
                                     meta, portable=portable)
 
@@ -680,9 +684,10 @@ class Sandbox(SandboxHandle):
              env: dict[str, str] | None = None, rollback: bool = True,
              packages: PackageSet | Sequence[str] | None = None) -> Sandbox:
         """A sandbox holding the state saved by ``save``. Mounts must sit at the same guest
-        paths as when it was saved (the guest's libc remembers them). Its packages are those
-        it was saved with (fetched again by their pins when this machine lacks them);
-        ``packages`` given must resolve to the same wheels."""
+        paths as when it was saved (the guest's libc remembers them). Its packages are
+        exactly the wheels it was saved with (by their hashes: from the cache, else fetched
+        from the configured index and checked, else PackageError); ``packages`` given must
+        resolve to the same wheels."""
         limits = limits or Limits()
         loaded = load_module("metered" if limits.metered else "plain")
         sha = loaded.artifacts.snapshot_sha256
@@ -771,6 +776,9 @@ class Sandbox(SandboxHandle):
                     pass
             place = self.__dict__.get("_place")
             _scratch.give_back(str(scratch), place.root if place else str(scratch))
+        held = self.__dict__.get("_held")
+        if held is not None:
+            held.release()
         with _LIVE_LOCK:
             _LIVE.discard(self)
 
@@ -787,14 +795,15 @@ def _checked_preload(preload: Iterable[str]) -> tuple[str, ...]:
     return names
 
 
-def _packages_of(packages: PackageSet | Sequence[str] | None, loaded: LoadedModule
-                 ) -> PackageSet | None:
-    """The resolved set (requirements are resolved and fetched now); None for none, and for
-    a set the bundle met whole (nothing to mount)."""
+def _packages_of(packages: PackageSet | Sequence[str] | None, loaded: LoadedModule,
+                 max_bytes: int | None = None) -> PackageSet | None:
+    """The resolved set (requirements are resolved and fetched now, within ``max_bytes``
+    unpacked); None for none, and for a set the bundle met whole (nothing to mount)."""
     if isinstance(packages, str):
         raise ConfigError("packages takes a list of requirements, not one string")
     if packages is not None and not isinstance(packages, PackageSet):
-        packages = resolve_packages(list(packages), loaded.artifacts) if packages else None
+        packages = resolve_packages(list(packages), loaded.artifacts,
+                                    max_bytes=max_bytes) if packages else None
     return packages if packages is not None and packages.wheels else None
 
 

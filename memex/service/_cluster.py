@@ -658,7 +658,8 @@ class ClusterService(Service):
 
     def make_session(self, tenant: TenantConfig, body: CreateSession) -> Session:
         limits, mounts = self.granted(tenant, body)
-        pins = self.packages.pins(tenant.name, tenant.packages, body.packages)
+        pins = self.packages.pins(tenant.name, tenant.packages, body.packages,
+                                  max_bytes=limits.disk_bytes)
         spec = {"limits": limits_to_wire(limits), "mounts": mounts_to_wire(mounts),
                 "preload": list(body.preload), "env": body.env, "packages": list(pins)}
         link = self.link

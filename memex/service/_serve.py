@@ -7,16 +7,28 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from types import FrameType
 
 import uvicorn
 
 from ..backends import Backend
+from ..runtime_wasm import cancel_resolutions
 from ..serving import ConnectionGuard
 from ._app import create_app
 from ._config import ServiceConfig
 from ._logs import configure
 
 __all__ = ["serve"]
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, whose SIGTERM (or SIGINT) also stops the guest-package resolutions in
+    flight: a create waiting on a slow index would otherwise hold the shutdown for its whole
+    deadline."""
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        cancel_resolutions("the server is stopping")
+        super().handle_exit(sig, frame)
 
 
 def serve(config: ServiceConfig, *, backend: Backend | None = None,
@@ -27,7 +39,7 @@ def serve(config: ServiceConfig, *, backend: Backend | None = None,
     app = create_app(config, backend=backend)
     guard = ConnectionGuard(config.edge)
     app.state.service.edge = guard
-    server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port,
+    server = _Server(uvicorn.Config(app, host=config.host, port=config.port,
                                            log_level="warning", access_log=False,
                                            log_config=None,  # our JSON lines (_logs)
                                            lifespan="on", ws_max_size=64 << 20,

@@ -310,7 +310,8 @@ class Service:
     def make_session(self, tenant: TenantConfig, body: CreateSession) -> Session:
         """A new session within the tenant's ceiling, grants and quotas (blocking)."""
         limits, mounts = self.granted(tenant, body)
-        pins = self.packages.pins(tenant.name, tenant.packages, body.packages)
+        pins = self.packages.pins(tenant.name, tenant.packages, body.packages,
+                                  max_bytes=limits.disk_bytes)
         try:
             self.table.reserve(tenant.name, tenant.bounds(), limits)
         except QuotaExceeded as exc:

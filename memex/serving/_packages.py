@@ -1,5 +1,5 @@
 """Guest packages a tenant asks for, resolved on the server within what the operator allows
-(``packages = [...]`` of its ``[tenants.NAME]`` table): a pip run is a shared resource, so
+(``packages = [...]`` of its ``[tenants.NAME]`` table): a resolution is a shared resource, so
 each tenant has at most one at a time and the machine ``parallel``, and nobody waits for one
 (a busy tenant is answered 429, a busy machine 503, both with Retry-After)."""
 
@@ -20,7 +20,7 @@ from ..runtime_wasm import (
 __all__ = ["PackageGate", "allowed_packages"]
 
 RESOLVE_TIMEOUT = 120.0
-"""Seconds one tenant's pip run may take on a server (the library's default is longer)."""
+"""Seconds one tenant's resolution may take on a server (the library's default is longer)."""
 
 
 def allowed_packages(names: Iterable[str], where: str) -> frozenset[str] | None:
@@ -50,11 +50,14 @@ class PackageGate:
         self._busy: set[str] = set()
         self._timeout, self._resolve = timeout, resolve
 
-    def pins(self, tenant: str, allowed: frozenset[str] | None, requirements: Sequence[str]
-             ) -> tuple[str, ...]:
-        """``requirements`` resolved to pins, every wheel of them (dependencies too) one the
-        tenant may have. NotGranted (403) for one it may not, PackageError (422) for one
-        that cannot run in the guest, BackendBusy (429/503) while pip is busy."""
+    def pins(self, tenant: str, allowed: frozenset[str] | None, requirements: Sequence[str],
+             max_bytes: int | None = None) -> tuple[str, ...]:
+        """``requirements`` resolved to locked pins (``name==version --hash=sha256:...``),
+        every wheel of them (dependencies too) one the tenant may have: checked on the
+        resolved set before any wheel is fetched. NotGranted (403) for one it may not,
+        PackageError (422) for one that cannot run in the guest or is larger than
+        ``max_bytes`` unpacked (the session's disk cap), BackendBusy (429/503) while the
+        tenant's or the server's resolutions are busy."""
         if not requirements:
             return ()
         from packaging.requirements import Requirement
@@ -75,7 +78,11 @@ class PackageGate:
                 raise BackendBusy("no_room", "this server is resolving other tenants' "
                                   "packages; retry shortly")
             try:
-                got = self._resolve(list(reqs), timeout=self._timeout)
+                got = self._resolve(
+                    list(reqs), timeout=self._timeout, max_bytes=max_bytes,
+                    allow=lambda wheels: self._check(
+                        tenant, allowed, [canonicalize_name(n) for n, _ in wheels],
+                        needed=True))
             finally:
                 self._slots.release()
         finally:
@@ -83,7 +90,7 @@ class PackageGate:
                 self._busy.discard(tenant)
         self._check(tenant, allowed, [canonicalize_name(w.name) for w in got.wheels],
                     needed=True)
-        return got.pins
+        return got.locked
 
     @staticmethod
     def _check(tenant: str, allowed: frozenset[str] | None, names: Iterable[str],

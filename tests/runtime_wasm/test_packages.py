@@ -81,9 +81,9 @@ def test_a_package_and_its_dependency_run_in_the_guest(index: PackageIndex, arts
 def test_a_cached_set_is_used_without_the_index(index: PackageIndex, arts: Artifacts,
                                                tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    """Pinned requirements resolved once come from the cache: pip is not run again (the
-    index sees no request), and the set is the same folder; a set resolved from a range is
-    found again by its pins by a process told of no index (a worker, a cluster's slab)."""
+    """Pinned requirements resolved once come from the cache: the index sees no request
+    again, and the set is the same folder; a set resolved from a range is found again by its
+    locked pins (with their hashes) by a process told of no index (a worker, a slab)."""
     first = resolve_packages(["memexdep==1.0"], arts, index_url=index.url,
                              cache=tmp_path)
     seen = len(index.requests)
@@ -93,9 +93,10 @@ def test_a_cached_set_is_used_without_the_index(index: PackageIndex, arts: Artif
     assert again.root == first.root and again.id == first.id
     assert first.pins == ("memexdep==1.0",)
     ranged = resolve_packages(["memexdep>=1.1"], arts, index_url=index.url, cache=tmp_path)
-    seen = len(index.requests)  # what opens that set again asks by its pins: no pip run
+    seen = len(index.requests)  # what opens that set again asks by its locked pins: no fetch
     monkeypatch.delenv("PIP_INDEX_URL", raising=False)
-    assert resolve_packages(list(ranged.pins), arts, cache=tmp_path).id == ranged.id
+    assert ranged.locked == (f"memexdep==1.2 --hash=sha256:{ranged.wheels[0].sha256}",)
+    assert resolve_packages(list(ranged.locked), arts, cache=tmp_path).id == ranged.id
     assert len(index.requests) == seen
     assert not os.access(first.root / "memexdep.py", os.W_OK) or os.geteuid() == 0
 
@@ -117,11 +118,14 @@ def test_what_cannot_run_in_the_guest_is_refused_by_name(index: PackageIndex, ar
         tmp_path / "packages" / "sets").exists() else True
 
 
-def test_pip_is_stopped_once_its_downloads_pass_the_bound(
-        arts: Artifacts, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A requirement whose wheel is larger than the fetch may write: pip is killed part way
-    (the index did not finish sending) and the set is refused, leaving nothing behind. The
-    same fetch under a bound that holds it is the positive control."""
+@pytest.mark.parametrize("declared", [True, False])
+def test_a_download_is_stopped_once_it_passes_the_bound(
+        arts: Artifacts, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        declared: bool) -> None:
+    """A wheel larger than one resolution may download: refused from its declared length
+    before a byte is read, or (no length declared) stopped part way while the index is still
+    sending; nothing is left behind. The same fetch under a bound that holds it is the
+    positive control."""
     import memex.runtime_wasm._packages as packages
 
     w = tmp_path / "wheels"
@@ -130,11 +134,14 @@ def test_pip_is_stopped_once_its_downloads_pass_the_bound(
                                              "memexbig/blob.bin": os.urandom(6 << 20)})
     with package_index(w) as idx:
         idx.slow.add(big.name)
+        if not declared:
+            idx.undeclared.add(big.name)
         monkeypatch.setattr(packages, "MAX_DOWNLOAD_BYTES", 1 << 20)
-        with pytest.raises(PackageError, match="more than 1048576 bytes"):
+        with pytest.raises(PackageError, match="more than 1048576"):
             resolve_packages(["memexbig==1.0"], arts, index_url=idx.url, cache=tmp_path / "c")
-        assert 0 < idx.sent[big.name] < big.stat().st_size, idx.sent
+        assert idx.sent.get(big.name, 0) < big.stat().st_size, idx.sent
         assert list((tmp_path / "c" / "packages" / "downloads").iterdir()) == []
+        assert not (tmp_path / "c" / "packages" / "wheels").exists()
         monkeypatch.setattr(packages, "MAX_DOWNLOAD_BYTES", 64 << 20)
         got = resolve_packages(["memexbig==1.0"], arts, index_url=idx.url,
                                cache=tmp_path / "c")

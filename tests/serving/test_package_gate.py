@@ -1,4 +1,4 @@
-"""PackageGate: a tenant's pip run is a shared resource. One per tenant at a time and
+"""PackageGate: a tenant's resolution is a shared resource. One per tenant at a time and
 ``parallel`` per machine, nobody waiting: a second create of a busy tenant is answered 429 at
 once while another tenant's proceeds (the positive control), and a full machine answers 503."""
 
@@ -16,7 +16,8 @@ from memex.serving import PackageGate, allowed_packages
 
 
 class SlowResolve:
-    """Stands in for pip: each call blocks until released (what a slow index does)."""
+    """Stands in for the resolver: each call blocks until released (what a slow index
+    does)."""
 
     def __init__(self) -> None:
         self.go = threading.Event()
@@ -56,8 +57,9 @@ def test_one_resolution_per_tenant_and_parallel_per_machine() -> None:
     slow.go.set()
     a.join(10)
     b.join(10)
-    assert out == {"a": ("alpha==1.0",), "b": ("gamma==1.0",)}
-    assert gate.pins("a", None, ["beta"]) == ("beta==1.0",)  # free again
+    lock = " --hash=sha256:" + "0" * 64  # the gate answers locked pins
+    assert out == {"a": ("alpha==1.0" + lock,), "b": ("gamma==1.0" + lock,)}
+    assert gate.pins("a", None, ["beta"]) == ("beta==1.0" + lock,)  # free again
 
 
 def test_allowed_names_are_canonical_and_star_means_any() -> None:
@@ -68,9 +70,9 @@ def test_allowed_names_are_canonical_and_star_means_any() -> None:
         allowed_packages(["bad name!"], "t")
 
 
-def test_a_name_not_allowed_is_refused_before_pip_runs() -> None:
+def test_a_name_not_allowed_is_refused_before_a_resolution_starts() -> None:
     slow = SlowResolve()
     gate = PackageGate(resolve=slow)
     with pytest.raises(ConfigError, match="does not allow"):
         gate.pins("t", frozenset({"other"}), ["alpha"])
-    assert not slow.started.acquire(timeout=0.2)  # pip never ran
+    assert not slow.started.acquire(timeout=0.2)  # no resolution ran

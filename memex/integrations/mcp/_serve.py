@@ -26,6 +26,7 @@ from pydantic import ValidationError
 
 from ...errors import ConfigError
 from ...host_tools import Tool, ToolSet
+from ...runtime_wasm import cancel_resolutions
 from ...serving import ConnectionGuard, EdgeLimits
 from ._config import McpConfig
 from ._server import build_server
@@ -232,6 +233,7 @@ class _Uvicorn(uvicorn.Server):
 async def _until_signalled(scope: anyio.CancelScope, on_signal: Callable[[], None]) -> None:
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async for _ in signals:
+            cancel_resolutions("the server is stopping")  # a cell's fetch ends at once
             on_signal()
             scope.cancel()
             return

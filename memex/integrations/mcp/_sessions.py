@@ -269,7 +269,8 @@ class Sessions:
         s.packages = tuple(sorted(by_name.values()))
         self.reset(s)  # a fresh guest with them (its row saved with them)
         if had:
-            s.started_over = (f"the session started over to add {', '.join(pins)}: a fresh "
+            added = ", ".join(p.split(" ")[0] for p in pins)  # without their hashes
+            s.started_over = (f"the session started over to add {added}: a fresh "
                               "interpreter and an empty /tmp (its earlier variables are gone)")
 
     def interrupt(self, s: Session) -> None:

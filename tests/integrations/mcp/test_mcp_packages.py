@@ -14,7 +14,7 @@ import anyio
 import pytest
 from mcp import Client, StdioServerParameters
 from mcp_types import CallToolResult
-from package_index import PackageIndex, build_wheel, package_index
+from package_index import PackageIndex, build_wheel, hostile_wheel, package_index
 
 
 def block(*deps: str) -> str:
@@ -29,8 +29,12 @@ def index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PackageIndex]:
     build_wheel(w, "memexmcp-other", "2.0", {"memexmcp_other.py": "WORD = 'other'\n"})
     build_wheel(w, "memexmcp-native", "1.0", {"memexmcp_native.py": ""},
                 tag="cp315-cp315-linux_x86_64")
+    hostile_wheel(w, "memexmcp-evil", MARKER)
     with package_index(w) as idx:
         yield idx
+
+
+MARKER = Path("/tmp") / f"memex-mcp-evil-{os.getpid()}"
 
 
 @asynccontextmanager
@@ -68,6 +72,9 @@ def test_a_cells_dependencies_are_fetched_and_a_used_session_starts_over(
             assert out["value"] == "('other', False)"  # both packages; the old state gone
             r, text, out = await call(c, block("memexmcp-native") + "1")
             assert r.is_error and "no wheel of memexmcp-native runs in the guest" in text
+            r, text, out = await call(c, block("memexmcp-evil") + "1")  # a path dependency
+            assert r.is_error and "memexmcp-evil 1.0 depends on memexevil @ file://" in text
+            assert not MARKER.exists()  # its build code never ran
             r, text, out = await call(c, "# /// script\n# dependencies = 3\n# ///\n1")
             assert r.is_error and "must be a list of strings" in text
     anyio.run(go)
@@ -85,3 +92,47 @@ def test_an_operator_can_allow_no_packages(index: PackageIndex, tmp_path: Path) 
             r, text, out = await call(c, "1 + 1")  # the positive control: cells still run
             assert out["value"] == "2"
     anyio.run(go)
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_cells_resolution_in_flight(tmp_path: Path) -> None:
+    """A cell whose dependency comes from an index that trickles it: SIGTERM of `memex mcp`
+    stops the download at once (the index had not sent the whole wheel) and the server
+    exits, instead of waiting out the resolution."""
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    w = tmp_path / "wheels"
+    w.mkdir()
+    big = build_wheel(w, "memexmcp-slow", "1.0", {"memexmcp_slow/blob.bin": os.urandom(24 << 20)})
+    with package_index(w) as idx:
+        idx.slow.add(big.name)
+        proc = subprocess.Popen([sys.executable, "-m", "memex", "mcp"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env={**os.environ, "PIP_INDEX_URL": idx.url})
+        assert proc.stdin is not None and proc.stdout is not None
+        msgs = [{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                    "protocolVersion": "2025-06-18", "capabilities": {},
+                    "clientInfo": {"name": "t", "version": "1"}}},
+                {"jsonrpc": "2.0", "method": "notifications/initialized"},
+                {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+                    "name": "run_python",
+                    "arguments": {"code": block("memexmcp-slow") + "import memexmcp_slow"}}}]
+        try:
+            proc.stdin.write(json.dumps(msgs[0]).encode() + b"\n")
+            proc.stdin.flush()
+            assert json.loads(proc.stdout.readline())["id"] == 1
+            for m in msgs[1:]:
+                proc.stdin.write(json.dumps(m).encode() + b"\n")
+            proc.stdin.flush()
+            while idx.sent.get(big.name, 0) == 0 and proc.poll() is None:
+                anyio.run(anyio.sleep, 0.01)  # the download has started
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert idx.sent[big.name] < big.stat().st_size, idx.sent
