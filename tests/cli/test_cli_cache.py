@@ -11,9 +11,7 @@ from pathlib import Path
 
 from package_index import build_wheel, package_index
 
-from memex.runtime_wasm import resolve_packages
-from memex.runtime_wasm.engine._engine import load_module
-from memex.runtime_wasm.packages._store import hold
+from memex.runtime_wasm import Limits, Sandbox, load_module, resolve_packages
 
 
 def memex(cache: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -46,8 +44,7 @@ def test_cache_info_dir_and_clean(tmp_path: Path) -> None:
     text = memex(cache, "info").stdout
     assert "packages" in text and "total" in text
 
-    held = hold(cache / "packages", kept.id, [x.sha256 for x in kept.wheels])  # a live sandbox
-    assert held is not None
+    held = Sandbox(packages=kept, limits=Limits(timeout=30))  # a live sandbox holds it
     try:
         out = memex(cache, "clean")  # the default: packages and warm images
         assert out.returncode == 0, out.stderr
@@ -55,8 +52,9 @@ def test_cache_info_dir_and_clean(tmp_path: Path) -> None:
         assert kept.root.is_dir() and not gone.root.exists()
         assert not (cache / "warm" / "x.raw").exists()
         assert (cache / "m" / "model.gguf").exists()  # models only when named
+        assert held.run("import memexcc_kept; memexcc_kept.x").value == "1"
     finally:
-        held.release()
+        held.close()
     assert memex(cache, "clean", "packages", "models").returncode == 0
     assert not kept.root.exists() and not (cache / "m" / "model.gguf").exists()
     bad = memex(cache, "clean", "nothing")
