@@ -197,6 +197,15 @@ def _network(opener: Opener, work: Path) -> str:
     return "no sockets; loopback and metadata refused under an allow-all policy"
 
 
+def _engine(opener: Opener, work: Path) -> str:
+    from ..runtime_wasm import engine_support
+
+    support = engine_support()
+    if not support.supported:
+        raise _Warn(support.describe())
+    return support.describe()
+
+
 def _host_settings(opener: Opener, work: Path) -> str:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     notes = [f"RLIMIT_NOFILE {soft}/{hard}"]
@@ -214,6 +223,7 @@ CHECKS = (
     Check(name="memory, CPU and stack bombs", run=_memory_cpu_stack),
     Check(name="processes and threads", run=_processes),
     Check(name="network", run=_network),
+    Check(name="engine support window", run=_engine),
     Check(name="host settings", run=_host_settings),
 )
 

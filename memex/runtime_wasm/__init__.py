@@ -57,6 +57,7 @@ from ._workers import Job, Workers
 from .engine._artifacts import Artifacts, find_artifacts
 from .engine._cache import cache_dir, state_dir
 from .engine._engine import compile_module, load_module, module_path
+from .engine._support import EngineSupport, engine_support
 from .files._tree import remove as remove_tree
 from .images._dirty import dirty_tracking
 
@@ -72,6 +73,7 @@ __all__ = [
     "DoorCall",
     "DoorContext",
     "DoorError",
+    "EngineSupport",
     "GuestException",
     "GuestFile",
     "GuestKilled",
@@ -99,6 +101,7 @@ __all__ = [
     "clean_cache",
     "compile_module",
     "dirty_tracking",
+    "engine_support",
     "find_artifacts",
     "fork_count",
     "fork_each",

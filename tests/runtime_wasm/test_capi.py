@@ -116,5 +116,41 @@ def test_another_wasmtime_is_refused_with_what_to_install(tmp_path: Path) -> Non
              "try:\n    import memex.runtime_wasm\nexcept ImportError as e:\n    print(e)\n")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          timeout=60, check=True)
-    assert "wasmtime 49.x's C API; wasmtime 50.0.1 is installed" in out.stdout
-    assert "pip install 'wasmtime==49.*'" in out.stdout
+    major = _capi.WASMTIME_MAJOR
+    assert f"wasmtime {major}.x's C API; wasmtime 50.0.1 is installed" in out.stdout
+    assert f"pip install 'wasmtime=={major}.*'" in out.stdout
+
+
+# ---- the pinned engine's support window (docs/dependencies.md, 'The engine') -----------------
+def test_release_dates_and_windows_follow_wasmtime_s_policy() -> None:
+    """The upstream formula: 20.0.0 on 2024-04-20, one release a month on the 20th; a
+    multiple of 12 is LTS (24 months), any other release 2 months."""
+    import datetime as dt
+
+    from memex.runtime_wasm.engine._support import released, supported_until
+
+    assert released(20) == dt.date(2024, 4, 20)
+    assert released(49) == dt.date(2026, 9, 20)  # what the review of the 49 pin found
+    assert supported_until(49) == dt.date(2026, 11, 20)
+    assert supported_until(48) == dt.date(2028, 8, 20)  # an LTS release
+    assert released(61) == dt.date(2027, 9, 20) and supported_until(60) == dt.date(2029, 8, 20)
+
+
+def test_the_engine_support_check_tells_where_the_pin_stands() -> None:
+    """What ``memex prepare`` and ``memex selftest`` say: a release's window on a day inside
+    it and the day after (the control both ways: 49.0.0's ended on 2026-11-20), and the
+    installed wasmtime (the pinned one) by default."""
+    import datetime as dt
+
+    from memex.runtime_wasm import engine_support
+
+    inside = engine_support("49.0.0", today=dt.date(2026, 11, 20))
+    after = engine_support("49.0.0", today=dt.date(2026, 11, 21))
+    assert inside.supported and "supported until 2026-11-20" in inside.describe()
+    assert not after.supported
+    assert "left its support window on 2026-11-20" in after.describe()
+    later = engine_support("51.0.0", today=dt.date(2026, 12, 6))
+    assert later.supported and later.supported_until == dt.date(2027, 1, 20)
+    installed = engine_support()
+    assert installed.version == _capi.wasmtime_version()
+    assert installed.version.split(".")[0] == _capi.WASMTIME_MAJOR

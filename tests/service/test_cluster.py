@@ -9,6 +9,7 @@ import ast
 import concurrent.futures
 import contextlib
 import json
+import os
 import re
 import socket
 import subprocess
@@ -22,12 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from package_index import PackageIndex, build_wheel
+from package_index import PackageIndex, build_wheel, hostile_wheel
 from served import DRIVER, Served, launch, loopback_cluster, tenant_table
 
 from memex import Door, Limits, RemoteBackend
 from memex.backends import LOOPBACK_NODE
-from memex.errors import NotGranted, ServiceError
+from memex.errors import NotGranted, PackageError, ServiceError
 from memex.host_tools import Tool, ToolHost
 from memex.service import hash_key
 
@@ -54,6 +55,7 @@ OPS = textwrap.dedent('''
 ''')
 POLICY = '[[rules]]\nname = "local"\naction = "allow"\nip = "127.0.0.1"\npath = "/ok"\n'
 GiB = 1 << 30
+EVIL_MARKER = Path("/tmp") / f"memex-cluster-evil-{os.getpid()}"
 NODE = {"num_cpus": 2, "memory": 2 * GiB}  # each worker node: two slabs of 1 GiB
 METRICS_KEY = "metrics-key-" + "m" * 20
 
@@ -91,6 +93,7 @@ class ClusterRig:
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterRig]:
     wheels = tmp_path_factory.mktemp("wheels")  # guest packages, from an index on 127.0.0.1
     build_wheel(wheels, "memexclu-dep", "1.0", {"memexclu_dep.py": "WORD = 'from a wheel'\n"})
+    hostile_wheel(wheels, "memexclu-evil", EVIL_MARKER)  # its dependency: a source tree by path
     index = PackageIndex(wheels)
     mp = pytest.MonkeyPatch()
     mp.setenv("PIP_INDEX_URL", index.url)  # the fronts' pip (the slabs find the pinned set)
@@ -103,7 +106,8 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterRig]:
                "one": "max_running = 1\n[tenants.one.ceiling]\nmemory = 268435456\n",
                "ops": 'tools = ["ops_tools.py:TOOLS"]\negress = "policy.toml"\n'
                       "[tenants.ops.ceiling]\nmemory = 268435456\n",
-               "pkg": 'packages = ["memexclu-dep"]\n[tenants.pkg.ceiling]\nmemory = 268435456\n',
+               "pkg": 'packages = ["memexclu-dep", "memexclu-evil", "memexevil"]\n'
+                      '[tenants.pkg.ceiling]\nmemory = 268435456\n',
                "gone": "max_sessions = 5\n[tenants.gone.ceiling]\nmemory = 268435456\n"}
     rig.keys = keys
     try:
@@ -444,6 +448,10 @@ def test_guest_packages_are_resolved_by_the_front_and_opened_in_the_slab(rig: Cl
         sb.close()
     with backend(a, rig.keys["a"]) as other, pytest.raises(NotGranted):
         other.open(limits=Limits(memory=256 << 20, timeout=20), packages=["memexclu-dep"])
+    with backend(a, rig.keys["pkg"]) as ba, pytest.raises(PackageError) as err:
+        ba.open(limits=Limits(memory=256 << 20, timeout=20), packages=["memexclu-evil"])
+    assert "memexclu-evil 1.0 depends on memexevil @ file://" in str(err.value)
+    assert not EVIL_MARKER.exists()  # granted or not, nothing of it was fetched or built
 
 
 def test_check_reads_a_cluster_config_and_its_storage(rig: ClusterRig) -> None:

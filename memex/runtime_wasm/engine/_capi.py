@@ -88,7 +88,8 @@ def _package_dir() -> Path:
     # binding of every C function this module exists to avoid)
     spec = importlib.util.find_spec("wasmtime")
     if spec is None or not spec.submodule_search_locations:
-        raise ImportError("memex needs the wasmtime package (pip install 'wasmtime==49.*'): "
+        raise ImportError(f"memex needs the wasmtime package (pip install "
+                          f"'wasmtime=={WASMTIME_MAJOR}.*'): "
                           "its wheel carries the engine library")
     return Path(next(iter(spec.submodule_search_locations)))
 
