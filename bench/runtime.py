@@ -262,7 +262,7 @@ def bench_packages(q: bool) -> None:
     each beside the landed resolution (pip run as a child, its cache off: the baseline, the
     code of PACKAGES_BASELINE), alternating, and beside a new sandbox importing a bundled
     module."""
-    from memex.runtime_wasm import load_module, resolve_packages
+    from memex.runtime_wasm import PackageSet, Wheel, load_module, resolve_packages
 
     arts = load_module("plain").artifacts
     pkg, code = os.environ.get("MEMEX_BENCH_PACKAGE", "humanize==4.12.3"), "import humanize"
@@ -277,7 +277,12 @@ def bench_packages(q: bool) -> None:
 
     def use(cache: Path, preload: tuple[str, ...] = (), resolve: Any = resolve_packages
             ) -> Callable[[], None]:
-        sb = Sandbox(packages=resolve([pkg], arts, cache=cache), preload=preload)
+        got = resolve([pkg], arts, cache=cache)
+        if not isinstance(got, PackageSet):  # the landed module's own record: the same set
+            got = PackageSet(got.requirements, tuple(
+                Wheel(w.name, w.version, w.filename, w.sha256, w.size) for w in got.wheels),
+                got.root)
+        sb = Sandbox(packages=got, preload=preload)
         r = sb.run(code)
         if not r.ok:
             raise RuntimeError(f"{code}: {r.exception}")

@@ -291,9 +291,11 @@ def resolve_packages(requirements: Sequence[str], arts: Artifacts | None = None,
         with building(root):  # no eviction between the look and the set's record
             if all((root / "wheels" / w.sha256).is_dir() for w in wheels):
                 folder = _assemble(root, wheels)
-    if folder is None:
-        wheels, folder = _fetch(wanted, arts, bundled, hashes, root, indexes, timeout, allow,
-                                cap, progress)
+    if folder is not None:  # from the cache: its records stand, nothing was added
+        stamp(folder)
+        return PackageSet(reqs, wheels, folder, tuple(met))
+    wheels, folder = _fetch(wanted, arts, bundled, hashes, root, indexes, timeout, allow, cap,
+                            progress)
     stamp(folder)
     record = json.dumps({"at": time.time(), "indexes": [_bare(i) for i in indexes],
                          "wheels": [asdict(w) for w in wheels]}).encode()
@@ -486,5 +488,6 @@ def _assemble(root: Path, wheels: Sequence[Wheel]) -> Path:
 
     set_id = _set_id(wheels)
     folder = materialize(root / "sets" / set_id, build)
-    record_set(root, set_id, [w.sha256 for w in wheels])
+    if not (root / "sets" / f"{set_id}.json").is_file():
+        record_set(root, set_id, [w.sha256 for w in wheels])
     return folder

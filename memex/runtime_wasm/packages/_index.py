@@ -92,6 +92,25 @@ def _pip_config() -> dict[str, str]:
         return {}
     if named:
         files.append(Path(named))
+    stamps = []
+    for f in files:  # parsed again only when a file changed (a stat each: microseconds)
+        try:
+            st = f.stat()
+            stamps.append((str(f), st.st_mtime_ns, st.st_size))
+        except OSError:
+            stamps.append((str(f), 0, -1))
+    key = tuple(stamps)
+    if _CONFIG[0] == key:
+        return dict(_CONFIG[1])
+    out = _read_config(files)
+    _CONFIG[:] = [key, out]
+    return dict(out)
+
+
+_CONFIG: list[Any] = [None, {}]
+
+
+def _read_config(files: list[Path]) -> dict[str, str]:
     out: dict[str, str] = {}
     for f in files:
         parser = configparser.RawConfigParser()
