@@ -32,9 +32,9 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import overload
 
-from ..errors import ConfigError, GuestStartError, ImageError
+from ..errors import GuestStartError, ImageError
 from ._instance import Instance, InstanceSpec
-from .engine._cache import cache_dir, file_lock
+from .engine._cache import cache_bytes, cache_dir, file_lock
 from .engine._engine import LoadedModule
 from .engine._files import (
     GUEST_BUNDLE,
@@ -62,12 +62,7 @@ _LOCK = threading.Lock()
 
 def cache_bound() -> int:
     """Bytes of disk the warm images may take together (``MEMEX_WARM_CACHE_BYTES``)."""
-    raw = os.environ.get(CACHE_BYTES_ENV)
-    if raw is None or raw == "":
-        return DEFAULT_CACHE_BYTES
-    if not raw.isdigit() or len(raw) > 20:
-        raise ConfigError(f"{CACHE_BYTES_ENV} is a number of bytes, got {raw[:40]!r}")
-    return int(raw)
+    return cache_bytes(CACHE_BYTES_ENV, DEFAULT_CACHE_BYTES)
 
 
 def _remember(key: str, img: MemoryImage) -> MemoryImage:

@@ -345,8 +345,9 @@ print(json.dumps(out))
 """
 
 
-def test_a_secret_never_reaches_the_guest_inside_a_compressed_body(
-        open_sandbox: OpenSandbox, echo_server: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def _with_secret(open_sandbox: OpenSandbox, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A sandbox whose egress reaches api.test and plain.test (both 127.0.0.1), the host
+    injecting a bearer token into requests to api.test only."""
     monkeypatch.setenv("MEMEX_TEST_EGRESS_TOKEN", TOKEN)
     policy = EgressPolicy.from_dict({
         "rules": [{"action": "allow", "host": ["api.test", "plain.test"], "ip": "127.0.0.1"}],
@@ -355,6 +356,12 @@ def test_a_secret_never_reaches_the_guest_inside_a_compressed_body(
                      "env": "MEMEX_TEST_EGRESS_TOKEN"}]})
     sb = open_sandbox(limits=Limits(**QUOTA))
     Egress(policy, resolver=lambda host, port: ["127.0.0.1"]).attach(sb)
+    return sb
+
+
+def test_a_secret_never_reaches_the_guest_inside_a_compressed_body(
+        open_sandbox: OpenSandbox, echo_server: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    sb = _with_secret(open_sandbox, monkeypatch)
     queries = [("enc=gzip", "gzip"), ("enc=gzip&force=1", "gzip"), ("enc=br&force=1", "br"),
                ("enc=deflate&force=1", "deflate"), ("enc=rawdeflate&force=1", "deflate"),
                ("enc=zstd&force=1", "zstd")]
@@ -451,14 +458,7 @@ def test_a_secret_reaches_the_guest_only_in_a_response_seen_whole(
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _Reflect)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     port = srv.server_address[1]
-    monkeypatch.setenv("MEMEX_TEST_EGRESS_TOKEN", TOKEN)
-    policy = EgressPolicy.from_dict({
-        "rules": [{"action": "allow", "host": ["api.test", "plain.test"], "ip": "127.0.0.1"}],
-        "secrets": [{"name": "tok", "host": "api.test", "scheme": "http", "header":
-                     "Authorization", "format": "Bearer {value}",
-                     "env": "MEMEX_TEST_EGRESS_TOKEN"}]})
-    sb = open_sandbox(limits=Limits(**QUOTA))
-    Egress(policy, resolver=lambda host, port: ["127.0.0.1"]).attach(sb)
+    sb = _with_secret(open_sandbox, monkeypatch)
     cases = [("plain", {}), ("reason", {}), ("hname", {}), ("te", {}),
              ("range", {"Range": "bytes=0-12", "If-Range": "x"}), ("partial", {})]
 

@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["atomic_write", "cache_dir", "file_lock", "state_dir"]
+__all__ = ["atomic_write", "cache_bytes", "cache_dir", "file_lock", "state_dir"]
 
 CACHE_ENV = "MEMEX_CACHE_DIR"
 
@@ -24,6 +24,19 @@ def cache_dir() -> Path:
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg) if xdg else Path.home() / ".cache"
     return base / "memex"
+
+
+def cache_bytes(env: str, default: int) -> int:
+    """A bound of the cache folder in bytes, from the variable ``env`` (unset or empty: the
+    default; anything but digits is a ConfigError naming it)."""
+    from ...errors import ConfigError
+
+    raw = os.environ.get(env)
+    if raw is None or raw == "":
+        return default
+    if not raw.isdigit() or len(raw) > 20:
+        raise ConfigError(f"{env} is a number of bytes, got {raw[:40]!r}")
+    return int(raw)
 
 
 def state_dir() -> Path:

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...errors import ConfigError
+from ..engine._cache import cache_bytes
 
 __all__ = ["CACHE_BYTES_ENV", "Held", "building", "cache_bound", "evict", "hold",
            "record_set", "stamp", "usage"]
@@ -33,12 +33,7 @@ DEFAULT_CACHE_BYTES = 2 << 30
 
 def cache_bound() -> int:
     """Bytes the unpacked wheels may take together (``MEMEX_PACKAGE_CACHE_BYTES``)."""
-    raw = os.environ.get(CACHE_BYTES_ENV)
-    if raw is None or raw == "":
-        return DEFAULT_CACHE_BYTES
-    if not raw.isdigit() or len(raw) > 20:
-        raise ConfigError(f"{CACHE_BYTES_ENV} is a number of bytes, got {raw[:40]!r}")
-    return int(raw)
+    return cache_bytes(CACHE_BYTES_ENV, DEFAULT_CACHE_BYTES)
 
 
 @contextlib.contextmanager
