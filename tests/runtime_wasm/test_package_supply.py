@@ -382,3 +382,31 @@ def test_a_resolution_is_stopped_at_once_by_cancel_all(arts: Artifacts, tmp_path
         assert isinstance(out[0], PackageError) and "the test stops it" in str(out[0])
         assert idx.sent[big.name] < big.stat().st_size
         assert nothing_kept(tmp_path)
+
+
+def test_pip_s_configuration_is_read_and_the_first_index_listing_a_name_wins(
+        arts: Artifacts, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pip.conf naming an index and an extra one (read, never run): a name both list comes
+    from the first, even where the extra one offers a higher version (an extra index cannot
+    shadow a name: dependency confusion); a name only the extra one lists comes from it;
+    no-index is refused, since MemEx reads indexes only."""
+    first, extra = tmp_path / "first", tmp_path / "extra"
+    first.mkdir()
+    extra.mkdir()
+    build_wheel(first, "memexconf-shared", "1.0", {"memexconf_shared.py": "WHO = 'first'\n"})
+    build_wheel(extra, "memexconf-shared", "9.0", {"memexconf_shared.py": "WHO = 'extra'\n"})
+    build_wheel(extra, "memexconf-only", "1.0", {"memexconf_only.py": ""})
+    with package_index(first) as a, package_index(extra) as b:
+        conf = tmp_path / "pip.conf"
+        conf.write_text(f"[global]\nindex-url = {a.url}\nextra-index-url = {b.url}\n")
+        for var in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_NO_INDEX"):
+            monkeypatch.delenv(var, raising=False)
+        monkeypatch.setenv("PIP_CONFIG_FILE", str(conf))
+        got = resolve_packages(["memexconf-shared"], arts, cache=tmp_path / "c")
+        assert got.pins == ("memexconf-shared==1.0",) and got.wheels[0].origin == a.url
+        assert not [p for p in b.requests if "memexconf-shared" in p]  # never asked there
+        only = resolve_packages(["memexconf-only"], arts, cache=tmp_path / "c")
+        assert only.wheels[0].origin == b.url
+        monkeypatch.setenv("PIP_NO_INDEX", "1")
+        with pytest.raises(PackageError, match="no-index"):
+            resolve_packages(["memexconf-only>=1"], arts, cache=tmp_path / "d")

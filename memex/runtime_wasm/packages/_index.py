@@ -132,6 +132,11 @@ def configured_indexes(index_url: str | None = None) -> tuple[str, ...]:
     if index_url:
         return (index_url.rstrip("/"),)
     conf = _pip_config()
+    no_index = os.environ.get("PIP_NO_INDEX") or conf.get("no-index") or ""
+    if no_index.strip().lower() in ("1", "true", "yes", "on"):
+        raise PackageError("pip is configured with no-index (find-links only): guest packages "
+                           "come from an index (PIP_INDEX_URL, or a file:// simple index "
+                           "folder), which MemEx reads itself")
     first = os.environ.get("PIP_INDEX_URL") or conf.get("index-url") or DEFAULT_INDEX
     extra = os.environ.get("PIP_EXTRA_INDEX_URL") or conf.get("extra-index-url") or ""
     out: list[str] = []
