@@ -42,6 +42,7 @@ from ..errors import ConfigError, PackageError
 from .engine._artifacts import Artifacts
 from .engine._cache import atomic_write, cache_dir
 from .engine._files import GUEST_PACKAGES, materialize
+from .packages._index import redact
 from .packages._store import Held, building, cache_bound, evict, hold, record_set, stamp
 
 __all__ = ["GUEST_PACKAGES", "PackageSet", "Wheel", "bundled_packages", "cancel_resolutions",
@@ -297,7 +298,7 @@ def resolve_packages(requirements: Sequence[str], arts: Artifacts | None = None,
     wheels, folder = _fetch(wanted, arts, bundled, hashes, root, indexes, timeout, allow, cap,
                             progress)
     stamp(folder)
-    record = json.dumps({"at": time.time(), "indexes": [_bare(i) for i in indexes],
+    record = json.dumps({"at": time.time(), "indexes": [redact(i) for i in indexes],
                          "wheels": [asdict(w) for w in wheels]}).encode()
     atomic_write(root / "resolved" / f"{key}.json", record)
     # what reopens it (a worker, a fork, a load, a slab) asks by its hashes: index-free
@@ -333,15 +334,9 @@ def _key(reqs: Sequence[str], indexes: Sequence[str], arts: Artifacts,
          bundled: dict[str, str]) -> str:
     """A resolution record's name: the requirements, the indexes that answer them (none for
     locked pins: their hashes name the bytes), the guest."""
-    return hashlib.sha256(json.dumps([sorted(reqs), [_bare(i) for i in indexes],
+    return hashlib.sha256(json.dumps([sorted(reqs), [redact(i) for i in indexes],
                                       arts.python_tag, sorted(bundled.items())]).encode()
                           ).hexdigest()[:32]
-
-
-def _bare(url: str) -> str:
-    from .packages._index import redact
-
-    return redact(url)
 
 
 def _exact(text: str) -> bool:
@@ -372,7 +367,8 @@ def _admit(wheels: Sequence[Wheel], allow: Allow | None, cap: int) -> None:
     total = sum(w.size for w in wheels)
     if total > cap:
         raise PackageError(f"{', '.join(w.pin for w in wheels)} take {total} bytes unpacked, "
-                           f"more than the {cap} this set may take")
+                           f"more than the {cap} this set may take (the sandbox's disk cap, "
+                           "or MemEx's per-set bound)")
 
 
 def _fetch(wanted: list[str], arts: Artifacts, bundled: dict[str, str],
@@ -390,20 +386,19 @@ def _fetch(wanted: list[str], arts: Artifacts, bundled: dict[str, str],
     (root / "downloads").mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + timeout
     with tempfile.TemporaryDirectory(dir=root / "downloads") as work, \
-            Index(indexes, deadline=deadline) as index:
+            Index(indexes, deadline=deadline, download_budget=MAX_DOWNLOAD_BYTES) as index:
         say(f"resolving {', '.join(_split_hashes(t)[0] for t in wanted)}")
-        res = resolve([_split_hashes(t)[0] for t in wanted], index, bundled=bundled,
+        chosen = resolve([_split_hashes(t)[0] for t in wanted], index, bundled=bundled,
                       python_tag=arts.python_tag, work=Path(work), hashes=hashes)
         if allow is not None:  # every wheel of the set, before any is fetched
-            allow([(c.name, c.version) for c in res.wheels])
+            allow([(c.name, c.version) for c in chosen])
         planned: list[tuple[Wheel, Path | None, WheelPlan | None]] = []
-        budget = MAX_DOWNLOAD_BYTES
-        todo = [c for c in res.wheels
+        todo = [c for c in chosen
                 if not (c.file.sha256 and (root / "wheels" / c.file.sha256).is_dir()
                         and _meta(root, c.file.sha256) is not None)]
         if todo:
             say(f"fetching {len(todo)} wheel{'s' * (len(todo) != 1)}")
-        for i, c in enumerate(res.wheels):
+        for i, c in enumerate(chosen):
             what = f"{c.name} {c.version}"
             cached = _meta(root, c.file.sha256) if c.file.sha256 else None
             if cached is not None and (root / "wheels" / cached.sha256).is_dir():
@@ -413,14 +408,7 @@ def _fetch(wanted: list[str], arts: Artifacts, bundled: dict[str, str],
                 path, sha = c.local, c.sha256
             else:
                 path = Path(work) / f"fetch-{i}.whl"
-                if budget <= 0:
-                    raise PackageError(f"fetching {what} would download more than "
-                                       f"{MAX_DOWNLOAD_BYTES} bytes: refused")
-                sha = index.download(c.file, path, min(MAX_WHEEL_BYTES, budget))
-            budget -= path.stat().st_size
-            if budget < 0:
-                raise PackageError(f"the set's wheels are more than {MAX_DOWNLOAD_BYTES} "
-                                   "bytes: refused")
+                sha = index.download(c.file, path, MAX_WHEEL_BYTES)
             want = hashes.get(c.name)
             if want and sha not in want:
                 raise PackageError(f"{what}: the index serves bytes (sha256 {sha}) other "
@@ -428,11 +416,7 @@ def _fetch(wanted: list[str], arts: Artifacts, bundled: dict[str, str],
             plan = plan_wheel(path, what)
             planned.append((Wheel(c.name, c.version, c.file.filename, sha, plan.size,
                                   c.file.index), path, plan))
-        total = sum(w.size for w, _, _ in planned)
-        if total > cap:  # from the zips' directories: nothing unpacked yet
-            raise PackageError(f"{', '.join(f'{w.name}=={w.version}' for w, _, _ in planned)}"
-                               f" take {total} bytes unpacked, more than the {cap} this set "
-                               "may take (the sandbox's disk cap, or MemEx's per-set bound)")
+        _admit([w for w, _, _ in planned], None, cap)  # the zips' directories: none unpacked
         out = []
         with building(root):  # no eviction takes a wheel before its set is recorded
             for w, src, how in planned:

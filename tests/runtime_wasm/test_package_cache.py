@@ -15,7 +15,7 @@ from package_index import PackageIndex, build_wheel, package_index
 import memex.runtime_wasm._packages as packages
 from memex.runtime_wasm import Artifacts, Limits, Sandbox, resolve_packages
 from memex.runtime_wasm.engine._engine import load_module
-from memex.runtime_wasm.packages._store import evict, usage
+from memex.runtime_wasm.packages._store import evict, wheel_sizes
 
 MiB = 1 << 20
 HOLDER = """
@@ -67,7 +67,7 @@ def test_the_bound_evicts_least_recently_used_sets_but_never_a_held_one(
         assert not a.root.exists(), "the least recently used free set goes first"
         assert b.root.is_dir(), "a set another process holds stays"
         assert not c.root.exists() and d.root.is_dir()
-        assert usage(root).wheel_bytes <= int(2.5 * MiB)
+        assert sum(wheel_sizes(root).values()) <= int(2.5 * MiB)
     finally:
         assert child.stdin is not None
         child.stdin.close()

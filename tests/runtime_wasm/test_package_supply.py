@@ -297,6 +297,12 @@ def malformed(folder: Path, kind: str) -> None:
     elif kind == "other-name":
         _zip(whl, [(f"{info}/METADATA", b"Metadata-Version: 2.1\nName: other\nVersion: 9\n"),
                    ("memexbad.py", b"")])
+    elif kind == "forged-count":  # the end record claims 60,000 entries for 4
+        _zip(whl, [*base, ("memexbad.py", b"")])
+        raw = bytearray(whl.read_bytes())
+        at = raw.rfind(b"PK\5\6")
+        raw[at + 8:at + 12] = (60000).to_bytes(2, "little") * 2
+        whl.write_bytes(bytes(raw))
     elif kind == "bad-requirement":
         _zip(whl, [(f"{info}/METADATA", meta + b"Requires-Dist: not a requirement!!\n"),
                    ("memexbad.py", b"")])
@@ -310,6 +316,7 @@ def malformed(folder: Path, kind: str) -> None:
     ("link", "a path outside the package"),
     ("other-name", "its metadata names 'other'"),
     ("bad-requirement", "not a requirement"),
+    ("forged-count", "60000 files in its wheel"),
 ])
 def test_a_malformed_wheel_is_a_package_error(arts: Artifacts, tmp_path: Path, kind: str,
                                               says: str) -> None:
@@ -410,3 +417,31 @@ def test_pip_s_configuration_is_read_and_the_first_index_listing_a_name_wins(
         monkeypatch.setenv("PIP_NO_INDEX", "1")
         with pytest.raises(PackageError, match="no-index"):
             resolve_packages(["memexconf-only>=1"], arts, cache=tmp_path / "d")
+
+
+def test_a_resolution_s_reads_and_downloads_are_bounded(
+        arts: Artifacts, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tree that names more projects than a resolution may read, and (an index without
+    metadata files) candidates whose wheels must be downloaded to read their metadata: both
+    stop at the resolution's bounds; the same set under bounds that hold it installs."""
+    import memex.runtime_wasm.packages._index as index_mod
+
+    w = tmp_path / "w"
+    w.mkdir()
+    deps = [f"memexfan-{i}" for i in range(12)]
+    build_wheel(w, "memexfan", "1.0", {"memexfan.py": ""}, requires=tuple(deps))
+    for d in deps:
+        build_wheel(w, d, "1.0", {f"{d.replace('-', '_')}.py": "x = 1\n" * 2000})
+    with package_index(w, metadata=False) as idx:
+        monkeypatch.setattr(index_mod, "MAX_REQUESTS", 10)
+        with pytest.raises(PackageError, match="more than 10 reads of the index"):
+            resolve_packages(["memexfan"], arts, index_url=idx.url, cache=tmp_path / "c")
+        monkeypatch.setattr(index_mod, "MAX_REQUESTS", 2000)
+        size = (w / "memexfan_0-1.0-py3-none-any.whl").stat().st_size
+        monkeypatch.setattr(packages, "MAX_DOWNLOAD_BYTES", 5 * size)  # candidates count
+        with pytest.raises(PackageError, match=r"bytes, more than \d+|more than \d+ bytes"):
+            resolve_packages(["memexfan"], arts, index_url=idx.url, cache=tmp_path / "c")
+        assert nothing_kept(tmp_path / "c")
+        monkeypatch.setattr(packages, "MAX_DOWNLOAD_BYTES", 512 << 20)
+        got = resolve_packages(["memexfan"], arts, index_url=idx.url, cache=tmp_path / "c")
+        assert len(got.wheels) == 13

@@ -44,6 +44,12 @@ MAX_PAGE_FILES = 50_000
 READ_TIMEOUT = 30.0
 """Seconds one read may wait on the network (the whole resolution has its own deadline)."""
 MAX_REDIRECTS = 5
+MAX_REQUESTS = 2_000
+"""Reads one resolution may make (pages, metadata files, wheels): a tree that names more
+projects than this is refused, whatever each read costs."""
+MAX_FILES_KEPT = 200_000
+"""File entries one resolution keeps from the pages it read (PyPI's largest projects list a
+few thousand): what its memory holds is bounded by this, not by the pages' count."""
 _CHUNK = 1 << 16
 _JSON = "application/vnd.pypi.simple.v1+json"
 _ACCEPT = f"{_JSON}, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.1"
@@ -199,12 +205,17 @@ class Index:
     """The configured indexes for one resolution: pages and files, read bounded, with one
     deadline and a cancel that closes whatever read is open."""
 
-    def __init__(self, urls: Sequence[str], *, deadline: float) -> None:
+    def __init__(self, urls: Sequence[str], *, deadline: float, download_budget: int) -> None:
         if not urls:
             raise PackageError("no package index is configured")
         self.urls = tuple(urls)
         self.deadline = deadline
         self.requests = 0
+        # wheel bytes downloaded (the set's, and candidates whose metadata had to be read
+        # from the wheel itself): one budget for both
+        self.downloaded = 0
+        self.download_budget = download_budget
+        self._kept = 0  # file entries of the pages kept
         self._cancelled: str | None = None
         self._open: set[IO[bytes]] = set()
         self._lock = threading.Lock()
@@ -257,6 +268,10 @@ class Index:
             files = self._page(base, name)
             if files is not None:
                 found = (redact(base), files)
+                self._kept += len(files)
+                if self._kept > MAX_FILES_KEPT:
+                    raise PackageError(f"the resolution read pages listing more than "
+                                       f"{MAX_FILES_KEPT} files (at {name})")
                 break
         self._pages[name] = found
         return found
@@ -354,11 +369,17 @@ class Index:
         return body
 
     def download(self, f: IndexFile, dest: Path, cap: int) -> str:
-        """``f`` written to ``dest`` (at most ``cap`` bytes, else PackageError); its sha256,
-        which must be the one the index gave."""
+        """``f`` written to ``dest`` (at most ``cap`` bytes, and what is left of the
+        resolution's download budget, else PackageError); its sha256, which must be the one
+        the index gave."""
         h = hashlib.sha256()
+        left = self.download_budget - self.downloaded
+        if left <= 0:
+            raise PackageError(f"fetching {f.filename} would download more than "
+                               f"{self.download_budget} bytes in one resolution: refused")
         with dest.open("wb") as out:
-            for chunk in self._stream(f.url, cap):
+            for chunk in self._stream(f.url, min(cap, left)):
+                self.downloaded += len(chunk)
                 h.update(chunk)
                 out.write(chunk)
         digest = h.hexdigest()
@@ -399,6 +420,9 @@ class Index:
         """The bytes at ``url`` in chunks, at most ``cap`` of them (PackageError past it)."""
         self._check()
         self.requests += 1
+        if self.requests > MAX_REQUESTS:
+            raise PackageError(f"the resolution made more than {MAX_REQUESTS} reads of the "
+                               "index: refused")
         if urllib.parse.urlsplit(url).scheme.lower() == "file":
             yield from self._local(url, cap, page, meta)
             return

@@ -23,7 +23,7 @@ from ...errors import PackageError
 from ._index import MAX_METADATA_BYTES, Index, IndexFile
 from ._wheels import MAX_WHEEL_BYTES, metadata_of
 
-__all__ = ["MAX_METADATA_READS", "Chosen", "Resolution", "guest_markers", "resolve"]
+__all__ = ["MAX_METADATA_READS", "Chosen", "guest_markers", "resolve"]
 
 MAX_METADATA_READS = 500
 """Wheels whose metadata one resolution may read (each a request)."""
@@ -53,12 +53,6 @@ class Chosen:
     file: IndexFile
     local: Path | None = None  # already downloaded (an index without metadata files)
     sha256: str | None = None  # of ``local``
-
-
-@dataclass
-class Resolution:
-    wheels: list[Chosen]
-    requests: int
 
 
 @dataclass(frozen=True)
@@ -289,7 +283,9 @@ class _Provider(resolvelib.AbstractProvider):  # type: ignore[type-arg]
         if not same:
             raise PackageError(f"{what}: its metadata names {raw.get('name')!r} "
                                f"{raw.get('version')!r}, not the wheel it came with")
-        self.raw[key] = dict(raw)
+        # only what the resolution reads: a description of megabytes is not kept per wheel
+        self.raw[key] = {k: v for k, v in raw.items() if k in ("requires_python",
+                                                               "requires_dist")}
         return self.raw[key]
 
 
@@ -322,7 +318,7 @@ def _guest_tags(version: str) -> dict[Any, int]:
 
 def resolve(requirements: Sequence[str], index: Index, *, bundled: Mapping[str, str],
             python_tag: str, work: Path, hashes: Mapping[str, frozenset[str]]
-            ) -> Resolution:
+            ) -> list[Chosen]:
     """The wheels ``requirements`` (checked requirement texts, none bundled) need in the
     guest. PackageError naming the package for anything that cannot be had."""
     from packaging.requirements import Requirement
@@ -353,7 +349,7 @@ def resolve(requirements: Sequence[str], index: Index, *, bundled: Mapping[str, 
             continue
         local = provider.local.get(c.file.url)
         wheels.append(Chosen(c.name, str(c.version), c.file, *(local or (None, None))))
-    return Resolution(wheels, index.requests)
+    return wheels
 
 
 def _explain(causes: Iterable[Any], p: _Provider) -> str:

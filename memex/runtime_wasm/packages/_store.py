@@ -19,13 +19,12 @@ import os
 import shutil
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..engine._cache import cache_bytes
 
 __all__ = ["CACHE_BYTES_ENV", "Held", "building", "cache_bound", "evict", "hold",
-           "record_set", "stamp", "usage"]
+           "record_set", "stamp", "wheel_sizes"]
 
 CACHE_BYTES_ENV = "MEMEX_PACKAGE_CACHE_BYTES"
 DEFAULT_CACHE_BYTES = 2 << 30
@@ -106,14 +105,8 @@ def record_set(root: Path, set_id: str, wheels: Iterable[str]) -> None:
     atomic_write(root / "sets" / f"{set_id}.json", json.dumps(sorted(wheels)).encode())
 
 
-@dataclass(frozen=True)
-class Usage:
-    wheels: int
-    wheel_bytes: int
-    sets: int
-
-
-def _wheel_sizes(root: Path) -> dict[str, int]:
+def wheel_sizes(root: Path) -> dict[str, int]:
+    """Bytes each unpacked wheel takes (by its sha256), from the records beside them."""
     out: dict[str, int] = {}
     folder = root / "wheels"
     if not folder.is_dir():
@@ -132,13 +125,6 @@ def _wheel_sizes(root: Path) -> dict[str, int]:
     return out
 
 
-def usage(root: Path) -> Usage:
-    sizes = _wheel_sizes(root)
-    sets = root / "sets"
-    n = sum(1 for p in sets.iterdir() if p.is_dir()) if sets.is_dir() else 0
-    return Usage(len(sizes), sum(sizes.values()), n)
-
-
 def evict(root: Path, bound: int, keep: str | None = None) -> int:
     """Remove the least recently used sets no live sandbox holds, then the wheels no kept
     set names, until the wheels take at most ``bound`` bytes (``bound`` 0: every set not
@@ -148,7 +134,7 @@ def evict(root: Path, bound: int, keep: str | None = None) -> int:
     with _flock(root / ".lock", fcntl.LOCK_EX | fcntl.LOCK_NB) as mine:
         if not mine:
             return 0
-        sizes = _wheel_sizes(root)
+        sizes = wheel_sizes(root)
         total = sum(sizes.values())
         if total <= bound and bound > 0:
             return 0

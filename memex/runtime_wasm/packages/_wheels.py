@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import shutil
 import stat
+import struct
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -25,6 +26,9 @@ MAX_WHEEL_BYTES = 64 << 20
 MAX_WHEEL_FILES = 20_000
 MAX_UNPACKED_BYTES = 256 << 20
 _NATIVE = re.compile(r"\.(so|pyd|dylib|dll|a|o|wasm)(\.[0-9.]+)?$", re.IGNORECASE)
+_EOCD = struct.Struct("<4s4H2LH")  # signature, disk, cd disk, entries here, entries, ...
+_LOCATOR = struct.Struct("<4sLQL")  # zip64 locator: signature, disk, end record's offset
+_EOCD64 = struct.Struct("<4sQ2H2L4Q")  # zip64 end record: ..., entries here, entries, ...
 _ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError,
                RuntimeError, NotImplementedError, KeyError, UnicodeDecodeError)
 
@@ -37,11 +41,44 @@ class WheelPlan:
     size: int
 
 
+def _declared_entries(path: Path, what: str) -> int:
+    """How many entries the zip's end record says its directory holds, read before zipfile
+    parses the directory (a forged count would otherwise cost an object per entry)."""
+    with path.open("rb") as f:
+        size = f.seek(0, 2)
+        tail_len = min(size, _EOCD.size + 0xFFFF)
+        f.seek(size - tail_len)
+        tail = f.read(tail_len)
+        at = tail.rfind(b"PK\x05\x06")
+        if at < 0 or len(tail) - at < _EOCD.size:
+            raise PackageError(f"{what}: its wheel is not a readable zip (no end record)")
+        total = _EOCD.unpack_from(tail, at)[4]
+        if total != 0xFFFF:
+            return int(total)
+        loc = at - _LOCATOR.size  # zip64: the locator stands just before the end record
+        if loc < 0 or tail[loc:loc + 4] != b"PK\x06\x07":
+            raise PackageError(f"{what}: its wheel is not a readable zip (zip64 locator)")
+        f.seek(_LOCATOR.unpack_from(tail, loc)[2])
+        rec = f.read(_EOCD64.size)
+        if len(rec) < _EOCD64.size or rec[:4] != b"PK\x06\x06":
+            raise PackageError(f"{what}: its wheel is not a readable zip (zip64 end record)")
+        return int(_EOCD64.unpack_from(rec)[7])
+
+
+def _open_bounded(path: Path, what: str) -> zipfile.ZipFile:
+    """The wheel as a ZipFile, once its declared entries are within MAX_WHEEL_FILES."""
+    declared = _declared_entries(path, what)
+    if declared > MAX_WHEEL_FILES:
+        raise PackageError(f"{what}: {declared} files in its wheel, more than "
+                           f"{MAX_WHEEL_FILES}")
+    return zipfile.ZipFile(path)
+
+
 def plan_wheel(path: Path, what: str) -> WheelPlan:
     """The checked plan of the wheel at ``path`` (``what``: "name version" for messages),
     from its zip directory alone."""
     try:
-        with zipfile.ZipFile(path) as z:
+        with _open_bounded(path, what) as z:
             infos = z.infolist()
     except _ZIP_ERRORS as exc:
         raise PackageError(f"{what}: its wheel is not a readable zip ({exc})") from None
@@ -93,8 +130,8 @@ def metadata_of(path: Path, name: str, what: str, cap: int) -> bytes:
     from packaging.utils import canonicalize_name
 
     try:
-        with zipfile.ZipFile(path) as z:
-            for info in z.infolist()[:MAX_WHEEL_FILES]:
+        with _open_bounded(path, what) as z:
+            for info in z.infolist():
                 parts = info.filename.split("/")
                 if len(parts) == 2 and parts[1] == "METADATA" and \
                         parts[0].endswith(".dist-info") and \
