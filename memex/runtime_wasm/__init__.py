@@ -54,7 +54,7 @@ from ._transfer import (
 )
 from ._units import parse_seconds, parse_size, retry_after
 from ._workers import Job, Workers
-from .engine._artifacts import Artifacts, find_artifacts
+from .engine._artifacts import INTERPRETER, Artifacts, InterpreterRelease, find_artifacts
 from .engine._cache import cache_dir, state_dir
 from .engine._engine import compile_module, load_module, module_path
 from .engine._support import EngineSupport, engine_support
@@ -64,6 +64,7 @@ from .images._dirty import dirty_tracking
 __all__ = [
     "AGENT_LIMITS",
     "CACHE_PARTS",
+    "INTERPRETER",
     "KERNEL_LIMITS",
     "SANDBOX_LIMITS",
     "Artifacts",
@@ -77,6 +78,7 @@ __all__ = [
     "GuestException",
     "GuestFile",
     "GuestKilled",
+    "InterpreterRelease",
     "Job",
     "Limits",
     "Mount",

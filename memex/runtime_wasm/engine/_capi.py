@@ -61,7 +61,7 @@ __all__ = [
     "wat_to_wasm",
 ]
 
-WASMTIME_MAJOR = "49"  # the C API bound here; pyproject.toml pins the same wasmtime
+WASMTIME_MAJOR = "51"  # the C API bound here; pyproject.toml pins the same wasmtime
 
 _vp = ctypes.c_void_p
 _sz = ctypes.c_size_t
