@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Coroutine, Iterable
@@ -62,6 +63,17 @@ def _unpack(data: bytes, cap: int) -> Any:
 class _Gone:
     def __init__(self, why: str) -> None:
         self.why = why
+
+
+def _failed_send(sent: concurrent.futures.Future[None], fut: concurrent.futures.Future[Any]
+                 ) -> None:
+    """A call the connection would not send (closed, or its key rotated out) fails at once,
+    not at the turn's deadline."""
+    exc = None if sent.cancelled() else sent.exception()
+    if (sent.cancelled() or exc is not None) and not fut.done():
+        with contextlib.suppress(concurrent.futures.InvalidStateError):
+            fut.set_result(_Gone("the tool call could not reach the client "
+                                 f"({exc or 'cancelled'})"))
 
 
 class ClientDoor(Door):
@@ -263,7 +275,8 @@ class ClientDoor(Door):
         out = msgpack.packb(["door", seq, left, bytes(frame), deadline if finite else None],
                             use_bin_type=True)
         try:
-            asyncio.run_coroutine_threadsafe(send(out), loop)
+            sent = asyncio.run_coroutine_threadsafe(send(out), loop)
+            sent.add_done_callback(lambda f: _failed_send(f, fut))
             msg = fut.result(timeout=None if left is None else left + DOOR_GRACE)
         except (concurrent.futures.TimeoutError, TimeoutError):
             raise GuestKilled("deadline", "the client did not answer a tool call by the turn's "

@@ -1,7 +1,8 @@
 """Where a cluster keeps what must outlive a node: a storage URI read and written through
 ``fsspec`` (a path on a shared filesystem, ``file://...``, or an object store such as
-``s3://bucket/prefix`` with ``s3fs``). Keys are relative paths of safe names; every read is
-bounded before it allocates.
+``s3://bucket/prefix`` with ``s3fs``). Keys are relative paths of safe names (never ``.`` or
+``..``: a key names one object or folder under the root); every read is bounded before it
+allocates.
 
 A write is atomic for a reader: an object store's PUT is (the new object or the old one,
 never a mix); on a filesystem the bytes go to a temporary name and are renamed into place.
@@ -12,12 +13,15 @@ record names the objects it holds, and a reader follows the record only.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import secrets
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, ImageError
+from ..runtime_wasm import private_dir
 
 __all__ = ["Storage"]
 
@@ -41,8 +45,8 @@ class Storage:
         self._fs, self._root = fs, root.rstrip("/")
         self._local = "file" in (fs.protocol if isinstance(fs.protocol, tuple)
                                  else (fs.protocol,))
-        if self._local:
-            fs.makedirs(self._root, exist_ok=True)
+        if self._local:  # a folder only its owner may enter: it holds sessions' state
+            private_dir(Path(self._root))
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (Storage, (self.uri, self.options))
@@ -51,19 +55,25 @@ class Storage:
         return f"<Storage {self.uri}>"
 
     def _path(self, key: str) -> str:
-        if not _SAFE.match(key) or ".." in key.split("/"):
+        if not _SAFE.match(key) or any(part in (".", "..") for part in key.split("/")):
             raise ConfigError(f"not a storage key: {key!r}")
         return f"{self._root}/{key}"
 
     def put(self, key: str, data: bytes) -> None:
         path = self._path(key)
-        if self._local:
+        if self._local:  # 0600 in 0700 folders, whatever the umask
             parent = path.rsplit("/", 1)[0]
-            self._fs.makedirs(parent, exist_ok=True)
+            private_dir(Path(parent))
             tmp = f"{parent}/.tmp-{secrets.token_hex(8)}"
-            with self._fs.open(tmp, "wb") as f:
-                f.write(data)
-            self._fs.mv(tmp, path)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            try:
+                with open(fd, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, path)
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+                raise
         else:
             self._fs.pipe_file(path, bytes(data))
 

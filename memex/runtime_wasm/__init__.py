@@ -55,7 +55,7 @@ from ._transfer import (
 from ._units import parse_seconds, parse_size, retry_after
 from ._workers import Job, Workers
 from .engine._artifacts import INTERPRETER, Artifacts, InterpreterRelease, find_artifacts
-from .engine._cache import cache_dir, state_dir
+from .engine._cache import atomic_write, cache_dir, private_dir, state_dir
 from .engine._engine import compile_module, load_module, module_path
 from .engine._support import EngineSupport, engine_support
 from .files._tree import remove as remove_tree
@@ -91,6 +91,7 @@ __all__ = [
     "TurnStatus",
     "Wheel",
     "Workers",
+    "atomic_write",
     "bundled_packages",
     "cache_dir",
     "cache_report",
@@ -113,6 +114,7 @@ __all__ = [
     "parse_seconds",
     "parse_size",
     "prepare",
+    "private_dir",
     "remove_tree",
     "resolve_packages",
     "retry_after",

@@ -105,6 +105,12 @@ class Sandbox(SandboxHandle):
         # the instance running a turn now (set on the runner thread), for interrupt()
         self._running: Instance | None = None
         self._running_lock = threading.Lock()
+        # fork_many calls reading this sandbox's /tmp now; a close meanwhile leaves the
+        # folder to the last of them to give back (else a new sandbox could take it while
+        # children are still being cloned from it)
+        self._forking = 0
+        self._scratch_left: bool = False
+        self._fork_lock = threading.Lock()
         self.turns = 0
         self.fuel_used_total = 0
         self.created = time.monotonic()
@@ -618,19 +624,28 @@ class Sandbox(SandboxHandle):
         ones made are closed and the error is raised."""
         n = fork_count(n)
         with self._lock:
-            self._check_open()
-            img = self._runner.call(self._shared_image)
+            with self._fork_lock:  # checked with the count: a close sees one or the other
+                self._check_open()
+                self._forking += 1
             kids: list[Sandbox] = []
             try:
+                img = self._runner.call(self._shared_image)
                 for _ in range(n):
                     kids.append(Sandbox(limits=self.limits, mounts=self.mounts,
                                         door=door if door is not None else self.door,
                                         env=self._env, rollback=self.rollback,
                                         packages=self.packages, _image=img, _family=self))
+                    self._check_open()  # closed meanwhile: none (the close is the answer)
             except BaseException:
                 for kid in kids:
                     kid.close()
                 raise
+            finally:
+                with self._fork_lock:
+                    self._forking -= 1
+                    last = self._forking == 0 and self._scratch_left
+                if last:
+                    self._release_scratch()
             return kids
 
     def fork_in_turn(self, *, door: Door | None = None, limits: Limits | None = None
@@ -764,7 +779,22 @@ class Sandbox(SandboxHandle):
                 runner.call(job)
             runner.stop(timeout=5)
         self._good = self._backing = self._base = self._ref = self._watch = None
-        scratch = self.__dict__.get("_scratch")
+        fork_lock = self.__dict__.get("_fork_lock")
+        if fork_lock is not None:
+            with fork_lock:
+                self._scratch_left = self._forking > 0
+            if not self._scratch_left:
+                self._release_scratch()
+        held = self.__dict__.get("_held")
+        if held is not None:
+            held.release()
+        with _LIVE_LOCK:
+            _LIVE.discard(self)
+
+    def _release_scratch(self) -> None:
+        """This closed sandbox's /tmp: out of its disk ledger and back to the shelf (once,
+        after any fork_many still cloning from it)."""
+        scratch = self.__dict__.pop("_scratch", None)
         if scratch is not None:
             disk = self.__dict__.get("_disk")
             if disk is not None:
@@ -776,11 +806,6 @@ class Sandbox(SandboxHandle):
                     pass
             place = self.__dict__.get("_place")
             _scratch.give_back(str(scratch), place.root if place else str(scratch))
-        held = self.__dict__.get("_held")
-        if held is not None:
-            held.release()
-        with _LIVE_LOCK:
-            _LIVE.discard(self)
 
     def __repr__(self) -> str:
         state = self._closed_reason or "open"

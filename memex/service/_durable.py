@@ -17,7 +17,7 @@ import msgpack
 
 from ..backends import ClientDoor
 from ..errors import ImageError, MemexError, SandboxError, SandboxLost
-from ..runtime_wasm import SandboxAPI
+from ..runtime_wasm import SandboxAPI, atomic_write, private_dir
 from ..serving import Keeper, QuotaExceeded, session_fields
 from ._config import TenantConfig
 from ._sessions import Session
@@ -26,13 +26,9 @@ __all__ = ["ServeKeeper", "session_of_meta"]
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
+    """A file of the shared folder: whole or absent to a reader, 0600 in 0700 folders (it
+    holds a tenant's saved values and files)."""
+    atomic_write(path, data, private=True)
 
 
 def session_of_meta(meta: dict[str, Any]) -> Session:
@@ -52,7 +48,7 @@ class ServeKeeper(Keeper[Session]):
         """Write the session's image, files and description into ``folder`` (a shared folder
         another node takes it from); the turns the image holds."""
         turns, blob, files = cls._state(s, sb)
-        folder.mkdir(parents=True, exist_ok=True)
+        private_dir(folder)
         _atomic_write(folder / f"{s.id}.image", blob)
         _atomic_write(folder / f"{s.id}.files", msgpack.packb(files or {}, use_bin_type=True))
         _atomic_write(folder / f"{s.id}.json",
@@ -115,8 +111,7 @@ class ServeKeeper(Keeper[Session]):
     def share_checkpoint(self, tenant: str, cid: str, checkpoint: object, shared: Path) -> None:
         """Write a held checkpoint to ``shared/<tenant>/checkpoints/<cid>``, where any node's
         restore of that id finds it (:meth:`shared_checkpoint`)."""
-        folder = shared / tenant / "checkpoints"
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = private_dir(shared / tenant / "checkpoints")
         _atomic_write(folder / cid, self.image_bytes(checkpoint))
         self.log.info(json.dumps({"event": "share_checkpoint", "tenant": tenant,
                              "checkpoint": cid}))

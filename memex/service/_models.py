@@ -10,6 +10,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 from pydantic.json_schema import SkipJsonSchema
 
+from ..serving import ID_PATTERN
+
 __all__ = ["API_VERSION", "GUEST_PATH", "CheckpointOut", "CreateSession", "ErrorBody",
            "ErrorDetail", "FileList", "FileOut", "ForksIn", "LimitsIn", "MountIn", "RestoreIn",
            "RunIn", "RunOut", "SessionList", "SessionOut", "ToolList", "ToolOut"]
@@ -178,7 +180,7 @@ class CheckpointOut(BaseModel):
 
 
 class RestoreIn(_Strict):
-    checkpoint: str = Field(max_length=128)
+    checkpoint: str = Field(pattern=ID_PATTERN)
 
 
 class FileOut(BaseModel):

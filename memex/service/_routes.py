@@ -12,7 +12,16 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 import msgpack
-from fastapi import APIRouter, Depends, Query, Request, Response, WebSocket, WebSocketDisconnect
+from fastapi import (
+    APIRouter,
+    Depends,
+    Path,
+    Query,
+    Request,
+    Response,
+    WebSocket,
+    WebSocketDisconnect,
+)
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 from starlette.requests import HTTPConnection
@@ -25,7 +34,7 @@ from ..runtime_wasm import (
     TurnResult,
     unpack_bounded,
 )
-from ..serving import describe_tools
+from ..serving import ID_PATTERN, describe_tools
 from ._config import TenantConfig, key_matches
 from ._http import ApiError, invalid_request, too_large
 from ._models import (
@@ -111,6 +120,10 @@ async def _tenant_of(request: Request) -> TenantConfig:
 
 Svc = Annotated[Service, Depends(_service_of)]
 Tenant = Annotated[TenantConfig, Depends(_tenant_of)]
+# An id in a path is a name, checked before any handler sees it (422): ``.``, ``..`` and
+# ``%2e%2e`` would otherwise reach the state and shared folders as paths.
+SessionId = Annotated[str, Path(pattern=ID_PATTERN, description="a session id")]
+CheckpointId = Annotated[str, Path(pattern=ID_PATTERN, description="a checkpoint id")]
 
 
 # ---- health -------------------------------------------------------------------------------
@@ -161,12 +174,12 @@ async def list_sessions(tenant: Tenant, svc: Svc) -> SessionList:
 
 
 @router.get(f"{V1}/sessions/{{sid}}", responses=_ERRORS)
-async def get_session(sid: str, tenant: Tenant, svc: Svc) -> SessionOut:
+async def get_session(sid: SessionId, tenant: Tenant, svc: Svc) -> SessionOut:
     return svc.out(await svc.session_of(tenant, sid))
 
 
 @router.delete(f"{V1}/sessions/{{sid}}", status_code=204, responses=_ERRORS)
-async def close(sid: str, tenant: Tenant, svc: Svc) -> Response:
+async def close(sid: SessionId, tenant: Tenant, svc: Svc) -> Response:
     s = await svc.find(tenant, sid)
     if s is None:
         raise ApiError(404, "not_found", f"no session {sid!r}")
@@ -175,7 +188,7 @@ async def close(sid: str, tenant: Tenant, svc: Svc) -> Response:
 
 
 @router.post(f"{V1}/sessions/{{sid}}/fork", status_code=201, responses=_ERRORS)
-async def fork(sid: str, tenant: Tenant, svc: Svc) -> SessionOut:
+async def fork(sid: SessionId, tenant: Tenant, svc: Svc) -> SessionOut:
     s = await svc.session_of(tenant, sid)
     try:
         return svc.out(await svc.ordered(s, tenant, svc.fork_of(s, tenant)))
@@ -184,7 +197,7 @@ async def fork(sid: str, tenant: Tenant, svc: Svc) -> SessionOut:
 
 
 @router.post(f"{V1}/sessions/{{sid}}/forks", status_code=201, responses=_ERRORS)
-async def forks(sid: str, body: ForksIn, tenant: Tenant, svc: Svc) -> SessionList:
+async def forks(sid: SessionId, body: ForksIn, tenant: Tenant, svc: Svc) -> SessionList:
     """``count`` forks of the session in one call, all or none: they count against the
     tenant's quota together, and when one cannot be made none is kept."""
     s = await svc.session_of(tenant, sid)
@@ -196,7 +209,7 @@ async def forks(sid: str, body: ForksIn, tenant: Tenant, svc: Svc) -> SessionLis
 
 
 @router.post(f"{V1}/sessions/{{sid}}/park", status_code=204, responses=_ERRORS)
-async def park(sid: str, tenant: Tenant, svc: Svc) -> Response:
+async def park(sid: SessionId, tenant: Tenant, svc: Svc) -> Response:
     s = await svc.session_of(tenant, sid)
     await svc.blocking(svc.keeper.park, s, svc.shared(), tenant=tenant.name)
     svc.release_door(s)
@@ -204,7 +217,7 @@ async def park(sid: str, tenant: Tenant, svc: Svc) -> Response:
 
 
 @router.post(f"{V1}/sessions/{{sid}}/unpark", status_code=201, responses=_ERRORS)
-async def unpark(sid: str, tenant: Tenant, svc: Svc) -> SessionOut:
+async def unpark(sid: SessionId, tenant: Tenant, svc: Svc) -> SessionOut:
     folder = svc.shared()
     try:
         s: Session | None = await svc.blocking(svc.keeper.unpark, tenant, sid, folder,
@@ -218,7 +231,7 @@ async def unpark(sid: str, tenant: Tenant, svc: Svc) -> SessionOut:
 
 # ---- turns --------------------------------------------------------------------------------
 @router.post(f"{V1}/sessions/{{sid}}/run", response_model=RunOut, responses=_ERRORS)
-async def run(sid: str, body: RunIn, tenant: Tenant, svc: Svc) -> Response:
+async def run(sid: SessionId, body: RunIn, tenant: Tenant, svc: Svc) -> Response:
     # the hot path: encoded once, not validated again against RunOut
     return Response(json.dumps(await svc.run_turn(tenant, sid, body)),
                     media_type="application/json")
@@ -228,7 +241,7 @@ async def run(sid: str, body: RunIn, tenant: Tenant, svc: Svc) -> Response:
     **_ERRORS, 200: {"content": {"text/event-stream": {}}, "description":
                      "server-sent events: output {stream, text} as the guest writes, then "
                      "result (the body of /run) or error (an error body)"}})
-async def run_stream(sid: str, body: RunIn, tenant: Tenant, svc: Svc) -> StreamingResponse:
+async def run_stream(sid: SessionId, body: RunIn, tenant: Tenant, svc: Svc) -> StreamingResponse:
     s = await svc.session_of(tenant, sid)
     out = _Output(asyncio.get_running_loop())
     # admitted before the answer starts: a refusal has the status /run would give it
@@ -307,27 +320,27 @@ class _Output:
 
 # ---- checkpoints --------------------------------------------------------------------------
 @router.post(f"{V1}/sessions/{{sid}}/checkpoints", status_code=201, responses=_ERRORS)
-async def checkpoint(sid: str, tenant: Tenant, svc: Svc) -> CheckpointOut:
+async def checkpoint(sid: SessionId, tenant: Tenant, svc: Svc) -> CheckpointOut:
     s = await svc.session_of(tenant, sid)
     return CheckpointOut(checkpoint=await svc.take_checkpoint(s, tenant))
 
 
 @router.post(f"{V1}/sessions/{{sid}}/restore", status_code=204, responses=_ERRORS)
-async def restore(sid: str, body: RestoreIn, tenant: Tenant, svc: Svc) -> Response:
+async def restore(sid: SessionId, body: RestoreIn, tenant: Tenant, svc: Svc) -> Response:
     s = await svc.session_of(tenant, sid)
     await svc.restore_checkpoint(s, tenant, body.checkpoint)
     return Response(status_code=204)
 
 
 @router.delete(f"{V1}/checkpoints/{{cid}}", status_code=204, responses=_ERRORS)
-async def drop_checkpoint(cid: str, tenant: Tenant, svc: Svc) -> Response:
+async def drop_checkpoint(cid: CheckpointId, tenant: Tenant, svc: Svc) -> Response:
     if not await svc.drop_checkpoint(tenant, cid):
         raise ApiError(404, "not_found", f"no checkpoint {cid!r}")
     return Response(status_code=204)
 
 
 @router.post(f"{V1}/checkpoints/{{cid}}/share", status_code=204, responses=_ERRORS)
-async def share_checkpoint(cid: str, tenant: Tenant, svc: Svc) -> Response:
+async def share_checkpoint(cid: CheckpointId, tenant: Tenant, svc: Svc) -> Response:
     """Write a held checkpoint to the nodes' shared folder: a restore of its id on any node
     of the tenant then finds it there (docs/service.md, Scaling out)."""
     shared = svc.shared()
@@ -341,7 +354,7 @@ async def share_checkpoint(cid: str, tenant: Tenant, svc: Svc) -> Response:
 
 # ---- files --------------------------------------------------------------------------------
 @router.get(f"{V1}/sessions/{{sid}}/files", responses=_ERRORS)
-async def read_file(sid: str, path: GuestPathQuery, tenant: Tenant, svc: Svc,
+async def read_file(sid: SessionId, path: GuestPathQuery, tenant: Tenant, svc: Svc,
                     max_bytes: Annotated[int | None, Query(ge=0)] = None) -> Response:
     """A file of the session, refused (413) before it is read when it is larger than the
     server's response cap or ``max_bytes``."""
@@ -354,7 +367,7 @@ async def read_file(sid: str, path: GuestPathQuery, tenant: Tenant, svc: Svc,
 
 
 @router.get(f"{V1}/sessions/{{sid}}/files/list", responses=_ERRORS)
-async def list_files(sid: str, tenant: Tenant, svc: Svc,
+async def list_files(sid: SessionId, tenant: Tenant, svc: Svc,
                      path: GuestPathQuery = "/tmp",
                      limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000) -> FileList:
     s = await svc.session_of(tenant, sid)
@@ -372,7 +385,7 @@ async def list_files(sid: str, tenant: Tenant, svc: Svc,
 
 
 @router.put(f"{V1}/sessions/{{sid}}/files", status_code=204, responses=_ERRORS)
-async def write_file(sid: str, request: Request, path: GuestPathQuery,
+async def write_file(sid: SessionId, request: Request, path: GuestPathQuery,
                      tenant: Tenant, svc: Svc) -> Response:
     s = await svc.session_of(tenant, sid)
     data = await request.body()
@@ -405,16 +418,23 @@ async def turns(ws: WebSocket, sid: str) -> None:
 
 
 REVOKE_CHECK = 0.5
-"""Seconds between two checks of an open socket's key: a key rotated out of serve.toml (or
-its tenant removed) closes every socket it opened within this."""
+"""Seconds between two checks of an idle socket's key: a key rotated out of serve.toml (or
+its tenant removed) closes every socket it opened within this; a frame in either direction
+is checked as it passes (a door call is not sent, a message is not answered)."""
+
+
+def _still(svc: Service, key: str | None, tenant: str) -> bool:
+    """Whether ``key`` still names ``tenant`` (serve.toml as it is now)."""
+    found = svc.keys.lookup(key)
+    return found is not None and found.name == tenant
 
 
 async def _while_valid(svc: Service, key: str | None, tenant: str, ws: WebSocket) -> None:
-    """Close ``ws`` (4401) once its key no longer names ``tenant``."""
+    """Close ``ws`` (4401) once its key no longer names ``tenant``: for a socket that sends
+    nothing (every frame either way is checked as it passes)."""
     while True:
         await asyncio.sleep(REVOKE_CHECK)
-        found = svc.keys.lookup(key)
-        if found is None or found.name != tenant:
+        if not _still(svc, key, tenant):
             with contextlib.suppress(Exception):
                 await ws.close(code=4401)
             return
@@ -455,14 +475,28 @@ async def door(ws: WebSocket, sid: str) -> None:
         await ws.close(code=4401 if tenant is None else 4404)
         return
     await ws.accept()
-    token = s.door.attach(ws.send_bytes, asyncio.get_running_loop())
     assert tenant is not None
-    watch = asyncio.ensure_future(_while_valid(svc, key, tenant.name, ws))
+    name = tenant.name
+
+    async def send(frame: bytes) -> None:
+        """A door call to the client, only while its key still names the tenant: the key
+        is looked up again for every frame (a ``stat`` of serve.toml), so a key rotated out
+        gets not one more call, whatever the timer below has seen."""
+        if not _still(svc, key, name):
+            with contextlib.suppress(Exception):
+                await ws.close(code=4401)
+            raise ConnectionError("the key of this door was rotated out")
+        await ws.send_bytes(frame)
+
+    token = s.door.attach(send, asyncio.get_running_loop())
+    watch = asyncio.ensure_future(_while_valid(svc, key, name, ws))
     try:
         await ws.send_bytes(b"\x91\xa5ready")  # msgpack ["ready"]
         while True:
             data = await ws.receive_bytes()
-            if watch.done():  # revoked: what it sends is no longer answered
+            if watch.done() or not _still(svc, key, name):  # what it sends is not answered
+                with contextlib.suppress(Exception):
+                    await ws.close(code=4401)
                 break
             if not s.door.answer(data):
                 await ws.close(code=1003)

@@ -25,11 +25,12 @@ from ._settings import (
     config_error,
 )
 from ._shares import Shares
-from ._table import Bounds, QuotaExceeded, SessionTable
+from ._table import ID_PATTERN, Bounds, QuotaExceeded, SessionTable
 from ._tools import describe_tools, load_tools
 
 __all__ = [
     "CONTROL_NAME",
+    "ID_PATTERN",
     "KIT_BYTES",
     "Bounds",
     "ConnectionGuard",

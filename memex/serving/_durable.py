@@ -45,12 +45,13 @@ from ..runtime_wasm import (
     SandboxAPI,
     checkpoint_from_bytes,
     checkpoint_to_bytes,
+    private_dir,
 )
 from ._store import StateStore
-from ._table import CoreSession, SessionTable
+from ._table import ID_PATTERN, CoreSession, SessionTable
 
 __all__ = ["DurableSession", "Keeper", "session_fields"]
-_SAFE = re.compile(r"^[A-Za-z0-9_.-]+$")
+_SAFE = re.compile(ID_PATTERN)
 
 
 @dataclass(kw_only=True, eq=False)
@@ -338,7 +339,7 @@ class Keeper(Generic[S]):
     def start(self) -> None:
         if self.root is None:
             return
-        self.root.mkdir(parents=True, exist_ok=True)
+        private_dir(self.root)
         self._thread = threading.Thread(target=self._loop, name="memex-serve-keeper",
                                         daemon=True)
         self._thread.start()

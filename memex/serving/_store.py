@@ -5,19 +5,25 @@ instant leaves every session either as its previous save or as its new one, neve
 of one turn beside the description of another. The turns *begun* (updated as each turn
 starts) live in the same row, so that after a crash a session says how many turns were lost.
 
-Writes are synchronous (``synchronous=FULL``): a save that returned survives a power loss
-too. Sessions saved by earlier versions (``<tenant>/<id>.json`` with ``.image``, ``.files``
-and ``.turns`` beside it) are moved in on start.
+Writes are synchronous (``synchronous=FULL``): a save that returned survives a power loss too.
+The folder is 0700 and the database files 0600 whatever the umask: a row holds a session's
+environment values and /tmp files in clear. Sessions saved by earlier versions
+(``<tenant>/<id>.json`` with ``.image``, ``.files`` and ``.turns`` beside it) are moved in on
+start.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from ..runtime_wasm import private_dir
 
 __all__ = ["SavedSession", "StateStore"]
 
@@ -49,8 +55,14 @@ class StateStore:
     """The sessions of one durable server (thread-safe: one connection behind a lock)."""
 
     def __init__(self, root: Path) -> None:
-        root.mkdir(parents=True, exist_ok=True)
+        private_dir(root)
         self.path = root / "state.db"
+        # 0600 before SQLite opens it (its -wal and -shm files take the database's mode),
+        # and tightened if an earlier version made it under the umask
+        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        for p in (self.path, root / "state.db-wal", root / "state.db-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.chmod(p, 0o600)
         self._lock = threading.Lock()
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
                                    timeout=30)

@@ -31,7 +31,13 @@ from typing import Any, Generic, TypeVar
 
 from ..runtime_wasm import Limits, SandboxAPI
 
-__all__ = ["Bounds", "CoreSession", "QuotaExceeded", "SessionTable"]
+__all__ = ["ID_PATTERN", "Bounds", "CoreSession", "QuotaExceeded", "SessionTable"]
+
+ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+"""What a session or checkpoint id may be (what ``secrets.token_urlsafe`` makes, with a
+prefix): a name, never a path. It becomes a file name in a state or shared folder and a key
+in a cluster's storage, so ``.``, ``..`` and anything with a separator are refused where a
+request names one (422), not found later as a path."""
 
 
 @dataclass(frozen=True)

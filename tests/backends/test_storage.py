@@ -47,12 +47,35 @@ def test_a_read_is_bounded_before_it_allocates(storage: Storage) -> None:
 
 
 @pytest.mark.parametrize("key", ["../escape", "a/../../b", "/abs", "a//b", "", "a b",
-                                 "sessions/s_1/"])
+                                 "sessions/s_1/", ".", "..", "t/checkpoints/.", "a/./b"])
 def test_keys_are_safe_names_only(storage: Storage, key: str) -> None:
     with pytest.raises(ConfigError, match="not a storage key"):
         storage.put(key, b"x")
     with pytest.raises(ConfigError, match="not a storage key"):
         storage.get(key, 10)
+    with pytest.raises(ConfigError, match="not a storage key"):
+        storage.delete(key)  # "t/checkpoints/." would have been the whole folder
+
+
+def test_a_local_store_is_its_owner_s_alone(tmp_path: Path) -> None:
+    """0700 folders and 0600 files whatever the umask (it holds sessions' saved state);
+    the control: the same umask leaves a folder made without care open (0755)."""
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        store = Storage(str(tmp_path / "store"))
+        store.put("sessions/s_1/record", b"one")
+        (tmp_path / "control").mkdir()
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "control").stat().st_mode) == 0o755
+    modes = {str(p.relative_to(tmp_path)): stat.S_IMODE(p.stat().st_mode)
+             for p in (tmp_path / "store").rglob("*")} | {
+        "store": stat.S_IMODE((tmp_path / "store").stat().st_mode)}
+    assert modes == {"store": 0o700, "store/sessions": 0o700, "store/sessions/s_1": 0o700,
+                     "store/sessions/s_1/record": 0o600}
 
 
 def test_it_crosses_to_another_process_as_its_uri(storage: Storage) -> None:

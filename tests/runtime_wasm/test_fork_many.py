@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from memex import Limits, Sandbox, SandboxClosed, SandboxError, TurnStatus
@@ -97,3 +99,68 @@ def test_a_fork_records_its_first_turns_writes_without_a_watch_until_then() -> N
             assert r.rolled_back and kid.run("(mine[0], mine[1])").value == f"({ord('k')}, 0)"
         finally:
             kid.close()
+
+
+@pytest.mark.parametrize("parent_files", [False, True])
+def test_a_close_during_fork_many_is_all_or_none_and_no_child_sees_another_sandbox(
+        monkeypatch: pytest.MonkeyPatch, parent_files: bool) -> None:
+    """The parent is closed (from another thread) while fork_many is cloning its /tmp for
+    the second child, and a new sandbox opens and writes at once: fork_many then gives no
+    child (SandboxClosed, the first child closed), and the new sandbox's /tmp is never the
+    parent's folder (a closed sandbox's folder goes back to the shelf for reuse only when no
+    fork_many reads it). The interleaving is forced at the clone, not timed. Without files
+    in the parent's /tmp its folder is one the shelf would hand out at once (the case the
+    review found: children then saw the newcomer's files); with files, it would be deleted."""
+    from memex.runtime_wasm import _sandbox
+
+    real_clone = _sandbox._tree.clone
+    reached, go = threading.Event(), threading.Event()
+    calls: list[str] = []
+
+    def clone(src: str, dst: str, **kw: object) -> object:
+        calls.append(src)
+        if len(calls) == 2:
+            reached.set()
+            assert go.wait(60)
+        return real_clone(src, dst, **kw)  # type: ignore[arg-type]
+
+    parent = Sandbox(limits=Limits(timeout=30))
+    if parent_files:
+        parent.run("open('/tmp/mine', 'w').write('p')")
+    folder = str(parent._scratch)
+    live = len(_LIVE)
+    monkeypatch.setattr(_sandbox._tree, "clone", clone)
+    out: list[object] = []
+    t = threading.Thread(target=lambda: out.append(_forks(parent, 3)))
+    t.start()
+    assert reached.wait(60)
+    parent.close()  # returns at once: the folder is left to fork_many
+    monkeypatch.setattr(_sandbox._tree, "clone", real_clone)
+    newcomer = Sandbox(limits=Limits(timeout=30))
+    try:
+        assert str(newcomer._scratch) != folder
+        newcomer.run("open('/tmp/theirs', 'w').write('n')")
+        go.set()
+        t.join(60)
+        assert isinstance(out[0], SandboxClosed), out
+        assert len(_LIVE) == live  # the parent gone, the newcomer here, no child kept
+    finally:
+        go.set()
+        newcomer.close()
+    # the control: without a close, fork_many gives every child the parent's files only
+    with Sandbox(limits=Limits(timeout=30)) as sb:
+        sb.run("open('/tmp/mine', 'w').write('p')")
+        kids = sb.fork_many(3)
+        try:
+            for kid in kids:
+                assert kid.run("import os; sorted(os.listdir('/tmp'))").value == "['mine']"
+        finally:
+            for kid in kids:
+                kid.close()
+
+
+def _forks(sb: Sandbox, n: int) -> object:
+    try:
+        return sb.fork_many(n)
+    except Exception as exc:  # the test reads which one
+        return exc

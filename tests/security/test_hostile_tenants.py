@@ -181,6 +181,58 @@ def test_a_rotated_out_key_loses_its_open_sockets(server: Served) -> None:
             ws.close()
 
 
+def test_a_rotated_out_key_gets_not_one_more_door_call(tmp_path: Any) -> None:
+    """The door socket's key is looked up again for every frame, not only by the timer: a
+    guest's tool call made right after the key was rotated out of serve.toml never reaches
+    the old socket (it is closed, 4401, and the call fails for the guest at once). The
+    control: the same call, before the rotation, reaches the socket. (One server: a
+    cluster's fronts see a rotation within seconds, through the control actor's copy.)"""
+    served = start_server(tmp_path, {"a": "max_sessions = 5", "b": "max_sessions = 5"})
+    text = served.config.read_text()
+    base = "ws" + served.url[4:]
+    try:
+        a = Client(served.url, served.keys["a"])
+        sid = a.create()["id"]
+        call = "from memex_guest import tools\ntools.call('on_the_client', {})"
+
+        def door() -> Any:
+            ws = connect(f"{base}/v1/sessions/{sid}/door", open_timeout=10,
+                         additional_headers={"Authorization": f"Bearer {served.keys['a']}"})
+            assert msgpack.unpackb(ws.recv(timeout=10)) == ["ready"]
+            return ws
+
+        def turn(key: str) -> concurrent.futures.Future[Any]:
+            pool = concurrent.futures.ThreadPoolExecutor(1)
+            fut = pool.submit(lambda: Client(served.url, key).run(sid, call, timeout=20))
+            pool.shutdown(wait=False)
+            return fut
+
+        ws = door()  # the control: before the rotation the call reaches the client
+        pending = turn(served.keys["a"])
+        msg = msgpack.unpackb(ws.recv(timeout=30))
+        assert msg[0] == "door", msg
+        ws.close()  # unanswered: the turn fails for the guest (the client went away)
+        pending.result(60)
+
+        ws = door()
+        new_key = "rotated-key-for-tenant-a-9876543210"
+        start, end = text.index("[tenants.a]"), text.index("[tenants.b]")
+        served.config.write_text(text[:start] + tenant_table("a", new_key, "max_sessions = 5")
+                                 + text[end:])
+        pending = turn(new_key)  # at once: well inside the timer's half second
+        got = []
+        with pytest.raises(ConnectionClosed) as closed:
+            while True:
+                got.append(msgpack.unpackb(ws.recv(timeout=30)))
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 4401
+        assert [m for m in got if m[0] == "door"] == []
+        out = pending.result(60)
+        assert out["result"]["status"] != "ok", out  # the guest's call failed, promptly
+    finally:
+        served.config.write_text(text)
+        served.stop()
+
+
 def _hwm(served: Served) -> int:
     with open(f"/proc/{served.proc.pid}/status") as f:
         for line in f:

@@ -1,9 +1,14 @@
 """Two `memex serve` nodes on 127.0.0.1 sharing one parking folder: a session pinned to node A
 is parked, taken by node B with its state, and is then B's alone; only one node can take a
-parked session, another tenant cannot, and a node without a shared folder says so."""
+parked session, another tenant cannot, and a node without a shared folder says so. What the
+nodes keep at rest is their owner's alone, and ids in paths are names, never paths."""
 
 from __future__ import annotations
 
+import http.client
+import json
+import os
+import stat
 import threading
 from pathlib import Path
 
@@ -158,3 +163,77 @@ def test_a_checkpoint_shared_on_one_node_restores_on_another(tmp_path: Path) -> 
     finally:
         a_node.stop()
         b_node.stop()
+
+
+def _modes(root: Path) -> dict[str, str]:
+    """Each folder and file under ``root`` (itself included) and its mode, in octal."""
+    found = {".": oct(stat.S_IMODE(root.stat().st_mode))}
+    for p in root.rglob("*"):
+        found[str(p.relative_to(root))] = oct(stat.S_IMODE(p.lstat().st_mode))
+    return found
+
+
+def _raw(url: str, method: str, path: str, key: str, body: bytes | None = None) -> int:
+    """The status of a request sent as written (an HTTP client would fold ``..`` away)."""
+    host, port = url.split("//")[1].split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        conn.request(method, path, body=body, headers={
+            "Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def test_state_at_rest_is_its_owner_s_and_ids_in_paths_are_names(tmp_path: Path) -> None:
+    """Under the usual umask (022), the state folder, the shared folder and everything the
+    server writes in them are 0700 folders and 0600 files: they hold every tenant's saved
+    environment values and files. And an id in a path is a name: ``.``, ``..`` and their
+    %-encodings are refused (422) on every route that takes one, without touching the shared
+    folder (``.`` used to reach it as a path and answer 500)."""
+    shared = tmp_path / "shared"
+    old = os.umask(0o022)
+    try:
+        (tmp_path / "control").mkdir()  # the control: this umask leaves a folder open
+        node = start_server(tmp_path / "a", {"t": ""},
+                            server=f"shared_dir = '{shared}'\nstate_dir = 'state'")
+    finally:
+        os.umask(old)
+    assert oct(stat.S_IMODE((tmp_path / "control").stat().st_mode)) == "0o755"
+    key = node.keys["t"]
+    try:
+        c = Client(node.url, key)
+        sid = c.create(env={"API_TOKEN": "s3cret"})["id"]
+        c.run(sid, "open('/tmp/notes.txt', 'w').write('private')")
+        cid = c.checkpoint(sid)
+        c.share_checkpoint(cid)
+        parked = c.create()["id"]
+        c.park(parked)
+        state = tmp_path / "a" / "state"
+        for root in (state, shared):
+            modes = _modes(root)
+            assert len(modes) > 1, root
+            assert {p: m for p, m in modes.items()
+                    if m != ("0o700" if (root / p).is_dir() else "0o600")} == {}, root
+        assert (state / "state.db").is_file()
+        assert (shared / "t" / "checkpoints" / cid).is_file()
+        assert (shared / "t" / f"{parked}.image").is_file()
+
+        # a separator makes another path, which no route serves
+        assert _raw(node.url, "DELETE", "/v1/checkpoints/a%2fb", key) == 404
+        for bad in ("..", ".", "%2e%2e", "%2E", "a.b", "%2e%2e%5c"):
+            assert _raw(node.url, "DELETE", f"/v1/checkpoints/{bad}", key) == 422, bad
+            assert _raw(node.url, "POST", f"/v1/checkpoints/{bad}/share", key) == 422, bad
+            assert _raw(node.url, "POST", f"/v1/sessions/{bad}/unpark", key) == 422, bad
+            assert _raw(node.url, "GET", f"/v1/sessions/{bad}", key) == 422, bad
+        for bad in ("..", ".", "../t"):
+            body = json.dumps({"checkpoint": bad}).encode()
+            assert _raw(node.url, "POST", f"/v1/sessions/{sid}/restore", key, body) == 422
+        assert (shared / "t" / "checkpoints" / cid).is_file()  # nothing was touched
+        assert c.run(sid, "open('/tmp/notes.txt').read()")["result"]["value"] == "'private'"
+        # the control: the checkpoint's own id is dropped, its shared copy with it
+        assert _raw(node.url, "DELETE", f"/v1/checkpoints/{cid}", key) == 204
+        assert not (shared / "t" / "checkpoints" / cid).exists()
+        c.close_session(sid)
+    finally:
+        node.stop()

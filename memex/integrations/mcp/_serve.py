@@ -6,6 +6,7 @@ ends every session and closes every bridge."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hmac
 import importlib
@@ -14,6 +15,7 @@ import json
 import os
 import signal
 import sys
+import time
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from typing import Any
 
@@ -29,7 +31,7 @@ from ...host_tools import Tool, ToolSet
 from ...runtime_wasm import cancel_resolutions
 from ...serving import ConnectionGuard, EdgeLimits
 from ._config import McpConfig
-from ._server import build_server
+from ._server import build_server, principal_of
 from ._sessions import Sessions
 from ._stdio import wire
 
@@ -73,29 +75,73 @@ class BearerAuth:
 
 
 class EndsSessions:
-    """ASGI middleware: a handshake-era client's ``DELETE`` of its ``Mcp-Session-Id`` (the
-    end of its MCP session), once the SDK accepts it, ends the sandbox session it used."""
+    """ASGI middleware over the SDK's streamable HTTP app: each ``Mcp-Session-Id`` belongs
+    to the principal whose request was answered with it. A request of another principal
+    that names it is answered 404, as an unknown session would be, before the SDK sees it
+    (else it could end the owner's MCP session, or detach its sandbox session). The owner's
+    ``DELETE`` of it (the end of its MCP session), once the SDK accepts it, ends the sandbox
+    session it used.
 
-    def __init__(self, app: ASGIApp, sessions: Sessions) -> None:
+    The owners are kept while their MCP session may live: an id not seen for twice the
+    SDK's idle timeout is forgotten (the SDK has ended it by then)."""
+
+    def __init__(self, app: ASGIApp, sessions: Sessions, idle_timeout: float = 3600.0
+                 ) -> None:
         self.app, self.sessions = app, sessions
+        self._forget_after = 2 * idle_timeout
+        self._owners: collections.OrderedDict[bytes, tuple[str, float]] = \
+            collections.OrderedDict()
+
+    def _owner_of(self, sid: bytes) -> str | None:
+        now = time.monotonic()
+        while self._owners:  # the oldest first: forget the ones the SDK has ended
+            first, (_, seen) = next(iter(self._owners.items()))
+            if now - seen <= self._forget_after:
+                break
+            del self._owners[first]
+        found = self._owners.get(sid)
+        if found is None:
+            return None
+        self._owners[sid] = (found[0], now)
+        self._owners.move_to_end(sid)
+        return found[0]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        sid = dict(scope.get("headers") or ()).get(b"mcp-session-id") \
-            if scope["type"] == "http" and scope.get("method") == "DELETE" else None
-        if not sid:
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        headers = dict(scope.get("headers") or ())
+        principal = principal_of(headers.get(b"authorization", b"").decode("latin-1"))
+        sid = headers.get(b"mcp-session-id")
+        if sid:
+            owner = self._owner_of(sid)
+            if owner is not None and owner != principal:
+                await _jsonrpc_error(send, 404, -32001, "Session not found")
+                return
         status: list[int] = []
 
         async def watch(message: MutableMapping[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 status.append(int(message["status"]))
+                given = dict(message.get("headers") or ()).get(b"mcp-session-id")
+                if given and given not in self._owners:  # a new MCP session: its owner
+                    self._owners[given] = (principal, time.monotonic())
             await send(message)
 
         await self.app(scope, receive, watch)
-        if status and 200 <= status[0] < 300:
+        if sid and scope.get("method") == "DELETE" and status and 200 <= status[0] < 300:
+            self._owners.pop(sid, None)
             key = "http:" + sid.decode("latin-1")
             await anyio.to_thread.run_sync(self.sessions.end_connection, key)
+
+
+async def _jsonrpc_error(send: Send, status: int, code: int, message: str) -> None:
+    body = json.dumps({"jsonrpc": "2.0", "id": None,
+                       "error": {"code": code, "message": message}}).encode()
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _attr(spec: str, base: str) -> Any:
@@ -260,7 +306,7 @@ def serve(config: McpConfig, *, ready: Callable[[str], None] | None = None) -> N
         app: Any = server.streamable_http_app(
             max_request_body_size=config.http.max_request_bytes, host=config.http.host,
             session_idle_timeout=config.sessions.idle_timeout)
-        app = EndsSessions(app, sessions)
+        app = EndsSessions(app, sessions, config.sessions.idle_timeout)
         if token is not None:
             app = BearerAuth(app, token)
         guard = ConnectionGuard(EdgeLimits())

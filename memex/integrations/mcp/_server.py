@@ -125,12 +125,19 @@ def _key(ctx: Context) -> str | None:
     return f"http:{sid}" if sid else None
 
 
+def principal_of(authorization: str | None) -> str:
+    """The principal an HTTP request speaks for, from its Authorization header (already
+    checked by BearerAuth): each bearer token is one, kept only as a digest."""
+    if not authorization:
+        return "anonymous"
+    return "token:" + hashlib.sha256(authorization.encode()).hexdigest()[:16]
+
+
 def _owner(ctx: Context) -> str:
     headers = ctx.headers
     if headers is None:
         return "stdio"
-    auth = headers.get("authorization", "")
-    return "token:" + hashlib.sha256(auth.encode()).hexdigest()[:16] if auth else "anonymous"
+    return principal_of(headers.get("authorization"))
 
 
 def _error(message: str, structured: dict[str, Any] | None = None) -> CallToolResult:

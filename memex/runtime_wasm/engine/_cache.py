@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["atomic_write", "cache_bytes", "cache_dir", "file_lock", "state_dir"]
+__all__ = ["atomic_write", "cache_bytes", "cache_dir", "file_lock", "private_dir", "state_dir"]
 
 CACHE_ENV = "MEMEX_CACHE_DIR"
 
@@ -58,13 +58,38 @@ def file_lock(path: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def atomic_write(path: Path, data: bytes | bytearray | memoryview) -> None:
+def private_dir(path: Path) -> Path:
+    """``path`` as a folder only its owner may enter: created with any missing parents, each
+    0700, and the folder itself set to 0700 if it existed, whatever the umask (a server's
+    state and shared folders hold every tenant's saved values and files)."""
+    missing = []
+    p = path
+    while not os.path.lexists(p) and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(d, 0o700)
+    os.chmod(path, 0o700)
+    return path
+
+
+def atomic_write(path: Path, data: bytes | bytearray | memoryview, *,
+                 private: bool = False) -> None:
     """Write to a temporary name in the same folder, fsync, then rename: readers see the old
-    file or the whole new one, never a torn one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    file or the whole new one, never a torn one. ``private``: the file is 0600 and its
+    folder a :func:`private_dir`, whatever the umask."""
+    if private:
+        private_dir(path.parent)
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "wb") as f:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
+                     0o600 if private else 0o666)
+        with open(fd, "wb") as f:
+            if private:
+                os.fchmod(fd, 0o600)  # a leftover tmp of another mode is truncated, not new
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

@@ -508,3 +508,66 @@ def test_a_client_that_disconnects_mid_call_leaves_a_working_server(
             assert structured(r)["value"] == "'yes'", text(r)
             assert time.monotonic() - start < 15
     run(after)
+
+
+def _rpc(url: str, token: str, body: dict[str, Any], sid: str | None = None,
+         method: str = "POST") -> tuple[int, str | None, dict[str, Any] | None]:
+    """(status, the Mcp-Session-Id answered, the JSON-RPC message) of one raw request."""
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json",
+               "Accept": "application/json, text/event-stream",
+               "MCP-Protocol-Version": "2025-06-18"}
+    if sid is not None:
+        headers["Mcp-Session-Id"] = sid
+    r = httpx2.request(method, url, headers=headers, timeout=60,
+                       content=json.dumps(body).encode() if method == "POST" else None)
+    msg = None
+    if r.headers.get("content-type", "").startswith("text/event-stream"):
+        data = [ln[5:].strip() for ln in r.text.splitlines() if ln.startswith("data:")]
+        msg = json.loads(data[-1]) if data and data[-1] else None
+    elif r.content:
+        msg = r.json()
+    return r.status_code, r.headers.get("mcp-session-id"), msg
+
+
+def test_an_mcp_session_id_is_its_principal_s_alone() -> None:
+    """Two bearer tokens, two principals. A handshake-era client's Mcp-Session-Id is bound
+    to the principal it was given to: another principal that names it (a call, a DELETE)
+    is answered 404 as for an unknown session, and the owner's session and sandbox state
+    stay untouched (that principal used to be able to detach the owner's sandbox session or
+    end its MCP session). The control: the owner's own DELETE ends it."""
+    a, b = "principal-a-token-1", "principal-b-token-2"
+    env = dict(os.environ, MEMEX_TEST_TOKENS=f"{a},{b}")
+    p = subprocess.Popen([MEMEX, "mcp", "--http", "--port", "0", "--token-env",
+                          "MEMEX_TEST_TOKENS", "--timeout", "30"],
+                         stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert p.stderr is not None
+        line = p.stderr.readline()
+        url = line.split("serving ", 1)[1].split(" ", 1)[0]
+        status, sid, _ = _rpc(url, a, {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                                       "params": {"protocolVersion": "2025-06-18",
+                                                  "capabilities": {},
+                                                  "clientInfo": {"name": "a", "version": "1"}}})
+        assert status == 200 and sid, (status, sid)
+        assert _rpc(url, a, {"jsonrpc": "2.0", "method": "notifications/initialized"},
+                    sid)[0] == 202
+
+        def cell(token: str, rid: int, code: str) -> tuple[int, dict[str, Any] | None]:
+            st, _, msg = _rpc(url, token, {"jsonrpc": "2.0", "id": rid, "method": "tools/call",
+                                           "params": {"name": "run_python",
+                                                      "arguments": {"code": code}}}, sid)
+            return st, msg
+
+        st, msg = cell(a, 2, "x = 41")
+        assert st == 200 and msg is not None and not msg["result"]["isError"], msg
+        st, msg = cell(b, 3, "x")  # b names a's MCP session
+        assert st == 404 and msg is not None and msg["error"]["message"] == "Session not found"
+        assert _rpc(url, b, {}, sid, method="DELETE")[0] == 404
+        st, msg = cell(a, 4, "x + 1")  # a's session, state and all, is still a's
+        assert st == 200 and msg is not None, msg
+        assert msg["result"]["structuredContent"]["value"] == "42", msg
+        assert _rpc(url, a, {}, sid, method="DELETE")[0] == 200  # the owner ends it
+        assert cell(a, 5, "x")[0] == 404
+    finally:
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(30) == 0
