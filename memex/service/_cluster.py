@@ -468,6 +468,8 @@ class RelayDoor(Door):
 class ClusterService(Service):
     """The service of one front of a cluster (see the module's docstring)."""
 
+    RATE_HERE = False  # the control actor's turn_begin admits the rate across the fronts
+
     def __init__(self, config: ServiceConfig) -> None:
         if config.cluster is None:
             raise ConfigError("ClusterService needs [cluster] in serve.toml")

@@ -47,9 +47,8 @@ AUDIT = logging.getLogger("memex.service.audit")
 
 def _default_backend(config: ServiceConfig) -> Backend:
     if config.backend == "pool":
-        quotas = {t.name: TenantQuota(turns_per_second=t.turns_per_second, queued=t.queued,
-                                      burst=max(1, int(t.turns_per_second or 1)))
-                  for t in config.tenants.values()}
+        # the rate is the Shares' (every backend's); the pool bounds the queue
+        quotas = {t.name: TenantQuota(queued=t.queued) for t in config.tenants.values()}
         return get_backend("pool", workers=config.workers, warm=config.warm,
                            limits=Limits(timeout=config.warm_timeout),
                            preload=config.preload, quotas=quotas,
@@ -65,6 +64,10 @@ def quota_error(exc: QuotaExceeded) -> ApiError:
 
 class Service:
     """Everything a route of one app needs (``request.app.state.service``)."""
+
+    RATE_HERE = True
+    """A tenant's ``turns_per_second`` is admitted by this server's Shares (a cluster's
+    fronts leave it to the control actor, which counts every front's turns)."""
 
     def __init__(self, config: ServiceConfig, backend: Backend | None = None) -> None:
         self.config = config
@@ -168,8 +171,9 @@ class Service:
             async with contextlib.AsyncExitStack() as stack:
                 await stack.enter_async_context(self.shares.in_order(s.id, tenant.queued))
                 if turn:
-                    await stack.enter_async_context(
-                        self.shares.turn(tenant.name, tenant.max_running, tenant.queued))
+                    await stack.enter_async_context(self.shares.turn(
+                        tenant.name, tenant.max_running, tenant.queued,
+                        tenant.turns_per_second if self.RATE_HERE else None))
                 yield
         except MemexError as exc:
             raise translate(exc) from exc

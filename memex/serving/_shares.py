@@ -10,6 +10,11 @@ turns of one session held every thread, and another tenant's session create wait
 * Per tenant, at most ``max_running`` turns at once (:data:`DEFAULT_MAX_RUNNING` when the
   tenant sets none), at most ``queued`` waiting, each for at most ``wait`` seconds; past
   either, 429 with ``Retry-After``.
+* Per tenant, at most ``turns_per_second`` turns started per second (a token bucket of
+  ``max(1, int(rate))`` turns of burst), waited for here too, on every backend: the rate is
+  the server's, not a backend's (the pool's own bucket was the only one, and a server on the
+  subprocess or in-process backend silently had none). A turn that would wait past ``wait``
+  is refused at once (429).
 * Per tenant, at most ``tenant_threads`` threads of the pool at once (its turns, forks,
   checkpoints, file moves); the pool holds ``threads`` in all, so other tenants always find
   threads free.
@@ -20,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
@@ -42,6 +48,24 @@ class _Tenant:
         self.turns = asyncio.Semaphore(running)
         self.waiting = 0
         self.threads = anyio.CapacityLimiter(threads)
+        self.rate: float | None = None
+        self.tokens = 0.0
+        self.stamp = 0.0
+
+    def take(self, rate: float, most: float) -> float:
+        """A turn's token of ``rate`` turns a second: the seconds to wait for it (it is
+        reserved), or -1 when that would be more than ``most`` (nothing reserved)."""
+        burst = max(1.0, float(int(rate)))
+        now = time.monotonic()
+        if self.rate != rate:  # a new or reloaded bound: a full bucket
+            self.rate, self.tokens, self.stamp = rate, burst, now
+        self.tokens = min(burst, self.tokens + (now - self.stamp) * rate)
+        self.stamp = now
+        wait = 0.0 if self.tokens >= 1.0 else (1.0 - self.tokens) / rate
+        if wait > most:
+            return -1.0
+        self.tokens -= 1.0
+        return wait
 
 
 class Shares:
@@ -61,16 +85,24 @@ class Shares:
         return t
 
     @contextlib.asynccontextmanager
-    async def turn(self, tenant: str, max_running: int | None, queued: int
-                   ) -> AsyncIterator[None]:
-        """A running-turn slot of the tenant, waited for here (BackendBusy past the queue
-        or the wait: the API answers 429)."""
+    async def turn(self, tenant: str, max_running: int | None, queued: int,
+                   rate: float | None = None) -> AsyncIterator[None]:
+        """A running-turn slot of the tenant, and a token of its ``rate`` (turns a second)
+        when it has one, waited for here (BackendBusy past the queue or the wait: the API
+        answers 429)."""
         t = self._of(tenant, max_running or DEFAULT_MAX_RUNNING)
         if t.turns.locked() and t.waiting >= queued:
             raise BackendBusy("queue_full", f"tenant {tenant!r} has {queued} turns waiting "
                               "already")
         t.waiting += 1
         try:
+            if rate is not None:
+                pause = t.take(rate, self.wait)
+                if pause < 0:
+                    raise BackendBusy("timeout", f"tenant {tenant!r} is over its rate of "
+                                      f"{rate:g} turns/s")
+                if pause:
+                    await asyncio.sleep(pause)
             if t.turns.locked():  # wait_for runs a task of its own: only when waiting
                 await asyncio.wait_for(t.turns.acquire(), self.wait)
             else:

@@ -780,3 +780,27 @@ def test_sessions_end_by_their_ttl_and_free_the_quota(tmp_path: Path) -> None:
         served.stop()
     log = served.log.read_text()
     assert '"why": "its lifetime ended"' in log and '"why": "its idle timeout passed"' in log
+
+
+@pytest.mark.parametrize("backend", ["inprocess", "subprocess", "pool"])
+def test_a_tenant_s_turn_rate_holds_on_every_backend(tmp_path: Path, backend: str) -> None:
+    """``turns_per_second`` is admitted by the server's shares, whatever the backend (it
+    lived in the pool alone, so on the subprocess and in-process backends a configured rate
+    was silently not enforced). A tenant of one turn per 100 s has its burst (one turn), and
+    its next turn would wait past the server's wait (30 s): 429 at once, with Retry-After.
+    The control: a tenant without a rate runs both turns."""
+    served = start_server(tmp_path, {"slow": "turns_per_second = 0.01", "free": ""},
+                          server=f"backend = '{backend}'")
+    try:
+        slow = Client(served.url, served.keys["slow"])
+        sid = slow.create()["id"]
+        assert slow.run(sid, "1 + 1")["result"]["value"] == "2"
+        r = raw(served, "POST", f"/v1/sessions/{sid}/run", key="slow", json={"code": "2"})
+        assert r.status_code == 429, r.text
+        assert "over its rate of 0.01 turns/s" in r.json()["error"]["message"]
+        assert r.headers["Retry-After"]
+        free = Client(served.url, served.keys["free"])
+        fid = free.create()["id"]
+        assert [free.run(fid, c)["result"]["value"] for c in ("1", "2")] == ["1", "2"]
+    finally:
+        served.stop()
