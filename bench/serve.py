@@ -19,6 +19,11 @@ in this process the same pool backend and an in-process sandbox as baselines. Pr
   threads; 1,100 connections that send half a request head and wait), and the server's peak
   memory above idle during each: targets p99 within 2x of alone, memory <= 100 MiB above idle
   (``--only attacks`` runs this part alone);
+* durability without a shared stall (``--only durable`` runs it alone): a server with
+  ``state_dir`` saving after every turn; a tenant's session create p99 alone, then beside
+  another tenant whose 100 MiB session turns (and so saves) continuously, on this build and
+  on the landed commit before the store kept images outside its lock (DURABLE_BASELINE, its
+  ``memex`` package from git): target p99 within 2x of alone;
 * the cluster's figures (``bench/_cluster.py``; ``--only cluster`` runs them alone): a trivial
   cell through a Ray cluster's front vs a single-node service (target overhead <= 2 ms),
   session create, the control actor's calls per second, turns/s with 1 and 2 worker nodes,
@@ -123,7 +128,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--clients", type=int, default=50)
-    ap.add_argument("--only", choices=["attacks", "cluster"], default=None)
+    ap.add_argument("--only", choices=["attacks", "cluster", "durable"], default=None)
     ap.add_argument("--attack", choices=["turns", "bodies", "half_open"], help=argparse.SUPPRESS)
     ap.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
@@ -141,6 +146,9 @@ def main() -> None:
         from _cluster import cluster_figures
 
         cluster_figures(scale)
+        return
+    if args.only == "durable":
+        durable(scale)
         return
     with tempfile.TemporaryDirectory() as tmp:
         proc, url, keys = start_server(Path(tmp), clients)
@@ -338,6 +346,97 @@ def attacks(pid: int, url: str, remote: dict[str, Any], lim: Limits, scale: int)
             f"memory +{(peak.peak - idle) / 2**20:.0f} MiB above idle (target <= 100 MiB); "
             f"server CPU {busy * 100:.0f}%")
     quiet.close()
+
+
+DURABLE_BASELINE = "38b679a"
+"""The landed commit whose store wrote a session's image inside its database lock."""
+BIG = "big = bytearray(range(256)) * (100 << 12)"  # 100 MiB, no all-zero chunk to skip
+
+
+def durable(scale: int) -> None:
+    """A tenant's create p99 alone and beside another tenant's continuous 100 MiB saves, on
+    this build and on DURABLE_BASELINE (module docstring)."""
+    from memex.backends import Client
+
+    n = 200 // scale
+    print(f"\nsession create (+ close) with state_dir, save after every turn; {n} each:")
+    with tempfile.TemporaryDirectory() as tmp:
+        old = Path(tmp) / "landed"
+        old.mkdir()
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", DURABLE_BASELINE,
+                                  "memex"], capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
+        for label, path in (("as built", None), (f"landed {DURABLE_BASELINE}", old)):
+            folder = Path(tmp) / label.replace(" ", "-")
+            folder.mkdir()
+            keys = {t: secrets.token_urlsafe(24) for t in ("quiet", "saver")}
+            cfg = folder / "serve.toml"
+            cfg.write_text(
+                "[server]\nport = 0\nworkers = 2\nwarm = 4\naccess_log = false\n"
+                f"warm_timeout = {TIMEOUT}\nstate_dir = 'state'\nsave_interval = 0\n"
+                + "".join(f'[tenants.{t}]\nkeys = ["{hash_key(k)}"]\n' for t, k in keys.items()))
+            env = {**os.environ, **({"PYTHONPATH": str(path)} if path else {})}
+            log = folder / "serve.log"
+            with log.open("wb") as out:
+                proc = subprocess.Popen([sys.executable, "-m", "memex", "serve", "--config",
+                                         str(cfg)], stdout=out, stderr=out, env=env)
+            try:
+                deadline = time.monotonic() + 180
+                url = None
+                while url is None and time.monotonic() < deadline and proc.poll() is None:
+                    m = re.search(r"serving (http://[\d.]+:\d+)", log.read_text())
+                    url = m.group(1) if m else None
+                    time.sleep(0.05)
+                if url is None:
+                    raise SystemExit(f"memex serve did not start:\n{log.read_text()}")
+                quiet = Client(url, keys["quiet"])
+                saver = Client(url, keys["saver"])
+
+                _creates(quiet, n)  # warm
+                alone = _creates(quiet, n)
+                big = saver.create()["id"]
+                saver.run(big, BIG, timeout=TIMEOUT)
+                stop = threading.Event()
+                turns = [0]
+                th = threading.Thread(target=_churn, args=(saver, big, stop, turns),
+                                      daemon=True)
+                th.start()
+                time.sleep(2.0)
+                t0 = time.perf_counter()
+                beside = _creates(quiet, n)
+                spent = time.perf_counter() - t0
+                stop.set()
+                th.join(60)
+                row(f"{label}: alone", alone)
+                ratio = pct(beside, .99) / pct(alone, .99)
+                row(f"{label}: beside 100 MiB saves", beside,
+                    f"p99 {ratio:.2f}x alone (target <= 2x); {turns[0] / spent:.1f} saver "
+                    "turns/s")
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+
+
+def _creates(client: Any, n: int) -> list[float]:
+    """Wall times of ``n`` session creates (each closed after)."""
+    out: list[float] = []
+    for _ in range(n):
+        t = time.perf_counter()
+        sid = client.create()["id"]
+        out.append(time.perf_counter() - t)
+        client.close_session(sid)
+    return out
+
+
+def _churn(client: Any, sid: str, stop: threading.Event, turns: list[int]) -> None:
+    """Turns that change the 100 MiB session until ``stop``: each is saved whole after."""
+    while not stop.is_set():
+        client.run(sid, "big[0] = (big[0] + 1) % 256", timeout=TIMEOUT)
+        turns[0] += 1
+        time.sleep(0.05)
 
 
 def _cpu(pid: int) -> float:

@@ -54,8 +54,8 @@ def _value(r: CallToolResult) -> Any:
 
 def _saved(state: Path, sid: str) -> bool:
     with sqlite3.connect(state / "state.db") as db:
-        row = db.execute("SELECT image IS NOT NULL FROM sessions WHERE id = ?",
-                         (sid,)).fetchone()
+        row = db.execute("SELECT image IS NOT NULL OR image_file IS NOT NULL FROM sessions "
+                         "WHERE id = ?", (sid,)).fetchone()
     return bool(row and row[0])
 
 
