@@ -304,28 +304,48 @@ class Keeper(Generic[S]):
         self._before_load()
         n = 0
         for row in self.store().sessions():
-            try:
-                meta = row.meta
-                if not (_SAFE.match(row.id) and meta.get("id") == row.id
-                        and meta.get("tenant") == row.tenant):
-                    raise ValueError("the row's description names another session")
-                s = self.make(meta)
-            except (ValueError, KeyError, TypeError, MemexError) as exc:
-                self.log.info(json.dumps({"event": "load_failed", "session": row.id,
-                                     "error": f"{type(exc).__name__}: {exc}"}))
-                continue
-            saved = s.turn_base
-            if not row.has_image:
-                s.saved_turns = None  # never saved: it comes back empty
-            s.notice = {"from_turn": saved if row.has_image else 0,
-                        "lost_turns": max(0, row.begun - (saved if row.has_image else 0)),
-                        "files_kept": s.files_kept, "saved_at": s.saved_at,
-                        "reason": "the server restarted"}
-            if not row.has_image:
-                s.turn_base = 0
-            self.table.add(s)
-            n += 1
+            s = self._listed(row, "the server restarted")
+            if s is not None:
+                self.table.add(s)
+                n += 1
         return n
+
+    def saved(self, owner: str, sid: str) -> S | None:
+        """The owner's session ``sid`` as it was last saved, made again from its row
+        (opened on first use; the caller adds it to the table within its bounds), or None
+        when the server keeps no row of the owner's by that id."""
+        if self.root is None or not self.safe_id(sid):
+            return None
+        try:
+            row = self.store().row(sid)
+        except sqlite3.Error:
+            return None
+        if row is None or row.tenant != owner:
+            return None
+        return self._listed(row, "it was put away to make room for another session")
+
+    def _listed(self, row: Any, reason: str) -> S | None:
+        """A session from its row, saying what its save holds (None: a row that does not
+        describe itself, logged)."""
+        try:
+            meta = row.meta
+            if not (_SAFE.match(row.id) and meta.get("id") == row.id
+                    and meta.get("tenant") == row.tenant):
+                raise ValueError("the row's description names another session")
+            s = self.make(meta)
+        except (ValueError, KeyError, TypeError, MemexError) as exc:
+            self.log.info(json.dumps({"event": "load_failed", "session": row.id,
+                                 "error": f"{type(exc).__name__}: {exc}"}))
+            return None
+        saved = s.turn_base
+        if not row.has_image:
+            s.saved_turns = None  # never saved: it comes back empty
+        s.notice = {"from_turn": saved if row.has_image else 0,
+                    "lost_turns": max(0, row.begun - (saved if row.has_image else 0)),
+                    "files_kept": s.files_kept, "saved_at": s.saved_at, "reason": reason}
+        if not row.has_image:
+            s.turn_base = 0
+        return s
 
     def _from_bytes(self, blob: bytes, max_memory: int) -> Any:
         """A checkpoint of this server's backend from its saved bytes (``_to_bytes``),

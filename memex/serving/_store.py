@@ -62,6 +62,15 @@ class SavedSession:
         self.begun, self.has_image = begun, has_image
 
 
+def _saved(sid: Any, tenant: Any, meta: Any, begun: Any, has_image: Any) -> SavedSession:
+    try:
+        parsed = json.loads(meta)
+    except (TypeError, ValueError):
+        parsed = None
+    return SavedSession(str(sid), str(tenant), parsed if isinstance(parsed, dict) else {},
+                        int(begun or 0), bool(has_image))
+
+
 class StateStore:
     """The sessions of one durable server (thread-safe: one connection behind a lock)."""
 
@@ -159,13 +168,16 @@ class StateStore:
             rows = self._db.execute("SELECT id, tenant, meta, turns_begun, image IS NOT NULL "
                                     "OR image_file IS NOT NULL FROM sessions ORDER BY id"
                                     ).fetchall()
-        for sid, tenant, meta, begun, has_image in rows:
-            try:
-                parsed = json.loads(meta)
-            except ValueError:
-                parsed = None
-            yield SavedSession(str(sid), str(tenant), parsed if isinstance(parsed, dict)
-                               else {}, int(begun or 0), bool(has_image))
+        for found in rows:
+            yield _saved(*found)
+
+    def row(self, sid: str) -> SavedSession | None:
+        """One session's row as :meth:`sessions` lists it (None when it has none)."""
+        with self._lock:
+            found = self._db.execute("SELECT id, tenant, meta, turns_begun, image IS NOT NULL "
+                                     "OR image_file IS NOT NULL FROM sessions WHERE id=?",
+                                     (sid,)).fetchone()
+        return _saved(*found) if found is not None else None
 
     def state(self, sid: str) -> tuple[bytes | None, bytes | None]:
         """(image, files) of the session's last save (OSError when a file it names cannot

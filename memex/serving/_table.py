@@ -229,6 +229,35 @@ class SessionTable(Generic[S]):
         with self._lock:
             return len(self._sessions)
 
+    def victim(self, owner: str, bounds: Bounds) -> S | None:
+        """The session to take away so that ``owner`` can have a new one, or None: its own
+        least recently used idle session when it holds its ``max_sessions``; else, when
+        the table is at capacity, the least recently used idle session of whoever holds
+        the most sessions, if that is more than ``owner`` holds (a principal at its own
+        bound loses its own, never another's place; one that filled the server gives way
+        to one that holds fewer). In use (running, saving) is never idle."""
+        with self._lock:
+            counts = collections.Counter(s.owner for s in self._sessions.values())
+            counts.update(self._reserved)
+
+            def lru(of: str) -> S | None:
+                free = [s for s in self._sessions.values()
+                        if s.owner == of and not s.running and not s.saving]
+                return min(free, key=lambda s: s.last_used, default=None)
+
+            mine = counts[owner]
+            if bounds.max_sessions is not None and mine >= bounds.max_sessions:
+                return lru(owner)
+            if self.capacity is None or sum(counts.values()) < self.capacity:
+                return None
+            for other, n in counts.most_common():
+                if n <= mine:
+                    break
+                found = lru(other)
+                if found is not None:
+                    return found
+            return None
+
     def idle(self, seconds: float, now: float | None = None) -> list[S]:
         """The sessions unused for more than ``seconds`` and not in use now."""
         now = time.time() if now is None else now

@@ -23,6 +23,7 @@ import json
 import logging
 import secrets
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
@@ -113,6 +114,7 @@ class Sessions:
         self.table: SessionTable[Session] = SessionTable(capacity=cfg.max_sessions)
         self.shares = Shares(threads=THREADS, tenant_threads=max(4, THREADS // 4))
         self._defaults: dict[str, str] = {}  # connection key -> its default session's id
+        self._away: dict[str, float] = {}  # session put away in the store -> when
         self._lock = threading.Lock()
         self._closed = False
         self._stop = threading.Event()
@@ -129,35 +131,81 @@ class Sessions:
 
     # ---- finding a session --------------------------------------------------------------
     def resolve(self, session_id: str | None, *, key: str | None, owner: str) -> Session:
-        """The session a call means: the one named (it must exist and be ``owner``'s), else
-        the connection's default (``key``), else a new one (within the bounds)."""
-        with self._lock:
-            if self._closed:
-                raise SessionError("the server is shutting down")
-            if session_id:
-                s = self.table.get(owner, session_id)
-                if s is None:
-                    raise SessionError(f"no session {session_id[:40]!r} (it ended, expired "
-                                       "after being idle, or belongs to someone else); call "
-                                       "without a session to start a new one")
+        """The session a call means: the one named (it must be ``owner``'s: in the table,
+        or put away in the store to make room, then brought back), else the connection's
+        default (``key``), else a new one (within the bounds). A principal at its own
+        ``max_sessions_per_token`` has its least recently used idle session put away for
+        the new one (saved first when the server keeps state, else ended), and a server
+        full of one principal's sessions makes room for another the same way
+        (``SessionTable.victim``): no principal is refused a session while another holds
+        idle ones past its share."""
+        victim: Session | None = None
+        for _ in range(2):
+            if victim is not None:
+                self._put_away(victim)
+            with self._lock:
+                if self._closed:
+                    raise SessionError("the server is shutting down")
+                wanted = session_id
+                if wanted:
+                    s = self.table.get(owner, wanted)
+                    if s is not None:
+                        return s
+                    back = self.keeper.saved(owner, wanted)
+                    if back is None:
+                        raise SessionError(f"no session {wanted[:40]!r} (it ended, expired "
+                                           "after being idle, or belongs to someone else); "
+                                           "call without a session to start a new one")
+                elif key is not None and key in self._defaults:
+                    found = self.table.get(owner, self._defaults[key])
+                    if found is not None:
+                        return found
+                    back = self.keeper.saved(owner, self._defaults[key])
+                else:
+                    back = None
+                try:
+                    with self.table.reserved(owner, self.bounds, self._limits):
+                        if back is not None:
+                            self._away.pop(back.id, None)
+                        s = back if back is not None else self._wired(Session(
+                            id=secrets.token_urlsafe(16), owner=owner, limits=self._limits,
+                            door=Door(), mounts=tuple(self._mounts), preload=self._preload,
+                            fresh=True))
+                        self.table.add(s)
+                except QuotaExceeded as exc:
+                    victim = self.table.victim(owner, self.bounds)
+                    if victim is None:
+                        raise SessionError(f"{exc} (pass the session of an earlier call)"
+                                           ) from None
+                    continue
+                if back is None:
+                    self.keeper.added(s)  # its row at once, when the server keeps state
+                    if key is not None:
+                        self._defaults[key] = s.id
                 return s
-            if key is not None and key in self._defaults:
-                found = self.table.get(owner, self._defaults[key])
-                if found is not None:
-                    return found
-            try:
-                with self.table.reserved(owner, self.bounds, self._limits):
-                    s = self._wired(Session(
-                        id=secrets.token_urlsafe(16), owner=owner, limits=self._limits,
-                        door=Door(), mounts=tuple(self._mounts), preload=self._preload,
-                        fresh=True))
-                    self.table.add(s)
-            except QuotaExceeded as exc:
-                raise SessionError(f"{exc} (pass the session of an earlier call)") from None
-            self.keeper.added(s)  # its row at once, when the server keeps state
-            if key is not None:
-                self._defaults[key] = s.id
-            return s
+        raise SessionError("no room for a session: the sessions that made room were taken "
+                           "first; try again")
+
+    def _put_away(self, s: Session) -> None:
+        """Take an idle session out of the table for another: saved first and kept in the
+        store when the server keeps state (a call naming it brings it back), else ended.
+        Its guest and held checkpoints are released either way."""
+        if not self.keeper.durable:
+            LOG.info(json.dumps({"event": "session_ended_for_room", "session": s.id}))
+            self.end(s)
+            return
+        self.keeper.save(s, wait=self._limits.timeout + 30)
+        with self._lock:
+            if self.table.pop(s.owner, s.id) is None:
+                return  # ended meanwhile
+        with contextlib.suppress(SessionError):
+            self._close_guest(s)
+        self.table.orphan_checkpoints(s.id, 0)
+        s.names.clear()
+        with self._lock:
+            self._away[s.id] = time.time()
+        LOG.info(json.dumps({"event": "session_put_away", "session": s.id,
+                             "turns": s.saved_turns}))
 
     def __len__(self) -> int:
         return len(self.table)
@@ -376,6 +424,13 @@ class Sessions:
                 self.end(s)
             for s, _why in self.table.ended():
                 self.end(s)
+            with self._lock:  # put away and not called for since: ended as idle ones are
+                gone = [sid for sid, at in self._away.items() if time.time() - at > idle]
+                for sid in gone:
+                    del self._away[sid]
+            for sid in gone:
+                with contextlib.suppress(Exception):
+                    self.keeper.store().forget(sid)
 
     def close(self) -> None:
         """End every session; with a state_dir, save each first and keep it for the next
