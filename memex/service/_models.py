@@ -7,7 +7,14 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+)
 from pydantic.json_schema import SkipJsonSchema
 
 from ..serving import ID_PATTERN
@@ -42,6 +49,18 @@ def _guest_path(value: str) -> str:
                          "characters")
     return value
 
+
+_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
+_REL = r"[0-9]+(?:\.[0-9]+)*"
+_TAIL = r"(?:(?:a|b|rc)[0-9]+)?(?:\.post[0-9]+)?(?:\.dev[0-9]+)?"
+_SPEC = (rf"(?:(?:==|!=) ?(?:{_REL}\.\*|{_REL}{_TAIL})"
+         rf"|~= ?[0-9]+(?:\.[0-9]+)+{_TAIL}|(?:<=|>=|<|>) ?{_REL}{_TAIL})")
+REQUIREMENT = rf"^{_NAME}(?:\[{_NAME}(?:,{_NAME})*\])?(?: ?{_SPEC}(?: ?, ?{_SPEC})*)?$"
+"""A package requirement as the API takes it: a name, extras, and version specifiers of
+PEP 440 release versions (pre, post and dev releases too). A subset of what pip reads, on
+purpose: no URL or path (the server never fetches one), no marker (the guest is one fixed
+platform), no hash (the server pins what it resolves). Every string it admits is one the
+server's parser accepts, so the document states what the server checks."""
 
 GUEST_PATH = r"^(/([^/\x00.][^/\x00]*|\.[^/\x00.][^/\x00]*|\.\.[^/\x00]+)?)+$"
 """An absolute path whose parts are not '.' or '..', without NUL (what _guest_path checks,
@@ -105,11 +124,28 @@ class LimitsIn(_Strict):
     open_files: OpenFiles | SkipJsonSchema[None] = None
 
 
+def _requirement(text: str) -> str:
+    """What REQUIREMENT admits, refused with the server's own words where it has them
+    (a URL, a malformed name) and else with the subset's."""
+    if _REQUIREMENT.fullmatch(text):
+        return text
+    from ..runtime_wasm import checked_requirements
+
+    checked_requirements([text])  # raises ConfigError (a ValueError) with its reason
+    raise ValueError(f"{text[:60]!r}: a requirement here is a name, extras and version "
+                     "specifiers ('tabulate==0.9.0'), without a marker or a hash")
+
+
+_REQUIREMENT = re.compile(REQUIREMENT)
+Requirement = Annotated[str, Field(max_length=200, json_schema_extra={"pattern": REQUIREMENT}),
+                        AfterValidator(_requirement)]
+
+
 class CreateSession(_Strict):
     limits: LimitsIn | None = Field(
         None, description="memex.Limits fields; each within the tenant's ceiling")
     preload: list[ModuleName] = Field(default_factory=list, max_length=64)
-    packages: list[Annotated[str, Field(max_length=200)]] = Field(
+    packages: list[Requirement] = Field(
         default_factory=list, max_length=64,
         description="pure-Python requirements for the guest ('humanize', 'tabulate==0.9.0'), "
                     "resolved by the server; each wheel must be one the tenant is allowed")

@@ -2,11 +2,13 @@
 requests generated from the document (valid and invalid ones), on a real server on
 127.0.0.1, and each answer must be one the document describes (status, content type, body
 schema, headers), never a server error. Session routes get the id of a live session about
-half the time (a fresh one when a case closed it), so they are tested past their 404."""
+half the time (a fresh one when a case closed it; never in place of an id that is the case's
+invalid part), so they are tested past their 404."""
 
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +20,9 @@ from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 from served import Served, start_server
+
+from memex.service._models import REQUIREMENT
+from memex.serving import ID_PATTERN
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +74,10 @@ def test_every_answer_is_one_the_document_describes(served: Served, live: Live) 
             @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
                       suppress_health_check=list(HealthCheck))
             def check(case: Any) -> None:
-                if "sid" in (case.path_parameters or {}) and \
+                sid = (case.path_parameters or {}).get("sid")
+                # a live id for half the cases whose id is one (a negative case whose id is
+                # its invalid part keeps it: it must be refused as it was drawn)
+                if isinstance(sid, str) and re.fullmatch(ID_PATTERN, sid) and \
                         random.Random(repr(case.body)).random() < 0.5:
                     case.path_parameters["sid"] = live.session()
                 case.call_and_validate(headers={} if case.path == "/metrics" else auth)
@@ -115,3 +123,25 @@ def test_the_documents_guest_path_pattern_is_the_servers_check(path: str) -> Non
     except ValueError:
         accepted = False
     assert bool(re.fullmatch(GUEST_PATH, path)) == accepted, path
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.from_regex(REQUIREMENT, fullmatch=True).filter(lambda s: len(s) <= 200))
+def test_every_requirement_the_document_admits_is_one_the_server_reads(text: str) -> None:
+    """The pattern the document gives a package requirement is a subset of what the
+    server's parser reads (no URL, marker or hash, on purpose): a request the document
+    allows is never refused as malformed, which schemathesis' generated requests check."""
+    from memex.runtime_wasm import checked_requirements
+
+    assert checked_requirements([text])
+
+
+def test_the_requirement_pattern_admits_the_usual_forms_and_no_others() -> None:
+    import re
+
+    for ok in ("humanize", "tabulate==0.9.0", "a[b,c]>=1.0,<2", "x ~=1.2rc1", "y==1.*",
+               "z!=2.0.post1.dev3"):
+        assert re.fullmatch(REQUIREMENT, ok), ok
+    for no in ("x @ https://e.example/x.whl", "x; python_version>'3'", "-e .", "x==1 --hash="
+               "sha256:" + "0" * 64, "x==", "Wiöf", "x~=1", "../x", ""):
+        assert not re.fullmatch(REQUIREMENT, no), no
