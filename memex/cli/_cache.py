@@ -62,10 +62,11 @@ def cmd_cache(args: argparse.Namespace) -> int:
             print(json.dumps({"dir": str(cache_dir()), "parts": rows}))
             return 0
         print(f"cache folder: {cache_dir()}")
+        w = max(len(str(r["name"])) for r in [*rows, {"name": "total"}])
         for r in rows:
-            print(f"  {r['name']:9s} {_human(r['bytes']):>10s}  {r['files']:>6d} files  "
+            print(f"  {r['name']:{w}s} {_human(r['bytes']):>10s}  {r['files']:>6d} files  "
                   f"{r['what']}")
-        print(f"  {'total':9s} {_human(sum(r['bytes'] for r in rows)):>10s}")
+        print(f"  {'total':{w}s} {_human(sum(r['bytes'] for r in rows)):>10s}")
         return 0
     parts = tuple(args.parts) or _DEFAULT_CLEAN
     runtime = tuple(p for p in parts if p != "models")
