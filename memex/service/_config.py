@@ -125,6 +125,8 @@ class ServiceConfig:
     max_body_bytes: int = 32 << 20
     threads: int = 64  # blocking operations (turns, forks, files) served at once
     tenant_threads: int = 0  # of those, what one tenant may hold (0: a quarter, at least 4)
+    tenant_sockets: int = 0  # open WebSockets (door, turns) of one tenant (0: a quarter of
+    # the server's connections, at least 8)
     access_log: bool = True
     log_code: bool = False  # put cell bodies in the audit log
     state_dir: Path | None = None  # where sessions are saved (None: nothing outlives the process)
@@ -199,6 +201,7 @@ class _ServerFile(FileModel):
     max_body_bytes: Size = 32 << 20
     threads: int = Field(default=64, gt=0)
     tenant_threads: int = Field(default=0, ge=0)
+    tenant_sockets: int = Field(default=0, ge=0)
     access_log: bool = True
     log_code: bool = False
     preload: list[str] = Field(default_factory=list)

@@ -405,16 +405,22 @@ async def turns(ws: WebSocket, sid: str) -> None:
     if tenant is None or await svc.find(tenant, sid) is None:
         await ws.close(code=4401 if tenant is None else 4404)
         return
-    await ws.accept()
-    watch = asyncio.ensure_future(_while_valid(svc, key, tenant.name, ws))
+    if not svc.open_socket(tenant.name):  # past its share of the server's connections
+        await ws.close(code=4429)
+        return
     try:
-        while True:
-            data = await ws.receive_bytes()
-            await ws.send_bytes(await _turn_message(svc, key, sid, data))
-    except (WebSocketDisconnect, RuntimeError, KeyError):
-        pass  # a turn under way when its client left still ends, as on /run
+        await ws.accept()
+        watch = asyncio.ensure_future(_while_valid(svc, key, tenant.name, ws))
+        try:
+            while True:
+                data = await ws.receive_bytes()
+                await ws.send_bytes(await _turn_message(svc, key, sid, data))
+        except (WebSocketDisconnect, RuntimeError, KeyError):
+            pass  # a turn under way when its client left still ends, as on /run
+        finally:
+            watch.cancel()
     finally:
-        watch.cancel()
+        svc.close_socket(tenant.name)
 
 
 REVOKE_CHECK = 0.5
@@ -474,9 +480,21 @@ async def door(ws: WebSocket, sid: str) -> None:
     if s is None:
         await ws.close(code=4401 if tenant is None else 4404)
         return
-    await ws.accept()
     assert tenant is not None
     name = tenant.name
+    if not svc.open_socket(name):  # past its share of the server's connections
+        await ws.close(code=4429)
+        return
+    try:
+        await _door(ws, svc, key, name, s)
+    finally:
+        svc.close_socket(name)
+
+
+async def _door(ws: WebSocket, svc: Service, key: str | None, name: str, s: Session
+                ) -> None:
+    """The door socket of session ``s``, once admitted."""
+    await ws.accept()
 
     async def send(frame: bytes) -> None:
         """A door call to the client, only while its key still names the tenant: the key

@@ -7,6 +7,7 @@ door WebSocket keeps answering while its turn runs."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import json
@@ -78,6 +79,7 @@ class Service:
                              max(4, config.threads // 4))
         self.streaming: set[asyncio.Future[None]] = set()  # streamed turns, held until done
         self.edge: ConnectionGuard | None = None  # the server's connections (set by serve)
+        self._sockets: collections.Counter[str] = collections.Counter()  # open, per tenant
         self.packages = PackageGate()  # tenants' guest packages: one pip run each at most
         self._given = backend
         self._backend: Backend | None = None
@@ -190,6 +192,29 @@ class Service:
             with self.keeper.using(s) as sb:
                 return fn(sb)
         return call
+
+    def socket_share(self) -> int:
+        """The WebSockets (door, turns) one tenant may hold open at once: ``tenant_sockets``,
+        else a quarter of the server's connections (at least 8), so that one tenant's idle
+        sockets cannot take the connections every other tenant needs."""
+        if self.config.tenant_sockets:
+            return self.config.tenant_sockets
+        total = self.edge.max_connections if self.edge is not None else \
+            self.config.edge.connections()
+        return max(8, total // 4)
+
+    def open_socket(self, tenant: str) -> bool:
+        """Count one more open socket of ``tenant``; False (nothing counted) past its share.
+        On the event loop only, as the matching :meth:`close_socket`."""
+        if self._sockets[tenant] >= self.socket_share():
+            return False
+        self._sockets[tenant] += 1
+        return True
+
+    def close_socket(self, tenant: str) -> None:
+        self._sockets[tenant] -= 1
+        if self._sockets[tenant] <= 0:
+            del self._sockets[tenant]
 
     async def find(self, tenant: TenantConfig, sid: str) -> Session | None:
         """The tenant's session ``sid``, or None (another tenant's is None too)."""

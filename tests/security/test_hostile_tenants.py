@@ -233,6 +233,49 @@ def test_a_rotated_out_key_gets_not_one_more_door_call(tmp_path: Any) -> None:
         served.stop()
 
 
+def test_a_tenant_s_open_sockets_are_bounded_by_its_share(tmp_path: Any) -> None:
+    """One tenant's idle WebSockets cannot take the connections every other tenant needs:
+    past ``tenant_sockets`` (default: a quarter of the server's connections) its next door
+    or turns socket is refused before it is accepted, while another tenant still opens
+    one; closing one of its own gives the place back (the control)."""
+    from websockets.exceptions import InvalidStatus
+
+    served = start_server(tmp_path, {"a": "max_sessions = 5", "b": "max_sessions = 5"},
+                          server="tenant_sockets = 3")
+    base = "ws" + served.url[4:]
+    held: list[Any] = []
+    try:
+        sid = Client(served.url, served.keys["a"]).create()["id"]
+        sid_b = Client(served.url, served.keys["b"]).create()["id"]
+
+        def sock(tenant: str, session: str, kind: str) -> Any:
+            return connect(f"{base}/v1/sessions/{session}/{kind}", open_timeout=10,
+                           additional_headers={"Authorization":
+                                               f"Bearer {served.keys[tenant]}"})
+
+        for kind in ("door", "turns", "door"):
+            held.append(sock("a", sid, kind))
+        for kind in ("door", "turns"):
+            with pytest.raises(InvalidStatus):
+                sock("a", sid, kind)
+        held.append(sock("b", sid_b, "door"))  # another tenant is still served
+        assert msgpack.unpackb(held[-1].recv(timeout=10)) == ["ready"]
+        held.pop(0).close()  # one of a's closes: its place is a's again
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                held.append(sock("a", sid, "door"))
+                break
+            except InvalidStatus:  # the server has not seen the close yet
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        assert msgpack.unpackb(held[-1].recv(timeout=10)) == ["ready"]
+    finally:
+        for ws in held:
+            ws.close()
+        served.stop()
+
+
 def _hwm(served: Served) -> int:
     with open(f"/proc/{served.proc.pid}/status") as f:
         for line in f:
