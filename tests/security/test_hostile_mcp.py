@@ -185,9 +185,10 @@ def _text(r: CallToolResult) -> str:
 @pytest.mark.slow
 def test_each_token_is_held_to_its_own_bounds() -> None:
     """Two tokens, each its own principal (the session core's owner): one at its session
-    bound is refused while the other is served; one at its memory bound cannot keep a
-    checkpoint (its size counted with its sessions) while a smaller one fits; neither can
-    use the other's session handle."""
+    bound gives up its own oldest idle session for a new one (never the other's, which
+    keeps its state); one at its memory bound cannot keep a checkpoint (its size counted
+    with its sessions) while a smaller one fits; neither can use the other's session
+    handle."""
     p = _start("--token-env", "MEMEX_TEST_TOKENS", "--max-sessions", "6",
                "--max-sessions-per-token", "2", "--max-memory-per-token", "600M",
                "--memory", "256M", "--timeout", "30", env={"MEMEX_TEST_TOKENS": "tok-a,tok-b"})
@@ -195,14 +196,20 @@ def test_each_token_is_held_to_its_own_bounds() -> None:
         url = _url(p)
 
         async def go() -> None:
+            r = await _call(url, "tok-b", "run_python", code="kept = 'b'")  # b's, first
+            assert not r.is_error, _text(r)
+            b_sid = (r.structured_content or {})["session"]
             first = await _call(url, "tok-a", "run_python", code="x = 1")
             assert not first.is_error, _text(first)
-            sid = (first.structured_content or {})["session"]
+            oldest = (first.structured_content or {})["session"]
             assert not (await _call(url, "tok-a", "run_python", code="1")).is_error
-            r = await _call(url, "tok-a", "run_python", code="1")
-            assert r.is_error and "its bound is 2" in _text(r)
-            r = await _call(url, "tok-b", "run_python", code="2 + 2")  # positive control
-            assert not r.is_error and (r.structured_content or {})["value"] == "4"
+            r = await _call(url, "tok-a", "run_python", code="x = 3")  # a is at its 2
+            assert not r.is_error, _text(r)
+            sid = (r.structured_content or {})["session"]
+            r = await _call(url, "tok-a", "run_python", code="x", session=oldest)
+            assert r.is_error and "no session" in _text(r)  # a's oldest made the room
+            r = await _call(url, "tok-b", "run_python", code="kept", session=b_sid)
+            assert not r.is_error and (r.structured_content or {})["value"] == "'b'"  # control
             r = await _call(url, "tok-b", "run_python", code="x", session=sid)
             assert r.is_error and "no session" in _text(r)  # a's handle is not b's
             # memory: a holds 2 x 256 MiB of sessions; a fresh guest's checkpoint fits
@@ -218,7 +225,7 @@ def test_each_token_is_held_to_its_own_bounds() -> None:
             assert not r.is_error, _text(r)
             r = await _call(url, "tok-a", "restore", name="big", session=sid)
             assert r.is_error and "no checkpoint 'big'" in _text(r)
-            r = await _call(url, "tok-b", "checkpoint", name="big")  # b's own memory
+            r = await _call(url, "tok-b", "checkpoint", name="big", session=b_sid)  # b's own
             assert not r.is_error, _text(r)
 
         anyio.run(go)
