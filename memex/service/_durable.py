@@ -17,18 +17,12 @@ import msgpack
 
 from ..backends import ClientDoor
 from ..errors import ImageError, MemexError, SandboxError, SandboxLost
-from ..runtime_wasm import SandboxAPI, atomic_write, private_dir
+from ..runtime_wasm import SandboxAPI, atomic_write
 from ..serving import Keeper, QuotaExceeded, session_fields
 from ._config import TenantConfig
 from ._sessions import Session
 
 __all__ = ["ServeKeeper", "session_of_meta"]
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    """A file of the shared folder: whole or absent to a reader, 0600 in 0700 folders (it
-    holds a tenant's saved values and files)."""
-    atomic_write(path, data, private=True)
 
 
 def session_of_meta(meta: dict[str, Any]) -> Session:
@@ -48,11 +42,12 @@ class ServeKeeper(Keeper[Session]):
         """Write the session's image, files and description into ``folder`` (a shared folder
         another node takes it from); the turns the image holds."""
         turns, blob, files = cls._state(s, sb)
-        private_dir(folder)
-        _atomic_write(folder / f"{s.id}.image", blob)
-        _atomic_write(folder / f"{s.id}.files", msgpack.packb(files or {}, use_bin_type=True))
-        _atomic_write(folder / f"{s.id}.json",
-                      json.dumps(cls.describe(s, turns, files_kept=files is not None)).encode())
+        # 0600 files in 0700 folders: a tenant's saved values and files
+        atomic_write(folder / f"{s.id}.image", blob, private=True)
+        atomic_write(folder / f"{s.id}.files", msgpack.packb(files or {}, use_bin_type=True),
+                     private=True)
+        atomic_write(folder / f"{s.id}.json", json.dumps(
+            cls.describe(s, turns, files_kept=files is not None)).encode(), private=True)
         s.files_kept = files is not None
         return turns
 
@@ -111,8 +106,8 @@ class ServeKeeper(Keeper[Session]):
     def share_checkpoint(self, tenant: str, cid: str, checkpoint: object, shared: Path) -> None:
         """Write a held checkpoint to ``shared/<tenant>/checkpoints/<cid>``, where any node's
         restore of that id finds it (:meth:`shared_checkpoint`)."""
-        folder = private_dir(shared / tenant / "checkpoints")
-        _atomic_write(folder / cid, self.image_bytes(checkpoint))
+        atomic_write(shared / tenant / "checkpoints" / cid, self.image_bytes(checkpoint),
+                     private=True)
         self.log.info(json.dumps({"event": "share_checkpoint", "tenant": tenant,
                              "checkpoint": cid}))
 

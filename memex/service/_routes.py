@@ -410,7 +410,7 @@ async def turns(ws: WebSocket, sid: str) -> None:
         return
     try:
         await ws.accept()
-        watch = asyncio.ensure_future(_while_valid(svc, key, tenant.name, ws))
+        watch = asyncio.ensure_future(_while_valid(_KeyWatch(svc, key, tenant.name), ws))
         try:
             while True:
                 data = await ws.receive_bytes()
@@ -429,18 +429,31 @@ its tenant removed) closes every socket it opened within this; a frame in either
 is checked as it passes (a door call is not sent, a message is not answered)."""
 
 
-def _still(svc: Service, key: str | None, tenant: str) -> bool:
-    """Whether ``key`` still names ``tenant`` (serve.toml as it is now)."""
-    found = svc.keys.lookup(key)
-    return found is not None and found.name == tenant
+class _KeyWatch:
+    """Whether an open socket's key still names its tenant, checked per frame: the key is
+    looked up again (hashed and compared with every stored one) only when the tenants
+    were read anew since the last check, else it costs a ``stat`` of serve.toml."""
+
+    def __init__(self, svc: Service, key: str | None, tenant: str) -> None:
+        self.svc, self.key, self.tenant = svc, key, tenant
+        self.seen = svc.keys.generation()  # read before the lookup: a change after is seen
+        found = svc.keys.lookup(key)
+        self.valid = found is not None and found.name == tenant
+
+    def still(self) -> bool:
+        now = self.svc.keys.generation()
+        if now != self.seen:
+            found = self.svc.keys.lookup(self.key)
+            self.seen, self.valid = now, found is not None and found.name == self.tenant
+        return self.valid
 
 
-async def _while_valid(svc: Service, key: str | None, tenant: str, ws: WebSocket) -> None:
-    """Close ``ws`` (4401) once its key no longer names ``tenant``: for a socket that sends
+async def _while_valid(keys: _KeyWatch, ws: WebSocket) -> None:
+    """Close ``ws`` (4401) once its key no longer names its tenant: for a socket that sends
     nothing (every frame either way is checked as it passes)."""
     while True:
         await asyncio.sleep(REVOKE_CHECK)
-        if not _still(svc, key, tenant):
+        if not keys.still():
             with contextlib.suppress(Exception):
                 await ws.close(code=4401)
             return
@@ -495,24 +508,25 @@ async def _door(ws: WebSocket, svc: Service, key: str | None, name: str, s: Sess
                 ) -> None:
     """The door socket of session ``s``, once admitted."""
     await ws.accept()
+    keys = _KeyWatch(svc, key, name)
 
     async def send(frame: bytes) -> None:
-        """A door call to the client, only while its key still names the tenant: the key
-        is looked up again for every frame (a ``stat`` of serve.toml), so a key rotated out
-        gets not one more call, whatever the timer below has seen."""
-        if not _still(svc, key, name):
+        """A door call to the client, only while its key still names the tenant (checked
+        for every frame), so a key rotated out gets not one more call, whatever the timer
+        below has seen."""
+        if not keys.still():
             with contextlib.suppress(Exception):
                 await ws.close(code=4401)
             raise ConnectionError("the key of this door was rotated out")
         await ws.send_bytes(frame)
 
     token = s.door.attach(send, asyncio.get_running_loop())
-    watch = asyncio.ensure_future(_while_valid(svc, key, name, ws))
+    watch = asyncio.ensure_future(_while_valid(keys, ws))
     try:
         await ws.send_bytes(b"\x91\xa5ready")  # msgpack ["ready"]
         while True:
             data = await ws.receive_bytes()
-            if watch.done() or not _still(svc, key, name):  # what it sends is not answered
+            if watch.done() or not keys.still():  # what it sends is not answered
                 with contextlib.suppress(Exception):
                     await ws.close(code=4401)
                 break

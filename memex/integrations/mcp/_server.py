@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import hashlib
 import mimetypes
 from importlib.metadata import version
@@ -214,8 +215,16 @@ def build_server(config: McpConfig, sessions: Sessions) -> MCPServer:
         handlers.pop(method, None)
     network = config.policy is not None
 
-    def session_of(ctx: Context, handle: str | None) -> Session:
-        return sessions.resolve(handle, key=_key(ctx), owner=_owner(ctx))
+    async def session_of(ctx: Context, handle: str | None) -> Session:
+        """The session of a call: from the table on the event loop when it is there, else
+        made (or brought back, or room made for it: a save, a guest closed) on a thread,
+        within the principal's share of them."""
+        key, owner = _key(ctx), _owner(ctx)
+        found = sessions.existing(handle, key=key, owner=owner)
+        if found is not None:
+            return found
+        return await sessions.shares.run(
+            owner, functools.partial(sessions.resolve, handle, key=key, owner=owner))
 
     def note(ctx: Context, s: Session) -> str:
         return "" if _key(ctx) is not None else \
@@ -235,7 +244,7 @@ def build_server(config: McpConfig, sessions: Sessions) -> MCPServer:
         """Run Python code in the persistent sandbox and return what it printed, the value
         of its last line and any error. Open matplotlib figures come back as images."""
         try:
-            s = session_of(ctx, session)
+            s = await session_of(ctx, session)
             r, figures = await sessions.call(s, lambda: sessions.run(s, code, timeout),
                                              turn=True, on_cancel=lambda: sessions.interrupt(s))
         except (SessionError, MemexError) as exc:
@@ -264,7 +273,7 @@ def build_server(config: McpConfig, sessions: Sessions) -> MCPServer:
         """Start the session over with a fresh interpreter and an empty /tmp (its named
         checkpoints can still be restored)."""
         try:
-            s = session_of(ctx, session)
+            s = await session_of(ctx, session)
             await sessions.call(s, lambda: sessions.reset(s),
                                 on_cancel=lambda: sessions.interrupt(s))
         except (SessionError, MemexError) as exc:
@@ -280,7 +289,7 @@ def build_server(config: McpConfig, sessions: Sessions) -> MCPServer:
     ) -> Annotated[CallToolResult, FileList]:
         """The files and folders in a folder of the sandbox (its /tmp and granted mounts)."""
         try:
-            s = session_of(ctx, session)
+            s = await session_of(ctx, session)
             files = await sessions.call(s, lambda: sessions.files(s, path))
         except (SessionError, MemexError) as exc:
             return _error(str(exc))
@@ -298,7 +307,7 @@ def build_server(config: McpConfig, sessions: Sessions) -> MCPServer:
         """A file of the sandbox: text as UTF-8, anything else as base64; images also come
         back as image content."""
         try:
-            s = session_of(ctx, session)
+            s = await session_of(ctx, session)
             data = await sessions.call(s, lambda: sessions.use(
                 s, lambda sb: sb.read_file(path, max_bytes=MAX_READ_BYTES), changes=False))
         except GuestFileTooLarge:
@@ -336,7 +345,7 @@ def build_server(config: McpConfig, sessions: Sessions) -> MCPServer:
         except ValueError as exc:
             return _error(f"content is not valid base64: {exc}")
         try:
-            s = session_of(ctx, session)
+            s = await session_of(ctx, session)
             await sessions.call(s, lambda: sessions.use(s, lambda sb: sb.write_file(path, data)))
         except (SessionError, MemexError) as exc:
             return _error(str(exc))
@@ -356,7 +365,7 @@ def build_server(config: McpConfig, sessions: Sessions) -> MCPServer:
     ) -> Annotated[CallToolResult, CheckpointInfo]:
         """Save the session's interpreter state under a name (cheap: copy-on-write)."""
         try:
-            s = session_of(ctx, session)
+            s = await session_of(ctx, session)
             if sessions.has_checkpoint(s, name) and not replace:
                 return _error(f"a checkpoint named {name!r} exists; pass replace=true to "
                               "replace it")
@@ -377,7 +386,7 @@ def build_server(config: McpConfig, sessions: Sessions) -> MCPServer:
         """Put the session's interpreter back to a named checkpoint (files in /tmp are not
         rolled back)."""
         try:
-            s = session_of(ctx, session)
+            s = await session_of(ctx, session)
             cp = await sessions.call(s, lambda: sessions.restore(s, name))
         except (SessionError, MemexError) as exc:
             return _error(str(exc))

@@ -130,6 +130,18 @@ class Sessions:
         self._sweeper.start()
 
     # ---- finding a session --------------------------------------------------------------
+    def existing(self, session_id: str | None, *, key: str | None, owner: str
+                 ) -> Session | None:
+        """The session a call means when it is in the table already (the named one, else
+        the connection's default), else None: :meth:`resolve`'s fast path, which touches
+        nothing but the table (the event loop may call it)."""
+        with self._lock:
+            if session_id:
+                return self.table.get(owner, session_id)
+            if key is not None and key in self._defaults:
+                return self.table.get(owner, self._defaults[key])
+            return None
+
     def resolve(self, session_id: str | None, *, key: str | None, owner: str) -> Session:
         """The session a call means: the one named (it must be ``owner``'s: in the table,
         or put away in the store to make room, then brought back), else the connection's
@@ -138,7 +150,8 @@ class Sessions:
         the new one (saved first when the server keeps state, else ended), and a server
         full of one principal's sessions makes room for another the same way
         (``SessionTable.victim``): no principal is refused a session while another holds
-        idle ones past its share."""
+        idle ones past its share. It may save a session and read the store: call it off the
+        event loop (the server runs it within the principal's share of the threads)."""
         victim: Session | None = None
         for _ in range(2):
             if victim is not None:
