@@ -114,7 +114,8 @@ class Sessions:
         self.table: SessionTable[Session] = SessionTable(capacity=cfg.max_sessions)
         self.shares = Shares(threads=THREADS, tenant_threads=max(4, THREADS // 4))
         self._defaults: dict[str, str] = {}  # connection key -> its default session's id
-        self._away: dict[str, float] = {}  # session put away in the store -> when
+        # session put away in the store -> (its principal, when), oldest first
+        self._away: dict[str, tuple[str, float]] = {}
         self._lock = threading.Lock()
         self._closed = False
         self._stop = threading.Event()
@@ -216,7 +217,17 @@ class Sessions:
         self.table.orphan_checkpoints(s.id, 0)
         s.names.clear()
         with self._lock:
-            self._away[s.id] = time.time()
+            self._away[s.id] = (s.owner, time.time())
+            # a principal keeps at most its session bound of them in the store too: one
+            # that keeps making sessions cannot fill the disk with put-away ones
+            mine = [sid for sid, (who, _) in self._away.items() if who == s.owner]
+            over = mine[:max(0, len(mine) - (self.bounds.max_sessions or
+                                             self.config.sessions.max_sessions))]
+            for sid in over:
+                del self._away[sid]
+        for sid in over:
+            with contextlib.suppress(Exception):
+                self.keeper.store().forget(sid)
         LOG.info(json.dumps({"event": "session_put_away", "session": s.id,
                              "turns": s.saved_turns}))
 
@@ -438,7 +449,8 @@ class Sessions:
             for s, _why in self.table.ended():
                 self.end(s)
             with self._lock:  # put away and not called for since: ended as idle ones are
-                gone = [sid for sid, at in self._away.items() if time.time() - at > idle]
+                gone = [sid for sid, (_, at) in self._away.items()
+                        if time.time() - at > idle]
                 for sid in gone:
                     del self._away[sid]
             for sid in gone:

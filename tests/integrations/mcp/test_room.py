@@ -45,6 +45,14 @@ def test_a_principal_at_its_bound_gives_up_its_own_oldest_idle_session(tmp_path:
         with pytest.raises(SessionError, match="no session"):  # not B's to bring back
             sessions.resolve(first.id, key=None, owner="B")
         assert sessions.run(other, "mine", None)[0].value == "'b'"  # the control
+        # a principal that keeps making sessions keeps at most its bound of them put away
+        # in the store (the oldest forgotten): it cannot fill the server's disk
+        made = [sessions.resolve(None, key=None, owner="A") for _ in range(4)]
+        for s in made:
+            sessions.run(s, "1", None)
+        rows = {r.id for r in sessions.keeper.store().sessions()}
+        assert len([sid for sid in rows if sid != other.id]) == 4  # 2 live + 2 put away
+        assert made[-1].id in rows and first.id not in rows
     finally:
         sessions.close()
 
