@@ -9,25 +9,76 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ..errors import ConfigError
 from ._units import parse_seconds, parse_size
 
-__all__ = ["AGENT_LIMITS", "KERNEL_LIMITS", "SANDBOX_LIMITS", "GuestException", "GuestFile",
-           "Limits", "Mount", "TurnResult", "TurnStatus"]
+__all__ = ["AGENT_LIMITS", "KERNEL_LIMITS", "LIMIT_FIELDS", "SANDBOX_LIMITS", "GuestException",
+           "GuestFile", "LimitField", "Limits", "Mount", "TurnResult", "TurnStatus"]
 
 # The one home of the turn deadlines every entry point defaults to.
 TURN_TIMEOUT = 30.0  # a sandbox's turn: the SDK, `memex run`, the service, MCP tools
 AGENT_TURN_TIMEOUT = 60.0  # an agent's code block: MemexAgent, the framework adapters, eval
 KERNEL_TURN_TIMEOUT = 600.0  # a cell a person runs: Jupyter, `memex kernel`
-_SIZES = ("memory", "stdout_bytes", "stderr_bytes", "disk_bytes")
-_COUNTS = ("fuel", "fuel_total", "disk_files", "open_files")
-_SECONDS = ("timeout", "idle_timeout", "lifetime")
-
 RESERVED_GUEST_PATHS = ("/usr/local/lib", "/memex", "/tmp")
 MIN_OPEN_FILES = 16
 MAX_OPEN_FILES = 4096
+_TOP = 1 << 62  # what any count or size may be (below a JSON integer's and int64's range)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LimitField:
+    """One field of :class:`Limits` as every reader sees it: its unit, whether None (no
+    bound) is a value, and its range. The one declaration of a limit's shape: ``Limits``
+    checks itself against it, and the front ends' config tables and wire models are made
+    from it (``memex.serving``), so no field list is written twice.
+
+    ``kind``: ``"seconds"`` (a config file also takes ``'500ms'``, ``'2min'``), ``"bytes"``
+    (``'512M'``) or ``"count"``. The range is ``low < v`` (``low_open``) or ``low <= v``,
+    and ``v < high`` (``high_open``) or ``v <= high``."""
+
+    name: str
+    kind: Literal["seconds", "bytes", "count"]
+    nullable: bool
+    low: float
+    low_open: bool = False
+    high: float
+    high_open: bool = False
+    doc: str
+    low_why: str = ""  # why each end is where it is, for the error
+    high_why: str = ""
+
+    def admits(self, value: float) -> bool:
+        return (value > self.low if self.low_open else value >= self.low) and (
+            value < self.high if self.high_open else value <= self.high)
+
+    def describe(self) -> str:
+        """The range in words: ``at least 48 MiB and at most 4 GiB``."""
+        low = f"{'more than' if self.low_open else 'at least'} {self._amount(self.low)}"
+        if self.high_open and self.high in (_TOP, 1e9):  # practically unbounded above
+            return low
+        return f"{low} and {'below' if self.high_open else 'at most'} " \
+            f"{self._amount(self.high)}"
+
+    def _amount(self, v: float) -> str:
+        if self.kind == "bytes":
+            for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+                if v and v % (1 << shift) == 0:
+                    return f"{int(v) >> shift} {unit}"
+        return f"{v:g}" if isinstance(v, float) and not v.is_integer() else f"{int(v)}"
+
+
+def _limit(default: Any, kind: Literal["seconds", "bytes", "count"], doc: str, *,
+           nullable: bool = False, low: float = 0, low_open: bool = False,
+           high: float = _TOP, high_open: bool | None = None, low_why: str = "",
+           high_why: str = "") -> Any:
+    if high_open is None:
+        high_open = high == _TOP or kind == "seconds"
+    spec = {"kind": kind, "nullable": nullable, "low": low, "low_open": low_open,
+            "high": high, "high_open": high_open, "doc": doc, "low_why": low_why,
+            "high_why": high_why}
+    return field(default=default, metadata={"limit": spec})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,61 +105,48 @@ class Limits:
             ``limit="open_files"``); the interpreter itself needs a few.
     """
 
-    timeout: float = TURN_TIMEOUT
-    memory: int = 1 << 30
-    fuel: int | None = None
-    fuel_total: int | None = None
-    stdout_bytes: int = 1 << 20
-    stderr_bytes: int = 1 << 20
-    idle_timeout: float | None = None
-    lifetime: float | None = None
-    disk_bytes: int = 512 << 20
-    disk_files: int = 10_000
-    open_files: int = 128
+    timeout: float = _limit(TURN_TIMEOUT, "seconds", "wall seconds per turn", nullable=True,
+                            low_open=True, high=1e9)
+    memory: int = _limit(1 << 30, "bytes", "bytes of guest linear memory", low=48 << 20,
+                         high=4 << 30, low_why="the interpreter alone needs ~40 MiB",
+                         high_why="wasm32")
+    fuel: int | None = _limit(None, "count", "instructions per turn (the metered engine)",
+                              nullable=True, low_open=True)
+    fuel_total: int | None = _limit(None, "count", "instructions over the sandbox's life",
+                                    nullable=True, low_open=True)
+    stdout_bytes: int = _limit(1 << 20, "bytes", "stdout bytes kept per turn")
+    stderr_bytes: int = _limit(1 << 20, "bytes", "stderr bytes kept per turn")
+    idle_timeout: float | None = _limit(None, "seconds", "seconds without a turn before the "
+                                        "sandbox closes itself", nullable=True,
+                                        low_open=True, high=1e9)
+    lifetime: float | None = _limit(None, "seconds", "seconds after creation before the "
+                                    "sandbox closes itself", nullable=True, low_open=True,
+                                    high=1e9)
+    disk_bytes: int = _limit(512 << 20, "bytes", "bytes its writable places may hold")
+    disk_files: int = _limit(10_000, "count", "files, folders and links they may hold")
+    open_files: int = _limit(128, "count", "descriptors open at once", low=MIN_OPEN_FILES,
+                             high=MAX_OPEN_FILES, low_why="the interpreter needs a few")
 
     def __post_init__(self) -> None:
-        for name in ("memory", "stdout_bytes", "stderr_bytes", "disk_bytes", "disk_files",
-                     "open_files"):  # bounded: None is no value for these
-            if getattr(self, name) is None:
-                raise ConfigError(f"Limits.{name} must be bounded (an int), got None")
-        for name in ("memory", "fuel", "fuel_total", "stdout_bytes", "stderr_bytes",
-                     "disk_bytes", "disk_files", "open_files"):
-            v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
-                raise ConfigError(f"Limits.{name} must be an int, got {v!r}")
-        for name in ("timeout", "idle_timeout", "lifetime"):
-            v = getattr(self, name)
+        for spec in LIMIT_FIELDS:  # the checks follow the one table of fields
+            name, v = spec.name, getattr(self, spec.name)
             if v is None:
+                if not spec.nullable:  # bounded: None is no value for these
+                    raise ConfigError(f"Limits.{name} must be bounded (an int), got None")
                 continue
-            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < 1e9:
-                raise ConfigError(
-                    f"Limits.{name} must be a finite number of seconds > 0, got {v!r}"
-                )
-        if self.memory > (4 << 30):
-            raise ConfigError(f"Limits.memory cannot exceed 4 GiB (wasm32), got {self.memory!r}")
-        if self.memory < (48 << 20):
-            raise ConfigError(
-                f"Limits.memory must be at least 48 MiB (the interpreter alone needs ~40 MiB), "
-                f"got {self.memory!r}"
-            )
-        for name in ("fuel", "fuel_total"):
-            v = getattr(self, name)
-            if v is not None and v <= 0:
-                raise ConfigError(f"Limits.{name} must be positive or None, got {v!r}")
-        for name in ("stdout_bytes", "stderr_bytes"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"Limits.{name} must be >= 0")
-        for name in ("idle_timeout", "lifetime"):
-            v = getattr(self, name)
-            if v is not None and not v > 0:
-                raise ConfigError(f"Limits.{name} must be > 0 seconds or None, got {v!r}")
-        for name in ("disk_bytes", "disk_files"):
-            if not 0 <= getattr(self, name) < 1 << 62:
-                raise ConfigError(f"Limits.{name} must be >= 0")
-        if not MIN_OPEN_FILES <= self.open_files <= MAX_OPEN_FILES:
-            raise ConfigError(f"Limits.open_files must be between {MIN_OPEN_FILES} (the "
-                              f"interpreter needs a few) and {MAX_OPEN_FILES}, got "
-                              f"{self.open_files!r}")
+            if spec.kind == "seconds":
+                if isinstance(v, bool) or not isinstance(v, int | float) or v != v:
+                    raise ConfigError(f"Limits.{name} must be a finite number of seconds > 0, "
+                                      f"got {v!r}")
+            elif isinstance(v, bool) or not isinstance(v, int):
+                raise ConfigError(f"Limits.{name} must be an int, got {v!r}")
+            if not spec.admits(v):
+                if spec.kind == "seconds":
+                    raise ConfigError(f"Limits.{name} must be a finite number of seconds > 0, "
+                                      f"got {v!r}")
+                why = spec.high_why if v >= spec.high else spec.low_why
+                why = f" ({why})" if why else ""
+                raise ConfigError(f"Limits.{name} must be {spec.describe()}{why}, got {v!r}")
 
     @property
     def metered(self) -> bool:
@@ -163,9 +201,10 @@ class Limits:
 def _parse_field(name: str, value: object, what: str) -> Any:
     if value is None:
         return None  # Limits itself refuses None where a field must be bounded
-    if name in _SIZES:
+    kind = _KINDS[name]
+    if kind == "bytes":
         return parse_size(value, what=what)
-    if name in _SECONDS:
+    if kind == "seconds":
         return parse_seconds(value, what=what)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{what}: expected an int, got {value!r:.80}")
@@ -186,6 +225,12 @@ def _caps(ceiling: Limits | Mapping[str, Any] | None, where: str) -> dict[str, A
             out[k] = _parse_field(k, v, f"{where} ceiling.{k}")
     return out
 
+
+LIMIT_FIELDS: tuple[LimitField, ...] = tuple(
+    LimitField(name=f.name, **f.metadata["limit"]) for f in dataclasses.fields(Limits))
+"""Limits' fields in order, each with its unit and range: the one declaration the config
+tables and wire models are made from."""
+_KINDS = {f.name: f.kind for f in LIMIT_FIELDS}
 
 SANDBOX_LIMITS = Limits()  # what a Sandbox gets when given none
 AGENT_LIMITS = Limits(timeout=AGENT_TURN_TIMEOUT)  # an agent's sandbox

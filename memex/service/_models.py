@@ -5,7 +5,7 @@ same maps the worker wire uses (``Limits`` fields; ``TurnResult.to_dict()``)."""
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import (
     AfterValidator,
@@ -15,9 +15,9 @@ from pydantic import (
     Field,
     field_validator,
 )
-from pydantic.json_schema import SkipJsonSchema
 
-from ..serving import ID_PATTERN
+from ..serving import ID_PATTERN, LimitsModel, limits_model
+from ..serving._settings import integral as _integral
 
 __all__ = ["API_VERSION", "GUEST_PATH", "CheckpointOut", "CreateSession", "ErrorBody",
            "ErrorDetail", "FileList", "FileOut", "ForksIn", "LimitsIn", "MountIn", "RestoreIn",
@@ -88,40 +88,21 @@ class MountIn(_Strict):
         return v
 
 
-def _integral(value: Any) -> Any:
-    """JSON Schema's integer: 5.0 is one (its value is integral), so it is taken as 5; any
-    other type still meets the strict check (``true`` and ``"5"`` are not integers)."""
-    if isinstance(value, float) and value.is_integer() and abs(value) < 2 ** 63:
-        return int(value)
-    return value
-
-
 Seconds = Annotated[float, Field(gt=0, lt=1e9)]
-Count = Annotated[Annotated[int, Field(ge=1, lt=1 << 62)], BeforeValidator(_integral)]
-MemoryBytes = Annotated[Annotated[int, Field(ge=48 << 20, le=4 << 30)],
-                        BeforeValidator(_integral)]  # Limits' own bounds (wasm32)
-OpenFiles = Annotated[Annotated[int, Field(ge=16, le=4096)],  # Limits' open_files bounds
-                      BeforeValidator(_integral)]
 
 
-class LimitsIn(_Strict):
-    """memex.Limits, each field within the tenant's ceiling (unset: the service's default,
-    itself kept within the ceiling)."""
+class _LimitsBase(_Strict, LimitsModel):
+    """Request bodies of Limits fields (strict JSON, not frozen)."""
 
-    # null is a value only where Limits takes one (no bound); a field that must be bounded
-    # takes a number or is left out (SkipJsonSchema: null is not in the document, and is
-    # refused with 422 when sent)
-    timeout: Seconds | None = Field(None, description="wall seconds per turn")
-    memory: MemoryBytes | SkipJsonSchema[None] = Field(None, description="bytes of guest memory")
-    fuel: Count | None = Field(None, description="instructions per turn (metered engine)")
-    fuel_total: Count | None = Field(None, description="instructions over the session")
-    stdout_bytes: Count | SkipJsonSchema[None] = None
-    stderr_bytes: Count | SkipJsonSchema[None] = None
-    idle_timeout: Seconds | None = None
-    lifetime: Seconds | None = None
-    disk_bytes: Count | SkipJsonSchema[None] = None
-    disk_files: Count | SkipJsonSchema[None] = None
-    open_files: OpenFiles | SkipJsonSchema[None] = None
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=False)
+
+
+if TYPE_CHECKING:
+    LimitsIn = _LimitsBase
+else:
+    LimitsIn = limits_model(
+        "LimitsIn", _LimitsBase, style="wire", doc="memex.Limits, each field within the "
+        "tenant's ceiling (unset: the service's default, itself kept within the ceiling).")
 
 
 def _requirement(text: str) -> str:

@@ -8,7 +8,8 @@ saves sessions to SQLite, evicts idle ones and brings them back after a restart
 placement and recovery across Ray nodes); a tenant's operator tools and egress policy as
 data that crosses nodes (``DoorKit``, served on a slab's doors by ``SlabDoors``; loaded by
 ``load_tools``, described by ``describe_tools``); and the one style of their config files
-(``FileModel``, ``LimitsTable``, ``Size``, ``Seconds``, ``config_error``). Imports no web
+(``FileModel``, ``LimitsTable`` and the other models of Limits' fields that
+``limits_model`` makes, ``Size``, ``Seconds``, ``config_error``). Imports no web
 framework: each front end brings its own extra."""
 
 from ._control import CONTROL_NAME, Control, checkpoint_key
@@ -18,11 +19,13 @@ from ._edge import ConnectionGuard, EdgeLimits
 from ._packages import PackageGate, allowed_packages
 from ._settings import (
     FileModel,
+    LimitsModel,
     LimitsTable,
     Seconds,
     SecondsOrZero,
     Size,
     config_error,
+    limits_model,
 )
 from ._shares import Shares
 from ._table import ID_PATTERN, Bounds, QuotaExceeded, SessionTable
@@ -40,6 +43,7 @@ __all__ = [
     "EdgeLimits",
     "FileModel",
     "Keeper",
+    "LimitsModel",
     "LimitsTable",
     "PackageGate",
     "QuotaExceeded",
@@ -53,6 +57,7 @@ __all__ = [
     "checkpoint_key",
     "config_error",
     "describe_tools",
+    "limits_model",
     "load_tools",
     "session_fields",
 ]

@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import types
 import typing
-from collections.abc import Callable
-from typing import Annotated, Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model
+from pydantic.json_schema import SkipJsonSchema
 
 from ..errors import ConfigError
-from ..runtime_wasm import Limits, parse_seconds, parse_size
+from ..runtime_wasm import LIMIT_FIELDS, LimitField, Limits, parse_seconds, parse_size
 
-__all__ = ["FileModel", "LimitsTable", "Seconds", "SecondsOrZero", "Size", "config_error"]
+__all__ = ["FileModel", "LimitsModel", "LimitsTable", "Seconds", "SecondsOrZero", "Size",
+           "config_error", "limits_model"]
 
 
 
@@ -57,29 +59,81 @@ Seconds = Annotated[float, BeforeValidator(_seconds)]  # > 0, or '500ms', '2min'
 SecondsOrZero = Annotated[float, BeforeValidator(_seconds_or_zero)]  # 0 means "at once"
 
 
-class LimitsTable(FileModel):
-    """A table of :class:`~memex.Limits` fields in a config file, each optional: what is
-    left out comes from elsewhere (the defaults, a ceiling). :meth:`limits` builds them with
-    :meth:`Limits.from_mapping`, the one reader every entry point shares."""
-
-    timeout: Seconds | None = None
-    memory: Size | None = None
-    fuel: int | None = None
-    fuel_total: int | None = None
-    stdout_bytes: Size | None = None
-    stderr_bytes: Size | None = None
-    idle_timeout: Seconds | None = None
-    lifetime: Seconds | None = None
-    disk_bytes: Size | None = None
-    disk_files: int | None = None
-    open_files: int | None = None
+class LimitsModel(FileModel):
+    """The base of every model of :class:`~memex.Limits` fields (a config file's table, a
+    request body): the fields themselves are made from :data:`~memex.runtime_wasm.LIMIT_FIELDS`
+    by :func:`limits_model`, never written out again."""
 
     def given(self) -> dict[str, Any]:
-        """The fields the file sets."""
+        """The fields the input sets."""
         return self.model_dump(exclude_unset=True)
 
     def limits(self, *, base: Limits | None = None, where: str = "limits") -> Limits:
-        return Limits.from_mapping(self.given(), base=base, where=where)
+        """These fields over ``base`` (unset and None-valued bounded fields from it), read by
+        :meth:`Limits.from_mapping`, the one reader every entry point shares."""
+        given = self.model_dump(exclude_unset=True)
+        for name, value in self.model_dump().items():  # a default this model sets
+            if name not in given and value is not None:
+                given[name] = value
+        return Limits.from_mapping(given, base=base, where=where)
+
+
+def integral(value: Any) -> Any:
+    """JSON Schema's integer: 5.0 is one (its value is integral), so it is taken as 5; any
+    other type still meets the strict check (``true`` and ``"5"`` are not integers)."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2 ** 63:
+        return int(value)
+    return value
+
+
+def _wire_type(f: LimitField) -> Any:
+    bounds: dict[str, float] = {"gt" if f.low_open else "ge": f.low,
+                                "lt" if f.high_open else "le": f.high}
+    if f.kind == "seconds":
+        return Annotated[float, Field(**bounds)]  # type: ignore[call-overload]
+    ints = {k: int(v) for k, v in bounds.items()}
+    return Annotated[Annotated[int, Field(**ints)], BeforeValidator(integral)]  # type: ignore[call-overload]
+
+
+def _file_type(f: LimitField) -> Any:
+    return {"seconds": Seconds, "bytes": Size, "count": int}[f.kind]
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def limits_model(name: str, base: type[M], *, style: Literal["file", "wire"] = "file",
+                 defaults: Mapping[str, Any] | None = None, doc: str = "") -> type[M]:
+    """A model of every :class:`~memex.Limits` field, made from ``LIMIT_FIELDS``: each
+    optional (unset: the reader's base, or ``defaults``). ``style="file"``: a config table,
+    sizes and durations in the one grammar (``'512M'``, ``'2min'``), ranges checked by
+    Limits itself. ``style="wire"``: a JSON body, numbers only, each field's range stated in
+    the schema (what Limits admits), null only where Limits takes None."""
+    defaults = dict(defaults or {})
+    unknown = sorted(set(defaults) - {f.name for f in LIMIT_FIELDS})
+    if unknown:
+        raise ConfigError(f"{name}: defaults for unknown Limits fields {unknown}")
+    fields: dict[str, Any] = {}
+    for f in LIMIT_FIELDS:
+        kind = _wire_type(f) if style == "wire" else _file_type(f)
+        # a bounded field on the wire: null is not in the document, and is refused when sent
+        nothing: Any = None if f.nullable or style == "file" \
+            else SkipJsonSchema[None]  # type: ignore[misc]
+        annotation = kind | nothing
+        default = defaults.get(f.name)
+        fields[f.name] = (annotation, Field(default=default, description=f.doc))
+    model: type[M] = create_model(name, __base__=base, __doc__=doc or None,
+                                  __module__=base.__module__, **fields)
+    return model
+
+
+if TYPE_CHECKING:
+    LimitsTable = LimitsModel
+else:
+    LimitsTable = limits_model(
+        "LimitsTable", LimitsModel, doc="A table of :class:`~memex.Limits` fields in a config "
+        "file, each optional: what is left out comes from elsewhere (the defaults, a "
+        "ceiling).")
 
 
 def _inner(annotation: object) -> Any:

@@ -7,33 +7,37 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, ValidationError
 
 from ...errors import ConfigError
-from ...runtime_wasm import SANDBOX_LIMITS, Limits, Mount
-from ...serving import FileModel, Seconds, SecondsOrZero, Size, config_error
+from ...runtime_wasm import SANDBOX_LIMITS, Mount
+from ...serving import (
+    FileModel,
+    LimitsModel,
+    Seconds,
+    SecondsOrZero,
+    Size,
+    config_error,
+    limits_model,
+)
 
 __all__ = ["BridgeConfig", "HttpConfig", "LimitsConfig", "McpConfig", "MountConfig",
            "SessionsConfig", "load_config"]
 
 
 
-class LimitsConfig(FileModel):
-    """Per-call caps of every session's sandbox (see ``memex.Limits``; a model reads what a
-    call prints, so the output caps are smaller than a sandbox's own)."""
-
-    timeout: Seconds = Field(default=SANDBOX_LIMITS.timeout, description="wall seconds per "
-                             "call ('500ms', '2min' work)")
-    memory: Size | None = Field(default=None, description="guest memory cap, bytes ('1G' "
-                                "works; unset: the sandbox's default)")
-    fuel: int | None = Field(default=None, gt=0, description="instruction budget per call")
-    stdout_bytes: Size = Field(default=64 << 10, gt=0, description="stdout kept per call")
-    stderr_bytes: Size = Field(default=64 << 10, gt=0, description="stderr kept per call")
-
-    def limits(self) -> Limits:
-        return Limits.from_mapping(self.model_dump(exclude_none=True), where="limits")
+if TYPE_CHECKING:
+    LimitsConfig = LimitsModel
+else:
+    LimitsConfig = limits_model(
+        "LimitsConfig", LimitsModel,
+        defaults={"timeout": SANDBOX_LIMITS.timeout, "stdout_bytes": 64 << 10,
+                  "stderr_bytes": 64 << 10},
+        doc="Per-call caps of every session's sandbox: every field of ``memex.Limits`` ("
+            "a model reads what a call prints, so the output caps are smaller than a "
+            "sandbox's own).")
 
 
 class MountConfig(FileModel):

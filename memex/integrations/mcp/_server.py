@@ -167,7 +167,7 @@ def _instructions(cfg: McpConfig, tools: ToolSet | None) -> str:
         "A persistent Python sandbox (CPython 3.15 in WebAssembly, with numpy, pandas and "
         "matplotlib): variables, imports and files in /tmp stay between run_python calls, like "
         "a notebook. Print what you need to see; the value of a cell's last line is shown. "
-        f"Each call may run {cfg.limits.timeout:g} s at most. There is no network"
+        f"Each call may run {cfg.limits.limits().timeout:g} s at most. There is no network"
         + (" except what the operator's egress policy allows." if cfg.policy else "."),
         "Results carry a `session`. Over stdio, and for HTTP clients with a session, calls "
         "without one share the connection's session; otherwise pass the `session` of an "
