@@ -17,7 +17,6 @@ from pydantic import (
 )
 
 from ..serving import ID_PATTERN, LimitsModel, limits_model
-from ..serving._settings import integral as _integral
 
 __all__ = ["API_VERSION", "GUEST_PATH", "CheckpointOut", "CreateSession", "ErrorBody",
            "ErrorDetail", "FileList", "FileOut", "ForksIn", "LimitsIn", "MountIn", "RestoreIn",
@@ -86,6 +85,14 @@ class MountIn(_Strict):
         if "\0" in v:
             raise ValueError("a host path without NUL")
         return v
+
+
+def _integral(value: Any) -> Any:
+    """JSON Schema's integer: 5.0 is one (its value is integral), so it is taken as 5; any
+    other type still meets the strict check (``true`` and ``"5"`` are not integers)."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2 ** 63:
+        return int(value)
+    return value
 
 
 Seconds = Annotated[float, Field(gt=0, lt=1e9)]
