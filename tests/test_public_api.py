@@ -87,10 +87,11 @@ PINNED: dict[str, list[str]] = {
     ],
     "memex.serving": [
         "CONTROL_NAME", "ID_PATTERN", "KIT_BYTES", "Bounds", "ConnectionGuard", "Control",
-        "DoorKit", "DurableSession", "EdgeLimits", "FileModel", "Keeper", "LimitsModel",
-        "LimitsTable", "PackageGate", "QuotaExceeded", "Seconds", "SecondsOrZero", "SessionTable", "Shares",
-        "Size", "SlabDoors", "allowed_packages", "checkpoint_key", "config_error", "describe_tools",
-        "limits_model", "load_tools", "session_fields",
+        "DoorKit", "DurableSession", "EdgeLimits", "FileModel", "Keeper", "KeyRing",
+        "LimitsModel", "LimitsTable", "PackageGate", "Principal", "QuotaExceeded", "Seconds",
+        "SecondsOrZero", "SessionTable", "Shares", "Size", "SlabDoors", "allowed_packages",
+        "bearer_key", "check_key_hashes", "checkpoint_key", "config_error", "describe_tools",
+        "hash_key", "key_matches", "limits_model", "load_tools", "session_fields",
     ],
     "memex.service": [
         "API_VERSION", "MountGrant", "ServiceConfig", "TenantConfig", "check_cluster",

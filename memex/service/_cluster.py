@@ -50,7 +50,14 @@ from ..runtime_wasm import (
     TurnStatus,
 )
 from ..serving import CONTROL_NAME, Control, DoorKit
-from ._config import ClusterConfig, KeyRing, ServiceConfig, TenantConfig, parse_config
+from ._config import (
+    ClusterConfig,
+    ServiceConfig,
+    TenantConfig,
+    adopt_tenants,
+    parse_config,
+    service_keys,
+)
 from ._http import ApiError, translate
 from ._models import CreateSession, RunIn
 from ._service import AUDIT, Service
@@ -474,7 +481,7 @@ class ClusterService(Service):
         if config.cluster is None:
             raise ConfigError("ClusterService needs [cluster] in serve.toml")
         super().__init__(config)
-        self.keys = KeyRing(config, watch=False)
+        self.keys = service_keys(config, watch=False)
         self.cluster = config.cluster
         self._link: _Link | None = None
         self._stamp: tuple[int, int] | None = None
@@ -539,7 +546,8 @@ class ClusterService(Service):
                 if newer is not None:
                     link.version = newer[0]
                     kits = {n: DoorKit.from_wire(k) for n, k in newer[2].items()}
-                    await anyio.to_thread.run_sync(self.keys.adopt, newer[1], kits)
+                    await anyio.to_thread.run_sync(adopt_tenants, self.keys, newer[1],
+                                                   self.config.path, kits)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

@@ -3,20 +3,16 @@ value of the wrong type is a :class:`~memex.errors.ConfigError` naming it), and 
 file changes so keys rotate without a restart.
 
 API keys are stored as ``sha256:<hex>`` of the key (``memex serve --hash-key`` prints one);
-the key itself never sits in the file. A presented key is hashed and compared with every
-stored hash in constant time (``hmac.compare_digest``), so neither the match nor its position
-leaks through timing.
+the key itself never sits in the file. Authentication is the front ends' one
+(``memex.serving.KeyRing``): each tenant is a principal.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
-import hmac
 import os
 import re
-import threading
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -33,24 +29,20 @@ from ..serving import (
     DoorKit,
     EdgeLimits,
     FileModel,
+    KeyRing,
     LimitsTable,
     Seconds,
     SecondsOrZero,
     Size,
     allowed_packages,
+    check_key_hashes,
     config_error,
+    hash_key,
     load_tools,
 )
 
-__all__ = ["KeyRing", "MountGrant", "ServiceConfig", "TenantConfig", "check_config", "hash_key",
-           "load_config"]
-
-def hash_key(key: str) -> str:
-    """The form an API key is stored in: ``sha256:<64 hex digits>``."""
-    if not isinstance(key, str) or len(key) < 16:
-        raise ConfigError("an API key is a str of at least 16 characters")
-    return _digest(key)
-
+__all__ = ["MountGrant", "ServiceConfig", "TenantConfig", "adopt_tenants", "check_config",
+           "hash_key", "load_config", "service_keys"]
 
 @dataclass(frozen=True, kw_only=True)
 class MountGrant:
@@ -140,29 +132,6 @@ class ServiceConfig:
     edge: EdgeLimits = field(default_factory=EdgeLimits)  # connections: _edge
     tenants: Mapping[str, TenantConfig] = field(default_factory=dict)
     path: Path | None = None
-
-
-def _check_hashes(where: str, keys: tuple[str, ...]) -> None:
-    for k in keys:
-        if not (k.startswith("sha256:") and len(k) == 71
-                and all(c in "0123456789abcdef" for c in k[7:])):
-            raise ConfigError(f"{where}: {k[:12]!r}... is not sha256:<64 hex digits> "
-                              "(store `memex serve --hash-key` output, never the key)")
-
-
-def _digest(key: str) -> str:
-    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
-
-
-def key_matches(stored: tuple[str, ...], key: str | None) -> bool:
-    """Whether ``key`` hashes to one of ``stored`` (every hash compared, in constant time)."""
-    if not key:
-        return False
-    presented = _digest(key)
-    found = False
-    for h in stored:
-        found |= hmac.compare_digest(h, presented)
-    return found
 
 
 class _MountFile(FileModel):
@@ -266,7 +235,7 @@ def _tenant(name: str, t: _TenantFile, base: Path, kit: DoorKit | None = None
     if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name) or name in (".", ".."):
         raise ConfigError(f"{where}: a tenant name is 1-64 letters, digits, '_', '.' or '-'")
     keys = tuple(t.keys)
-    _check_hashes(f"{where} keys", keys)
+    check_key_hashes(f"{where} keys", keys)
     here = None
     if kit is not None and kit.tenant == name:  # the one a cluster published: built from
         with contextlib.suppress(ConfigError):  # its own copy unless these files are it
@@ -317,7 +286,7 @@ def parse_config(data: Mapping[str, Any], *, path: Path | None = None,
             opts[k] = (base / opts[k]).resolve()
     if "metrics_keys" in opts:
         opts["metrics_keys"] = tuple(opts["metrics_keys"])
-        _check_hashes("[server] metrics_keys", opts["metrics_keys"])
+        check_key_hashes("[server] metrics_keys", opts["metrics_keys"])
     if "preload" in opts:
         opts["preload"] = tuple(opts["preload"])
     tenants = {n: _tenant(n, t, base, (kits or {}).get(n)) for n, t in f.tenants.items()}
@@ -391,80 +360,23 @@ def load_config(path: str | os.PathLike[str]) -> ServiceConfig:
         raise ConfigError(f"{p}: {exc}") from exc
 
 
-class KeyRing:
-    """Tenants by API key, reread from the config file when it changes (checked on each
-    lookup: a ``stat``). A file that no longer parses keeps the last good tenants and is
-    reported through ``last_error``."""
+def service_keys(config: ServiceConfig, *, watch: bool = True) -> KeyRing[TenantConfig]:
+    """The tenants by key, reread from serve.toml when it changes (``watch``; off on a
+    cluster, where the control actor's copy rules: :func:`adopt_tenants`)."""
+    return KeyRing(config.tenants, source=config.path if watch else None, load=_tenants_of)
 
-    def __init__(self, config: ServiceConfig, *, watch: bool = True) -> None:
-        self._lock = threading.Lock()
-        self._tenants = dict(config.tenants)
-        self._path = config.path
-        self._watch = watch  # off on a cluster: the control actor's copy rules (adopt)
-        self._stamp = self._stat()
-        self._generation = 0  # how many times the tenants were replaced
-        self.last_error: str | None = None
 
-    def adopt(self, text: str, kits: Mapping[str, DoorKit] | None = None) -> None:
-        """Serve the tenants of ``text``: a serve.toml the cluster holds, with the ``kits``
-        published with it (a text that does not parse keeps the last good tenants, reported
-        through ``last_error``)."""
-        try:
-            tenants = parse_config(tomllib.loads(text), path=self._path, kits=kits).tenants
-        except (ConfigError, tomllib.TOMLDecodeError) as exc:
-            self.last_error = str(exc)
-            return
-        with self._lock:
-            self._tenants = dict(tenants)
-            self._generation += 1
-            self.last_error = None
+def _tenants_of(path: Path) -> Mapping[str, TenantConfig]:
+    return load_config(path).tenants
 
-    def _stat(self) -> tuple[int, int] | None:
-        if self._path is None:
-            return None
-        try:
-            st = self._path.stat()
-        except OSError:
-            return None
-        return (st.st_mtime_ns, st.st_size)
 
-    def _refresh(self) -> None:
-        if not self._watch:
-            return
-        stamp = self._stat()
-        if stamp is None or stamp == self._stamp or self._path is None:
-            return
-        with self._lock:
-            if stamp == self._stamp:
-                return
-            self._stamp = stamp
-            try:
-                self._tenants = dict(load_config(self._path).tenants)
-                self._generation += 1
-                self.last_error = None
-            except ConfigError as exc:
-                self.last_error = str(exc)
-
-    def tenants(self) -> dict[str, TenantConfig]:
-        self._refresh()
-        return dict(self._tenants)
-
-    def generation(self) -> int:
-        """A number that changes whenever the tenants are read anew (serve.toml changed, or a
-        cluster's copy was adopted): a key found valid at one generation is valid until the
-        next, so an open socket needs no hashing per frame, only this ``stat``."""
-        self._refresh()
-        return self._generation
-
-    def lookup(self, key: str | None) -> TenantConfig | None:
-        """The tenant whose key this is, else None (every stored hash compared)."""
-        if not key:
-            return None
-        self._refresh()
-        presented = _digest(key)
-        found = None
-        for tenant in self._tenants.values():
-            for stored in tenant.keys:
-                if hmac.compare_digest(stored, presented):
-                    found = tenant
-        return found
+def adopt_tenants(ring: KeyRing[TenantConfig], text: str, path: Path | None,
+                  kits: Mapping[str, DoorKit] | None = None) -> None:
+    """Serve the tenants of ``text``: a serve.toml the cluster holds, with the ``kits``
+    published with it (a text that does not parse keeps the last good tenants, reported
+    through ``ring.last_error``)."""
+    try:
+        tenants = parse_config(tomllib.loads(text), path=path, kits=kits).tenants
+        ring.replace(tenants)
+    except (ConfigError, tomllib.TOMLDecodeError) as exc:
+        ring.last_error = str(exc)

@@ -24,6 +24,7 @@ from ..errors import (
     SandboxClosed,
     SandboxLost,
 )
+from ..serving import bearer_key
 from ._logs import REQUEST_ID, request_id_from
 from ._metrics import Metrics
 
@@ -99,15 +100,11 @@ parsed: JSON's nesting would otherwise reach the parser's recursion limit."""
 
 
 def bearer(headers: Sequence[tuple[bytes, bytes]]) -> str | None:
-    """The key of ``Authorization: Bearer <key>`` among raw ASGI headers."""
+    """The key of ``Authorization: Bearer <key>`` among raw ASGI headers (the front ends'
+    one reading of it: ``memex.serving.bearer_key``)."""
     for name, value in headers:
         if name == b"authorization":
-            if value[:7].lower() == b"bearer ":
-                try:
-                    return value[7:].decode("ascii")
-                except UnicodeDecodeError:
-                    return None
-            return None
+            return bearer_key(value)
     return None
 
 

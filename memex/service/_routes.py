@@ -34,8 +34,8 @@ from ..runtime_wasm import (
     TurnResult,
     unpack_bounded,
 )
-from ..serving import ID_PATTERN, describe_tools
-from ._config import TenantConfig, key_matches
+from ..serving import ID_PATTERN, bearer_key, describe_tools, key_matches
+from ._config import TenantConfig
 from ._http import ApiError, invalid_request, too_large
 from ._models import (
     API_VERSION,
@@ -97,8 +97,7 @@ GuestPathQuery = Annotated[str, Query(max_length=1024,
 
 
 def _key_of(headers: Any) -> str | None:
-    auth = str(headers.get("authorization", ""))
-    return auth[7:] if auth[:7].lower() == "bearer " else None
+    return bearer_key(headers.get("authorization"))
 
 
 # Both dependencies are coroutines: FastAPI runs a plain ``def`` dependency on its thread pool,

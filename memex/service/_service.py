@@ -34,7 +34,7 @@ from ..runtime_wasm import (
     TurnResult,
 )
 from ..serving import ConnectionGuard, PackageGate, Shares
-from ._config import KeyRing, ServiceConfig, TenantConfig
+from ._config import ServiceConfig, TenantConfig, service_keys
 from ._durable import ServeKeeper, session_of_meta
 from ._http import ApiError, translate
 from ._metrics import Metrics
@@ -72,7 +72,7 @@ class Service:
 
     def __init__(self, config: ServiceConfig, backend: Backend | None = None) -> None:
         self.config = config
-        self.keys = KeyRing(config)
+        self.keys = service_keys(config)
         self.table: SessionTable[Session] = SessionTable()
         self.metrics = Metrics()
         self.shares = Shares(threads=config.threads, tenant_threads=config.tenant_threads or
@@ -295,7 +295,7 @@ class Service:
     def serve_door(self, s: Session, sb: SandboxAPI[Any]) -> None:
         """What the server itself answers on the session's door: the tenant's egress policy
         and its operator tools (the client can stand in for neither)."""
-        tenant = self.keys.tenants().get(s.tenant)
+        tenant = self.keys.principals().get(s.tenant)
         if tenant is None:
             return
         self.serve_egress(s, sb, tenant)

@@ -1,4 +1,6 @@
-"""What MemEx's network front ends share (``memex serve``, ``memex mcp``): the connection
+"""What MemEx's network front ends share (``memex serve``, ``memex mcp``): the one
+authentication (``KeyRing`` of ``Principal``s: keys kept hashed, compared in constant
+time, ``hash_key``, ``bearer_key``); the connection
 edge that bounds what a client can hold of a server before any application code runs
 (``ConnectionGuard``, ``EdgeLimits``), and the session core: one table of sessions and held
 checkpoints per owner with its bounds (``SessionTable``, ``Bounds``, ``CoreSession``), the
@@ -12,6 +14,7 @@ data that crosses nodes (``DoorKit``, served on a slab's doors by ``SlabDoors``;
 ``limits_model`` makes, ``Size``, ``Seconds``, ``config_error``). Imports no web
 framework: each front end brings its own extra."""
 
+from ._auth import KeyRing, Principal, bearer_key, check_key_hashes, hash_key, key_matches
 from ._control import CONTROL_NAME, Control, checkpoint_key
 from ._doorkit import KIT_BYTES, DoorKit, SlabDoors
 from ._durable import DurableSession, Keeper, session_fields
@@ -43,9 +46,11 @@ __all__ = [
     "EdgeLimits",
     "FileModel",
     "Keeper",
+    "KeyRing",
     "LimitsModel",
     "LimitsTable",
     "PackageGate",
+    "Principal",
     "QuotaExceeded",
     "Seconds",
     "SecondsOrZero",
@@ -54,9 +59,13 @@ __all__ = [
     "Size",
     "SlabDoors",
     "allowed_packages",
+    "bearer_key",
+    "check_key_hashes",
     "checkpoint_key",
     "config_error",
     "describe_tools",
+    "hash_key",
+    "key_matches",
     "limits_model",
     "load_tools",
     "session_fields",

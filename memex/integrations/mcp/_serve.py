@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import hmac
+import hashlib
 import importlib
 import ipaddress
 import json
@@ -29,13 +29,13 @@ from pydantic import ValidationError
 from ...errors import ConfigError
 from ...host_tools import Tool, ToolSet
 from ...runtime_wasm import cancel_resolutions
-from ...serving import ConnectionGuard, EdgeLimits
+from ...serving import ConnectionGuard, EdgeLimits, KeyRing, Principal, hash_key
 from ._config import McpConfig
 from ._server import build_server, principal_of
 from ._sessions import Sessions
 from ._stdio import wire
 
-__all__ = ["BearerAuth", "load_tools", "serve"]
+__all__ = ["BearerAuth", "load_tools", "serve", "token_principals"]
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -44,24 +44,25 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 class BearerAuth:
-    """ASGI middleware: HTTP requests must carry ``Authorization: Bearer <token>`` with one
-    of the server's tokens (each compared in constant time; each token is a principal of
-    its own: its sessions, its bounds)."""
+    """ASGI middleware: HTTP requests must carry ``Authorization: Bearer <token>`` with a key
+    of one of the ring's principals (the front ends' one authentication,
+    ``memex.serving.KeyRing``: keys kept hashed, every stored hash compared in constant
+    time). Anything else gets 401 before the MCP server sees the request."""
 
-    def __init__(self, app: ASGIApp, token: str | list[str]) -> None:
-        tokens = [token] if isinstance(token, str) else list(token)
-        if not tokens or not all(tokens):
+    def __init__(self, app: ASGIApp, ring: KeyRing[Principal] | str | list[str]) -> None:
+        if isinstance(ring, str | list):  # tokens in clear: each its own principal
+            tokens = [ring] if isinstance(ring, str) else list(ring)
+            if not tokens or not all(tokens):
+                raise ConfigError("the bearer token is empty")
+            ring = token_principals(tokens)
+        if not ring.principals():
             raise ConfigError("the bearer token is empty")
-        self.app = app
-        self._want = [f"Bearer {t}".encode() for t in tokens]
+        self.app, self.ring = app, ring
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            got = dict(scope.get("headers") or ()).get(b"authorization", b"")
-            ok = False
-            for want in self._want:  # every one compared: the time says nothing of which
-                ok |= hmac.compare_digest(got, want)
-            if not ok:
+            got = dict(scope.get("headers") or ()).get(b"authorization")
+            if self.ring.bearer(got) is None:
                 body = json.dumps({"jsonrpc": "2.0", "id": None, "error": {
                     "code": -32001, "message": "unauthorized: a valid bearer token is "
                     "required"}}).encode()
@@ -72,6 +73,17 @@ class BearerAuth:
                 await send({"type": "http.response.body", "body": body})
                 return
         await self.app(scope, receive, send)
+
+
+def token_principals(tokens: list[str]) -> KeyRing[Principal]:
+    """Each bearer token a principal of its own, kept only as its hash. Its name is the one
+    earlier versions gave it (a digest of its header), so that sessions a durable server
+    saved under it are still its own."""
+    found: dict[str, Principal] = {}
+    for t in tokens:
+        name = "token:" + hashlib.sha256(f"Bearer {t}".encode()).hexdigest()[:16]
+        found[name] = Principal(name=name, keys=(hash_key(t, min_length=1),))
+    return KeyRing(found)
 
 
 class EndsSessions:
@@ -85,9 +97,9 @@ class EndsSessions:
     The owners are kept while their MCP session may live: an id not seen for twice the
     SDK's idle timeout is forgotten (the SDK has ended it by then)."""
 
-    def __init__(self, app: ASGIApp, sessions: Sessions, idle_timeout: float = 3600.0
-                 ) -> None:
-        self.app, self.sessions = app, sessions
+    def __init__(self, app: ASGIApp, sessions: Sessions, idle_timeout: float = 3600.0,
+                 ring: KeyRing[Principal] | None = None) -> None:
+        self.app, self.sessions, self.ring = app, sessions, ring
         self._forget_after = 2 * idle_timeout
         self._owners: collections.OrderedDict[bytes, tuple[str, float]] = \
             collections.OrderedDict()
@@ -111,7 +123,7 @@ class EndsSessions:
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or ())
-        principal = principal_of(headers.get(b"authorization", b"").decode("latin-1"))
+        principal = principal_of(self.ring, headers.get(b"authorization"))
         sid = headers.get(b"mcp-session-id")
         if sid:
             owner = self._owner_of(sid)
@@ -289,11 +301,12 @@ def serve(config: McpConfig, *, ready: Callable[[str], None] | None = None) -> N
     """Serve until stopped (end of stdin, SIGTERM or SIGINT; every session is then ended and
     every bridge closed): stdio, or HTTP on ``config.http`` (``ready(url)`` once listening).
     The bearer token, when configured, is read from ``config.http.token_env``."""
-    token = None
+    ring = None
     if config.transport == "http":
-        token = _token(config)
+        tokens = _token(config)
+        ring = token_principals(tokens) if tokens is not None else None
     with _running(config) as sessions:
-        server = build_server(config, sessions)
+        server = build_server(config, sessions, ring)
         if config.transport == "stdio":
             async def stdio() -> None:
                 async with anyio.create_task_group() as tg:
@@ -306,9 +319,9 @@ def serve(config: McpConfig, *, ready: Callable[[str], None] | None = None) -> N
         app: Any = server.streamable_http_app(
             max_request_body_size=config.http.max_request_bytes, host=config.http.host,
             session_idle_timeout=config.sessions.idle_timeout)
-        app = EndsSessions(app, sessions, config.sessions.idle_timeout)
-        if token is not None:
-            app = BearerAuth(app, token)
+        app = EndsSessions(app, sessions, config.sessions.idle_timeout, ring)
+        if ring is not None:
+            app = BearerAuth(app, ring)
         guard = ConnectionGuard(EdgeLimits())
         uv = _Uvicorn(uvicorn.Config(app, host=config.http.host, port=config.http.port,
                                      log_level="warning", lifespan="on", **guard.config()))

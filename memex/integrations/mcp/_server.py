@@ -14,7 +14,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 import functools
-import hashlib
 import mimetypes
 from importlib.metadata import version
 from typing import Annotated, Any, Literal, TypeVar
@@ -35,6 +34,7 @@ from ...errors import GuestFileTooLarge, MemexError
 from ...executor.loops import bound_text, render_observation
 from ...host_tools import ToolSet
 from ...runtime_wasm import TurnResult
+from ...serving import KeyRing, Principal
 from ._config import McpConfig
 from ._sessions import Session, SessionError, Sessions
 
@@ -126,19 +126,18 @@ def _key(ctx: Context) -> str | None:
     return f"http:{sid}" if sid else None
 
 
-def principal_of(authorization: str | None) -> str:
+def principal_of(ring: KeyRing[Principal] | None, authorization: str | bytes | None) -> str:
     """The principal an HTTP request speaks for, from its Authorization header (already
-    checked by BearerAuth): each bearer token is one, kept only as a digest."""
-    if not authorization:
-        return "anonymous"
-    return "token:" + hashlib.sha256(authorization.encode()).hexdigest()[:16]
+    checked by BearerAuth against ``ring``; without a ring, ``--no-auth``: anonymous)."""
+    found = ring.bearer(authorization) if ring is not None else None
+    return found.name if found is not None else "anonymous"
 
 
-def _owner(ctx: Context) -> str:
+def _owner(ctx: Context, ring: KeyRing[Principal] | None) -> str:
     headers = ctx.headers
     if headers is None:
         return "stdio"
-    return principal_of(headers.get("authorization"))
+    return principal_of(ring, headers.get("authorization"))
 
 
 def _error(message: str, structured: dict[str, Any] | None = None) -> CallToolResult:
@@ -202,8 +201,10 @@ class _Server(MCPServer):
         return await super().call_tool(name, arguments, context)
 
 
-def build_server(config: McpConfig, sessions: Sessions) -> MCPServer:
-    """The MCP server over ``sessions`` (the caller owns and closes them)."""
+def build_server(config: McpConfig, sessions: Sessions,
+                 ring: KeyRing[Principal] | None = None) -> MCPServer:
+    """The MCP server over ``sessions`` (the caller owns and closes them); ``ring``: who
+    an HTTP request's bearer token speaks for (None: stdio, or ``--no-auth``)."""
     tools = sessions.tools
     mcp = _Server(config.name, instructions=_instructions(config, tools), log_level="WARNING",
                   version=version("memex"))
@@ -219,7 +220,7 @@ def build_server(config: McpConfig, sessions: Sessions) -> MCPServer:
         """The session of a call: from the table on the event loop when it is there, else
         made (or brought back, or room made for it: a save, a guest closed) on a thread,
         within the principal's share of them."""
-        key, owner = _key(ctx), _owner(ctx)
+        key, owner = _key(ctx), _owner(ctx, ring)
         found = sessions.existing(handle, key=key, owner=owner)
         if found is not None:
             return found
