@@ -24,6 +24,9 @@ in this process the same pool backend and an in-process sandbox as baselines. Pr
   another tenant whose 100 MiB session turns (and so saves) continuously, on this build and
   on the landed commit before the store kept images outside its lock (DURABLE_BASELINE, its
   ``memex`` package from git): target p99 within 2x of alone;
+* fair shares by default (``--only fairness`` runs it alone): a quiet principal's small
+  cell, p99 alone and beside a noisy principal's many small turns, then its long CPU turns,
+  both with serve.toml's default tenant settings: target p99 <= 2x alone;
 * the cluster's figures (``bench/_cluster.py``; ``--only cluster`` runs them alone): a trivial
   cell through a Ray cluster's front vs a single-node service (target overhead <= 2 ms),
   session create, the control actor's calls per second, turns/s with 1 and 2 worker nodes,
@@ -128,8 +131,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--clients", type=int, default=50)
-    ap.add_argument("--only", choices=["attacks", "cluster", "durable"], default=None)
-    ap.add_argument("--attack", choices=["turns", "bodies", "half_open"], help=argparse.SUPPRESS)
+    ap.add_argument("--only", choices=["attacks", "cluster", "durable", "fairness"],
+                    default=None)
+    ap.add_argument("--attack", choices=["turns", "bodies", "half_open", "small", "cpu"],
+                    help=argparse.SUPPRESS)
     ap.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
     ap.add_argument("--key", help=argparse.SUPPRESS)
@@ -149,6 +154,9 @@ def main() -> None:
         return
     if args.only == "durable":
         durable(scale)
+        return
+    if args.only == "fairness":
+        fairness(scale)
         return
     with tempfile.TemporaryDirectory() as tmp:
         proc, url, keys = start_server(Path(tmp), clients)
@@ -348,6 +356,74 @@ def attacks(pid: int, url: str, remote: dict[str, Any], lim: Limits, scale: int)
     quiet.close()
 
 
+SMALL = "y = 1"
+"""A noisy principal's many small turns."""
+LONG_CPU = "y = sum(i * i for i in range(3_000_000))"
+"""A noisy principal's long CPU turns (about a second each on this machine)."""
+
+
+def fairness(scale: int) -> None:
+    """Fair shares by default (issue 46): a quiet principal's small cell, p99 alone and then
+    beside a noisy principal doing many small turns (8 sessions) and beside one doing long
+    CPU turns (4 sessions), both principals with the default settings of serve.toml (no
+    rate, no max_running set), on the default backend (pool, 2 workers). Target: p99 <= 2x
+    alone. The noisy principal's clients run in another process at nice 19, so the figures
+    are what its turns cost the server, not its clients' own CPU."""
+    n = 400 // scale
+    with tempfile.TemporaryDirectory() as tmp:
+        keys = {t: secrets.token_urlsafe(24) for t in ("quiet", "noisy")}
+        cfg = Path(tmp) / "serve.toml"
+        cfg.write_text(f"[server]\nport = 0\naccess_log = false\nwarm_timeout = {TIMEOUT}\n"
+                       + "".join(f'[tenants.{t}]\nkeys = ["{hash_key(k)}"]\n'
+                                 for t, k in keys.items()))
+        proc, url = _launch(Path(tmp), cfg)
+        try:
+            quiet = get_backend("remote", url=url, api_key=keys["quiet"]).open(
+                limits=Limits(timeout=TIMEOUT))
+            quiet.run("x = 0")
+            sample(lambda: quiet.run("x += 1"), 50)  # warm
+            alone = sample(lambda: quiet.run("x += 1"), n)
+            print(f"\nfair shares by default: the quiet principal's cell ('x += 1'), {n} "
+                  "each, default tenant settings, pool backend (2 workers):")
+            row("quiet principal alone", alone)
+            for label, kind, threads in (("many small turns (8 sessions)", "small", 8),
+                                         ("long CPU turns (4 sessions)", "cpu", 4)):
+                noisy = subprocess.Popen(
+                    [sys.executable, __file__, "--attack", kind, "--threads", str(threads),
+                     "--url", url, "--key", keys["noisy"]], preexec_fn=lambda: os.nice(19))
+                try:
+                    time.sleep(3.0)  # its sessions open and its turns run
+                    loaded = sample(lambda: quiet.run("x += 1"), n)
+                finally:
+                    noisy.send_signal(signal.SIGTERM)
+                    noisy.wait(60)
+                ratio = pct(loaded, .99) / pct(alone, .99)
+                row(f"beside a noisy principal's {label}", loaded,
+                    f"p99 {ratio:.2f}x alone (target <= 2x)")
+                time.sleep(1.0)
+            quiet.close()
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
+
+
+def _launch(folder: Path, cfg: Path) -> tuple[subprocess.Popen[bytes], str]:
+    log = folder / "serve.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "memex", "serve", "--config", str(cfg)],
+                                stdout=out, stderr=out)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        m = re.search(r"serving (http://[\d.]+:\d+)", log.read_text())
+        if m:
+            return proc, m.group(1)
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    proc.kill()
+    raise SystemExit(f"memex serve did not start:\n{log.read_text()}")
+
+
 DURABLE_BASELINE = "38b679a"
 """The landed commit whose store wrote a session's image inside its database lock."""
 BIG = "import random\nbig = bytearray(random.Random(7).randbytes(100 << 20))"
@@ -495,7 +571,19 @@ def run_attack(kind: str, threads: int, url: str, key: str) -> None:
         for s in held:
             s.close()
 
-    fn = {"turns": flood_turns, "bodies": big_bodies, "half_open": half_open}[kind]
+    def loop(code: str) -> Callable[[], None]:
+        def go() -> None:
+            backend = get_backend("remote", url=url, api_key=key)
+            with backend.open(limits=lim) as s:
+                while not stop.is_set():
+                    try:
+                        s.run(code)
+                    except Exception:
+                        time.sleep(0.05)  # a 429 past its queue: it goes on
+        return go
+
+    fn = {"turns": flood_turns, "bodies": big_bodies, "half_open": half_open,
+          "small": loop(SMALL), "cpu": loop(LONG_CPU)}[kind]
     workers = [threading.Thread(target=fn, daemon=True) for _ in range(threads)]
     for w in workers:
         w.start()

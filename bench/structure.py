@@ -1,6 +1,8 @@
 """Figures of the code's structure, side by side with a baseline revision (issue 31's
 before/after): where the turn-timeout default is written, size parsers, parameters typed
-``Any``, pinned public names, modules per room of the runtime and its import levels.
+``Any``, pinned public names, modules per room of the runtime and its import levels; and
+issue 46's: where Limits' fields are written out, the front ends' modules that authenticate
+on their own, and serve's config dataclasses that repeat a config-file model.
 
     python bench/structure.py [--base REV]   # REV: a git revision, default HEAD~0's parent
 
@@ -161,6 +163,71 @@ def import_levels(root: Path) -> int:
     return max(level(m) for m in mods)
 
 
+LIMIT_NAMES = {"timeout", "memory", "fuel", "fuel_total", "stdout_bytes", "stderr_bytes",
+               "idle_timeout", "lifetime", "disk_bytes", "disk_files", "open_files"}
+FRONTS = ("memex/service", "memex/serving", "memex/integrations", "memex/cli")
+
+
+def _fields(node: ast.ClassDef) -> set[str]:
+    return {st.target.id for st in node.body
+            if isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name)}
+
+
+def limits_declared(trees: dict[Path, ast.Module]) -> list[str]:
+    """Classes that write out three or more of Limits' fields (Limits itself included):
+    each is a declaration of Limits' fields that must be kept in step by hand."""
+    out = []
+    for p, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and len(_fields(node) & LIMIT_NAMES) >= 3:
+                out.append(f"{node.name} ({p.name})")
+    return sorted(out)
+
+
+def auth_modules(root: Path, trees: dict[Path, ast.Module]) -> list[str]:
+    """Modules of the front ends that compare a presented key or token themselves
+    (``hmac.compare_digest``): each is an authentication scheme of its own."""
+    out = []
+    for p, tree in trees.items():
+        rel = p.relative_to(root).as_posix()
+        if not rel.startswith(FRONTS):
+            continue
+        if any(isinstance(n, ast.Attribute) and n.attr == "compare_digest"
+               for n in ast.walk(tree)):
+            out.append(rel.removeprefix("memex/"))
+    return sorted(out)
+
+
+def _is_dataclass(node: ast.ClassDef) -> bool:
+    return any("dataclass" in ast.unparse(d) for d in node.decorator_list)
+
+
+def config_twins(root: Path, trees: dict[Path, ast.Module]) -> tuple[int, int]:
+    """(dataclasses of the service's config that repeat a config-file model's fields, the
+    fields repeated): a dataclass in memex/service whose fields are, for half or more and at
+    least three, the fields of a pydantic model of the config files (a class deriving from
+    FileModel, anywhere in the package)."""
+    models: list[set[str]] = []
+    for tree in trees.values():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and any(
+                    isinstance(b, ast.Name) and b.id in ("FileModel", "PrincipalTable")
+                    for b in node.bases):
+                models.append(_fields(node))
+    twins = repeated = 0
+    for p, tree in trees.items():
+        if not p.relative_to(root).as_posix().startswith("memex/service"):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and _is_dataclass(node):
+                mine = _fields(node)
+                best = max((len(mine & m) for m in models), default=0)
+                if best >= 3 and best * 2 >= len(mine):
+                    twins += 1
+                    repeated += best
+    return twins, repeated
+
+
 def figures(root: Path) -> dict[str, str]:
     trees = _trees(root)
     t = timeout_defaults(trees)
@@ -174,6 +241,9 @@ def figures(root: Path) -> dict[str, str]:
         "public names pinned": f"{names} in {packages} packages",
         "runtime rooms (modules)": ", ".join(f"{k} {v}" for k, v in sorted(r.items())),
         "runtime import levels": str(import_levels(root)),
+        "Limits' fields declared in": ", ".join(limits_declared(trees)),
+        "authentication modules": ", ".join(auth_modules(root, trees)) or "none",
+        "config dataclass twins": "{} ({} fields twice)".format(*config_twins(root, trees)),
     }
 
 

@@ -103,7 +103,9 @@ def start_server(folder: Path, tenants: dict[str, str], server: str = "", port: 
     folder.mkdir(parents=True, exist_ok=True)
     keys = {name: secrets.token_urlsafe(24) for name in tenants}
     config = folder / "serve.toml"
-    config.write_text(f"[server]\nport = {port}\nworkers = 2\n"
+    # the in-process backend has no workers, and refuses the setting
+    workers = "" if "inprocess" in server else "workers = 2\n"
+    config.write_text(f"[server]\nport = {port}\n{workers}"
                       f"warm_timeout = {DEFAULT_TIMEOUT}\n{server}\n"
                       + "".join(tenant_table(n, keys[n], extra) for n, extra in tenants.items()))
     return launch(config, keys)

@@ -37,7 +37,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "transport": "http" if args.http else None,
         "limits": {"timeout": args.timeout, "memory": args.memory, "fuel": args.fuel},
-        "sessions": {"idle_timeout": args.idle_timeout, "max_sessions": args.max_sessions,
+        "sessions": {"idle_timeout": args.idle_timeout, "total_sessions": args.total_sessions,
                      "max_sessions_per_token": args.max_sessions_per_token,
                      "max_memory_per_token": args.max_memory_per_token,
                      "state_dir": args.state_dir, "save_interval": args.save_interval,
@@ -64,8 +64,16 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         print(f"memex mcp: serving {url}{token}; Ctrl-C stops it", file=sys.stderr, flush=True)
 
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: a normal way to stop it
-        serve(config, ready=ready)
+        serve(config, ready=ready,
+              reload=lambda: load_config(args.config, **_overrides(args)))
     return 0
+
+
+class _Renamed(argparse.Action):
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        parser.error("--max-sessions is now --total-sessions (the server's sessions in all); "
+                     "a principal's own bound is --max-sessions-per-token")
 
 
 def add_parser(sub: Any) -> None:
@@ -97,8 +105,11 @@ def add_parser(sub: Any) -> None:
                    help="an MCP server (streamable HTTP) whose tools the guest may call")
     p.add_argument("--idle-timeout", type=float, default=None,
                    help="seconds before an idle session ends (default 300)")
-    p.add_argument("--max-sessions", type=int, default=None,
-                   help="sessions of the server in all (default 16)")
+    p.add_argument("--max-sessions", nargs="?", action=_Renamed, help=argparse.SUPPRESS,
+                   default=None)  # named here so that no abbreviation takes its place
+    p.add_argument("--total-sessions", type=int, default=None, metavar="N",
+                   help="sessions of the server in all (default 16; a server-wide bound: "
+                   "a principal's own is --max-sessions-per-token)")
     p.add_argument("--state-dir", default=None, metavar="DIR",
                    help="save sessions here: they outlive a restart or a kill -9 (called by "
                    "their session handle)")
@@ -107,7 +118,7 @@ def add_parser(sub: Any) -> None:
                    "(default 30; 0: after every call)")
     p.add_argument("--max-sessions-per-token", type=int, default=None, metavar="N",
                    help="sessions one bearer token (or the stdio host) may hold at once "
-                   "(default: --max-sessions)")
+                   "(default: --total-sessions)")
     p.add_argument("--max-memory-per-token", type=size, default=None, metavar="BYTES",
                    help="memory limits of its sessions plus held checkpoints one token may "
                    "hold (e.g. 4G; default: no bound)")

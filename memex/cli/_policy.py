@@ -45,7 +45,25 @@ def _describe(d: EgressDecision) -> list[str]:
 def cmd_check(args: argparse.Namespace) -> int:
     from ..errors import ConfigError
 
-    policy = _load(args.policy)
+    kind = args.kind or _kind_of(args.policy)
+    if kind != "egress":
+        if args.url is None:
+            return _explain(args.policy, kind, as_json=args.json)
+        policy = _front_policy(args.policy, kind, args.principal)
+        if policy is None:
+            who = f"principal {args.principal!r}" if args.principal else "the server"
+            print(f"deny  {args.method.upper()} {args.url}\nreason:    {who} has no egress "
+                  "policy: its guests have no network")
+            return 1
+    else:
+        if args.principal:
+            raise ConfigError("--principal names a principal of a serve.toml or an MCP "
+                              "config, not of an egress policy")
+        policy = _load(args.policy)
+        if args.url is None:
+            print(f"{args.policy}: a valid egress policy, {len(policy.rules)} rule(s); "
+                  "give a URL to see its decision")
+            return 0
     addresses: list[str] | None = list(args.address) or None
     if args.resolve and addresses is None:
         from ..host_tools.egress import BadURL, parse_url, system_resolver
@@ -65,6 +83,188 @@ def cmd_check(args: argparse.Namespace) -> int:
     else:
         print("\n".join(_describe(d)))
     return 0 if d.allowed else 1
+
+
+# ---- a whole policy file: serve.toml, the MCP config ------------------------------------------
+_SERVE_KEYS = {"server", "tenants", "cluster"}
+_EGRESS_KEYS = {"rules", "version", "headers", "secrets"}
+
+
+def _kind_of(path: str) -> str:
+    """What a policy file is, from its top-level tables: a serve.toml (``[server]``,
+    ``[tenants.*]``, ``[cluster]``), an egress policy (``[[rules]]``, ``version``...), else
+    an MCP config; YAML and JSON files are egress policies."""
+    import tomllib
+    from pathlib import Path
+
+    from ..errors import ConfigError
+
+    if not path.endswith(".toml"):
+        return "egress"
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    keys = set(data)
+    if keys & _SERVE_KEYS:
+        return "serve"
+    if keys & _EGRESS_KEYS or not keys:
+        return "egress"
+    return "mcp"
+
+
+def _front_policy(path: str, kind: str, principal: str | None) -> EgressPolicy | None:
+    """The egress policy a principal's guests get under a serve.toml or an MCP config."""
+    from ..errors import ConfigError
+
+    if kind == "serve":
+        from ..service import load_config
+
+        tenants = load_config(path).tenants
+        if principal is None or principal not in tenants:
+            raise ConfigError(f"--principal: one of the config's tenants "
+                              f"({', '.join(sorted(tenants)) or 'none'}), got {principal!r}")
+        return tenants[principal].egress
+    from ..host_tools import EgressPolicy
+    from ..integrations.mcp import load_config as load_mcp
+
+    cfg = load_mcp(path)
+    if principal is not None and principal not in cfg.principals:
+        raise ConfigError(f"--principal: one of the config's principals "
+                          f"({', '.join(sorted(cfg.principals)) or 'none'}), got {principal!r}")
+    return EgressPolicy.load(cfg.resolve(cfg.policy)) if cfg.policy else None
+
+
+def _amount(name: str, value: Any) -> str:
+    from ..runtime_wasm import LIMIT_FIELDS
+
+    if value is None:
+        return "none"
+    kind = next((f.kind for f in LIMIT_FIELDS if f.name == name), None)
+    if kind == "bytes" or name in ("max_memory", "max_disk"):
+        for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
+            if value and value % (1 << shift) == 0:
+                return f"{value >> shift}{unit}"
+        return f"{value} B"
+    if kind == "seconds":
+        return f"{value:g} s"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _limits_text(limits: Any) -> dict[str, str]:
+    return {k: _amount(k, v) for k, v in limits.to_mapping().items()}
+
+
+def _explain(path: str, kind: str, *, as_json: bool) -> int:
+    report = _serve_report(path) if kind == "serve" else _mcp_report(path)
+    if as_json:
+        print(json.dumps(report, indent=1))
+    else:
+        print(f"{path}: {report['front']}")
+        for p in report["principals"]:
+            print(f"\n{p['kind']} {p['name']}: {p['keys']}")
+            print("  limits   " + ", ".join(f"{k} {v}" for k, v in p["limits"].items())
+                  + "  (a session asking for none)")
+            ceiling = ", ".join(f"{k} {v}" for k, v in p["ceiling"].items())
+            print(f"  ceiling  {ceiling or 'none'}" + ("  (the rest: not capped)"
+                                                      if ceiling else ""))
+            print("  quotas   " + ", ".join(f"{k} {v}" for k, v in p["quotas"].items()))
+            print("  grants   " + "; ".join(f"{k}: {v}" for k, v in p["grants"].items()))
+        if report["notes"]:
+            print()
+        for line in report["notes"]:
+            print(f"note: {line}")
+        for line in report["problems"]:
+            print(f"problem: {line}")
+        if not report["problems"]:
+            print("\nok: every setting is enforced by this front end")
+    return 1 if report["problems"] else 0
+
+
+def _serve_report(path: str) -> dict[str, Any]:
+    import dataclasses
+
+    from ..errors import ConfigError
+    from ..runtime_wasm import SANDBOX_LIMITS
+    from ..service import check_config, load_config
+    from ..serving import DEFAULT_MAX_RUNNING
+
+    config = load_config(path)
+    where = f"a Ray cluster ({config.cluster.address})" if config.cluster is not None \
+        else f"backend {config.backend}"
+    base = dataclasses.replace(SANDBOX_LIMITS, timeout=config.warm_timeout)
+    principals = []
+    for t in config.tenants.values():
+        try:
+            limits = _limits_text(t.limits({}, base))
+        except ConfigError as exc:  # check_config reports it below
+            limits = {"error": str(exc)}
+        packages = "any" if t.packages is None else ", ".join(sorted(t.packages)) or "none"
+        principals.append({
+            "kind": "tenant", "name": t.name, "keys": f"{len(t.keys)} key(s)",
+            "limits": limits,
+            "ceiling": {k: _amount(k, v) for k, v in t.ceiling.items() if v is not None},
+            "quotas": {"max_sessions": _amount("", t.max_sessions),
+                       "max_memory": _amount("max_memory", t.max_memory),
+                       "max_disk": _amount("max_disk", t.max_disk),
+                       "max_checkpoints": str(t.max_checkpoints),
+                       "turns_per_second": _amount("", t.turns_per_second),
+                       "max_running": _amount("", t.max_running) if t.max_running
+                       else f"{DEFAULT_MAX_RUNNING} (default)",
+                       "queued": str(t.queued)},
+            "grants": {"mounts": ", ".join(f"{g.host} ({'rw' if g.writable else 'ro'})"
+                                           for g in t.mounts) or "none",
+                       "packages": packages,
+                       "egress": (f"{t.egress.source or 'a policy'} "
+                                  f"({len(t.egress.rules)} rule(s))") if t.egress else "none",
+                       "tools": ", ".join(t.tools.names) if t.tools else "none"}})
+    notes, problems = check_config(config)
+    return {"file": path, "kind": "serve", "front": f"memex serve config, {where}, "
+            f"{len(principals)} tenant(s)", "principals": principals, "notes": notes,
+            "problems": problems}
+
+
+def _mcp_report(path: str) -> dict[str, Any]:
+    from ..integrations.mcp import load_config as load_mcp
+    from ..serving import DEFAULT_MAX_RUNNING
+
+    cfg = load_mcp(path)
+    shared = {"mounts": ", ".join(f"{m.host} at {m.guest} ({'rw' if m.writable else 'ro'})"
+                                  for m in cfg.mounts) or "none",
+              "packages": "any" if cfg.packages == ["*"] else ", ".join(cfg.packages)
+              or "none",
+              "egress": cfg.policy or "none",
+              "tools": ", ".join(cfg.tools) or "none"}
+    principals = []
+    who: list[tuple[str, str | None, str]] = [
+        (n, n, f"{len(t.keys)} key(s)") for n, t in cfg.principals.items()]
+    who.append(("(every other)", None, "each token of $" + cfg.http.token_env
+                if cfg.http.token_env else "the stdio host, or an HTTP client of --no-auth"))
+    for label, name, keys in who:
+        own = cfg.own(name)
+        table = cfg.principals.get(name) if name is not None else None
+        principals.append({
+            "kind": "principal", "name": label, "keys": keys,
+            "limits": _limits_text(own.limits),
+            "ceiling": {k: _amount(k, v) for k, v in
+                        (table.ceiling.given() if table is not None else {}).items()},
+            "quotas": {"max_sessions": _amount("", own.bounds.max_sessions)
+                       if own.bounds.max_sessions else f"{cfg.sessions.total_sessions} "
+                       "(the server's)",
+                       "max_memory": _amount("max_memory", own.bounds.max_memory),
+                       "max_disk": _amount("max_disk", own.bounds.max_disk),
+                       "max_checkpoints": str(own.bounds.max_checkpoints),
+                       "turns_per_second": _amount("", own.rate),
+                       "max_running": _amount("", own.running or DEFAULT_MAX_RUNNING),
+                       "queued": str(own.queued)},
+            "grants": shared})
+    notes = [f"the server holds at most {cfg.sessions.total_sessions} sessions in all "
+             "(total_sessions); at a bound, an idle session gives way (docs/mcp.md)"]
+    return {"file": path, "kind": "mcp", "front": f"memex mcp config, {cfg.transport}, "
+            f"{len(cfg.principals)} named principal(s)", "principals": principals,
+            "notes": notes, "problems": []}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -212,19 +412,32 @@ def audit_dicts(egress: Egress) -> list[dict[str, Any]]:
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("policy", help="check and test egress policies (no request is made)")
+    p = sub.add_parser("policy", help="check policy files: a serve.toml or MCP config per "
+                       "principal, an egress policy's decisions (no request is made)")
     psub = p.add_subparsers(dest="policy_command", required=True)
-    c = psub.add_parser("check", help="print the decision, the rule and the reason for a URL "
-                        "(exit 0 allow, 1 deny)")
-    c.add_argument("policy", help="a policy file (.toml, .yaml)")
-    c.add_argument("url")
+    c = psub.add_parser(
+        "check", help="validate a policy file and explain it; with a URL, the egress decision",
+        description="FILE alone: validate a serve.toml or an MCP config and print, per "
+        "principal, the limits of a session asking for none, the ceiling, the quotas and "
+        "the grants, and any setting the front end would not enforce (exit 0 ok, 1 a "
+        "problem, 2 an invalid file). FILE URL: the decision, the rule and the reason for a "
+        "request (exit 0 allow, 1 deny) under an egress policy, or under a principal's "
+        "(--principal) in a serve.toml or MCP config.")
+    c.add_argument("policy", metavar="FILE",
+                   help="serve.toml, an MCP config, or an egress policy (.toml, .yaml)")
+    c.add_argument("url", nargs="?", default=None)
+    c.add_argument("--kind", choices=["serve", "mcp", "egress"], default=None,
+                   help="what FILE is (default: told by its tables)")
+    c.add_argument("--principal", metavar="NAME", default=None,
+                   help="with a URL and a serve.toml or MCP config: whose egress policy")
     c.add_argument("--method", "-X", default="GET")
     c.add_argument("--address", action="append", default=[], metavar="IP",
                    help="an address the host name resolves to (repeatable); without it a name "
                    "is decided before DNS")
     c.add_argument("--resolve", action="store_true",
                    help="resolve the name with this machine's resolver first")
-    c.add_argument("--json", action="store_true", help="print the decision as JSON")
+    c.add_argument("--json", action="store_true", help="print the decision (or the "
+                   "explanation) as JSON")
     c.set_defaults(func=cmd_check)
     t = psub.add_parser("test", help="check a table of expected decisions (exit 1 on any "
                         "mismatch)")

@@ -30,7 +30,7 @@ from ..serving import (
     EdgeLimits,
     FileModel,
     KeyRing,
-    LimitsTable,
+    PrincipalTable,
     Seconds,
     SecondsOrZero,
     Size,
@@ -134,29 +134,6 @@ class ServiceConfig:
     path: Path | None = None
 
 
-class _MountFile(FileModel):
-    host: str
-    writable: bool = False
-
-
-class _TenantFile(FileModel):
-    """``[tenants.NAME]``."""
-
-    keys: list[str] = Field(default_factory=list)
-    max_sessions: int | None = Field(default=8, ge=0)
-    max_memory: Size | None = None
-    max_disk: Size | None = None
-    max_checkpoints: int = Field(default=64, ge=0)
-    turns_per_second: float | None = Field(default=None, gt=0)
-    max_running: int | None = Field(default=None, ge=0)
-    queued: int = Field(default=16, ge=0)
-    ceiling: LimitsTable = Field(default_factory=LimitsTable)
-    mounts: list[_MountFile] = Field(default_factory=list)
-    egress: str | None = None
-    tools: list[str] = Field(default_factory=list)
-    packages: list[str] = Field(default_factory=list, max_length=1000)
-
-
 class _ServerFile(FileModel):
     """``[server]``: the server's settings and its connection edge's."""
 
@@ -222,14 +199,19 @@ class ClusterConfig:
 class _ServeFile(FileModel):
     server: _ServerFile = Field(default_factory=_ServerFile)
     cluster: _ClusterFile | None = None
-    tenants: dict[str, _TenantFile] = Field(default_factory=dict)
+    tenants: dict[str, PrincipalTable] = Field(default_factory=dict)  # the one schema
 
+
+_BACKEND_ONLY = {"warm": ("pool",), "max_sandboxes": ("pool",), "preload": ("pool",),
+                 "workers": ("pool", "subprocess")}
+"""[server] keys that only some backends use."""
+_SERVER_ALL = frozenset(_ServerFile.model_fields) - frozenset(_BACKEND_ONLY)
 
 _EDGE_KEYS = ("max_connections", "max_pending", "max_pending_per_peer", "header_timeout",
               "body_timeout", "max_header_bytes", "keep_alive_timeout")
 
 
-def _tenant(name: str, t: _TenantFile, base: Path, kit: DoorKit | None = None
+def _tenant(name: str, t: PrincipalTable, base: Path, kit: DoorKit | None = None
             ) -> TenantConfig:
     where = f"[tenants.{name}]"
     if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name) or name in (".", ".."):
@@ -256,7 +238,7 @@ def _tenant(name: str, t: _TenantFile, base: Path, kit: DoorKit | None = None
         packages=allowed_packages(t.packages, f"{where} packages"))
 
 
-def _door_here(where: str, t: _TenantFile, base: Path, name: str
+def _door_here(where: str, t: PrincipalTable, base: Path, name: str
                ) -> tuple[ToolSet | None, EgressPolicy | None]:
     egress = None
     if t.egress is not None:
@@ -277,6 +259,16 @@ def parse_config(data: Mapping[str, Any], *, path: Path | None = None,
     except ValidationError as exc:
         raise config_error(None, _ServeFile, exc) from None
     server = f.server.model_dump(exclude_unset=True)
+    if f.cluster is None:
+        unused = sorted(k for k in server if k not in _SERVER_ALL
+                        and f.server.backend not in _BACKEND_ONLY.get(k, ()))
+        if unused:
+            users = sorted({b for k in unused for b in _BACKEND_ONLY[k]})
+            raise ConfigError(f"[server] {', '.join(unused)}: backend "
+                              f"{f.server.backend!r} does not use "
+                              f"{'it' if len(unused) == 1 else 'them'} (backend "
+                              f"{' or '.join(users)} does); a setting that would not be "
+                              "enforced is refused")
     edge = {k: server.pop(k) for k in _EDGE_KEYS if k in server}
     opts: dict[str, Any] = {k: getattr(f.server, k) for k in server}
     opts["edge"] = EdgeLimits(**{k: v for k, v in edge.items() if v is not None})

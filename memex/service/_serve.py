@@ -1,10 +1,12 @@
 """Running the service: uvicorn serving :func:`create_app` on one port. ``SIGTERM`` and
 ``SIGINT`` stop it gracefully: no new connections, requests in flight finish, then every
-session is closed and the backend stopped (the app's shutdown)."""
+session is closed and the backend stopped (the app's shutdown). ``SIGHUP`` reads the
+tenants again."""
 
 from __future__ import annotations
 
 import logging
+import signal
 import threading
 from collections.abc import Callable
 from types import FrameType
@@ -53,4 +55,14 @@ def serve(config: ServiceConfig, *, backend: Backend | None = None,
             ready(f"http://{sock[0]}:{sock[1]}")
 
     threading.Thread(target=announce, name="memex-serve-ready", daemon=True).start()
-    server.run()
+    # SIGHUP: serve.toml's tenants read again at the next request, changed or not (they are
+    # also read whenever the file's stat changes); [server] settings need a restart
+    keys = app.state.service.keys
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGHUP, lambda sig, frame: keys.reload_soon()) if main \
+        else None
+    try:
+        server.run()
+    finally:
+        if main:
+            signal.signal(signal.SIGHUP, before)

@@ -20,6 +20,7 @@ from ._doorkit import KIT_BYTES, DoorKit, SlabDoors
 from ._durable import DurableSession, Keeper, session_fields
 from ._edge import ConnectionGuard, EdgeLimits
 from ._packages import PackageGate, allowed_packages
+from ._policy import PrincipalTable, unenforced
 from ._settings import (
     FileModel,
     LimitsModel,
@@ -30,12 +31,13 @@ from ._settings import (
     config_error,
     limits_model,
 )
-from ._shares import Shares
+from ._shares import DEFAULT_MAX_RUNNING, Shares
 from ._table import ID_PATTERN, Bounds, QuotaExceeded, SessionTable
 from ._tools import describe_tools, load_tools
 
 __all__ = [
     "CONTROL_NAME",
+    "DEFAULT_MAX_RUNNING",
     "ID_PATTERN",
     "KIT_BYTES",
     "Bounds",
@@ -51,6 +53,7 @@ __all__ = [
     "LimitsTable",
     "PackageGate",
     "Principal",
+    "PrincipalTable",
     "QuotaExceeded",
     "Seconds",
     "SecondsOrZero",
@@ -69,4 +72,5 @@ __all__ = [
     "limits_model",
     "load_tools",
     "session_fields",
+    "unenforced",
 ]

@@ -161,6 +161,12 @@ class KeyRing(Generic[P]):
             self._generation += 1
             self.last_error = None
 
+    def reload_soon(self) -> None:
+        """Read the watched file again at the next lookup, changed or not (SIGHUP). Only an
+        assignment: safe in a signal handler, which may interrupt a lookup holding the
+        lock."""
+        self._stamp = None
+
     def principals(self) -> dict[str, P]:
         self._refresh()
         return dict(self._principals)

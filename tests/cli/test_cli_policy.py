@@ -194,3 +194,124 @@ def test_the_shipped_example_policy_passes_its_cases() -> None:
               str(root / "egress_cases.yaml"))
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.splitlines()[-1].endswith("passed, 0 failed")
+
+
+# ---- a whole policy file: serve.toml, the MCP config ------------------------------------------
+H = {c: "sha256:" + c * 64 for c in "abc"}
+
+
+def _serve_toml(tmp_path: Path, extra: str = "") -> Path:
+    (tmp_path / "egress.toml").write_text(POLICY)
+    (tmp_path / "data").mkdir(exist_ok=True)
+    f = tmp_path / "serve.toml"
+    f.write_text(f"""\
+[server]
+backend = "pool"
+{extra}
+[tenants.a]
+keys = ["{H['a']}"]
+max_memory = "2G"
+turns_per_second = 5
+max_running = 2
+ceiling = {{ memory = "512M", timeout = "2min" }}
+egress = "egress.toml"
+packages = ["humanize"]
+[[tenants.a.mounts]]
+host = "data"
+[tenants.b]
+keys = ["{H['b']}"]
+max_sessions = 4
+""")
+    return f
+
+
+def test_check_explains_a_serve_config_per_tenant(tmp_path: Path) -> None:
+    f = _serve_toml(tmp_path)
+    r = memex("policy", "check", str(f), "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = json.loads(r.stdout)
+    assert report["kind"] == "serve" and report["problems"] == []
+    a, b = report["principals"]
+    assert (a["name"], b["name"]) == ("a", "b")
+    assert a["limits"]["memory"] == "512M" and a["limits"]["timeout"] == "30 s"  # lowered
+    assert b["limits"]["memory"] == "1G"  # positive control: no ceiling, the default
+    assert a["ceiling"] == {"timeout": "120 s", "memory": "512M"} and b["ceiling"] == {}
+    assert a["quotas"]["turns_per_second"] == "5" and a["quotas"]["max_running"] == "2"
+    assert b["quotas"]["max_sessions"] == "4" and b["quotas"]["turns_per_second"] == "none"
+    assert a["grants"]["packages"] == "humanize" and b["grants"]["packages"] == "none"
+    assert "egress.toml (3 rule(s))" in a["grants"]["egress"] and b["grants"]["egress"] == "none"
+    assert a["grants"]["mounts"].endswith("data (ro)") and b["grants"]["mounts"] == "none"
+    text = memex("policy", "check", str(f)).stdout
+    assert "tenant a: 1 key(s)" in text and "ok: every setting is enforced" in text
+
+
+def test_check_exits_1_on_a_problem_and_2_on_an_invalid_file(tmp_path: Path) -> None:
+    f = _serve_toml(tmp_path, "max_sandboxes = 4")
+    r = memex("policy", "check", str(f))
+    assert r.returncode == 1 and "problem: tenant a: max_sessions 8 lets it hold every " \
+        "sandbox of the pool (4)" in r.stdout, r.stdout
+    f = _serve_toml(tmp_path, "warm = 2")  # warm sandboxes on the pool: fine
+    assert memex("policy", "check", str(f)).returncode == 0
+    f.write_text(f.read_text().replace('backend = "pool"', 'backend = "subprocess"'))
+    r = memex("policy", "check", str(f))  # warm on a backend without warm sandboxes
+    assert r.returncode == 2 and "[server] warm: backend 'subprocess' does not use it" \
+        in r.stderr, r.stderr
+
+
+def test_check_decides_a_url_with_a_principals_egress_policy(tmp_path: Path) -> None:
+    f = _serve_toml(tmp_path)
+    r = memex("policy", "check", str(f), "https://api.github.com/repos/x", "--principal", "a")
+    assert r.returncode == 0 and "rule:      github" in r.stdout, r.stdout
+    r = memex("policy", "check", str(f), "https://api.github.com/repos/x", "--principal", "b")
+    assert r.returncode == 1 and "principal 'b' has no egress policy" in r.stdout
+    r = memex("policy", "check", str(f), "https://api.github.com/", "--principal", "z")
+    assert r.returncode == 2 and "one of the config's tenants (a, b)" in r.stderr
+
+
+def _mcp_toml(tmp_path: Path, principal: str = "") -> Path:
+    f = tmp_path / "mcp.toml"
+    f.write_text(f"""\
+transport = "http"
+[sessions]
+total_sessions = 8
+max_sessions_per_token = 2
+[http]
+token_env = "SOME_TOKENS"
+[principals.ci]
+keys = ["{H['c']}"]
+max_sessions = 3
+max_running = 1
+turns_per_second = 2
+ceiling = {{ memory = "256M" }}
+{principal}
+""")
+    return f
+
+
+def test_check_explains_an_mcp_config_per_principal(tmp_path: Path) -> None:
+    r = memex("policy", "check", str(_mcp_toml(tmp_path)), "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = json.loads(r.stdout)
+    ci, rest = report["principals"]
+    assert report["kind"] == "mcp" and ci["name"] == "ci" and "$SOME_TOKENS" in rest["keys"]
+    assert ci["limits"]["memory"] == "256M" and rest["limits"]["memory"] == "1G"
+    assert (ci["quotas"]["max_sessions"], rest["quotas"]["max_sessions"]) == ("3", "2")
+    assert (ci["quotas"]["max_running"], ci["quotas"]["turns_per_second"]) == ("1", "2")
+    assert rest["quotas"]["turns_per_second"] == "none"
+
+
+def test_an_mcp_principal_table_that_sets_a_grant_is_refused(tmp_path: Path) -> None:
+    r = memex("policy", "check", str(_mcp_toml(tmp_path, 'egress = "egress.toml"')))
+    assert r.returncode == 2 and "principals.ci: egress: memex mcp grants mounts, packages, " \
+        "egress and tools to every principal alike" in r.stderr, r.stderr
+    f = _mcp_toml(tmp_path)
+    f.write_text(f.read_text().replace("total_sessions", "max_sessions"))
+    r = memex("policy", "check", str(f))
+    assert r.returncode == 2 and "max_sessions is now total_sessions" in r.stderr, r.stderr
+
+
+def test_mcp_refuses_the_old_flag_rather_than_take_it_for_another() -> None:
+    """argparse would read ``--max-sessions`` as an abbreviation of
+    ``--max-sessions-per-token``: it is named, and refused with its new name."""
+    r = memex("mcp", "--max-sessions", "3")
+    assert r.returncode == 2 and "--max-sessions is now --total-sessions" in r.stderr, r.stderr

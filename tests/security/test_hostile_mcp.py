@@ -189,7 +189,7 @@ def test_each_token_is_held_to_its_own_bounds() -> None:
     keeps its state); one at its memory bound cannot keep a checkpoint (its size counted
     with its sessions) while a smaller one fits; neither can use the other's session
     handle."""
-    p = _start("--token-env", "MEMEX_TEST_TOKENS", "--max-sessions", "6",
+    p = _start("--token-env", "MEMEX_TEST_TOKENS", "--total-sessions", "6",
                "--max-sessions-per-token", "2", "--max-memory-per-token", "600M",
                "--memory", "256M", "--timeout", "30", env={"MEMEX_TEST_TOKENS": "tok-a,tok-b"})
     try:

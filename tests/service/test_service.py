@@ -73,6 +73,32 @@ def test_keys_missing_wrong_and_rotated_without_restart(memex_server: Any, tmp_p
     assert Client(memex_server.url, old).sessions() == []
 
 
+def test_sighup_reads_the_tenants_again_when_the_stat_cannot_tell(tmp_path: Path) -> None:
+    """A rotation written in place with the file's size and modification time kept (an
+    editor that restores them, a config tool) is invisible to the stat check; SIGHUP reads
+    the tenants again at the next request. The control: before the signal, the old key
+    still works."""
+    served = start_server(tmp_path, {"a": ""})
+    try:
+        old = served.keys["a"]
+        new = old[::-1]  # the same length: the file keeps its size
+        st = served.config.stat()
+        text = served.config.read_text()
+        with served.config.open("r+") as f:  # in place: the same inode
+            f.write(text.replace(hash_key(old), hash_key(new)))
+        os.utime(served.config, ns=(st.st_atime_ns, st.st_mtime_ns))
+        assert raw(served, "GET", "/v1/sessions", key=old).status_code == 200  # unseen
+        served.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 30
+        while raw(served, "GET", "/v1/sessions", key=old).status_code == 200:
+            assert time.monotonic() < deadline, "SIGHUP did not read the tenants again"
+            time.sleep(0.05)
+        assert raw(served, "GET", "/v1/sessions", key=new).status_code == 200
+        assert served.proc.poll() is None  # SIGHUP does not stop the server
+    finally:
+        served.stop()
+
+
 def test_a_tenant_cannot_see_or_touch_another_tenants_sessions(memex_server: Any) -> None:
     a = Client(memex_server.url, memex_server.keys["a"])
     b = Client(memex_server.url, memex_server.keys["b"])

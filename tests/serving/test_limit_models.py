@@ -113,7 +113,7 @@ def test_config_tables_take_the_one_grammar_and_limits_checks_the_range() -> Non
     assert t.limits() == Limits(memory=256 << 20, timeout=120.0, disk_files=5)
     with pytest.raises(ConfigError, match="at least 48 MiB"):
         LimitsTable.model_validate({"memory": "1M"}).limits()
-    with pytest.raises(ValidationError, match="unknown key|Extra inputs"):
+    with pytest.raises(ValidationError, match=r"unknown key|Extra inputs"):
         LimitsTable.model_validate({"memroy": "1M"})
 
 

@@ -5,22 +5,29 @@ values are refused with the file and the key that is wrong."""
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
 from ...errors import ConfigError
-from ...runtime_wasm import SANDBOX_LIMITS, Mount
+from ...runtime_wasm import SANDBOX_LIMITS, Limits, Mount
 from ...serving import (
+    Bounds,
     FileModel,
     LimitsModel,
+    PrincipalTable,
     Seconds,
     SecondsOrZero,
     Size,
+    check_key_hashes,
     config_error,
     limits_model,
+    unenforced,
 )
 
 __all__ = ["BridgeConfig", "HttpConfig", "LimitsConfig", "McpConfig", "MountConfig",
@@ -73,10 +80,12 @@ class SessionsConfig(FileModel):
 
     idle_timeout: Seconds = Field(default=300.0,
                                 description="seconds before an idle session ends")
-    max_sessions: int = Field(default=16, gt=0, description="sessions of the server in all")
+    total_sessions: int = Field(default=16, gt=0, description="sessions of the server in "
+                                "all (a server-wide bound: a principal's is max_sessions)")
     max_sessions_per_token: int | None = Field(
         default=None, gt=0, description="sessions one principal (a bearer token, the stdio "
-        "process) may hold at once (unset: max_sessions)")
+        "process) may hold at once, unless its [principals.NAME] says (unset: "
+        "total_sessions)")
     max_memory_per_token: Size | None = Field(
         default=None, gt=0, description="bytes of session memory limits and held checkpoints "
         "one principal may hold ('4G' works; unset: no bound)")
@@ -96,6 +105,37 @@ class SessionsConfig(FileModel):
                            "cell so that a cell a limit stops is undone (off: a trap resets "
                            "the session to a fresh interpreter, and each cell is cheaper)")
 
+
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "max_sessions" in data:
+            raise ValueError("[sessions] max_sessions is now total_sessions (the server's "
+                             "sessions in all); a principal's own bound is "
+                             "max_sessions_per_token, or max_sessions in [principals.NAME]")
+        return data
+
+
+MCP_ENFORCES = frozenset({"max_sessions", "max_memory", "max_disk", "max_checkpoints",
+                          "turns_per_second", "max_running", "queued", "ceiling"})
+"""What ``memex mcp`` enforces of a ``[principals.NAME]`` table besides its keys: every
+bound. Its grants (mounts, packages, egress, tools) are the server's, the same for every
+principal (the top-level keys); a principal table that sets one is refused."""
+
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_RESERVED = ("stdio", "anonymous", ".", "..")
+
+
+@dataclass(frozen=True)
+class Own:
+    """One principal's bounds in ``memex mcp`` (:meth:`McpConfig.own`)."""
+
+    bounds: Bounds
+    limits: Limits
+    running: int | None
+    queued: int
+    rate: float | None
 
 
 class HttpConfig(FileModel):
@@ -127,8 +167,61 @@ class McpConfig(FileModel):
     bridge: list[BridgeConfig] = Field(default_factory=list)
     sessions: SessionsConfig = Field(default_factory=SessionsConfig)
     http: HttpConfig = Field(default_factory=HttpConfig)
+    principals: dict[str, PrincipalTable] = Field(
+        default_factory=dict, description="named principals, each with its keys and bounds "
+        "(the schema of serve.toml's [tenants.NAME]; see docs/policy.md)")
     transport: Literal["stdio", "http"] = "stdio"
     base: str = Field(default=".", description="folder relative paths are resolved from")
+
+    @model_validator(mode="after")
+    def _principals_checked(self) -> McpConfig:
+        for name, table in self.principals.items():
+            where = f"principals.{name}"
+            if not _NAME.fullmatch(name) or name in _RESERVED:
+                raise ValueError(f"{where}: a principal's name is 1-64 letters, digits, '_', "
+                                 f"'.' or '-', other than {', '.join(_RESERVED[:2])}")
+            check_key_hashes(f"{where}.keys", table.keys)
+            if not table.keys:
+                raise ValueError(f"{where}: a principal needs at least one key")
+            extra = unenforced(table, MCP_ENFORCES)
+            if extra:
+                raise ValueError(f"{where}: {', '.join(extra)}: memex mcp grants mounts, "
+                                 "packages, egress and tools to every principal alike; set "
+                                 "them at the top level")
+            self.own(name)  # its ceiling and bounds make limits a session can have
+        return self
+
+    def own(self, name: str | None) -> Own:
+        """A principal's bounds here: ``[principals.NAME]``'s where it sets them, the rest
+        [sessions]' per-token ones (``None``: a principal without a table, such as a token
+        of ``http.token_env`` or the stdio host); its sessions' limits within its ceiling
+        and its memory bound."""
+        cfg = self.sessions
+        per_token = cfg.max_sessions_per_token or cfg.total_sessions
+        bounds = Bounds(max_sessions=cfg.max_sessions_per_token,
+                        max_memory=cfg.max_memory_per_token,
+                        max_checkpoints=cfg.max_checkpoints * per_token)
+        base = self.limits.limits()
+        if name is None:
+            return Own(bounds=bounds, limits=base, running=cfg.max_running_per_token,
+                       queued=cfg.queued, rate=None)
+        t = self.principals[name]
+        given = t.given()
+        bounds = Bounds(
+            max_sessions=t.max_sessions if "max_sessions" in given else bounds.max_sessions,
+            max_memory=t.max_memory if "max_memory" in given else bounds.max_memory,
+            max_disk=t.max_disk if "max_disk" in given else bounds.max_disk,
+            max_checkpoints=t.max_checkpoints if "max_checkpoints" in given
+            else bounds.max_checkpoints)
+        if bounds.max_memory is not None and base.memory > bounds.max_memory:
+            base = dataclasses.replace(base, memory=bounds.max_memory)
+        limits = Limits.from_mapping({}, base=base, ceiling=t.ceiling.given(),
+                                     where=f"principals.{name}")
+        return Own(bounds=bounds, limits=limits,
+                   running=t.max_running if "max_running" in given
+                   else cfg.max_running_per_token,
+                   queued=t.queued if "queued" in given else cfg.queued,
+                   rate=t.turns_per_second)
 
     def resolve(self, path: str) -> Path:
         p = Path(path)

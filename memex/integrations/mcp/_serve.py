@@ -297,20 +297,43 @@ async def _until_signalled(scope: anyio.CancelScope, on_signal: Callable[[], Non
             return
 
 
-def serve(config: McpConfig, *, ready: Callable[[str], None] | None = None) -> None:
+async def _reloads(reload: Callable[[], McpConfig], sessions: Sessions,
+                   ring: KeyRing[Principal] | None) -> None:
+    """On SIGHUP, read the config again: its principals (keys and bounds), the per-token
+    bounds and [limits] apply from the next session, cell or checkpoint; a config that
+    does not load keeps the running one (and says why)."""
+    with anyio.open_signal_receiver(signal.SIGHUP) as signals:
+        async for _ in signals:
+            try:
+                new = await anyio.to_thread.run_sync(reload)
+                fresh = _ring(new) if ring is not None else None
+            except ConfigError as exc:
+                print(f"memex mcp: SIGHUP: the config is not taken: {exc}", file=sys.stderr,
+                      flush=True)
+                continue
+            rest = sessions.reconfigure(new)
+            if ring is not None and fresh is not None:
+                ring.replace(fresh.principals())
+            print("memex mcp: SIGHUP: principals and bounds read again"
+                  + (f"; needs a restart: {', '.join(rest)}" if rest else ""),
+                  file=sys.stderr, flush=True)
+
+
+def serve(config: McpConfig, *, ready: Callable[[str], None] | None = None,
+          reload: Callable[[], McpConfig] | None = None) -> None:
     """Serve until stopped (end of stdin, SIGTERM or SIGINT; every session is then ended and
     every bridge closed): stdio, or HTTP on ``config.http`` (``ready(url)`` once listening).
-    The bearer token, when configured, is read from ``config.http.token_env``."""
-    ring = None
-    if config.transport == "http":
-        tokens = _token(config)
-        ring = token_principals(tokens) if tokens is not None else None
+    The bearer token, when configured, is read from ``config.http.token_env``. ``reload``
+    gives the config anew on SIGHUP (principals and bounds are then taken)."""
+    ring = _ring(config) if config.transport == "http" else None
     with _running(config) as sessions:
         server = build_server(config, sessions, ring)
         if config.transport == "stdio":
             async def stdio() -> None:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(_until_signalled, tg.cancel_scope, lambda: None)
+                    if reload is not None:
+                        tg.start_soon(_reloads, reload, sessions, ring)
                     await _run_stdio(server, config.http.max_request_bytes)
                     tg.cancel_scope.cancel()
 
@@ -331,10 +354,24 @@ def serve(config: McpConfig, *, ready: Callable[[str], None] | None = None) -> N
                 tg.start_soon(_until_signalled, anyio.CancelScope(),
                               lambda: setattr(uv, "should_exit", True))
                 tg.start_soon(_announce, uv, config, ready)
+                if reload is not None:
+                    tg.start_soon(_reloads, reload, sessions, ring)
                 await uv.serve()
                 tg.cancel_scope.cancel()
 
         anyio.run(http)
+
+
+def _ring(config: McpConfig) -> KeyRing[Principal] | None:
+    """Who may call: each token of ``http.token_env`` a principal of its own, and each
+    ``[principals.NAME]`` with its keys; None only for ``--no-auth`` (see :func:`_token`)."""
+    tokens = _token(config)
+    if tokens is None:
+        return None
+    found = token_principals(tokens).principals() if tokens else {}
+    found.update({n: Principal(name=n, keys=tuple(t.keys))
+                  for n, t in config.principals.items()})
+    return KeyRing(found)
 
 
 def _token(config: McpConfig) -> list[str] | None:
@@ -342,6 +379,10 @@ def _token(config: McpConfig) -> list[str] | None:
     comma-separated); None only when ``no_auth`` was asked for explicitly, on a loopback
     address (a server anyone on the network could drive would run their code)."""
     http = config.http
+    if config.principals and not http.token_env:
+        if http.no_auth:
+            raise ConfigError("[principals] and --no-auth: choose one")
+        return []  # the principals' keys alone
     if http.token_env:
         if http.no_auth:
             raise ConfigError("--token-env and --no-auth: choose one")

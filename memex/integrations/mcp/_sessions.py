@@ -13,7 +13,9 @@ use it even if it learns it. Two sessions never share a guest.
 
 Per principal: at most ``max_sessions_per_token`` sessions, ``max_memory_per_token`` bytes of
 session memory and checkpoints, ``max_running_per_token`` cells running at once and
-``queued`` calls waiting; per session, calls one at a time in the order they arrived.
+``queued`` calls waiting, unless its ``[principals.NAME]`` table sets its own bounds (the
+schema of serve's tenants: ``memex.serving.PrincipalTable``); per session, calls one at a
+time in the order they arrived.
 """
 
 from __future__ import annotations
@@ -45,7 +47,6 @@ from ...runtime_wasm import (
     script_dependencies,
 )
 from ...serving import (
-    Bounds,
     DurableSession,
     Keeper,
     PackageGate,
@@ -56,7 +57,7 @@ from ...serving import (
     session_fields,
 )
 from .._display import FIGURES_CALL, MAX_FIGURES, PRELUDE
-from ._config import McpConfig
+from ._config import McpConfig, Own
 
 __all__ = ["Session", "SessionError", "Sessions"]
 
@@ -107,11 +108,10 @@ class Sessions:
         self._policy = EgressPolicy.load(config.resolve(config.policy)) if config.policy \
             else None
         self.tools = tools if tools is not None and len(tools) else None
-        per_token = cfg.max_sessions_per_token or cfg.max_sessions
-        self.bounds = Bounds(max_sessions=cfg.max_sessions_per_token,
-                             max_memory=cfg.max_memory_per_token,
-                             max_checkpoints=cfg.max_checkpoints * per_token)
-        self.table: SessionTable[Session] = SessionTable(capacity=cfg.max_sessions)
+        self._anyone = config.own(None)
+        self.bounds = self._anyone.bounds
+        self._own = {name: config.own(name) for name in config.principals}
+        self.table: SessionTable[Session] = SessionTable(capacity=cfg.total_sessions)
         self.shares = Shares(threads=THREADS, tenant_threads=max(4, THREADS // 4))
         self._defaults: dict[str, str] = {}  # connection key -> its default session's id
         # session put away in the store -> (its principal, when), oldest first
@@ -129,6 +129,34 @@ class Sessions:
         self._sweeper = threading.Thread(target=self._sweep, name="memex-mcp-sessions",
                                          daemon=True)
         self._sweeper.start()
+
+    # ---- a principal's bounds -------------------------------------------------------------
+    def reconfigure(self, config: McpConfig) -> list[str]:
+        """Take the principals and bounds of ``config`` (SIGHUP): each principal's table,
+        [sessions]' per-token bounds and [limits], for the next session, turn or checkpoint
+        (sessions already open keep their limits). Returns what else differs, which needs
+        a restart."""
+        own = {name: config.own(name) for name in config.principals}
+        anyone = config.own(None)
+        with self._lock:
+            self._own, self._anyone, self.bounds = own, anyone, anyone.bounds
+        applied = {"principals", "limits", "sessions"}
+        old, new = self.config.model_dump(), config.model_dump()
+        rest = [k for k in new if k not in applied and new[k] != old.get(k)]
+        per_token = {"max_sessions_per_token", "max_memory_per_token",
+                     "max_running_per_token", "queued", "max_checkpoints"}
+        rest += [f"sessions.{k}" for k, v in new["sessions"].items()
+                 if k not in per_token and v != old["sessions"].get(k)]
+        self.config = self.config.model_copy(update={
+            "principals": config.principals, "limits": config.limits,
+            "sessions": self.config.sessions.model_copy(
+                update={k: getattr(config.sessions, k) for k in per_token})})
+        return rest
+
+    def own(self, owner: str) -> Own:
+        """What ``owner`` may hold and use: its [principals.NAME] table's, else the
+        per-token bounds every principal gets."""
+        return self._own.get(owner, self._anyone)
 
     # ---- finding a session --------------------------------------------------------------
     def existing(self, session_id: str | None, *, key: str | None, owner: str
@@ -178,16 +206,17 @@ class Sessions:
                 else:
                     back = None
                 try:
-                    with self.table.reserved(owner, self.bounds, self._limits):
+                    own = self.own(owner)
+                    with self.table.reserved(owner, own.bounds, own.limits):
                         if back is not None:
                             self._away.pop(back.id, None)
                         s = back if back is not None else self._wired(Session(
-                            id=secrets.token_urlsafe(16), owner=owner, limits=self._limits,
+                            id=secrets.token_urlsafe(16), owner=owner, limits=own.limits,
                             door=Door(), mounts=tuple(self._mounts), preload=self._preload,
                             fresh=True))
                         self.table.add(s)
                 except QuotaExceeded as exc:
-                    victim = self.table.victim(owner, self.bounds)
+                    victim = self.table.victim(owner, own.bounds)
                     if victim is None:
                         raise SessionError(f"{exc} (pass the session of an earlier call)"
                                            ) from None
@@ -221,8 +250,8 @@ class Sessions:
             # a principal keeps at most its session bound of them in the store too: one
             # that keeps making sessions cannot fill the disk with put-away ones
             mine = [sid for sid, (who, _) in self._away.items() if who == s.owner]
-            over = mine[:max(0, len(mine) - (self.bounds.max_sessions or
-                                             self.config.sessions.max_sessions))]
+            over = mine[:max(0, len(mine) - (self.own(s.owner).bounds.max_sessions or
+                                             self.config.sessions.total_sessions))]
             for sid in over:
                 del self._away[sid]
         for sid in over:
@@ -241,12 +270,12 @@ class Sessions:
         cell within its principal's running cells, and within its principal's share of the
         threads. If the call is cancelled (its client went away), ``on_cancel()`` stops the
         guest's work and the call ends at once."""
-        cfg = self.config.sessions
+        cfg, own = self.config.sessions, self.own(s.owner)
         async with contextlib.AsyncExitStack() as stack:
             await stack.enter_async_context(self.shares.in_order(s.id, cfg.queued))
             if turn:
                 await stack.enter_async_context(
-                    self.shares.turn(s.owner, cfg.max_running_per_token, cfg.queued))
+                    self.shares.turn(s.owner, own.running, own.queued, own.rate))
             try:
                 return await self.shares.run(s.owner, fn, abandon_on_cancel=True)
             except anyio.get_cancelled_exc_class():
@@ -372,7 +401,7 @@ class Sessions:
             cp = sb.checkpoint()
             cid = f"{s.id}/{name}"
             try:
-                self.table.hold(s.owner, self.bounds, cp, cid, session=s.id)
+                self.table.hold(s.owner, self.own(s.owner).bounds, cp, cid, session=s.id)
             except QuotaExceeded as exc:
                 raise SessionError(f"checkpoint {name!r} not kept: {exc}") from None
             s.names[name] = cid

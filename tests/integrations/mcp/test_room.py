@@ -24,7 +24,7 @@ def _sessions(tmp_path: Path | None, **bounds: object) -> Sessions:
 def test_a_principal_at_its_bound_gives_up_its_own_oldest_idle_session(tmp_path: Path) -> None:
     """Durable: the oldest is saved, put away, and its handle brings it back (then the
     next oldest gives way); another principal is never touched."""
-    sessions = _sessions(tmp_path, max_sessions=8, max_sessions_per_token=2)
+    sessions = _sessions(tmp_path, total_sessions=8, max_sessions_per_token=2)
     try:
         other = sessions.resolve(None, key=None, owner="B")
         sessions.run(other, "mine = 'b'", None)
@@ -58,7 +58,7 @@ def test_a_principal_at_its_bound_gives_up_its_own_oldest_idle_session(tmp_path:
 
 
 def test_without_state_the_oldest_idle_session_ends_and_in_use_is_never_taken() -> None:
-    sessions = _sessions(None, max_sessions=8, max_sessions_per_token=2)
+    sessions = _sessions(None, total_sessions=8, max_sessions_per_token=2)
     try:
         first = sessions.resolve(None, key=None, owner="A")
         busy = sessions.resolve(None, key=None, owner="A")
@@ -91,7 +91,7 @@ def test_a_server_filled_by_one_principal_makes_room_for_another() -> None:
     another token's first call takes the place of the filler's oldest idle session; the
     filler, holding no more than the newcomer, is then not asked to give way again by it
     (the newcomer at parity is refused)."""
-    sessions = _sessions(None, max_sessions=3)
+    sessions = _sessions(None, total_sessions=3)
     try:
         fill = [sessions.resolve(None, key=None, owner="A") for _ in range(3)]
         for i, s in enumerate(fill):
