@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import os
 import threading
 import time
@@ -128,6 +129,7 @@ class Sandbox(SandboxHandle):
         self._ref: MemoryImage | None = None
         self._watch: MemoryWatch | None = None
         self._current = False
+        self._warm = False  # _base is a warm image (made without this sandbox's environment)
         self._inst: Instance | None = None
         self._asleep = False  # the instance was given up while idle (see _awake)
         self._loaded: LoadedModule = load_module("metered" if self.limits.metered else "plain")
@@ -198,14 +200,21 @@ class Sandbox(SandboxHandle):
         """The first instance: from ``image`` (a fork, restore or load), else from the warm
         image of its preload (shared copy-on-write by every sandbox of its kind after the
         first), else a fresh bootstrap."""
+        # A warm image is keyed and built without the sandbox's own environment (the
+        # runtime's base one only), so sandboxes that differ in an environment value share
+        # one image rather than each leaving one in the cache; their values are set in the
+        # guest after the image is restored (_apply_env). A preload's imports see the base
+        # environment.
+        warm_spec = self._warm_spec()
+        self._warm = image is None
         if image is not None:
             self._base = image
         elif self.preload:
-            self._base = warm_image(self._loaded, self._spec, self.preload)
+            self._base = warm_image(self._loaded, warm_spec, self.preload)
         else:
-            self._base = warm_image(self._loaded, self._spec, (), build=False)
+            self._base = warm_image(self._loaded, warm_spec, (), build=False)
             if self._base is None and _seen_before(self._key()):
-                self._base = warm_image(self._loaded, self._spec, ())
+                self._base = warm_image(self._loaded, warm_spec, ())
         if self._base is not None:
             self._base.freeze()  # shared with whoever handed it over
         self._runner.call(self._fresh_instance)
@@ -226,6 +235,17 @@ class Sandbox(SandboxHandle):
             preopens.append((str(self.packages.root), GUEST_PACKAGES, False))
         for m in self.mounts:
             preopens.append((str(Path(m.host_path).resolve()), m.guest_path, m.writable))
+        env = self._base_env()
+        env.update(self._env)
+        return InstanceSpec(
+            preopens=tuple(preopens),
+            env=tuple(sorted(env.items())),
+            memory_limit=self.limits.memory,
+            guard_files=guard_files,
+        )
+
+    def _base_env(self) -> dict[str, str]:
+        """The environment every sandbox of this interpreter and package set starts with."""
         env = {
             "HOME": "/tmp",
             "TMPDIR": "/tmp",
@@ -234,15 +254,28 @@ class Sandbox(SandboxHandle):
             "MSGPACK_PUREPYTHON": "1",
             "PYTHONIOENCODING": "utf-8",
         }
-        env.update(self._env)
         if self.packages is not None:  # its own warm image: sys.path sees only its set
             env["MEMEX_PACKAGES"] = self.packages.id
-        return InstanceSpec(
-            preopens=tuple(preopens),
-            env=tuple(sorted(env.items())),
-            memory_limit=self.limits.memory,
-            guard_files=guard_files,
-        )
+        return env
+
+    def _warm_spec(self) -> InstanceSpec:
+        """The spec a warm image is keyed and built by: this one without the sandbox's own
+        environment."""
+        return dataclasses.replace(self._spec, env=tuple(sorted(self._base_env().items())))
+
+    def _apply_env(self, inst: Instance) -> bool:
+        """(runner) Set the sandbox's own environment in a guest restored from a warm image
+        (built with the base one); whether there was any to set. A value that cannot be
+        set is a GuestStartError."""
+        extra = {k: v for k, v in self._spec.env if self._base_env().get(k) != v}
+        if not extra:
+            return False
+        code = f"import os as _o\n_o.environ.update({extra!r})\ndel _o\n"
+        out = inst.run_raw(code, deadline=time.monotonic() + 60, fuel=None, cell={})
+        if out.trap or out.raw_rc:
+            raise GuestStartError(f"setting the sandbox's environment failed: "
+                                  f"{out.trap or inst.stderr.text()[-2000:]}")
+        return True
 
     def _new_instance(self) -> Instance:
         door = self.door
@@ -259,9 +292,12 @@ class Sandbox(SandboxHandle):
         try:
             image = self._good if self._good is not None else self._base
             mapped: int | None = None
+            applied = False
             if image is not None:
                 mapped = image.restore_into(inst)
                 self._backing = image
+                if image is self._base and self._warm:
+                    applied = self._apply_env(inst)
             else:
                 self._bootstrap(inst)
         except BaseException:
@@ -269,7 +305,9 @@ class Sandbox(SandboxHandle):
             raise
         self._inst = inst
         self._asleep = False
-        self._current = image is not None
+        # the live state is the image's, unless the sandbox's environment was set on it
+        # (a fork, checkpoint or save then takes the live state, not the shared image)
+        self._current = image is not None and not applied
         if image is not None:
             self._watch_from(inst, image, mapped=mapped)
         AWAKE.used(self)
@@ -365,7 +403,7 @@ class Sandbox(SandboxHandle):
 
     def _key(self) -> tuple[Any, ...]:
         return (self._loaded.flavour, tuple((g, w) for _, g, w in self._spec.preopens),
-                self._spec.env)
+                self._warm_spec().env)
 
     # ---- turns --------------------------------------------------------------------------
     def run(self, code: str, *, timeout: float | None = None, filename: str | None = None,

@@ -8,8 +8,10 @@ An image is shared by every sandbox whose key matches, so it must hold nothing o
 sandbox: it is built in a guest whose /tmp and mounts are empty folders at the same guest
 paths (what an import would read from a tenant's folder, such as a ``matplotlibrc`` under an
 ``MPLCONFIGDIR`` on a mount, never reaches another tenant: preloaded modules see empty
-folders there), and its key is everything else an import can read: the guest binary, the
-engine flavour, the guest paths, the environment, the preload list and the driver.
+folders there), with the runtime's base environment (a sandbox sets its own values after the
+image is mapped: sessions that differ in one value share one image), and its key is
+everything else an import can read: the guest binary, the engine flavour, the guest paths,
+that environment, the preload list and the driver.
 
 The images live in ``<cache>/warm`` (``MEMEX_CACHE_DIR``, else ``$XDG_CACHE_HOME/memex``, else
 ``~/.cache/memex``), at most ``MEMEX_WARM_CACHE_BYTES`` of disk together (default 2 GiB):

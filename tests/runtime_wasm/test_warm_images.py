@@ -241,3 +241,49 @@ def test_the_cache_keeps_to_its_bound_least_recently_used_first(
     with pytest.raises(ConfigError):
         _warm.cache_bound()
 
+
+
+def test_sandboxes_that_differ_in_their_environment_share_one_warm_image(
+        fresh_cache: Path) -> None:
+    """A warm image is keyed without the sandbox's own environment (issue 46: a client
+    giving each session another value made a ~100 MB image apiece, built on the server's
+    CPU and kept in its cache); the values are set in the guest after the image is
+    restored, and everything that starts from the live state (a fork, a checkpoint, a turn
+    rolled back) keeps them."""
+    seen = []
+    for value in ("one", "two", "three"):
+        with Sandbox(preload=["json"], env={"TENANT_VALUE": value, "HOME": "/tmp/h"}) as sb:
+            seen.append(sb.run("import os; (os.environ['TENANT_VALUE'], "
+                               "os.getenv('HOME'), os.environ['TMPDIR'])").value)
+            child = sb.fork()  # before any turn of the child: from the live state
+            assert child.run("import os; os.environ['TENANT_VALUE']").value == repr(value)
+            child.close()
+            cp = sb.checkpoint()
+            sb.run("import os; os.environ['TENANT_VALUE'] = 'changed'")
+            sb.restore(cp)
+            assert sb.run("os.environ['TENANT_VALUE']").value == repr(value)
+            r = sb.run("raise SystemExit(3)")  # ends the turn; the session lives on
+            assert sb.run("os.environ['TENANT_VALUE']").value == repr(value), r
+    assert seen == [repr((v, "/tmp/h", "/tmp")) for v in ("one", "two", "three")]
+    _raw(fresh_cache)  # one image for the three (control: another preload makes another)
+    with Sandbox(preload=["json", "base64"]) as sb:
+        assert sb.run("import os; 'TENANT_VALUE' in os.environ").value == "False"
+    assert len(list(fresh_cache.glob("*.raw"))) == 2
+
+
+def test_a_fresh_sandbox_with_an_environment_forks_before_its_first_turn(
+        fresh_cache: Path) -> None:
+    """The environment is set on a fresh guest started from the plain warm image too."""
+    with Sandbox() as warmup:
+        warmup.run("1")
+    with Sandbox() as warmup:  # the second plain sandbox of a kind builds the plain image
+        warmup.run("1")
+    with Sandbox(env={"ONLY_HERE": "yes"}) as sb:
+        kids = sb.fork_many(2)
+        try:
+            assert [k.run("import os; os.getenv('ONLY_HERE')").value for k in kids] == \
+                ["'yes'", "'yes'"]
+        finally:
+            for k in kids:
+                k.close()
+        assert sb.run("import os; os.getenv('ONLY_HERE')").value == "'yes'"
