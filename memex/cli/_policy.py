@@ -205,7 +205,8 @@ def _serve_report(path: str) -> dict[str, Any]:
         principals.append({
             "kind": "tenant", "name": t.name, "keys": f"{len(t.keys)} key(s)",
             "limits": limits,
-            "ceiling": {k: _amount(k, v) for k, v in t.ceiling.items() if v is not None},
+            "ceiling": {k: _amount(k, v) for k, v in t.ceiling.given().items()
+                        if v is not None},
             "quotas": {"max_sessions": _amount("", t.max_sessions),
                        "max_memory": _amount("max_memory", t.max_memory),
                        "max_disk": _amount("max_disk", t.max_disk),

@@ -4,7 +4,6 @@ Needs the ``serve`` extra."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import getpass
 import sys
 from typing import Any
@@ -62,7 +61,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 ("sessions", t.max_sessions), ("memory", t.max_memory), ("disk", t.max_disk),
                 ("running", t.max_running), ("turns/s", t.turns_per_second)) if v is not None)
             print(f"  tenant {t.name}: {len(t.keys)} key(s); {bounds or 'no bounds'}; "
-                  f"ceiling {dict(t.ceiling) or 'none'}; {len(t.mounts)} mount grant(s); "
+                  f"ceiling {t.ceiling.given() or 'none'}; {len(t.mounts)} mount grant(s); "
                   f"egress {'policy' if t.egress is not None else 'none'}")
         notes, problems = check_config(config)
         if config.cluster is not None:
@@ -74,7 +73,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print(f"  problem: {line}")
         return 1 if problems else 0
     changes = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
-    config = dataclasses.replace(config, **changes)
+    config = config.model_copy(update=changes)
     if not config.tenants:
         print("memex serve: warning: no tenants in the config, every request gets 401",
               file=sys.stderr)

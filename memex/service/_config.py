@@ -15,11 +15,18 @@ import os
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import (
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from ..errors import ConfigError, NotGranted
 from ..host_tools import EgressPolicy, ToolSet
@@ -57,28 +64,23 @@ class MountGrant:
         return inside and (self.writable or not writable)
 
 
-@dataclass(frozen=True, kw_only=True)
-class TenantConfig:
-    """One tenant: its key hashes, what it may hold, and the ceiling of the limits its
-    sessions may ask for (a field left out of ``ceiling`` is not capped)."""
+class TenantConfig(PrincipalTable):
+    """One tenant as the server holds it: its ``[tenants.NAME]`` table (the one schema of a
+    principal: keys, bounds, ceiling; a field left out of ``ceiling`` is not capped) with
+    its grants made real: mount grants resolved against the file's folder, its egress
+    policy and operator tools loaded, its packages expanded to what they pull in."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True,
+                              arbitrary_types_allowed=True)
 
     name: str
-    keys: tuple[str, ...]
-    max_sessions: int | None = 8  # below the default pool's 16 sandboxes
-    max_memory: int | None = None  # bytes: the sum of Limits.memory over its live sessions
-    max_disk: int | None = None  # bytes: the sum of Limits.disk_bytes over its live sessions
-    max_checkpoints: int = 64  # held at once; the oldest is released past it
-    turns_per_second: float | None = None
-    max_running: int | None = None  # its turns running at once (the cores it may hold)
-    queued: int = 16
-    ceiling: Mapping[str, Any] = field(default_factory=dict)
-    mounts: tuple[MountGrant, ...] = ()
-    egress: EgressPolicy | None = None  # the network its guests get (None: only the client's)
-    tools: ToolSet | None = None  # operator tools its guests call, run in the server (_tools)
+    mounts: tuple[MountGrant, ...] = ()  # type: ignore[assignment]
+    egress: EgressPolicy | None = None  # type: ignore[assignment]  # None: the client's only
+    tools: ToolSet | None = None  # type: ignore[assignment]  # run in the server (_tools)
     kit: DoorKit | None = None  # those two as data, for a cluster's slabs (serving._doorkit)
     # the guest packages its sessions may ask for (canonical names; None: any), with every
     # dependency they pull in (serving._packages)
-    packages: frozenset[str] | None = frozenset()
+    packages: frozenset[str] | None = frozenset()  # type: ignore[assignment]
 
     def bounds(self) -> Bounds:
         """What the session core holds this tenant to."""
@@ -91,7 +93,7 @@ class TenantConfig:
         memory to ``max_memory``. The one reader: :meth:`Limits.from_mapping`."""
         if self.max_memory is not None and base.memory > self.max_memory:
             base = dataclasses.replace(base, memory=self.max_memory)
-        return Limits.from_mapping(given, base=base, ceiling=self.ceiling,
+        return Limits.from_mapping(given, base=base, ceiling=self.ceiling.given(),
                                    where=f"tenant {self.name!r}: limits")
 
     def check_mount(self, host_path: Path, writable: bool) -> None:
@@ -102,62 +104,46 @@ class TenantConfig:
                               f"{[str(g.host) for g in self.mounts] or 'none'}")
 
 
-@dataclass(frozen=True, kw_only=True)
-class ServiceConfig:
-    """The server's settings (each documented in docs/service.md) and its tenants."""
-
-    host: str = "127.0.0.1"
-    port: int = 8000
-    backend: str = "pool"
-    workers: int = 2
-    warm: int | None = None
-    warm_timeout: float = SANDBOX_LIMITS.timeout  # the turn deadline of the pool's warm sandboxes
-    max_sandboxes: int | None = None  # the pool's bound on live sandboxes (8 per worker)
-    preload: tuple[str, ...] = ()  # modules the warm sandboxes have imported already
-    max_body_bytes: int = 32 << 20
-    threads: int = 64  # blocking operations (turns, forks, files) served at once
-    tenant_threads: int = 0  # of those, what one tenant may hold (0: a quarter, at least 4)
-    tenant_sockets: int = 0  # open WebSockets (door, turns) of one tenant (0: a quarter of
-    # the server's connections, at least 8)
-    access_log: bool = True
-    log_code: bool = False  # put cell bodies in the audit log
-    state_dir: Path | None = None  # where sessions are saved (None: nothing outlives the process)
-    save_interval: float = 30.0  # seconds between saves of a changed session (0: every turn)
-    idle_evict: float | None = None  # seconds idle before a session is saved and evicted
-    checkpoint_ttl: float = 600.0  # seconds a closed session's checkpoints are still held
-    shared_dir: Path | None = None  # where sessions are parked for another node to take
-    metrics_keys: tuple[str, ...] = ()  # key hashes /metrics asks for
-    metrics_public: bool = False  # /metrics open to anyone (it names every tenant)
-    cluster: ClusterConfig | None = None  # serve on a Ray cluster: _cluster
-    edge: EdgeLimits = field(default_factory=EdgeLimits)  # connections: _edge
-    tenants: Mapping[str, TenantConfig] = field(default_factory=dict)
-    path: Path | None = None
+def _local_path(value: Any, info: ValidationInfo) -> Any:
+    """A folder of the config, relative to the file's own folder (the validation's
+    ``base``), made absolute."""
+    if isinstance(value, str):
+        value = Path(value)
+    if isinstance(value, Path) and not value.is_absolute():
+        base = (info.context or {}).get("base") or Path.cwd()
+        value = (Path(base) / value).resolve()
+    return value
 
 
-class _ServerFile(FileModel):
-    """``[server]``: the server's settings and its connection edge's."""
+LocalPath = Annotated[Path, BeforeValidator(_local_path)]
+
+
+class ServerTable(FileModel):
+    """``[server]``: the server's settings and its connection edge's (each documented in
+    docs/service.md)."""
 
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     backend: Literal["pool", "subprocess", "inprocess"] = "pool"
     workers: int = Field(default=2, gt=0)
     warm: int | None = Field(default=None, ge=0)
-    max_sandboxes: int | None = Field(default=None, gt=0)
-    warm_timeout: Seconds = SANDBOX_LIMITS.timeout
+    max_sandboxes: int | None = Field(default=None, gt=0)  # the pool's (8 per worker)
+    warm_timeout: Seconds = SANDBOX_LIMITS.timeout  # the warm sandboxes' turn deadline
     max_body_bytes: Size = 32 << 20
-    threads: int = Field(default=64, gt=0)
-    tenant_threads: int = Field(default=0, ge=0)
-    tenant_sockets: int = Field(default=0, ge=0)
+    threads: int = Field(default=64, gt=0)  # blocking operations served at once
+    tenant_threads: int = Field(default=0, ge=0)  # one tenant's (0: a quarter, at least 4)
+    tenant_sockets: int = Field(default=0, ge=0)  # one tenant's open WebSockets (0: a
+    # quarter of the server's connections, at least 8)
     access_log: bool = True
-    log_code: bool = False
-    preload: list[str] = Field(default_factory=list)
-    state_dir: str | None = None
-    shared_dir: str | None = None
-    save_interval: SecondsOrZero = 30.0
-    idle_evict: SecondsOrZero | None = None
-    checkpoint_ttl: SecondsOrZero = 600.0
-    metrics_keys: list[str] = Field(default_factory=list)
-    metrics_public: bool = False
+    log_code: bool = False  # put cell bodies in the audit log
+    preload: tuple[str, ...] = ()  # modules the warm sandboxes have imported already
+    state_dir: LocalPath | None = None  # sessions saved here (None: nothing outlives it)
+    shared_dir: LocalPath | None = None  # sessions parked for another node to take
+    save_interval: SecondsOrZero = 30.0  # between saves of a changed session (0: every turn)
+    idle_evict: SecondsOrZero | None = None  # idle seconds before a session is saved, evicted
+    checkpoint_ttl: SecondsOrZero = 600.0  # a closed session's checkpoints still held
+    metrics_keys: tuple[str, ...] = ()  # key hashes /metrics asks for
+    metrics_public: bool = False  # /metrics open to anyone (it names every tenant)
     max_connections: int | None = Field(default=None, ge=0)
     max_pending: int | None = Field(default=None, gt=0)
     max_pending_per_peer: int | None = Field(default=None, gt=0)
@@ -166,8 +152,13 @@ class _ServerFile(FileModel):
     max_header_bytes: Size | None = Field(default=None, gt=0)
     keep_alive_timeout: Seconds | None = None
 
+    @field_validator("preload", "metrics_keys", mode="before")
+    @classmethod
+    def _listed(cls, value: Any) -> Any:
+        return tuple(value) if isinstance(value, list) else value  # a TOML array
 
-class _ClusterFile(FileModel):
+
+class ClusterConfig(FileModel):
     """``[cluster]``: serve on a Ray cluster (docs/scaling.md)."""
 
     address: str
@@ -178,34 +169,37 @@ class _ClusterFile(FileModel):
     slab_cpus: float = Field(default=1.0, gt=0)
     save_interval: SecondsOrZero = 2.0
     place_timeout: Seconds = 60.0
-    slab_idle: Seconds = 60.0
+    slab_idle: Seconds = 60.0  # seconds a slab holding no session is kept before retired
 
 
-@dataclass(frozen=True)
-class ClusterConfig:
-    """Where the cluster is and how its sessions are held (``[cluster]``)."""
+class ServiceConfig(ServerTable):
+    """The server's settings (its ``[server]`` table, the one declaration of them), its
+    cluster and its tenants: what :func:`load_config` reads from serve.toml."""
 
-    address: str
-    storage: str
-    storage_options: Mapping[str, Any] = field(default_factory=dict)
-    namespace: str = "memex"
-    slab_memory: int = 4 << 30
-    slab_cpus: float = 1.0
-    save_interval: float = 2.0
-    place_timeout: float = 60.0
-    slab_idle: float = 60.0  # seconds a slab holding no session is kept before it is retired
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True,
+                              arbitrary_types_allowed=True)
+
+    cluster: ClusterConfig | None = None  # serve on a Ray cluster: _cluster
+    tenants: dict[str, TenantConfig] = Field(default_factory=dict)
+    path: Path | None = None
+
+    @property
+    def edge(self) -> EdgeLimits:
+        """The connection edge's settings (``memex.serving``'s guard): those set here."""
+        return EdgeLimits(**{k: getattr(self, k) for k in _EDGE_KEYS
+                             if getattr(self, k) is not None})
 
 
 class _ServeFile(FileModel):
-    server: _ServerFile = Field(default_factory=_ServerFile)
-    cluster: _ClusterFile | None = None
+    server: ServerTable = Field(default_factory=ServerTable)
+    cluster: ClusterConfig | None = None
     tenants: dict[str, PrincipalTable] = Field(default_factory=dict)  # the one schema
 
 
 _BACKEND_ONLY = {"warm": ("pool",), "max_sandboxes": ("pool",), "preload": ("pool",),
                  "workers": ("pool", "subprocess")}
 """[server] keys that only some backends use."""
-_SERVER_ALL = frozenset(_ServerFile.model_fields) - frozenset(_BACKEND_ONLY)
+_SERVER_ALL = frozenset(ServerTable.model_fields) - frozenset(_BACKEND_ONLY)
 
 _EDGE_KEYS = ("max_connections", "max_pending", "max_pending_per_peer", "header_timeout",
               "body_timeout", "max_header_bytes", "keep_alive_timeout")
@@ -216,8 +210,7 @@ def _tenant(name: str, t: PrincipalTable, base: Path, kit: DoorKit | None = None
     where = f"[tenants.{name}]"
     if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name) or name in (".", ".."):
         raise ConfigError(f"{where}: a tenant name is 1-64 letters, digits, '_', '.' or '-'")
-    keys = tuple(t.keys)
-    check_key_hashes(f"{where} keys", keys)
+    check_key_hashes(f"{where} keys", t.keys)
     here = None
     if kit is not None and kit.tenant == name:  # the one a cluster published: built from
         with contextlib.suppress(ConfigError):  # its own copy unless these files are it
@@ -227,15 +220,13 @@ def _tenant(name: str, t: PrincipalTable, base: Path, kit: DoorKit | None = None
     if kit is None or kit.tenant != name or here == kit:
         tools, egress = _door_here(where, t, base, name)
         kit = DoorKit.read(name, t.tools, t.egress, base)
-    return TenantConfig(
-        name=name, keys=keys, max_sessions=t.max_sessions, max_memory=t.max_memory,
-        max_disk=t.max_disk, max_checkpoints=t.max_checkpoints,
-        turns_per_second=t.turns_per_second, max_running=t.max_running, queued=t.queued,
-        ceiling=t.ceiling.given(),
-        mounts=tuple(MountGrant(host=(base / m.host).resolve(), writable=m.writable)
-                     for m in t.mounts),
-        egress=egress, tools=tools, kit=kit,
-        packages=allowed_packages(t.packages, f"{where} packages"))
+    made = {"name": name, "kit": kit, "egress": egress, "tools": tools,
+            "mounts": tuple(MountGrant(host=(base / m.host).resolve(), writable=m.writable)
+                            for m in t.mounts),
+            "packages": allowed_packages(t.packages, f"{where} packages")}
+    # the table's own fields as they are (set ones only: a default stays a default)
+    return TenantConfig.model_validate(
+        {**{k: getattr(t, k) for k in t.model_fields_set if k not in made}, **made})
 
 
 def _door_here(where: str, t: PrincipalTable, base: Path, name: str
@@ -254,13 +245,14 @@ def parse_config(data: Mapping[str, Any], *, path: Path | None = None,
     """A :class:`ServiceConfig` from the parsed TOML tables ``[server]`` and ``[tenants.*]``;
     ``kits``: tenants' tools and policies as a cluster published them (their files are then
     not read here)."""
+    base = path.parent if path is not None else Path.cwd()
     try:
-        f = _ServeFile.model_validate(data)
+        f = _ServeFile.model_validate(data, context={"base": base})
     except ValidationError as exc:
         raise config_error(None, _ServeFile, exc) from None
-    server = f.server.model_dump(exclude_unset=True)
+    given = f.server.model_fields_set
     if f.cluster is None:
-        unused = sorted(k for k in server if k not in _SERVER_ALL
+        unused = sorted(k for k in given if k not in _SERVER_ALL
                         and f.server.backend not in _BACKEND_ONLY.get(k, ()))
         if unused:
             users = sorted({b for k in unused for b in _BACKEND_ONLY[k]})
@@ -269,18 +261,8 @@ def parse_config(data: Mapping[str, Any], *, path: Path | None = None,
                               f"{'it' if len(unused) == 1 else 'them'} (backend "
                               f"{' or '.join(users)} does); a setting that would not be "
                               "enforced is refused")
-    edge = {k: server.pop(k) for k in _EDGE_KEYS if k in server}
-    opts: dict[str, Any] = {k: getattr(f.server, k) for k in server}
-    opts["edge"] = EdgeLimits(**{k: v for k, v in edge.items() if v is not None})
-    base = path.parent if path is not None else Path.cwd()
-    for k in ("state_dir", "shared_dir"):
-        if opts.get(k) is not None:
-            opts[k] = (base / opts[k]).resolve()
-    if "metrics_keys" in opts:
-        opts["metrics_keys"] = tuple(opts["metrics_keys"])
-        check_key_hashes("[server] metrics_keys", opts["metrics_keys"])
-    if "preload" in opts:
-        opts["preload"] = tuple(opts["preload"])
+    opts: dict[str, Any] = {k: getattr(f.server, k) for k in given}
+    check_key_hashes("[server] metrics_keys", f.server.metrics_keys)
     tenants = {n: _tenant(n, t, base, (kits or {}).get(n)) for n, t in f.tenants.items()}
     seen: dict[str, str] = {}
     for t in tenants.values():
@@ -289,14 +271,15 @@ def parse_config(data: Mapping[str, Any], *, path: Path | None = None,
                 raise ConfigError(f"one key is listed for tenants {seen[k]!r} and {t.name!r}")
             seen[k] = t.name
     if f.cluster is not None:
-        opts["cluster"] = ClusterConfig(**f.cluster.model_dump())
         for k in ("state_dir", "shared_dir"):
             if opts.get(k) is not None:
                 raise ConfigError(f"[server] {k}: a cluster keeps its sessions in [cluster] "
                                   "storage, not in a folder of one node")
     if opts.get("state_dir") is not None and "idle_evict" not in opts:
         opts["idle_evict"] = 600.0  # a durable server evicts idle sessions by default
-    return ServiceConfig(**opts, tenants=tenants, path=path)
+    return ServiceConfig.model_validate(
+        {**opts, "cluster": f.cluster, "tenants": tenants, "path": path},
+        context={"base": base})
 
 
 def check_config(config: ServiceConfig) -> tuple[list[str], list[str]]:
@@ -326,7 +309,7 @@ def check_config(config: ServiceConfig) -> tuple[list[str], list[str]]:
                             "get 429 while it holds them")
     if config.cluster is not None:
         for t in config.tenants.values():
-            top = t.ceiling.get("memory") if t.ceiling else None
+            top = t.ceiling.given().get("memory")
             if top is None or top > config.cluster.slab_memory:
                 problems.append(f"tenant {t.name}: its sessions may ask for more memory "
                                 f"({top}) than a slab holds ({config.cluster.slab_memory}): "

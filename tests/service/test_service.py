@@ -673,7 +673,7 @@ def test_the_documented_serve_toml_parses_sizes_and_durations_included(tmp_path:
     assert config.max_body_bytes == 32 << 20 and config.edge.header_timeout == 10
     t = config.tenants["acme"]
     assert (t.max_memory, t.max_disk) == (8 << 30, 16 << 30)
-    assert t.ceiling == {"timeout": 60.0, "memory": 1 << 30}
+    assert t.ceiling.given() == {"timeout": 60.0, "memory": 1 << 30}
 
 
 def test_a_new_process_reattaches_to_a_live_session_by_id(memex_server: Any) -> None:
