@@ -68,7 +68,7 @@ def _call(url: str, key: str) -> CallToolResult | int:
             return r
     try:
         result: CallToolResult = anyio.run(go)
-    except BaseException:  # noqa: BLE001 - the client fails its handshake on a 401
+    except BaseException:  # the client fails its handshake on a 401 (an exception group)
         r = httpx2.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
                         headers={"Authorization": f"Bearer {key}",
                                  "Accept": "application/json, text/event-stream"})
