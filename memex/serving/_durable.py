@@ -393,13 +393,15 @@ class Keeper(Generic[S]):
         with s.lock:
             if s.running or s.sandbox is None or s.gen != s.saved_gen:
                 return
-            sb, s.sandbox = s.sandbox, None
             s.turn_base = s.saved_turns or 0
+            # in the same step as the sandbox goes: whoever sees the session not live sees
+            # why (the close below may take a while)
+            s.notice = {"from_turn": s.turn_base, "lost_turns": 0,
+                        "files_kept": s.files_kept, "saved_at": s.saved_at,
+                        "reason": f"evicted after {self.idle_evict:g} s idle"}
+            sb, s.sandbox = s.sandbox, None
         with contextlib.suppress(MemexError):
             sb.close()
-        s.notice = {"from_turn": s.turn_base, "lost_turns": 0, "files_kept": s.files_kept,
-                    "saved_at": s.saved_at,
-                    "reason": f"evicted after {self.idle_evict:g} s idle"}
         self.log.info(json.dumps({"event": "evict", "tenant": s.owner, "session": s.id,
                              "turns": s.turn_base}))
 
