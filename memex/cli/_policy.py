@@ -49,7 +49,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     if kind != "egress":
         if args.url is None:
             return _explain(args.policy, kind, as_json=args.json)
-        policy = _front_policy(args.policy, kind, args.principal)
+        try:
+            policy = _front_policy(args.policy, kind, args.principal)
+        except ImportError as exc:  # the front end's extra is not installed
+            raise ConfigError(f"checking a {kind} config needs its extra: pip install "
+                              f"'memex[{kind if kind == 'serve' else 'mcp'}]' ({exc})"
+                              ) from exc
         if policy is None:
             who = f"principal {args.principal!r}" if args.principal else "the server"
             print(f"deny  {args.method.upper()} {args.url}\nreason:    {who} has no egress "
@@ -158,7 +163,14 @@ def _limits_text(limits: Any) -> dict[str, str]:
 
 
 def _explain(path: str, kind: str, *, as_json: bool) -> int:
-    report = _serve_report(path) if kind == "serve" else _mcp_report(path)
+    from ..errors import ConfigError
+
+    try:
+        report = _serve_report(path) if kind == "serve" else _mcp_report(path)
+    except ImportError as exc:  # the front end's extra is not installed
+        extra = "serve" if kind == "serve" else "mcp"
+        raise ConfigError(f"checking a {kind} config needs its extra: pip install "
+                          f"'memex[{extra}]' ({exc})") from exc
     if as_json:
         print(json.dumps(report, indent=1))
     else:
