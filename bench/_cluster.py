@@ -19,12 +19,10 @@ slab's does).
 from __future__ import annotations
 
 import os
-import re
 import secrets
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -32,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from _fmt import fmt, sample
+from _fmt import fmt, launch_serve, sample
 
 from memex import Limits
 from memex.backends import LOOPBACK_NODE, get_backend, init_ray, ray_on_loopback
@@ -43,20 +41,7 @@ LIM = Limits(timeout=30.0, memory=256 << 20)
 
 
 def _serve(cfg: Path) -> tuple[subprocess.Popen[bytes], str]:
-    log = cfg.with_suffix(".log")
-    with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "memex", "serve", "--config", str(cfg)],
-                                stdout=out, stderr=out)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        m = re.search(r"serving (http://[\d.]+:\d+)", log.read_text())
-        if m:
-            return proc, m.group(1)
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    proc.kill()
-    raise SystemExit(f"memex serve did not start:\n{log.read_text()}")
+    return launch_serve(cfg, cfg.with_suffix(".log"))
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

@@ -1,11 +1,15 @@
-"""Shared formatting, timing and workloads for the benchmark scripts (run as
-`python bench/X.py`)."""
+"""Shared formatting, timing, workloads and the `memex serve` launcher for the benchmark
+scripts (run as `python bench/X.py`)."""
 
 from __future__ import annotations
 
+import re
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 
@@ -43,3 +47,22 @@ def ballast(mib: int) -> str:
 TOUCH_1MIB = ("_k = (_k + 256) % (len(_ballast) >> 12) if '_k' in globals() else 0\n"
               "for _j in range(256):\n"
               "    _ballast[((_k + _j) % (len(_ballast) >> 12)) << 12] = _j & 255")
+
+
+def launch_serve(cfg: Path, log: Path, env: dict[str, str] | None = None
+                 ) -> tuple[subprocess.Popen[bytes], str]:
+    """`memex serve --config cfg` (its output in ``log``; ``env``: its environment), once
+    it says where it serves."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "memex", "serve", "--config", str(cfg)],
+                                stdout=out, stderr=out, env=env)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        m = re.search(r"serving (http://[\d.]+:\d+)", log.read_text())
+        if m:
+            return proc, m.group(1)
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    proc.kill()
+    raise SystemExit(f"memex serve did not start:\n{log.read_text()}")

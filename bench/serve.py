@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import resource
 import secrets
 import signal
@@ -60,7 +59,7 @@ for p in (ROOT, ROOT / "bench"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-from _fmt import fmt, sample  # noqa: E402  (bench/ is on sys.path when a script runs)
+from _fmt import fmt, launch_serve, sample  # noqa: E402  (bench/ is on sys.path when a script runs)
 
 from memex import Limits, Sandbox  # noqa: E402
 from memex.backends import get_backend  # noqa: E402
@@ -94,20 +93,8 @@ def start_server(folder: Path, clients: int) -> tuple[subprocess.Popen[bytes], s
         f"warm_timeout = {TIMEOUT}\npreload = ['pandas']\naccess_log = false\n"
         + "".join(f'[tenants.{t}]\nkeys = ["{hash_key(k)}"]\n{tenants[t]}'
                   for t, k in keys.items()))
-    log = folder / "serve.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "memex", "serve", "--config", str(cfg)],
-                                stdout=out, stderr=out)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        m = re.search(r"serving (http://[\d.]+:\d+)", log.read_text())
-        if m:
-            return proc, m.group(1), keys
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    proc.kill()
-    raise SystemExit(f"memex serve did not start:\n{log.read_text()}")
+    proc, url = launch_serve(cfg, folder / "serve.log")
+    return proc, url, keys
 
 
 def cpu_per(pid: int, fn: Callable[[], object], n: int) -> tuple[float, float]:
@@ -376,7 +363,7 @@ def fairness(scale: int) -> None:
         cfg.write_text(f"[server]\nport = 0\naccess_log = false\nwarm_timeout = {TIMEOUT}\n"
                        + "".join(f'[tenants.{t}]\nkeys = ["{hash_key(k)}"]\n'
                                  for t, k in keys.items()))
-        proc, url = _launch(Path(tmp), cfg)
+        proc, url = launch_serve(cfg, Path(tmp) / "serve.log")
         try:
             quiet = get_backend("remote", url=url, api_key=keys["quiet"]).open(
                 limits=Limits(timeout=TIMEOUT))
@@ -405,23 +392,6 @@ def fairness(scale: int) -> None:
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(60)
-
-
-def _launch(folder: Path, cfg: Path) -> tuple[subprocess.Popen[bytes], str]:
-    log = folder / "serve.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "memex", "serve", "--config", str(cfg)],
-                                stdout=out, stderr=out)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        m = re.search(r"serving (http://[\d.]+:\d+)", log.read_text())
-        if m:
-            return proc, m.group(1)
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    proc.kill()
-    raise SystemExit(f"memex serve did not start:\n{log.read_text()}")
 
 
 DURABLE_BASELINE = "38b679a"
@@ -454,19 +424,8 @@ def durable(scale: int) -> None:
                 f"warm_timeout = {TIMEOUT}\nstate_dir = 'state'\nsave_interval = 0\n"
                 + "".join(f'[tenants.{t}]\nkeys = ["{hash_key(k)}"]\n' for t, k in keys.items()))
             env = {**os.environ, **({"PYTHONPATH": str(path)} if path else {})}
-            log = folder / "serve.log"
-            with log.open("wb") as out:
-                proc = subprocess.Popen([sys.executable, "-m", "memex", "serve", "--config",
-                                         str(cfg)], stdout=out, stderr=out, env=env)
+            proc, url = launch_serve(cfg, folder / "serve.log", env)
             try:
-                deadline = time.monotonic() + 180
-                url = None
-                while url is None and time.monotonic() < deadline and proc.poll() is None:
-                    m = re.search(r"serving (http://[\d.]+:\d+)", log.read_text())
-                    url = m.group(1) if m else None
-                    time.sleep(0.05)
-                if url is None:
-                    raise SystemExit(f"memex serve did not start:\n{log.read_text()}")
                 quiet = Client(url, keys["quiet"])
                 saver = Client(url, keys["saver"])
 

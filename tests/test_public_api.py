@@ -93,7 +93,7 @@ PINNED: dict[str, list[str]] = {
         "PrincipalTable", "QuotaExceeded", "Seconds", "SecondsOrZero", "SessionTable", "Shares",
         "Size", "SlabDoors", "allowed_packages", "bearer_key", "check_key_hashes",
         "checkpoint_key", "config_error", "describe_tools", "hash_key", "key_matches",
-        "limits_model", "load_tools", "session_fields", "unenforced",
+        "limits_model", "load_tools", "read_toml", "session_fields", "unenforced",
     ],
     "memex.service": [
         "API_VERSION", "MountGrant", "ServiceConfig", "TenantConfig", "check_cluster",

@@ -99,20 +99,11 @@ def _kind_of(path: str) -> str:
     """What a policy file is, from its top-level tables: a serve.toml (``[server]``,
     ``[tenants.*]``, ``[cluster]``), an egress policy (``[[rules]]``, ``version``...), else
     an MCP config; YAML and JSON files are egress policies."""
-    import tomllib
-    from pathlib import Path
-
-    from ..errors import ConfigError
+    from ..serving import read_toml
 
     if not path.endswith(".toml"):
         return "egress"
-    try:
-        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
-    keys = set(data)
+    keys = set(read_toml(path, "policy file"))
     if keys & _SERVE_KEYS:
         return "serve"
     if keys & _EGRESS_KEYS or not keys:

@@ -267,7 +267,8 @@ class Sandbox(SandboxHandle):
         """(runner) Set the sandbox's own environment in a guest restored from a warm image
         (built with the base one); whether there was any to set. A value that cannot be
         set is a GuestStartError."""
-        extra = {k: v for k, v in self._spec.env if self._base_env().get(k) != v}
+        base = self._base_env()
+        extra = {k: v for k, v in self._spec.env if base.get(k) != v}
         if not extra:
             return False
         code = f"import os as _o\n_o.environ.update({extra!r})\ndel _o\n"

@@ -46,6 +46,7 @@ from ..serving import (
     config_error,
     hash_key,
     load_tools,
+    read_toml,
 )
 
 __all__ = ["MountGrant", "ServiceConfig", "TenantConfig", "adopt_tenants", "check_config",
@@ -323,12 +324,7 @@ def check_config(config: ServiceConfig) -> tuple[list[str], list[str]]:
 def load_config(path: str | os.PathLike[str]) -> ServiceConfig:
     """Read ``serve.toml``; every problem is a ConfigError naming the file."""
     p = Path(path)
-    try:
-        data = tomllib.loads(p.read_text())
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read the service config: {exc.strerror}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{p}: not valid TOML: {exc}") from exc
+    data = read_toml(p, "service config")
     try:
         return parse_config(data, path=p.resolve())
     except ConfigError as exc:

@@ -30,6 +30,7 @@ from ._settings import (
     Size,
     config_error,
     limits_model,
+    read_toml,
 )
 from ._shares import DEFAULT_MAX_RUNNING, Shares
 from ._table import ID_PATTERN, Bounds, QuotaExceeded, SessionTable
@@ -71,6 +72,7 @@ __all__ = [
     "key_matches",
     "limits_model",
     "load_tools",
+    "read_toml",
     "session_fields",
     "unenforced",
 ]

@@ -4,9 +4,12 @@ durations in the runtime's one grammar, and errors that name the table and the k
 
 from __future__ import annotations
 
+import os
+import tomllib
 import types
 import typing
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model
@@ -16,7 +19,7 @@ from ..errors import ConfigError
 from ..runtime_wasm import LIMIT_FIELDS, LimitField, Limits, parse_seconds, parse_size
 
 __all__ = ["FileModel", "LimitsModel", "LimitsTable", "Seconds", "SecondsOrZero", "Size",
-           "config_error", "limits_model"]
+           "config_error", "limits_model", "read_toml"]
 
 
 
@@ -134,6 +137,17 @@ else:
         "LimitsTable", LimitsModel, doc="A table of :class:`~memex.Limits` fields in a config "
         "file, each optional: what is left out comes from elsewhere (the defaults, a "
         "ceiling).")
+
+
+def read_toml(path: str | os.PathLike[str], what: str = "file") -> dict[str, Any]:
+    """A config file's tables: the one reading of serve.toml and the MCP config (a file that
+    cannot be read, or is not TOML, is a ConfigError naming it)."""
+    try:
+        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the {what}: {exc.strerror}") from exc
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
 
 
 def _inner(annotation: object) -> Any:

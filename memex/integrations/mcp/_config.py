@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
-from ...errors import ConfigError
 from ...runtime_wasm import SANDBOX_LIMITS, Limits, Mount
 from ...serving import (
     Bounds,
@@ -27,6 +25,7 @@ from ...serving import (
     check_key_hashes,
     config_error,
     limits_model,
+    read_toml,
     unenforced,
 )
 
@@ -236,12 +235,7 @@ def load_config(path: str | Path | None = None, **overrides: Any) -> McpConfig:
     source = "the command line"
     if path is not None:
         source = str(path)
-        try:
-            data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise ConfigError(f"cannot read {path}: {exc.strerror}") from exc
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: {exc}") from exc
+        data = read_toml(path, "MCP config")
         data.setdefault("base", str(Path(path).resolve().parent))
     for key, value in overrides.items():
         if value is None:

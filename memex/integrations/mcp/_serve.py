@@ -31,7 +31,7 @@ from ...host_tools import Tool, ToolSet
 from ...runtime_wasm import cancel_resolutions
 from ...serving import ConnectionGuard, EdgeLimits, KeyRing, Principal, hash_key
 from ._config import McpConfig
-from ._server import build_server, principal_of
+from ._server import PRINCIPAL, build_server, principal_of
 from ._sessions import Sessions
 from ._stdio import wire
 
@@ -62,7 +62,8 @@ class BearerAuth:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             got = dict(scope.get("headers") or ()).get(b"authorization")
-            if self.ring.bearer(got) is None:
+            found = self.ring.bearer(got)
+            if found is None:
                 body = json.dumps({"jsonrpc": "2.0", "id": None, "error": {
                     "code": -32001, "message": "unauthorized: a valid bearer token is "
                     "required"}}).encode()
@@ -72,6 +73,7 @@ class BearerAuth:
                     (b"content-length", str(len(body)).encode())]})
                 await send({"type": "http.response.body", "body": body})
                 return
+            scope.setdefault("state", {})[PRINCIPAL] = found.name  # for the layers after
         await self.app(scope, receive, send)
 
 
@@ -97,9 +99,9 @@ class EndsSessions:
     The owners are kept while their MCP session may live: an id not seen for twice the
     SDK's idle timeout is forgotten (the SDK has ended it by then)."""
 
-    def __init__(self, app: ASGIApp, sessions: Sessions, idle_timeout: float = 3600.0,
-                 ring: KeyRing[Principal] | None = None) -> None:
-        self.app, self.sessions, self.ring = app, sessions, ring
+    def __init__(self, app: ASGIApp, sessions: Sessions, idle_timeout: float = 3600.0
+                 ) -> None:
+        self.app, self.sessions = app, sessions
         self._forget_after = 2 * idle_timeout
         self._owners: collections.OrderedDict[bytes, tuple[str, float]] = \
             collections.OrderedDict()
@@ -123,7 +125,7 @@ class EndsSessions:
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or ())
-        principal = principal_of(self.ring, headers.get(b"authorization"))
+        principal = principal_of(scope)
         sid = headers.get(b"mcp-session-id")
         if sid:
             owner = self._owner_of(sid)
@@ -327,7 +329,7 @@ def serve(config: McpConfig, *, ready: Callable[[str], None] | None = None,
     gives the config anew on SIGHUP (principals and bounds are then taken)."""
     ring = _ring(config) if config.transport == "http" else None
     with _running(config) as sessions:
-        server = build_server(config, sessions, ring)
+        server = build_server(config, sessions)
         if config.transport == "stdio":
             async def stdio() -> None:
                 async with anyio.create_task_group() as tg:
@@ -342,7 +344,7 @@ def serve(config: McpConfig, *, ready: Callable[[str], None] | None = None,
         app: Any = server.streamable_http_app(
             max_request_body_size=config.http.max_request_bytes, host=config.http.host,
             session_idle_timeout=config.sessions.idle_timeout)
-        app = EndsSessions(app, sessions, config.sessions.idle_timeout, ring)
+        app = EndsSessions(app, sessions, config.sessions.idle_timeout)
         if ring is not None:
             app = BearerAuth(app, ring)
         guard = ConnectionGuard(EdgeLimits())

@@ -34,7 +34,6 @@ from ...errors import GuestFileTooLarge, MemexError
 from ...executor.loops import bound_text, render_observation
 from ...host_tools import ToolSet
 from ...runtime_wasm import TurnResult
-from ...serving import KeyRing, Principal
 from ._config import McpConfig
 from ._sessions import Session, SessionError, Sessions
 
@@ -126,18 +125,24 @@ def _key(ctx: Context) -> str | None:
     return f"http:{sid}" if sid else None
 
 
-def principal_of(ring: KeyRing[Principal] | None, authorization: str | bytes | None) -> str:
-    """The principal an HTTP request speaks for, from its Authorization header (already
-    checked by BearerAuth against ``ring``; without a ring, ``--no-auth``: anonymous)."""
-    found = ring.bearer(authorization) if ring is not None else None
-    return found.name if found is not None else "anonymous"
+PRINCIPAL = "memex.principal"
+"""The key of ``scope["state"]`` where BearerAuth leaves the name of the principal it
+found: a request's key is hashed and looked up once, by BearerAuth, not again by each
+layer after it."""
 
 
-def _owner(ctx: Context, ring: KeyRing[Principal] | None) -> str:
-    headers = ctx.headers
-    if headers is None:
+def principal_of(scope: Any) -> str:
+    """The principal an HTTP request speaks for, as BearerAuth found it (without a token,
+    ``--no-auth``: anonymous)."""
+    state = scope.get("state") if isinstance(scope, dict) else None
+    name = state.get(PRINCIPAL) if isinstance(state, dict) else None
+    return name if isinstance(name, str) else "anonymous"
+
+
+def _owner(ctx: Context) -> str:
+    if ctx.headers is None:
         return "stdio"
-    return principal_of(ring, headers.get("authorization"))
+    return principal_of(getattr(ctx.request_context.request, "scope", None))
 
 
 def _error(message: str, structured: dict[str, Any] | None = None) -> CallToolResult:
@@ -201,10 +206,8 @@ class _Server(MCPServer):
         return await super().call_tool(name, arguments, context)
 
 
-def build_server(config: McpConfig, sessions: Sessions,
-                 ring: KeyRing[Principal] | None = None) -> MCPServer:
-    """The MCP server over ``sessions`` (the caller owns and closes them); ``ring``: who
-    an HTTP request's bearer token speaks for (None: stdio, or ``--no-auth``)."""
+def build_server(config: McpConfig, sessions: Sessions) -> MCPServer:
+    """The MCP server over ``sessions`` (the caller owns and closes them)."""
     tools = sessions.tools
     mcp = _Server(config.name, instructions=_instructions(config, tools), log_level="WARNING",
                   version=version("memex"))
@@ -220,7 +223,7 @@ def build_server(config: McpConfig, sessions: Sessions,
         """The session of a call: from the table on the event loop when it is there, else
         made (or brought back, or room made for it: a save, a guest closed) on a thread,
         within the principal's share of them."""
-        key, owner = _key(ctx), _owner(ctx, ring)
+        key, owner = _key(ctx), _owner(ctx)
         found = sessions.existing(handle, key=key, owner=owner)
         if found is not None:
             return found
