@@ -3,6 +3,7 @@ scripts (run as `python bench/X.py`)."""
 
 from __future__ import annotations
 
+import os
 import re
 import statistics
 import subprocess
@@ -52,10 +53,18 @@ TOUCH_1MIB = ("_k = (_k + 256) % (len(_ballast) >> 12) if '_k' in globals() else
 def launch_serve(cfg: Path, log: Path, env: dict[str, str] | None = None
                  ) -> tuple[subprocess.Popen[bytes], str]:
     """`memex serve --config cfg` (its output in ``log``; ``env``: its environment), once
-    it says where it serves."""
+    it says where it serves. It runs in cfg's folder: ``python -m`` puts its working
+    folder first on sys.path, so from the repository's root a ``PYTHONPATH`` naming another
+    build of memex (a baseline) would silently lose to this one."""
+    where = str(cfg.parent)
+    if env is not None and env.get("PYTHONPATH"):
+        found = subprocess.run([sys.executable, "-c", "import memex; print(memex.__file__)"],
+                               env=env, cwd=where, capture_output=True, text=True).stdout
+        if not found.startswith(env["PYTHONPATH"].split(os.pathsep)[0]):
+            raise SystemExit(f"the baseline's memex is not the one imported: {found}")
     with log.open("wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "memex", "serve", "--config", str(cfg)],
-                                stdout=out, stderr=out, env=env)
+                                stdout=out, stderr=out, env=env, cwd=where)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         m = re.search(r"serving (http://[\d.]+:\d+)", log.read_text())

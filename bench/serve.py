@@ -328,7 +328,8 @@ def attacks(pid: int, url: str, remote: dict[str, Any], lim: Limits, scale: int)
         # in a real attack)
         attacker = subprocess.Popen(
             [sys.executable, __file__, "--attack", kind, "--threads", str(threads), "--url",
-             url, "--key", remote["noisy"].client.api_key], preexec_fn=lambda: os.nice(19))
+             url, f"--key={remote['noisy'].client.api_key}"],  # a key may begin with '-'
+            preexec_fn=lambda: os.nice(19))
         with _Peak(pid) as peak:
             time.sleep(2.0)
             cpu0, t0 = _cpu(pid), time.perf_counter()
@@ -349,49 +350,67 @@ LONG_CPU = "y = sum(i * i for i in range(3_000_000))"
 """A noisy principal's long CPU turns (about a second each on this machine)."""
 
 
+FAIR_BASELINE = "6780938"
+"""The landed commit before fair shares: a tenant ran 4 turns at once whoever else was
+there, and guests ran at the server's own CPU priority."""
+
+
 def fairness(scale: int) -> None:
     """Fair shares by default (issue 46): a quiet principal's small cell, p99 alone and then
     beside a noisy principal doing many small turns (8 sessions) and beside one doing long
     CPU turns (4 sessions), both principals with the default settings of serve.toml (no
-    rate, no max_running set), on the default backend (pool, 2 workers). Target: p99 <= 2x
-    alone. The noisy principal's clients run in another process at nice 19, so the figures
-    are what its turns cost the server, not its clients' own CPU."""
+    rate, no max_running set), on the default backend (pool, 2 workers); on this build and
+    on FAIR_BASELINE, one after the other in this run. Target: p99 <= 2x alone. The noisy
+    principal's clients run in another process at nice 19, so the figures are what its
+    turns cost the server, not its clients' own CPU."""
     n = 400 // scale
+    print(f"\nfair shares by default: the quiet principal's cell ('x += 1'), {n} each, "
+          "default tenant settings, pool backend (2 workers):")
     with tempfile.TemporaryDirectory() as tmp:
-        keys = {t: secrets.token_urlsafe(24) for t in ("quiet", "noisy")}
-        cfg = Path(tmp) / "serve.toml"
-        cfg.write_text(f"[server]\nport = 0\naccess_log = false\nwarm_timeout = {TIMEOUT}\n"
-                       + "".join(f'[tenants.{t}]\nkeys = ["{hash_key(k)}"]\n'
-                                 for t, k in keys.items()))
-        proc, url = launch_serve(cfg, Path(tmp) / "serve.log")
-        try:
-            quiet = get_backend("remote", url=url, api_key=keys["quiet"]).open(
-                limits=Limits(timeout=TIMEOUT))
-            quiet.run("x = 0")
-            sample(lambda: quiet.run("x += 1"), 50)  # warm
-            alone = sample(lambda: quiet.run("x += 1"), n)
-            print(f"\nfair shares by default: the quiet principal's cell ('x += 1'), {n} "
-                  "each, default tenant settings, pool backend (2 workers):")
-            row("quiet principal alone", alone)
-            for label, kind, threads in (("many small turns (8 sessions)", "small", 8),
-                                         ("long CPU turns (4 sessions)", "cpu", 4)):
-                noisy = subprocess.Popen(
-                    [sys.executable, __file__, "--attack", kind, "--threads", str(threads),
-                     "--url", url, "--key", keys["noisy"]], preexec_fn=lambda: os.nice(19))
-                try:
-                    time.sleep(3.0)  # its sessions open and its turns run
-                    loaded = sample(lambda: quiet.run("x += 1"), n)
-                finally:
-                    noisy.send_signal(signal.SIGTERM)
-                    noisy.wait(60)
-                ratio = pct(loaded, .99) / pct(alone, .99)
-                row(f"beside a noisy principal's {label}", loaded,
-                    f"p99 {ratio:.2f}x alone (target <= 2x)")
-                time.sleep(1.0)
-            quiet.close()
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(60)
+        old = Path(tmp) / "landed"
+        old.mkdir()
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", FAIR_BASELINE, "memex"],
+                                 capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
+        for label, path in (("as built", None), (f"landed {FAIR_BASELINE}", old)):
+            env = {**os.environ, **({"PYTHONPATH": str(path)} if path else {})}
+            folder = Path(tmp) / label.replace(" ", "-")
+            folder.mkdir()
+            _fair_rows(label, folder, env, n)
+
+
+def _fair_rows(label: str, folder: Path, env: dict[str, str], n: int) -> None:
+    keys = {t: secrets.token_urlsafe(24) for t in ("quiet", "noisy")}
+    cfg = folder / "serve.toml"
+    cfg.write_text(f"[server]\nport = 0\naccess_log = false\nwarm_timeout = {TIMEOUT}\n"
+                   + "".join(f'[tenants.{t}]\nkeys = ["{hash_key(k)}"]\n'
+                             for t, k in keys.items()))
+    proc, url = launch_serve(cfg, folder / "serve.log", env)
+    try:
+        quiet = get_backend("remote", url=url, api_key=keys["quiet"]).open(
+            limits=Limits(timeout=TIMEOUT))
+        quiet.run("x = 0")
+        sample(lambda: quiet.run("x += 1"), 50)  # warm
+        alone = sample(lambda: quiet.run("x += 1"), n)
+        row(f"{label}: quiet principal alone", alone)
+        for what, kind, threads in (("many small turns (8 sessions)", "small", 8),
+                                    ("long CPU turns (4 sessions)", "cpu", 4)):
+            noisy = subprocess.Popen(
+                [sys.executable, __file__, "--attack", kind, "--threads", str(threads),
+                 "--url", url, f"--key={keys['noisy']}"], preexec_fn=lambda: os.nice(19))
+            try:
+                time.sleep(3.0)  # its sessions open and its turns run
+                loaded = sample(lambda: quiet.run("x += 1"), n)
+            finally:
+                noisy.send_signal(signal.SIGTERM)
+                noisy.wait(60)
+            ratio = pct(loaded, .99) / pct(alone, .99)
+            row(f"{label}: beside {what}", loaded, f"p99 {ratio:.2f}x alone (target <= 2x)")
+            time.sleep(1.0)
+        quiet.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
 
 
 DURABLE_BASELINE = "38b679a"
@@ -548,6 +567,8 @@ def run_attack(kind: str, threads: int, url: str, key: str) -> None:
         w.start()
     while not stop.is_set():
         time.sleep(0.1)
+    for w in workers:  # each closes its session: the next attack starts with none of these
+        w.join(60)
 
 
 def _open(s: socket.socket) -> bool:

@@ -40,6 +40,7 @@ from ..runtime_wasm import (
     checkpoint_from_bytes,
     checkpoint_to_bytes,
     open_from_checkpoint,
+    set_guest_nice,
     unpack_bounded,
 )
 from ._clientdoor import ClientDoor
@@ -157,7 +158,8 @@ class Slab:
     control actor). Every method answers ``["ok", value]`` or ``["err", <error wire>]``."""
 
     def __init__(self, name: str, storage: Storage, save_interval: float,
-                 doors: DoorServer | None = None) -> None:
+                 doors: DoorServer | None = None, *, guest_nice: int = 0) -> None:
+        set_guest_nice(guest_nice)  # its guests below its own threads (engine/_runner.py)
         self.name, self.storage, self.save_interval = name, storage, save_interval
         self.doors = doors
         self.held: dict[str, _Held] = {}

@@ -38,8 +38,10 @@ from ..runtime_wasm import (
     checkpoint_from_bytes,
     checkpoint_to_bytes,
     fork_each,
+    guest_nice,
     open_from_checkpoint,
     serving_door,
+    set_guest_nice,
 )
 from ._contract import Backend
 from ._raynet import init_ray
@@ -74,7 +76,8 @@ class _ActorDoor(Door):
 class _Host:
     """A Ray actor holding sandboxes (made remote by ``RayBackend``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, nice: int = 0) -> None:
+        set_guest_nice(nice)  # its guests at its creator's priority (engine/_runner.py)
         self.sbs: dict[int, Sandbox] = {}
         self.specs: dict[int, dict[str, Any]] = {}
         self.turn_start: dict[int, float] = {}
@@ -391,7 +394,7 @@ class RayBackend(Backend):
         self._ids = itertools.count(1)
         self._handles: dict[int, RaySandbox] = {}
         cls = ray.remote(max_concurrency=max_concurrency, **(actor_options or {}))(_Host)
-        self._hosts = [_HostRef(self, cls.remote()) for _ in range(actors)]
+        self._hosts = [_HostRef(self, cls.remote(guest_nice())) for _ in range(actors)]
 
     def _get(self, ref: object, timeout: float) -> Any:
         ray = self._ray

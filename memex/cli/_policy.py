@@ -186,15 +186,25 @@ def _explain(path: str, kind: str, *, as_json: bool) -> int:
     return 1 if report["problems"] else 0
 
 
+def _running(bound: int | None, slots: int, name: str) -> str:
+    """A principal's running turns: its fair share of the server's, within its own bound."""
+    if bound is None:
+        return f"a fair share of {name} {slots} (all of them alone)"
+    if bound <= 1:
+        return f"at most {bound}"
+    return f"at most {bound}, within a fair share of {name} {slots}"
+
+
 def _serve_report(path: str) -> dict[str, Any]:
     import dataclasses
 
     from ..errors import ConfigError
     from ..runtime_wasm import SANDBOX_LIMITS
     from ..service import check_config, load_config
-    from ..serving import DEFAULT_MAX_RUNNING
+    from ..serving import default_running_turns
 
     config = load_config(path)
+    slots = config.running_turns or default_running_turns()
     where = f"a Ray cluster ({config.cluster.address})" if config.cluster is not None \
         else f"backend {config.backend}"
     base = dataclasses.replace(SANDBOX_LIMITS, timeout=config.warm_timeout)
@@ -215,8 +225,7 @@ def _serve_report(path: str) -> dict[str, Any]:
                        "max_disk": _amount("max_disk", t.max_disk),
                        "max_checkpoints": str(t.max_checkpoints),
                        "turns_per_second": _amount("", t.turns_per_second),
-                       "max_running": _amount("", t.max_running) if t.max_running
-                       else f"{DEFAULT_MAX_RUNNING} (default)",
+                       "max_running": _running(t.max_running, slots, "running_turns"),
                        "queued": str(t.queued)},
             "grants": {"mounts": ", ".join(f"{g.host} ({'rw' if g.writable else 'ro'})"
                                            for g in t.mounts) or "none",
@@ -232,9 +241,10 @@ def _serve_report(path: str) -> dict[str, Any]:
 
 def _mcp_report(path: str) -> dict[str, Any]:
     from ..integrations.mcp import load_config as load_mcp
-    from ..serving import DEFAULT_MAX_RUNNING
+    from ..serving import default_running_turns
 
     cfg = load_mcp(path)
+    slots = cfg.sessions.running_cells or default_running_turns()
     shared = {"mounts": ", ".join(f"{m.host} at {m.guest} ({'rw' if m.writable else 'ro'})"
                                   for m in cfg.mounts) or "none",
               "packages": "any" if cfg.packages == ["*"] else ", ".join(cfg.packages)
@@ -261,7 +271,7 @@ def _mcp_report(path: str) -> dict[str, Any]:
                        "max_disk": _amount("max_disk", own.bounds.max_disk),
                        "max_checkpoints": str(own.bounds.max_checkpoints),
                        "turns_per_second": _amount("", own.rate),
-                       "max_running": _amount("", own.running or DEFAULT_MAX_RUNNING),
+                       "max_running": _running(own.running, slots, "running_cells"),
                        "queued": str(own.queued)},
             "grants": shared})
     notes = [f"the server holds at most {cfg.sessions.total_sessions} sessions in all "

@@ -59,6 +59,7 @@ from ._workers import Job, Workers
 from .engine._artifacts import INTERPRETER, Artifacts, InterpreterRelease, find_artifacts
 from .engine._cache import atomic_write, cache_dir, private_dir, state_dir
 from .engine._engine import compile_module, load_module, module_path
+from .engine._runner import GUEST_NICE_ENV, guest_nice, set_guest_nice
 from .engine._support import EngineSupport, engine_support
 from .files._tree import remove as remove_tree
 from .images._dirty import dirty_tracking
@@ -66,6 +67,7 @@ from .images._dirty import dirty_tracking
 __all__ = [
     "AGENT_LIMITS",
     "CACHE_PARTS",
+    "GUEST_NICE_ENV",
     "INTERPRETER",
     "KERNEL_LIMITS",
     "LIMIT_FIELDS",
@@ -112,6 +114,7 @@ __all__ = [
     "find_artifacts",
     "fork_count",
     "fork_each",
+    "guest_nice",
     "load_module",
     "module_path",
     "open_from_checkpoint",
@@ -125,6 +128,7 @@ __all__ = [
     "scratch_dir",
     "script_dependencies",
     "serving_door",
+    "set_guest_nice",
     "state_dir",
     "unpack_bounded",
 ]

@@ -84,7 +84,7 @@ class _Link:
 
     def __init__(self, cfg: ClusterConfig,
                  config_text: tuple[int, str, dict[str, Any]] | None,
-                 checkpoint_ttl: float = 600.0) -> None:
+                 checkpoint_ttl: float = 600.0, guest_nice: int = 0) -> None:
         try:
             import ray
         except ImportError as exc:
@@ -99,7 +99,7 @@ class _Link:
         ).remote(self.storage, namespace=cfg.namespace, slab_memory=cfg.slab_memory,
                  slab_cpus=cfg.slab_cpus, save_interval=cfg.save_interval,
                  place_timeout=cfg.place_timeout, slab_idle=cfg.slab_idle,
-                 checkpoint_ttl=checkpoint_ttl)
+                 checkpoint_ttl=checkpoint_ttl, guest_nice=guest_nice)
         self.version = 0
         if config_text is not None:
             self.version = self.get(self.control.publish.remote(*config_text))
@@ -498,7 +498,8 @@ class ClusterService(Service):
 
     def backend(self) -> Backend:
         if self._backend is None:
-            self._link = _Link(self.cluster, self._config_text(), self.config.checkpoint_ttl)
+            self._link = _Link(self.cluster, self._config_text(), self.config.checkpoint_ttl,
+                               self.config.guest_nice)
             self._backend = ClusterBackend(self._link)
         return self._backend
 

@@ -133,6 +133,10 @@ class ServerTable(FileModel):
     max_body_bytes: Size = 32 << 20
     threads: int = Field(default=64, gt=0)  # blocking operations served at once
     tenant_threads: int = Field(default=0, ge=0)  # one tenant's (0: a quarter, at least 4)
+    running_turns: int = Field(default=0, ge=0)  # turns running at once in all, shared
+    # fairly among the tenants running turns (0: one per core; see serving/_shares.py)
+    guest_nice: int = Field(default=10, ge=0, le=19)  # nice steps its guests run below its
+    # own threads (0: the same; see runtime_wasm/engine/_runner.py)
     tenant_sockets: int = Field(default=0, ge=0)  # one tenant's open WebSockets (0: a
     # quarter of the server's connections, at least 8)
     access_log: bool = True

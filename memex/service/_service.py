@@ -32,6 +32,7 @@ from ..runtime_wasm import (
     Sandbox,
     SandboxAPI,
     TurnResult,
+    set_guest_nice,
 )
 from ..serving import ConnectionGuard, PackageGate, Shares
 from ._config import ServiceConfig, TenantConfig, service_keys
@@ -76,7 +77,8 @@ class Service:
         self.table: SessionTable[Session] = SessionTable()
         self.metrics = Metrics()
         self.shares = Shares(threads=config.threads, tenant_threads=config.tenant_threads or
-                             max(4, config.threads // 4))
+                             max(4, config.threads // 4),
+                             running_turns=config.running_turns or None)
         self.streaming: set[asyncio.Future[None]] = set()  # streamed turns, held until done
         self.edge: ConnectionGuard | None = None  # the server's connections (set by serve)
         self._sockets: collections.Counter[str] = collections.Counter()  # open, per tenant
@@ -101,6 +103,7 @@ class Service:
         return self._backend is not None and not self._backend.closed
 
     async def start(self) -> None:
+        set_guest_nice(self.config.guest_nice)  # before the backend starts its workers
         await anyio.to_thread.run_sync(self.backend)
         loaded = await anyio.to_thread.run_sync(self.keeper.load)
         if loaded:

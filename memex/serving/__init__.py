@@ -32,13 +32,12 @@ from ._settings import (
     limits_model,
     read_toml,
 )
-from ._shares import DEFAULT_MAX_RUNNING, Shares
+from ._shares import Shares, default_running_turns
 from ._table import ID_PATTERN, Bounds, QuotaExceeded, SessionTable
 from ._tools import describe_tools, load_tools
 
 __all__ = [
     "CONTROL_NAME",
-    "DEFAULT_MAX_RUNNING",
     "ID_PATTERN",
     "KIT_BYTES",
     "Bounds",
@@ -67,6 +66,7 @@ __all__ = [
     "check_key_hashes",
     "checkpoint_key",
     "config_error",
+    "default_running_turns",
     "describe_tools",
     "hash_key",
     "key_matches",

@@ -131,13 +131,14 @@ class Control:
     def __init__(self, storage: Storage, *, namespace: str, slab_memory: int,
                  slab_cpus: float, save_interval: float, place_timeout: float = 60.0,
                  slab_idle: float = 60.0, checkpoint_ttl: float = 600.0,
-                 monitor: float = 1.0) -> None:
+                 monitor: float = 1.0, guest_nice: int = 0) -> None:
         import ray
         self._ray = ray
         self.storage, self.namespace = storage, namespace
         self.slab_memory, self.slab_cpus = slab_memory, slab_cpus
         self.save_interval, self.place_timeout = save_interval, place_timeout
         self.slab_idle, self.checkpoint_ttl = slab_idle, checkpoint_ttl
+        self.guest_nice = guest_nice  # the slabs' guests' (serve.toml's [server] guest_nice)
         self.lock = threading.RLock()
         self.placing = threading.Lock()
         self.sessions: dict[str, _Entry] = {}
@@ -286,8 +287,8 @@ class Control:
         if shunned and live - shunned:
             opts["label_selector"] = {NODE_LABEL: f"!in({','.join(sorted(shunned))})"}
         opts["scheduling_strategy"] = "SPREAD"
-        handle = self._remote_slab.options(**opts).remote(name, self.storage,
-                                                           self.save_interval, SlabDoors())
+        handle = self._remote_slab.options(**opts).remote(
+            name, self.storage, self.save_interval, SlabDoors(), guest_nice=self.guest_nice)
         try:
             info = ray.get(handle.ready.remote(), timeout=self.place_timeout)
         except ray.exceptions.RayActorError:

@@ -39,8 +39,9 @@ class PrincipalTable(FileModel):
     max_checkpoints: int = Field(default=64, ge=0, description="checkpoints it holds")
     turns_per_second: float | None = Field(default=None, gt=0, description="its turns "
                                            "started per second (a token bucket)")
-    max_running: int | None = Field(default=None, ge=0, description="its turns running at "
-                                    "once (the cores it may hold)")
+    max_running: int | None = Field(default=None, ge=1, description="its turns running at "
+                                    "once, at most (unset: its fair share of the server's "
+                                    "running turns)")
     queued: int = Field(default=16, ge=0, description="its turns waiting to run")
     ceiling: LimitsTable = Field(default_factory=LimitsTable, description="the most each "
                                  "Limits field of its sessions may be")

@@ -7,9 +7,16 @@ turns of one session held every thread, and another tenant's session create wait
 * Per session, one operation on its sandbox at a time, in the order they arrived (a FIFO
   lock; ``asyncio.Lock`` wakes its waiters in order): twenty turns sent at once run as sent;
   at most the tenant's ``queued`` wait.
-* Per tenant, at most ``max_running`` turns at once (:data:`DEFAULT_MAX_RUNNING` when the
-  tenant sets none), at most ``queued`` waiting, each for at most ``wait`` seconds; past
-  either, 429 with ``Retry-After``.
+* Per tenant, at most its *fair share* of the server's running turns at once, at most
+  ``queued`` waiting, each for at most ``wait`` seconds; past either, 429 with
+  ``Retry-After``. The server runs ``running_turns`` turns at once in all (by default one per
+  core: a turn is CPU work on a core) and a tenant's share is that divided among the tenants
+  active now (a turn running or waiting, or one started in the last ``ACTIVE_SECONDS``), at
+  least one, at most its own ``max_running``. Alone, a tenant may use every core; beside
+  another busy one, half of them. (Before, a tenant ran 4 turns at once whoever else was
+  there: on 2 cores a noisy tenant's 4 turns left a quiet one's cell waiting for a core, its
+  p99 5-10x its figure alone.) A share that shrinks stops new turns of the tenant until its
+  running ones are within it; those running go on.
 * Per tenant, at most ``turns_per_second`` turns started per second (a token bucket of
   ``max(1, int(rate))`` turns of burst), waited for here too, on every backend: the rate is
   the server's, not a backend's (the pool's own bucket was the only one, and a server on the
@@ -23,7 +30,9 @@ turns of one session held every thread, and another tenant's session create wait
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -34,19 +43,31 @@ import anyio.to_thread
 
 from ..errors import BackendBusy
 
-__all__ = ["DEFAULT_MAX_RUNNING", "Shares"]
+__all__ = ["ACTIVE_SECONDS", "Shares", "default_running_turns"]
 
 T = TypeVar("T")
 
-DEFAULT_MAX_RUNNING = 4
-"""A tenant's turns running at once when its config sets no ``max_running``."""
+ACTIVE_SECONDS = 2.0
+"""How long after starting a turn a tenant still counts as active (sharing the running
+turns): long enough to span the gaps of a client running cells one after another, short
+enough that a tenant gone quiet soon leaves the others every core."""
+
+
+def default_running_turns() -> int:
+    """The server's running turns when its config sets none: one per core it may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not on Linux
+        return max(1, os.cpu_count() or 1)
 
 
 class _Tenant:
-    def __init__(self, running: int, threads: int) -> None:
-        self.running = running
-        self.turns = asyncio.Semaphore(running)
-        self.waiting = 0
+    def __init__(self, threads: int) -> None:
+        self.running = 0
+        self.line: collections.deque[asyncio.Future[bool]] = collections.deque()
+        self.pausing = 0  # turns waiting for a token of its rate
+        self.bound: int | None = None  # its own max_running, as last asked
+        self.last = -float("inf")  # when its last turn was asked for (the clock's time)
         self.threads = anyio.CapacityLimiter(threads)
         self.rate: float | None = None
         self.tokens = 0.0
@@ -68,54 +89,117 @@ class _Tenant:
         return wait
 
 
+def _expire(fut: asyncio.Future[bool]) -> None:
+    if not fut.done():  # not granted yet: its wait is over
+        fut.set_result(False)
+
+
 class Shares:
     """The admission of one server (used on its event loop only)."""
 
-    def __init__(self, *, threads: int, tenant_threads: int, wait: float = 30.0) -> None:
+    def __init__(self, *, threads: int, tenant_threads: int, wait: float = 30.0,
+                 running_turns: int | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.pool = anyio.CapacityLimiter(threads)
         self.tenant_threads = tenant_threads
         self.wait = wait
+        self.running_turns = running_turns or default_running_turns()
+        self._clock = clock
         self._tenants: dict[str, _Tenant] = {}
         self._orders: dict[str, list[Any]] = {}  # session -> [its lock, waiting]
 
-    def _of(self, name: str, running: int) -> _Tenant:
+    def _of(self, name: str) -> _Tenant:
         t = self._tenants.get(name)
-        if t is None or t.running != running:  # a reloaded config may change the bound
-            t = self._tenants[name] = _Tenant(running, self.tenant_threads)
+        if t is None:
+            t = self._tenants[name] = _Tenant(self.tenant_threads)
         return t
+
+    def active(self) -> int:
+        """The tenants sharing the running turns now (module docstring)."""
+        since = self._clock() - ACTIVE_SECONDS
+        return sum(1 for t in self._tenants.values()
+                   if t.running or t.line or t.pausing or t.last >= since)
+
+    def share(self, tenant: str) -> int:
+        """The turns ``tenant`` may run at once now (its own ``max_running`` as last asked):
+        the server's running turns divided among the active tenants, at least one."""
+        t = self._tenants.get(tenant)
+        if t is None or not (t.running or t.line or
+                             t.last >= self._clock() - ACTIVE_SECONDS):
+            fair = max(1, self.running_turns // (self.active() + 1))
+            return fair if t is None or t.bound is None else min(fair, t.bound)
+        return self._share(t)
+
+    def _share(self, t: _Tenant) -> int:
+        fair = max(1, self.running_turns // max(1, self.active()))
+        return fair if t.bound is None else min(fair, t.bound)
+
+    def _grant(self, t: _Tenant) -> None:
+        """Start the tenant's waiting turns, first come first served, while it is within its
+        share (a turn ending, or a share grown)."""
+        while t.line:
+            if t.running >= self._share(t):
+                return
+            fut = t.line.popleft()
+            if not fut.done():  # not given up, not timed out
+                t.running += 1
+                fut.set_result(True)
 
     @contextlib.asynccontextmanager
     async def turn(self, tenant: str, max_running: int | None, queued: int,
                    rate: float | None = None) -> AsyncIterator[None]:
-        """A running-turn slot of the tenant, and a token of its ``rate`` (turns a second)
-        when it has one, waited for here (BackendBusy past the queue or the wait: the API
-        answers 429)."""
-        t = self._of(tenant, max_running or DEFAULT_MAX_RUNNING)
-        if t.turns.locked() and t.waiting >= queued:
+        """A running-turn slot of the tenant within its share, and a token of its ``rate``
+        (turns a second) when it has one, waited for here (BackendBusy past the queue or the
+        wait: the API answers 429)."""
+        t = self._of(tenant)
+        t.bound = max_running
+        t.last = self._clock()
+        share = self._share(t)
+        waiting = len(t.line) + t.pausing
+        if (t.running >= share or waiting) and waiting >= queued:
             raise BackendBusy("queue_full", f"tenant {tenant!r} has {queued} turns waiting "
                               "already")
-        t.waiting += 1
-        try:
-            if rate is not None:
-                pause = t.take(rate, self.wait)
-                if pause < 0:
-                    raise BackendBusy("timeout", f"tenant {tenant!r} is over its rate of "
-                                      f"{rate:g} turns/s")
-                if pause:
+        if rate is not None:
+            pause = t.take(rate, self.wait)
+            if pause < 0:
+                raise BackendBusy("timeout", f"tenant {tenant!r} is over its rate of "
+                                  f"{rate:g} turns/s")
+            if pause:
+                t.pausing += 1  # waiting too: counted in its queue
+                try:
                     await asyncio.sleep(pause)
-            if t.turns.locked():  # wait_for runs a task of its own: only when waiting
-                await asyncio.wait_for(t.turns.acquire(), self.wait)
-            else:
-                await t.turns.acquire()
-        except TimeoutError:
-            raise BackendBusy("timeout", f"tenant {tenant!r} kept its {t.running} running "
-                              f"turns for more than {self.wait:g} s") from None
-        finally:
-            t.waiting -= 1
+                finally:
+                    t.pausing -= 1
+        if not t.line and t.running < self._share(t):
+            t.running += 1
+        else:
+            loop = asyncio.get_running_loop()
+            fut: asyncio.Future[bool] = loop.create_future()
+            t.line.append(fut)
+            timer = loop.call_later(self.wait, _expire, fut)
+            try:
+                granted = await fut  # not wait_for: it may swallow a cancel that races a grant
+            except BaseException:
+                if fut.done() and not fut.cancelled() and fut.result():
+                    t.running -= 1  # granted as its caller left: the slot goes on
+                    self._grant(t)
+                else:
+                    fut.cancel()
+                    with contextlib.suppress(ValueError):
+                        t.line.remove(fut)
+                raise
+            finally:
+                timer.cancel()
+            if not granted:
+                with contextlib.suppress(ValueError):
+                    t.line.remove(fut)
+                raise BackendBusy("timeout", f"tenant {tenant!r} kept its {share} running "
+                                  f"turns for more than {self.wait:g} s")
         try:
             yield
         finally:
-            t.turns.release()
+            t.running -= 1
+            self._grant(t)
 
     @contextlib.asynccontextmanager
     async def in_order(self, session: str, queued: int) -> AsyncIterator[None]:
@@ -146,9 +230,7 @@ class Shares:
         here, in the event loop). With ``abandon_on_cancel`` a cancelled caller returns at
         once (the caller stops ``fn``'s work, as mcp interrupts a cell whose client went
         away); the thread and its share are held until ``fn`` returns."""
-        t = self._tenants.get(tenant)
-        if t is None:
-            t = self._of(tenant, DEFAULT_MAX_RUNNING)
+        t = self._of(tenant)
         if not abandon_on_cancel:
             async with t.threads:
                 return await anyio.to_thread.run_sync(fn, *args, limiter=self.pool)

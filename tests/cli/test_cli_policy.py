@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from memex.serving import default_running_turns
+
 POLICY = """\
 [limits]
 max_response_bytes = "1M"
@@ -236,7 +238,11 @@ def test_check_explains_a_serve_config_per_tenant(tmp_path: Path) -> None:
     assert a["limits"]["memory"] == "512M" and a["limits"]["timeout"] == "30 s"  # lowered
     assert b["limits"]["memory"] == "1G"  # positive control: no ceiling, the default
     assert a["ceiling"] == {"timeout": "120 s", "memory": "512M"} and b["ceiling"] == {}
-    assert a["quotas"]["turns_per_second"] == "5" and a["quotas"]["max_running"] == "2"
+    assert a["quotas"]["turns_per_second"] == "5"
+    slots = default_running_turns()  # the server's running turns: [server] sets none
+    assert a["quotas"]["max_running"] == f"at most 2, within a fair share of running_turns {slots}"
+    assert b["quotas"]["max_running"] == f"a fair share of running_turns {slots} (all of them " \
+        "alone)"
     assert b["quotas"]["max_sessions"] == "4" and b["quotas"]["turns_per_second"] == "none"
     assert a["grants"]["packages"] == "humanize" and b["grants"]["packages"] == "none"
     assert "egress.toml (3 rule(s))" in a["grants"]["egress"] and b["grants"]["egress"] == "none"
@@ -296,7 +302,7 @@ def test_check_explains_an_mcp_config_per_principal(tmp_path: Path) -> None:
     assert report["kind"] == "mcp" and ci["name"] == "ci" and "$SOME_TOKENS" in rest["keys"]
     assert ci["limits"]["memory"] == "256M" and rest["limits"]["memory"] == "1G"
     assert (ci["quotas"]["max_sessions"], rest["quotas"]["max_sessions"]) == ("3", "2")
-    assert (ci["quotas"]["max_running"], ci["quotas"]["turns_per_second"]) == ("1", "2")
+    assert (ci["quotas"]["max_running"], ci["quotas"]["turns_per_second"]) == ("at most 1", "2")
     assert rest["quotas"]["turns_per_second"] == "none"
 
 

@@ -5,6 +5,8 @@ caller went away)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import threading
 import time
@@ -14,6 +16,7 @@ import pytest
 
 from memex.errors import BackendBusy
 from memex.serving import Shares
+from memex.serving._shares import ACTIVE_SECONDS
 
 
 def test_a_sessions_operations_run_in_the_order_they_arrived() -> None:
@@ -141,3 +144,129 @@ def test_a_call_cancelled_before_a_thread_took_it_gives_its_share_back() -> None
         assert ran == []  # it never ran once its caller left
 
     anyio.run(go)
+
+
+class _Clock:
+    """A clock the test moves by hand (the activity window without waiting for it)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _Turns:
+    """Turns of one Shares held open until released: which have started, in order."""
+
+    def __init__(self, shares: Shares) -> None:
+        self.shares = shares
+        self.started: list[str] = []
+        self.gates: dict[str, asyncio.Event] = {}
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+
+    def send(self, owner: str, name: str, max_running: int | None = None) -> None:
+        gate = self.gates[name] = asyncio.Event()
+
+        async def turn() -> None:
+            async with self.shares.turn(owner, max_running, queued=20):
+                self.started.append(name)
+                await gate.wait()
+
+        self.tasks[name] = asyncio.ensure_future(turn())
+
+    async def settle(self) -> None:
+        for _ in range(5):  # every task that can start, started (no timer involved)
+            await asyncio.sleep(0)
+
+    async def end(self, name: str) -> None:
+        self.gates[name].set()
+        await self.tasks[name]
+        await self.settle()
+
+
+def test_a_principal_alone_runs_every_turn_of_the_server_and_beside_another_its_share() -> None:
+    """Unset max_running: a fair share of the server's running turns. Alone, all 4; once
+    another principal runs a turn, its new turns wait until it runs fewer than 4 // 2 (its
+    running ones go on), and the other's turn starts at once; once the other has been quiet
+    for ACTIVE_SECONDS, all 4 again (positive control)."""
+    async def go() -> None:
+        clock = _Clock()
+        shares = Shares(threads=16, tenant_threads=16, running_turns=4, clock=clock)
+        turns = _Turns(shares)
+        for i in range(4):
+            turns.send("noisy", f"n{i}")
+        await turns.settle()
+        assert turns.started == ["n0", "n1", "n2", "n3"]  # alone: every running turn
+        assert shares.share("noisy") == 4 and shares.share("quiet") == 2
+        turns.send("quiet", "q0")
+        turns.send("noisy", "n4")
+        turns.send("noisy", "n5")
+        await turns.settle()
+        assert turns.started[4:] == ["q0"]  # at once, beside noisy's four
+        assert shares.share("noisy") == 2
+        await turns.end("n0")
+        await turns.end("n1")
+        assert turns.started[5:] == []  # noisy runs 2 still: its share
+        await turns.end("n2")
+        assert turns.started[5:] == ["n4"]  # first come, first served
+        await turns.end("q0")
+        clock.now += ACTIVE_SECONDS + 0.1  # quiet: nothing running, nothing asked since
+        await turns.end("n3")
+        assert turns.started[6:] == ["n5"]
+        turns.send("noisy", "n6")
+        turns.send("noisy", "n7")
+        await turns.settle()
+        assert turns.started[7:] == ["n6", "n7"]  # alone again: 4 running
+        for name in ("n4", "n5", "n6", "n7"):
+            await turns.end(name)
+
+    asyncio.run(go())
+
+
+def test_max_running_is_a_ceiling_below_the_fair_share() -> None:
+    async def go() -> None:
+        shares = Shares(threads=16, tenant_threads=16, running_turns=4, clock=_Clock())
+        turns = _Turns(shares)
+        for i in range(3):
+            turns.send("a", f"a{i}", max_running=2)
+        await turns.settle()
+        assert turns.started == ["a0", "a1"]
+        await turns.end("a0")
+        assert turns.started == ["a0", "a1", "a2"]
+        # a reloaded bound applies from the next turn; the turns running are still counted
+        turns.send("a", "a3", max_running=1)
+        await turns.settle()
+        assert turns.started[3:] == []
+        await turns.end("a1")
+        assert turns.started[3:] == []  # a2 still runs: 1 running, its new bound
+        await turns.end("a2")
+        assert turns.started[3:] == ["a3"]
+        await turns.end("a3")
+
+    asyncio.run(go())
+
+
+def test_a_turn_granted_as_its_caller_leaves_gives_its_slot_back() -> None:
+    """A waiting turn is given a slot and cancelled before it resumes (its client went
+    away): the slot comes back at once, not never."""
+    async def go() -> None:
+        shares = Shares(threads=16, tenant_threads=16, running_turns=1, clock=_Clock())
+        turns = _Turns(shares)
+        first = shares.turn("a", None, queued=20)
+        await first.__aenter__()  # held by the test itself: its end happens in this step
+        turns.send("a", "second")
+        await turns.settle()
+        assert turns.started == []
+        await first.__aexit__(None, None, None)  # grants the slot to the second ...
+        turns.tasks["second"].cancel()  # ... which is cancelled before it resumed
+        with contextlib.suppress(asyncio.CancelledError):
+            await turns.tasks["second"]
+        assert turns.started == []
+        assert shares._tenants["a"].running == 0
+        turns.send("a", "third")
+        await turns.settle()
+        assert turns.started == ["third"]  # positive control: the slot is free
+        await turns.end("third")
+
+    asyncio.run(go())

@@ -27,12 +27,14 @@ from typing import Any, TypeVar
 
 from ...errors import ConfigError, GuestStartError
 from ...runtime_wasm import (
+    GUEST_NICE_ENV,
     Door,
     GuestKilled,
     checkpoint_from_bytes,
     checkpoint_from_fds,
     checkpoint_to_bytes,
     checkpoint_to_fds,
+    guest_nice,
     remove_tree,
 )
 from ._wire import Channel, ChannelClosed, ProtocolError, error_from_wire
@@ -264,6 +266,7 @@ class WorkerClient:
         penv = dict(os.environ)
         penv.update(env or {})
         penv.update(MEMEX_WORKER_ROOT=str(self.root), TMPDIR=str(self.root))
+        penv[GUEST_NICE_ENV] = str(guest_nice())  # its guests at this process's priority
         try:
             with open(self.root / "worker.log", "wb") as log:
                 self.proc = _SPAWNER.call(lambda: subprocess.Popen(

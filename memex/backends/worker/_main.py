@@ -51,6 +51,7 @@ from typing import Any
 
 from ...errors import MemexError, SandboxClosed
 from ...runtime_wasm import (
+    GUEST_NICE_ENV,
     Door,
     GuestKilled,
     Sandbox,
@@ -59,6 +60,7 @@ from ...runtime_wasm import (
     open_from_checkpoint,
     remove_tree,
     scratch_dir,
+    set_guest_nice,
 )
 from ._wire import (
     Channel,
@@ -397,6 +399,7 @@ def main(argv: list[str] | None = None) -> None:
     _die_with_parent(parent)
     with contextlib.suppress(ValueError, OSError):
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # an abort leaves no core file
+    set_guest_nice(int(os.environ.get(GUEST_NICE_ENV) or 0))  # its caller's (_client)
     sock = socket.socket(fileno=fd)
     Worker(Channel(sock)).serve()
     _cleanup_and_exit(0)

@@ -88,8 +88,14 @@ class SessionsConfig(FileModel):
     max_memory_per_token: Size | None = Field(
         default=None, gt=0, description="bytes of session memory limits and held checkpoints "
         "one principal may hold ('4G' works; unset: no bound)")
-    max_running_per_token: int = Field(default=4, gt=0, description="cells one principal "
-                                       "runs at once (the cores it may hold)")
+    max_running_per_token: int | None = Field(
+        default=None, gt=0, description="cells one principal runs at once, at most (unset: "
+        "its fair share of running_cells)")
+    running_cells: int | None = Field(
+        default=None, gt=0, description="cells the server runs at once in all, shared "
+        "fairly among the principals running cells (unset: one per core)")
+    guest_nice: int = Field(default=10, ge=0, le=19, description="nice steps the guests "
+                            "run below the server's own threads (0: the same)")
     queued: int = Field(default=64, gt=0, description="calls waiting per session, and cells "
                         "waiting per principal; past it a call is refused (a host may send "
                         "a model's parallel tool calls at once)")

@@ -12,10 +12,11 @@ principal that made it (its bearer token, or the stdio process), so another prin
 use it even if it learns it. Two sessions never share a guest.
 
 Per principal: at most ``max_sessions_per_token`` sessions, ``max_memory_per_token`` bytes of
-session memory and checkpoints, ``max_running_per_token`` cells running at once and
-``queued`` calls waiting, unless its ``[principals.NAME]`` table sets its own bounds (the
-schema of serve's tenants: ``memex.serving.PrincipalTable``); per session, calls one at a
-time in the order they arrived.
+session memory and checkpoints, its fair share of the server's ``running_cells`` (at most
+``max_running_per_token``) running at once and ``queued`` calls waiting, unless its
+``[principals.NAME]`` table sets its own bounds (the schema of serve's tenants:
+``memex.serving.PrincipalTable``); per session, calls one at a time in the order they
+arrived.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from ...runtime_wasm import (
     TurnResult,
     TurnStatus,
     script_dependencies,
+    set_guest_nice,
 )
 from ...serving import (
     DurableSession,
@@ -112,7 +114,9 @@ class Sessions:
         self.bounds = self._anyone.bounds
         self._own = {name: config.own(name) for name in config.principals}
         self.table: SessionTable[Session] = SessionTable(capacity=cfg.total_sessions)
-        self.shares = Shares(threads=THREADS, tenant_threads=max(4, THREADS // 4))
+        self.shares = Shares(threads=THREADS, tenant_threads=max(4, THREADS // 4),
+                             running_turns=cfg.running_cells)
+        set_guest_nice(cfg.guest_nice)  # its guests below its protocol's threads
         self._defaults: dict[str, str] = {}  # connection key -> its default session's id
         # session put away in the store -> (its principal, when), oldest first
         self._away: dict[str, tuple[str, float]] = {}
