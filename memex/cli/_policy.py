@@ -134,16 +134,13 @@ def _front_policy(path: str, kind: str, principal: str | None) -> EgressPolicy |
 
 
 def _amount(name: str, value: Any) -> str:
-    from ..runtime_wasm import LIMIT_FIELDS
+    from ..runtime_wasm import LIMIT_FIELDS, size_text
 
     if value is None:
         return "none"
     kind = next((f.kind for f in LIMIT_FIELDS if f.name == name), None)
     if kind == "bytes" or name in ("max_memory", "max_disk"):
-        for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
-            if value and value % (1 << shift) == 0:
-                return f"{value >> shift}{unit}"
-        return f"{value} B"
+        return size_text(value)
     if kind == "seconds":
         return f"{value:g} s"
     return f"{value:g}" if isinstance(value, float) else str(value)

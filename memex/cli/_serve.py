@@ -56,12 +56,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
             else f"backend {config.backend} with {config.workers} worker(s), state " + (
                 f"in {config.state_dir}" if config.state_dir else "not kept")
         print(f"{args.config}: ok, {where}")
-        for t in config.tenants.values():
+        from ..runtime_wasm import LIMIT_FIELDS, size_text
+
+        sizes = {f.name for f in LIMIT_FIELDS if f.kind == "bytes"}
+        for t in config.tenants.values():  # sizes as the config takes them ('512M')
             bounds = ", ".join(f"{k} {v}" for k, v in (
-                ("sessions", t.max_sessions), ("memory", t.max_memory), ("disk", t.max_disk),
+                ("sessions", t.max_sessions),
+                ("memory", None if t.max_memory is None else size_text(t.max_memory)),
+                ("disk", None if t.max_disk is None else size_text(t.max_disk)),
                 ("running", t.max_running), ("turns/s", t.turns_per_second)) if v is not None)
+            ceiling = {k: size_text(v) if k in sizes and v is not None else v
+                       for k, v in t.ceiling.given().items()}
             print(f"  tenant {t.name}: {len(t.keys)} key(s); {bounds or 'no bounds'}; "
-                  f"ceiling {t.ceiling.given() or 'none'}; {len(t.mounts)} mount grant(s); "
+                  f"ceiling {ceiling or 'none'}; {len(t.mounts)} mount grant(s); "
                   f"egress {'policy' if t.egress is not None else 'none'}")
         notes, problems = check_config(config)
         if config.cluster is not None:

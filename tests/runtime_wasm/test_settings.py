@@ -20,7 +20,23 @@ from memex.runtime_wasm import (
     Limits,
     parse_seconds,
     parse_size,
+    size_text,
 )
+
+
+@given(st.integers(0, 1 << 50) | st.builds(lambda k, s: k << s, st.integers(1, 4096),
+                                           st.sampled_from([10, 20, 30, 40])))
+def test_a_size_printed_reads_back_as_itself(n: int) -> None:
+    """What --check and memex policy check print is what the config takes."""
+    text = size_text(n)
+    assert parse_size(text) == n
+    assert text == str(n) or text[-1] in "KMGT"  # a unit only where it is exact
+
+
+def test_a_size_prints_in_the_largest_exact_unit() -> None:
+    assert [size_text(n) for n in (0, 1000, 1 << 10, 3 << 19, 512 << 20, 8 << 30)] == \
+        ["0", "1000", "1K", "1536K", "512M", "8G"]
+
 
 UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20,
          "mb": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}

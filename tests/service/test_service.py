@@ -452,9 +452,9 @@ def test_check_command_reads_the_config_and_serves_nothing(tmp_path: Path) -> No
                           "--check"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "ok, backend pool" in out.stdout
-    assert "tenant acme: 1 key(s); sessions 3; ceiling {'memory': 536870912}" in out.stdout
+    assert "tenant acme: 1 key(s); sessions 3; ceiling {'memory': '512M'}" in out.stdout
     # what a session asking for nothing gets: the defaults, lowered to the ceiling
-    assert "tenant acme: a session asking for no limits gets timeout 30 s, memory 536870912 " \
+    assert "tenant acme: a session asking for no limits gets timeout 30 s, memory 512M " \
         "(lowered to its bounds: ['memory'])" in out.stdout
     # a tenant that may hold the whole pool, or whose memory holds no session: problems
     cfg.write_text(f"[tenants.acme]\nkeys = ['{hash_key('k' * 20)}']\nmax_sessions = 16\n"
@@ -464,7 +464,7 @@ def test_check_command_reads_the_config_and_serves_nothing(tmp_path: Path) -> No
     assert out.returncode == 1, out.stdout
     assert "problem: tenant acme: max_sessions 16 lets it hold every sandbox of the pool" \
         in out.stdout
-    assert "problem: tenant acme: max_memory 1048576 holds no session" in out.stdout
+    assert "problem: tenant acme: max_memory 1M holds no session" in out.stdout
     cfg.write_text("[server]\nport = 'x'\n")
     out = subprocess.run([sys.executable, "-m", "memex", "serve", "--config", str(cfg),
                           "--check"], capture_output=True, text=True, timeout=60)

@@ -41,6 +41,7 @@ class InterpreterRelease:
     wheel_size: int
     sums_sha256: str  # of artifacts/SHA256SUMS inside it
     prefix: str  # the folder inside the wheel that holds the artifacts
+    python: str = "3.15"  # the CPython it is (its MANIFEST's first line)
 
     @property
     def label(self) -> str:
