@@ -83,11 +83,19 @@ def create_app(config: ServiceConfig, *, backend: Backend | None = None) -> Fast
 
 
 def _methods_of(app: FastAPI, request: Request) -> list[str]:
-    """The methods the routes matching the request's path serve."""
+    """The methods the routes matching the request's path serve. FastAPI (0.165) keeps an
+    included router as one entry of ``app.routes`` with no methods of its own (its routes
+    are its ``original_router``'s): it is walked too, else every 405 had an empty Allow."""
     from starlette.routing import Match
 
     methods: set[str] = set()
-    for route in app.routes:
+    todo: list[Any] = list(app.routes)
+    while todo:  # iterative; the app's own tree, a few levels deep
+        route = todo.pop()
+        inner = getattr(route, "original_router", None)
+        if inner is not None:
+            todo.extend(inner.routes)
+            continue
         match, _ = route.matches(request.scope)
         if match is not Match.NONE:
             methods.update(getattr(route, "methods", None) or ())

@@ -830,3 +830,20 @@ def test_a_tenant_s_turn_rate_holds_on_every_backend(tmp_path: Path, backend: st
         assert [free.run(fid, c)["result"]["value"] for c in ("1", "2")] == ["1", "2"]
     finally:
         served.stop()
+
+
+def test_every_405_names_the_methods_its_path_serves(memex_server: Any) -> None:
+    """RFC 9110: a 405 carries Allow with the path's methods (a route serves one method, so
+    the header gathers every route of the path); read by value, not only present."""
+    for method, path, allow in (
+            ("PUT", "/v1/sessions", "GET, POST"),
+            ("PATCH", "/v1/sessions/s-x", "DELETE, GET"),
+            ("DELETE", "/v1/sessions/s-x/files", "GET, PUT"),
+            ("POST", "/v1/checkpoints/c-x", "DELETE"),
+            ("POST", "/healthz", "GET"),
+            ("PUT", "/v1/sessions/s-x/run", "POST")):
+        r = raw(memex_server, method, path)
+        assert (r.status_code, r.headers.get("allow")) == (405, allow), (method, path, r.text)
+        assert r.json()["error"]["code"] == "method_not_allowed"
+    r = raw(memex_server, "GET", "/v1/sessions")  # positive control: an allowed method
+    assert r.status_code == 200 and "allow" not in r.headers
