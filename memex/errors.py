@@ -74,6 +74,10 @@ __all__ = [
 class MemexError(Exception):
     """Root of every exception MemEx raises on purpose."""
 
+    retry_after: float | None = None
+    """Seconds the service asked the caller to wait before trying again (its 429 or 503
+    answer's ``Retry-After``), on an error raised for such an answer; else None."""
+
 
 class ConfigError(MemexError, ValueError):
     """An argument, limit, mount or preload that cannot be honoured as given."""

@@ -29,7 +29,7 @@ import msgpack
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 from websockets.sync.client import ClientConnection, connect
 
-from ..errors import ConfigError, SandboxClosed, SandboxError, ServiceError
+from ..errors import ConfigError, MemexError, SandboxClosed, SandboxError, ServiceError
 from ..runtime_wasm import (
     DecodeCost,
     Door,
@@ -267,7 +267,11 @@ def _raise(resp: httpx2.Response, what: str) -> NoReturn:
         body = resp.json()
     except ValueError:
         body = None
-    _raise_body(body, resp.status_code, what)
+    try:
+        _raise_body(body, resp.status_code, what)
+    except MemexError as exc:  # the wait the service asked for, for the caller's own retry
+        exc.retry_after = retry_after(resp.headers)
+        raise
 
 
 def _raise_body(body: Any, status: int, what: str) -> NoReturn:

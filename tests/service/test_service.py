@@ -136,15 +136,16 @@ def test_quota_and_ceilings(memex_server: Any) -> None:
         with pytest.raises(ConfigError, match=r"tenant 'small': limits.memory = 1073741824 is "
                                               r"above the ceiling of 536870912"):  # and timeout
             small.open(limits=Limits(memory=1 << 30))
-        with pytest.raises(ConfigError, match="timeout"):
+        with pytest.raises(ConfigError, match="timeout") as refused:
             small.open(limits=Limits(memory=256 << 20, timeout=60))
+        assert refused.value.retry_after is None  # positive control: a 422 asks for no wait
         with pytest.raises(ConfigError, match="may not mount"):
             small.open(limits=Limits(memory=256 << 20, timeout=10),
                        mounts=[Mount(host_path=str(REPO), guest_path="/data")])
         big_disk = small.open(limits=Limits(memory=256 << 20, timeout=10, disk_bytes=768 << 20))
         with pytest.raises(ServiceError, match="bytes of disk, its bound is 1073741824") as e:
             small.open(limits=Limits(memory=256 << 20, timeout=10))  # 768 + 512 MiB > 1 GiB
-        assert e.value.status == 429
+        assert e.value.status == 429 and e.value.retry_after == 1.0  # the answer's Retry-After
         big_disk.close()
         ok = Limits(memory=256 << 20, timeout=10)
         one, two = small.open(limits=ok), small.open(limits=ok)
@@ -154,7 +155,7 @@ def test_quota_and_ceilings(memex_server: Any) -> None:
         assert r.json()["error"]["code"] == "quota"
         with pytest.raises(ServiceError) as err:
             small.open(limits=ok)
-        assert err.value.status == 429
+        assert err.value.status == 429 and err.value.retry_after == 1.0
         with pytest.raises(ServiceError):
             one.fork()  # a fork counts too
         two.close()
