@@ -198,6 +198,45 @@ def auth_modules(root: Path, trees: dict[Path, ast.Module]) -> list[str]:
     return sorted(out)
 
 
+_WHO = {"tenant", "owner", "principal", "who", "name"}
+
+
+def ledgers(root: Path, trees: dict[Path, ast.Module]) -> list[str]:
+    """Classes that keep per-principal counts of their own: an attribute of the instance
+    changed under a principal's name (``self.x[tenant] += 1``, ``self.x[owner] = ...``,
+    ``self.x.setdefault(tenant, ...)``, ``self.x.pop(owner)``). Each is a ledger of its
+    own; a lookup of configured bounds by name is not one."""
+    out = []
+
+    def who_of_self(target: ast.expr, key: ast.expr) -> bool:
+        return isinstance(key, ast.Name) and key.id in _WHO and \
+            isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and \
+            target.value.id == "self" and "slab" not in target.attr  # slabs: by their name
+
+    for p, tree in trees.items():
+        rel = p.relative_to(root).as_posix()
+        if not rel.startswith((*FRONTS, "memex/backends")):
+            continue  # where principals are served
+        rel = rel.removeprefix("memex/")
+        for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+            if cls.name == "Ledger":
+                continue  # the one
+            for n in ast.walk(cls):
+                changed = False
+                if isinstance(n, ast.AugAssign | ast.Assign | ast.Delete):
+                    targets = n.targets if isinstance(n, ast.Assign | ast.Delete) \
+                        else [n.target]
+                    changed = any(isinstance(t, ast.Subscript) and who_of_self(t.value, t.slice)
+                                  for t in targets)
+                elif isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and \
+                        n.func.attr in ("setdefault", "pop", "add", "discard") and n.args:
+                    changed = who_of_self(n.func.value, n.args[0])
+                if changed:
+                    out.append(f"{cls.name} ({rel})")
+                    break
+    return sorted(set(out))
+
+
 def _is_dataclass(node: ast.ClassDef) -> bool:
     return any("dataclass" in ast.unparse(d) for d in node.decorator_list)
 
@@ -244,6 +283,8 @@ def figures(root: Path) -> dict[str, str]:
         "Limits' fields declared in": ", ".join(limits_declared(trees)),
         "authentication modules": ", ".join(auth_modules(root, trees)) or "none",
         "config dataclass twins": "{} ({} fields twice)".format(*config_twins(root, trees)),
+        "per-principal ledgers": (lambda found: f"{len(found)}: " + ", ".join(found))(
+            ledgers(root, trees)),
     }
 
 

@@ -88,9 +88,9 @@ PINNED: dict[str, list[str]] = {
         "Client", "RemoteBackend", "RemoteCheckpoint", "RemoteSandbox",
     ],
     "memex.serving": [
-        "CONTROL_NAME", "ID_PATTERN", "KIT_BYTES", "Bounds",
+        "CONTROL_NAME", "ID_PATTERN", "KIT_BYTES", "Account", "Bounds",
         "ConnectionGuard", "Control", "DoorKit", "DurableSession", "EdgeLimits", "FileModel",
-        "Keeper", "KeyRing", "LimitsModel", "LimitsTable", "PackageGate", "Principal",
+        "Keeper", "KeyRing", "Ledger", "LimitsModel", "LimitsTable", "PackageGate", "Principal",
         "PrincipalTable", "QuotaExceeded", "Seconds", "SecondsOrZero", "SessionTable", "Shares",
         "Size", "SlabDoors", "allowed_packages", "bearer_key", "check_key_hashes",
         "checkpoint_key", "config_error", "default_running_turns", "describe_tools",

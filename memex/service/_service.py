@@ -7,7 +7,6 @@ door WebSocket keeps answering while its turn runs."""
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import dataclasses
 import json
@@ -34,7 +33,7 @@ from ..runtime_wasm import (
     TurnResult,
     set_guest_nice,
 )
-from ..serving import ConnectionGuard, PackageGate, Shares
+from ..serving import ConnectionGuard, Ledger, PackageGate, Shares
 from ._config import ServiceConfig, TenantConfig, service_keys
 from ._durable import ServeKeeper, session_of_meta
 from ._http import ApiError, translate
@@ -74,15 +73,18 @@ class Service:
     def __init__(self, config: ServiceConfig, backend: Backend | None = None) -> None:
         self.config = config
         self.keys = service_keys(config)
-        self.table: SessionTable[Session] = SessionTable()
+        # one ledger: every tenant's sessions, checkpoints, turns, threads, sockets and
+        # package resolution in one account (serving/_ledger.py)
+        tenant_threads = config.tenant_threads or max(4, config.threads // 4)
+        self.ledger = Ledger(tenant_threads=tenant_threads)
+        self.table: SessionTable[Session] = SessionTable(ledger=self.ledger)
         self.metrics = Metrics()
-        self.shares = Shares(threads=config.threads, tenant_threads=config.tenant_threads or
-                             max(4, config.threads // 4),
-                             running_turns=config.running_turns or None)
+        self.shares = Shares(threads=config.threads, tenant_threads=tenant_threads,
+                             running_turns=config.running_turns or None, ledger=self.ledger)
         self.streaming: set[asyncio.Future[None]] = set()  # streamed turns, held until done
         self.edge: ConnectionGuard | None = None  # the server's connections (set by serve)
-        self._sockets: collections.Counter[str] = collections.Counter()  # open, per tenant
-        self.packages = PackageGate()  # tenants' guest packages: one pip run each at most
+        self.packages = PackageGate(ledger=self.ledger)  # tenants' guest packages: one
+        # resolution each at most
         self._given = backend
         self._backend: Backend | None = None
         self.keeper = ServeKeeper(self.table, self.backend, make=session_of_meta,
@@ -209,15 +211,14 @@ class Service:
     def open_socket(self, tenant: str) -> bool:
         """Count one more open socket of ``tenant``; False (nothing counted) past its share.
         On the event loop only, as the matching :meth:`close_socket`."""
-        if self._sockets[tenant] >= self.socket_share():
+        acct = self.ledger.account(tenant)
+        if acct.sockets >= self.socket_share():
             return False
-        self._sockets[tenant] += 1
+        acct.sockets += 1
         return True
 
     def close_socket(self, tenant: str) -> None:
-        self._sockets[tenant] -= 1
-        if self._sockets[tenant] <= 0:
-            del self._sockets[tenant]
+        self.ledger.account(tenant).sockets -= 1
 
     async def find(self, tenant: TenantConfig, sid: str) -> Session | None:
         """The tenant's session ``sid``, or None (another tenant's is None too)."""

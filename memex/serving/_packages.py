@@ -16,6 +16,7 @@ from ..runtime_wasm import (
     find_artifacts,
     resolve_packages,
 )
+from ._ledger import Ledger
 
 __all__ = ["PackageGate", "allowed_packages"]
 
@@ -44,10 +45,12 @@ class PackageGate:
     """Resolves each tenant's requirements to pins (what a sandbox is then opened with)."""
 
     def __init__(self, parallel: int = 2, timeout: float = RESOLVE_TIMEOUT,
-                 resolve: Callable[..., PackageSet] = resolve_packages) -> None:
+                 resolve: Callable[..., PackageSet] = resolve_packages,
+                 ledger: Ledger | None = None) -> None:
         self._slots = threading.BoundedSemaphore(parallel)
         self._lock = threading.Lock()
-        self._busy: set[str] = set()
+        # a tenant's resolution in flight is kept in its account (the server's one ledger)
+        self.ledger = ledger if ledger is not None else Ledger()
         self._timeout, self._resolve = timeout, resolve
 
     def pins(self, tenant: str, allowed: frozenset[str] | None, requirements: Sequence[str],
@@ -68,11 +71,12 @@ class PackageGate:
         self._check(tenant, allowed, [n for r in reqs
                                       if (n := canonicalize_name(Requirement(r).name))
                                       not in bundled])
+        acct = self.ledger.account(tenant)
         with self._lock:
-            if tenant in self._busy:
+            if acct.resolving:
                 raise BackendBusy("queue_full", f"tenant {tenant!r} is already resolving "
                                   "packages; retry when that create is answered")
-            self._busy.add(tenant)
+            acct.resolving = True
         try:
             if not self._slots.acquire(blocking=False):
                 raise BackendBusy("no_room", "this server is resolving other tenants' "
@@ -87,7 +91,7 @@ class PackageGate:
                 self._slots.release()
         finally:
             with self._lock:
-                self._busy.discard(tenant)
+                acct.resolving = False
         self._check(tenant, allowed, [canonicalize_name(w.name) for w in got.wheels],
                     needed=True)
         return got.locked

@@ -30,7 +30,6 @@ turns of one session held every thread, and another tenant's session create wait
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import os
 import threading
@@ -42,6 +41,7 @@ import anyio
 import anyio.to_thread
 
 from ..errors import BackendBusy
+from ._ledger import Account, Ledger
 
 __all__ = ["ACTIVE_SECONDS", "Shares", "default_running_turns"]
 
@@ -61,34 +61,6 @@ def default_running_turns() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-class _Tenant:
-    def __init__(self, threads: int) -> None:
-        self.running = 0
-        self.line: collections.deque[asyncio.Future[bool]] = collections.deque()
-        self.pausing = 0  # turns waiting for a token of its rate
-        self.bound: int | None = None  # its own max_running, as last asked
-        self.last = -float("inf")  # when its last turn was asked for (the clock's time)
-        self.threads = anyio.CapacityLimiter(threads)
-        self.rate: float | None = None
-        self.tokens = 0.0
-        self.stamp = 0.0
-
-    def take(self, rate: float, most: float) -> float:
-        """A turn's token of ``rate`` turns a second: the seconds to wait for it (it is
-        reserved), or -1 when that would be more than ``most`` (nothing reserved)."""
-        burst = max(1.0, float(int(rate)))
-        now = time.monotonic()
-        if self.rate != rate:  # a new or reloaded bound: a full bucket
-            self.rate, self.tokens, self.stamp = rate, burst, now
-        self.tokens = min(burst, self.tokens + (now - self.stamp) * rate)
-        self.stamp = now
-        wait = 0.0 if self.tokens >= 1.0 else (1.0 - self.tokens) / rate
-        if wait > most:
-            return -1.0
-        self.tokens -= 1.0
-        return wait
-
-
 def _expire(fut: asyncio.Future[bool]) -> None:
     if not fut.done():  # not granted yet: its wait is over
         fut.set_result(False)
@@ -98,43 +70,41 @@ class Shares:
     """The admission of one server (used on its event loop only)."""
 
     def __init__(self, *, threads: int, tenant_threads: int, wait: float = 30.0,
-                 running_turns: int | None = None,
+                 running_turns: int | None = None, ledger: Ledger | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.pool = anyio.CapacityLimiter(threads)
-        self.tenant_threads = tenant_threads
+        # the principals' accounts (a server's one ledger: its SessionTable's too); a given
+        # ledger keeps its own tenant_threads, the share of each account's threads
+        self.ledger = ledger if ledger is not None else Ledger(tenant_threads=tenant_threads)
         self.wait = wait
         self.running_turns = running_turns or default_running_turns()
         self._clock = clock
-        self._tenants: dict[str, _Tenant] = {}
         self._orders: dict[str, list[Any]] = {}  # session -> [its lock, waiting]
 
-    def _of(self, name: str) -> _Tenant:
-        t = self._tenants.get(name)
-        if t is None:
-            t = self._tenants[name] = _Tenant(self.tenant_threads)
-        return t
+    def _of(self, name: str) -> Account:
+        return self.ledger.account(name)
 
     def active(self) -> int:
         """The tenants sharing the running turns now (module docstring)."""
         since = self._clock() - ACTIVE_SECONDS
-        return sum(1 for t in self._tenants.values()
+        return sum(1 for t in self.ledger.accounts()
                    if t.running or t.line or t.pausing or t.last >= since)
 
     def share(self, tenant: str) -> int:
         """The turns ``tenant`` may run at once now (its own ``max_running`` as last asked):
         the server's running turns divided among the active tenants, at least one."""
-        t = self._tenants.get(tenant)
+        t = self.ledger.find(tenant)
         if t is None or not (t.running or t.line or
                              t.last >= self._clock() - ACTIVE_SECONDS):
             fair = max(1, self.running_turns // (self.active() + 1))
             return fair if t is None or t.bound is None else min(fair, t.bound)
         return self._share(t)
 
-    def _share(self, t: _Tenant) -> int:
+    def _share(self, t: Account) -> int:
         fair = max(1, self.running_turns // max(1, self.active()))
         return fair if t.bound is None else min(fair, t.bound)
 
-    def _grant(self, t: _Tenant) -> None:
+    def _grant(self, t: Account) -> None:
         """Start the tenant's waiting turns, first come first served, while it is within its
         share (a turn ending, or a share grown)."""
         while t.line:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from ..runtime_wasm import Limits, SandboxAPI
+from ._ledger import Ledger
 
 __all__ = ["ID_PATTERN", "Bounds", "CoreSession", "QuotaExceeded", "SessionTable"]
 
@@ -145,14 +146,16 @@ class _Held:
 class SessionTable(Generic[S]):
     """Sessions and held checkpoints per owner, behind one lock (thread-safe)."""
 
-    def __init__(self, *, capacity: int | None = None) -> None:
+    def __init__(self, *, capacity: int | None = None, ledger: Ledger | None = None) -> None:
         self.capacity = capacity
+        # the owners' accounts (the server's one ledger, its Shares' too): sessions being
+        # made and checkpoints held are kept there, changed under this table's lock
+        self.ledger = ledger if ledger is not None else Ledger()
         self._lock = threading.Lock()
         self._sessions: dict[str, S] = {}
-        self._checkpoints: dict[str, collections.OrderedDict[str, _Held]] = {}
-        self._reserved: collections.Counter[str] = collections.Counter()
-        self._reserved_memory: collections.Counter[str] = collections.Counter()
-        self._reserved_disk: collections.Counter[str] = collections.Counter()
+
+    def _helds(self) -> list[collections.OrderedDict[str, _Held]]:
+        return [a.checkpoints for a in self.ledger.accounts()]
 
     # ---- admission ----------------------------------------------------------------------
     def reserve(self, owner: str, bounds: Bounds, limits: Limits) -> None:
@@ -160,12 +163,13 @@ class SessionTable(Generic[S]):
         the table's capacity, or refuse it (QuotaExceeded); ``release`` once it is in the
         table or failed."""
         with self._lock:
-            if self.capacity is not None and \
-                    len(self._sessions) + sum(self._reserved.values()) >= self.capacity:
+            if self.capacity is not None and len(self._sessions) + sum(
+                    a.reserved for a in self.ledger.accounts()) >= self.capacity:
                 raise QuotaExceeded(f"this server holds its maximum of {self.capacity} "
                                     "sessions; end one first, or retry later")
             live = [s for s in self._sessions.values() if s.owner == owner]
-            count = len(live) + self._reserved[owner]
+            acct = self.ledger.account(owner)
+            count = len(live) + acct.reserved
             if bounds.max_sessions is not None and count >= bounds.max_sessions:
                 raise QuotaExceeded(f"{owner!r} holds {count} sessions, its bound is "
                                     f"{bounds.max_sessions}: close one first")
@@ -173,23 +177,21 @@ class SessionTable(Generic[S]):
                     ("session memory and checkpoints", bounds.max_memory,
                      self._memory_locked(owner), limits.memory),
                     ("disk", bounds.max_disk,
-                     sum(s.limits.disk_bytes for s in live) + self._reserved_disk[owner],
+                     sum(s.limits.disk_bytes for s in live) + acct.reserved_disk,
                      limits.disk_bytes)):
                 if bound is not None and used + more > bound:
                     raise QuotaExceeded(f"{owner!r} would hold {used + more} bytes of "
                                         f"{what}, its bound is {bound}")
-            self._reserved[owner] += 1
-            self._reserved_memory[owner] += limits.memory
-            self._reserved_disk[owner] += limits.disk_bytes
+            acct.reserved += 1
+            acct.reserved_memory += limits.memory
+            acct.reserved_disk += limits.disk_bytes
 
     def release(self, owner: str, limits: Limits) -> None:
+        acct = self.ledger.account(owner)
         with self._lock:
-            self._reserved[owner] -= 1
-            self._reserved_memory[owner] -= limits.memory
-            self._reserved_disk[owner] -= limits.disk_bytes
-            for c in (self._reserved, self._reserved_memory, self._reserved_disk):
-                if c[owner] == 0:
-                    del c[owner]
+            acct.reserved -= 1
+            acct.reserved_memory -= limits.memory
+            acct.reserved_disk -= limits.disk_bytes
 
     @contextlib.contextmanager
     def reserved(self, owner: str, bounds: Bounds, limits: Limits) -> Iterator[None]:
@@ -238,7 +240,7 @@ class SessionTable(Generic[S]):
         to one that holds fewer). In use (running, saving) is never idle."""
         with self._lock:
             counts = collections.Counter(s.owner for s in self._sessions.values())
-            counts.update(self._reserved)
+            counts.update({a.name: a.reserved for a in self.ledger.accounts() if a.reserved})
 
             def lru(of: str) -> S | None:
                 free = [s for s in self._sessions.values()
@@ -280,8 +282,9 @@ class SessionTable(Generic[S]):
         with self._lock:
             out = list(self._sessions.values())
             self._sessions.clear()
-            held = [e.checkpoint for h in self._checkpoints.values() for e in h.values()]
-            self._checkpoints.clear()
+            held = [e.checkpoint for h in self._helds() for e in h.values()]
+            for h in self._helds():
+                h.clear()
         _release(held)
         return out
 
@@ -300,7 +303,7 @@ class SessionTable(Generic[S]):
         released: list[Any] = []
         with self._lock:
             released += self._expire_locked(time.monotonic())
-            held = self._checkpoints.setdefault(owner, collections.OrderedDict())
+            held = self.ledger.account(owner).checkpoints
             if bounds.max_memory is not None:
                 old = held[cid].size if cid in held else 0
                 used = self._memory_locked(owner) - old
@@ -319,17 +322,23 @@ class SessionTable(Generic[S]):
 
     def _memory_locked(self, owner: str) -> int:
         live = sum(s.limits.memory for s in self._sessions.values() if s.owner == owner)
-        held = sum(h.size for h in self._checkpoints.get(owner, {}).values())
-        return live + held + self._reserved_memory[owner]
+        acct = self.ledger.find(owner)
+        if acct is None:
+            return live
+        return live + sum(int(h.size) for h in acct.checkpoints.values()) + acct.reserved_memory
 
     def memory(self, owner: str) -> int:
         """Bytes the owner holds: its live sessions' memory limits and its checkpoints."""
         with self._lock:
             return self._memory_locked(owner)
 
+    def _held_of(self, owner: str) -> collections.OrderedDict[str, _Held] | None:
+        acct = self.ledger.find(owner)
+        return acct.checkpoints if acct is not None else None
+
     def checkpoint(self, owner: str, cid: str) -> Any | None:
         with self._lock:
-            held = self._checkpoints.get(owner)
+            held = self._held_of(owner)
             if held is None or cid not in held:
                 return None
             entry = held[cid]
@@ -341,12 +350,12 @@ class SessionTable(Generic[S]):
     def checkpoints_of(self, owner: str, session: str) -> list[str]:
         """The ids of the checkpoints the owner's session took (oldest first)."""
         with self._lock:
-            return [c for c, e in self._checkpoints.get(owner, {}).items()
-                    if e.session == session]
+            held = self._held_of(owner)
+            return [c for c, e in (held or {}).items() if e.session == session]
 
     def drop_checkpoint(self, owner: str, cid: str) -> bool:
         with self._lock:
-            held = self._checkpoints.get(owner)
+            held = self._held_of(owner)
             entry = held.pop(cid, None) if held is not None else None
         if entry is not None:
             _release([entry.checkpoint])
@@ -358,13 +367,13 @@ class SessionTable(Generic[S]):
         restore one)."""
         if ttl <= 0:
             with self._lock:
-                gone = [held.pop(c).checkpoint for held in self._checkpoints.values()
+                gone = [held.pop(c).checkpoint for held in self._helds()
                         for c in [c for c, e in held.items() if e.session == session]]
             _release(gone)
             return
         expires = time.monotonic() + ttl
         with self._lock:
-            for held in self._checkpoints.values():
+            for held in self._helds():
                 for entry in held.values():
                     if entry.session == session and entry.expires is None:
                         entry.expires = expires
@@ -378,7 +387,7 @@ class SessionTable(Generic[S]):
 
     def _expire_locked(self, now: float) -> list[Any]:
         gone = []
-        for held in self._checkpoints.values():
+        for held in self._helds():
             for cid in [c for c, e in held.items() if e.expires is not None and
                         e.expires <= now]:
                 gone.append(held.pop(cid).checkpoint)
@@ -386,8 +395,8 @@ class SessionTable(Generic[S]):
 
     def held_bytes(self) -> dict[str, int]:
         with self._lock:
-            return {t: sum(e.size for e in held.values())
-                    for t, held in self._checkpoints.items()}
+            return {a.name: sum(e.size for e in a.checkpoints.values())
+                    for a in self.ledger.accounts() if a.checkpoints}
 
 
 def _release(checkpoints: list[Any]) -> None:

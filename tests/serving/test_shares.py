@@ -116,7 +116,7 @@ def test_thread_shares_come_back_also_from_abandoned_calls() -> None:
         with anyio.move_on_after(0.05) as scope:
             await shares.run("a", slow, abandon_on_cancel=True)
         assert scope.cancelled_caught and not done.is_set()  # the caller left at once
-        t = shares._tenants["a"]
+        t = shares.ledger.account("a")
         assert t.threads.borrowed_tokens == 1  # the thread still holds its share
         with anyio.fail_after(5):
             while not done.is_set() or t.threads.borrowed_tokens:
@@ -140,7 +140,7 @@ def test_a_call_cancelled_before_a_thread_took_it_gives_its_share_back() -> None
             with anyio.move_on_after(0.05):
                 await shares.run("b", lambda: ran.append("b"), abandon_on_cancel=True)
             gate.set()
-        assert shares._tenants["b"].threads.borrowed_tokens == 0
+        assert shares.ledger.account("b").threads.borrowed_tokens == 0
         assert ran == []  # it never ran once its caller left
 
     anyio.run(go)
@@ -263,7 +263,7 @@ def test_a_turn_granted_as_its_caller_leaves_gives_its_slot_back() -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await turns.tasks["second"]
         assert turns.started == []
-        assert shares._tenants["a"].running == 0
+        assert shares.ledger.account("a").running == 0
         turns.send("a", "third")
         await turns.settle()
         assert turns.started == ["third"]  # positive control: the slot is free

@@ -51,6 +51,7 @@ from ...runtime_wasm import (
 from ...serving import (
     DurableSession,
     Keeper,
+    Ledger,
     PackageGate,
     QuotaExceeded,
     SessionTable,
@@ -106,16 +107,20 @@ class Sessions:
         self._mounts: list[Mount] = [m.mount(base) for m in config.mounts]
         self._preload = tuple(config.preload)
         self._allowed = allowed_packages(config.packages, "packages")
-        self.gate = PackageGate()  # cells' PEP 723 dependencies: one pip run per principal
+        # one ledger: each principal's sessions, checkpoints, cells, threads and package
+        # resolution in one account (memex.serving's Ledger)
+        self.ledger = Ledger(tenant_threads=max(4, THREADS // 4))
+        self.gate = PackageGate(ledger=self.ledger)  # cells' PEP 723 dependencies
         self._policy = EgressPolicy.load(config.resolve(config.policy)) if config.policy \
             else None
         self.tools = tools if tools is not None and len(tools) else None
         self._anyone = config.own(None)
         self.bounds = self._anyone.bounds
         self._own = {name: config.own(name) for name in config.principals}
-        self.table: SessionTable[Session] = SessionTable(capacity=cfg.total_sessions)
+        self.table: SessionTable[Session] = SessionTable(capacity=cfg.total_sessions,
+                                                         ledger=self.ledger)
         self.shares = Shares(threads=THREADS, tenant_threads=max(4, THREADS // 4),
-                             running_turns=cfg.running_cells)
+                             running_turns=cfg.running_cells, ledger=self.ledger)
         set_guest_nice(cfg.guest_nice)  # its guests below its protocol's threads
         self._defaults: dict[str, str] = {}  # connection key -> its default session's id
         # session put away in the store -> (its principal, when), oldest first

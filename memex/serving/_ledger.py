@@ -1,0 +1,112 @@
+"""One ledger per server: what each principal holds of it now, in one record per principal
+(:class:`Account`). Both front ends (``memex serve``, ``memex mcp``) make one :class:`Ledger`
+and hand it to every part of the session core that admits a shared resource, each of which
+acquires and releases through the principal's account:
+
+* :class:`~memex.serving.SessionTable` (under its lock): sessions being made, their memory
+  and disk, and the checkpoints the principal holds;
+* :class:`~memex.serving.Shares` (on the event loop): running turns, turns waiting, the
+  turn-rate bucket and the principal's share of the blocking threads;
+* the server's sockets (on the event loop): its open WebSockets;
+* :class:`~memex.serving.PackageGate` (under its lock): its package resolution in flight.
+
+Before, each of these kept a dictionary of its own keyed by the principal's name (four
+ledgers in one server), so a new resource was a fifth, and nothing could say what one
+principal held. Each field has one keeper (named above) that changes it under that keeper's
+lock or loop; :meth:`Ledger.held` reads every field at once for metrics and reports.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+__all__ = ["Account", "Ledger"]
+
+
+@dataclass(eq=False)
+class Account:
+    """What one principal holds of one server now (module docstring: who keeps which)."""
+
+    name: str
+    threads: anyio.CapacityLimiter
+    # sessions (SessionTable)
+    reserved: int = 0  # sessions being made or brought in
+    reserved_memory: int = 0
+    reserved_disk: int = 0
+    checkpoints: collections.OrderedDict[str, Any] = field(
+        default_factory=collections.OrderedDict)  # cid -> held checkpoint, oldest first
+    # turns (Shares)
+    running: int = 0
+    line: collections.deque[Any] = field(default_factory=collections.deque)  # waiting
+    pausing: int = 0  # turns waiting for a token of its rate
+    bound: int | None = None  # its own max_running, as last asked
+    last: float = -float("inf")  # when its last turn was asked for (Shares' clock)
+    rate: float | None = None
+    tokens: float = 0.0
+    stamp: float = 0.0
+    # connections (the server's WebSockets)
+    sockets: int = 0
+    # package resolutions (PackageGate)
+    resolving: bool = False
+
+    def take(self, rate: float, most: float) -> float:
+        """A turn's token of ``rate`` turns a second: the seconds to wait for it (it is
+        reserved), or -1 when that would be more than ``most`` (nothing reserved)."""
+        burst = max(1.0, float(int(rate)))
+        now = time.monotonic()
+        if self.rate != rate:  # a new or reloaded bound: a full bucket
+            self.rate, self.tokens, self.stamp = rate, burst, now
+        self.tokens = min(burst, self.tokens + (now - self.stamp) * rate)
+        self.stamp = now
+        wait = 0.0 if self.tokens >= 1.0 else (1.0 - self.tokens) / rate
+        if wait > most:
+            return -1.0
+        self.tokens -= 1.0
+        return wait
+
+
+class Ledger:
+    """The accounts of one server's principals (thread-safe to look up)."""
+
+    def __init__(self, *, tenant_threads: int = 16) -> None:
+        self.tenant_threads = tenant_threads
+        self._lock = threading.Lock()
+        self._accounts: dict[str, Account] = {}
+
+    def account(self, name: str) -> Account:
+        """The principal's account, opened on its first use."""
+        a = self._accounts.get(name)
+        if a is None:
+            with self._lock:
+                a = self._accounts.get(name)
+                if a is None:
+                    a = self._accounts[name] = Account(
+                        name, anyio.CapacityLimiter(self.tenant_threads))
+        return a
+
+    def find(self, name: str) -> Account | None:
+        """The principal's account if it has used anything yet."""
+        return self._accounts.get(name)
+
+    def accounts(self) -> list[Account]:
+        with self._lock:
+            return list(self._accounts.values())
+
+    def held(self, name: str) -> dict[str, Any]:
+        """What the principal holds now, field by field (read without the keepers' locks:
+        a report, not an admission)."""
+        a = self._accounts.get(name)
+        if a is None:
+            return {}
+        return {"sessions_being_made": a.reserved, "checkpoints": len(a.checkpoints),
+                "checkpoint_bytes": sum(int(getattr(h, "size", 0)) for h in
+                                        list(a.checkpoints.values())),
+                "running_turns": a.running, "waiting_turns": len(a.line) + a.pausing,
+                "threads": int(a.threads.borrowed_tokens), "sockets": a.sockets,
+                "resolving_packages": a.resolving}
