@@ -39,6 +39,7 @@ from ..backends.worker import error_from_wire, error_to_wire, limits_from_wire
 from ..errors import ConfigError, MemexError
 from ..runtime_wasm import DecodeCost, unpack_bounded
 from ._doorkit import DoorKit, SlabDoors
+from ._ledger import Ledger
 
 __all__ = ["CONTROL_NAME", "Control", "ControlRefusal", "checkpoint_key"]
 
@@ -118,12 +119,6 @@ class _SlabInfo:
     sessions: set[str] = field(default_factory=set)
 
 
-@dataclass
-class _Bucket:
-    tokens: float
-    at: float
-
-
 class Control:
     """The cluster's directory, ledger, placement and config (made remote by
     ``memex.service``'s cluster front: ``ray.remote(Control)``, named ``CONTROL_NAME``)."""
@@ -142,11 +137,11 @@ class Control:
         self.lock = threading.RLock()
         self.placing = threading.Lock()
         self.sessions: dict[str, _Entry] = {}
-        self.reserved: dict[str, list[int]] = {}  # tenant -> [count, memory, disk]
-        self.checkpoints: dict[str, dict[str, dict[str, Any]]] = {}  # tenant -> cid -> held
+        # each tenant's account in the cluster: sessions being made (reserved*), its held
+        # checkpoints (cid -> their meta), running turns, rate bucket; the one Ledger of
+        # memex.serving (a server's too), kept under self.lock
+        self.ledger = Ledger()
         self.slabs: dict[str, _SlabInfo] = {}
-        self.running: dict[str, int] = {}
-        self.buckets: dict[str, _Bucket] = {}
         self.config_text: tuple[int, str] | None = None
         self.kits: dict[str, dict[str, Any]] = {}  # tenant -> its DoorKit's wire
         self.draining: set[str] = set()
@@ -184,10 +179,10 @@ class Control:
     # ---- ledger -------------------------------------------------------------------------------
     def _used(self, tenant: str) -> tuple[int, int, int]:
         live = [e for e in self.sessions.values() if e.tenant == tenant]
-        r = self.reserved.get(tenant, [0, 0, 0])
-        held = sum(int(c["size"]) for c in self.checkpoints.get(tenant, {}).values())
-        return (len(live) + r[0], sum(e.memory for e in live) + held + r[1],
-                sum(e.disk for e in live) + r[2])
+        a = self.ledger.account(tenant)
+        held = sum(int(c["size"]) for c in a.checkpoints.values())
+        return (len(live) + a.reserved, sum(e.memory for e in live) + held + a.reserved_memory,
+                sum(e.disk for e in live) + a.reserved_disk)
 
     def _reserve(self, tenant: str, bounds: dict[str, Any], memory: int, disk: int) -> None:
         count, used_memory, used_disk = self._used(tenant)
@@ -201,14 +196,14 @@ class Control:
             if bound is not None and used + more > bound:
                 raise ControlRefusal("quota", f"{tenant!r} would hold {used + more} bytes of "
                                      f"{what} across the cluster, its bound is {bound}")
-        r = self.reserved.setdefault(tenant, [0, 0, 0])
-        r[0], r[1], r[2] = r[0] + 1, r[1] + memory, r[2] + disk
+        a = self.ledger.account(tenant)
+        a.reserved, a.reserved_memory, a.reserved_disk = \
+            a.reserved + 1, a.reserved_memory + memory, a.reserved_disk + disk
 
     def _unreserve(self, tenant: str, memory: int, disk: int) -> None:
-        r = self.reserved[tenant]
-        r[0], r[1], r[2] = r[0] - 1, r[1] - memory, r[2] - disk
-        if r[0] == 0:
-            del self.reserved[tenant]
+        a = self.ledger.account(tenant)
+        a.reserved, a.reserved_memory, a.reserved_disk = \
+            a.reserved - 1, a.reserved_memory - memory, a.reserved_disk - disk
 
     # ---- placement ----------------------------------------------------------------------------
     def _slab_for(self, memory: int, avoid: str | None = None) -> _SlabInfo:
@@ -445,7 +440,7 @@ class Control:
                 slab.sessions.discard(sid)
             # its checkpoints stay held checkpoint_ttl more (another session may restore one)
             expires = time.time() + self.checkpoint_ttl
-            orphans = [(c, h) for c, h in self.checkpoints.get(tenant, {}).items()
+            orphans = [(c, h) for c, h in self.ledger.account(tenant).checkpoints.items()
                        if h["session"] == sid and h.get("expires") is None]
             for _, h in orphans:
                 h["expires"] = expires
@@ -471,19 +466,21 @@ class Control:
             e = self.sessions.get(sid)
             if e is None or e.tenant != tenant:
                 return ControlRefusal("not_found", f"no session {sid!r}").wire()
-            if max_running is not None and self.running.get(tenant, 0) >= max_running:
+            a = self.ledger.account(tenant)
+            if max_running is not None and a.running >= max_running:
                 return ["wait"]
             if rate:
-                b = self.buckets.setdefault(tenant, _Bucket(float(burst), now))
-                b.tokens = min(float(burst), b.tokens + (now - b.at) * rate)
-                b.at = now
-                if b.tokens < 1.0:
+                if a.rate != rate:  # a new or reloaded rate: a full bucket
+                    a.rate, a.tokens, a.stamp = rate, float(burst), now
+                a.tokens = min(float(burst), a.tokens + (now - a.stamp) * rate)
+                a.stamp = now
+                if a.tokens < 1.0:
                     return ControlRefusal("quota", f"{tenant!r} runs at most {rate:g} turns "
                                           "per second across the cluster",
-                                          retry_after=max(1, int((1 - b.tokens) / rate + 1))
+                                          retry_after=max(1, int((1 - a.tokens) / rate + 1))
                                           ).wire()
-                b.tokens -= 1.0
-            self.running[tenant] = self.running.get(tenant, 0) + 1
+                a.tokens -= 1.0
+            a.running += 1
             e.begun = max(e.begun, e.turns) + 1
             e.running += 1
             e.last_used = time.time()
@@ -498,7 +495,8 @@ class Control:
         with self.lock:
             e = self.sessions.get(sid)
             if admitted:
-                self.running[tenant] = max(0, self.running.get(tenant, 0) - 1)
+                a = self.ledger.account(tenant)
+                a.running = max(0, a.running - 1)
                 if e is not None:
                     e.running = max(0, e.running - 1)
             if e is not None:
@@ -538,7 +536,7 @@ class Control:
         ``max_memory`` it is refused and removed, past ``max_checkpoints`` the oldest goes."""
         gone: list[str] = []
         with self.lock:
-            held = self.checkpoints.setdefault(tenant, {})
+            held = self.ledger.account(tenant).checkpoints
             _, used, _ = self._used(tenant)
             bound = bounds.get("max_memory")
             if bound is not None and used + size > bound:
@@ -569,22 +567,25 @@ class Control:
         they held with them)."""
         now = time.time()
         with self.lock:
-            gone = [(t, c) for t, held in self.checkpoints.items() for c, h in held.items()
+            gone = [(a.name, c) for a in self.ledger.accounts()
+                    for c, h in a.checkpoints.items()
                     if h.get("expires") is not None and h["expires"] <= now]
             for t, c in gone:
-                del self.checkpoints[t][c]
+                del self.ledger.account(t).checkpoints[c]
         for t, c in gone:
             with contextlib.suppress(Exception):
                 self.storage.delete(checkpoint_key(t, c))
 
     def checkpoint(self, tenant: str, cid: str) -> dict[str, Any] | None:
         with self.lock:
-            held = self.checkpoints.get(tenant, {}).get(cid)
+            a = self.ledger.find(tenant)
+            held = a.checkpoints.get(cid) if a is not None else None
             return dict(held) if held is not None else None
 
     def drop_checkpoint(self, tenant: str, cid: str) -> bool:
         with self.lock:
-            held = self.checkpoints.get(tenant, {}).pop(cid, None)
+            a = self.ledger.find(tenant)
+            held = a.checkpoints.pop(cid, None) if a is not None else None
         if held is not None:
             self.storage.delete(checkpoint_key(tenant, cid))
         return held is not None
@@ -810,8 +811,11 @@ class Control:
             for e in self.sessions.values():
                 per_tenant[e.tenant] = per_tenant.get(e.tenant, 0) + 1
             return {"nodes": nodes, "slabs": slabs, "sessions": per_tenant,
-                    "running": dict(self.running), "counts": dict(self.counts),
-                    "checkpoints": {t: len(h) for t, h in self.checkpoints.items()}}
+                    # every tenant with an account, at 0 too (a gauge must come back down)
+                    "running": {a.name: a.running for a in self.ledger.accounts()},
+                    "counts": dict(self.counts),
+                    "checkpoints": {a.name: len(a.checkpoints)
+                                    for a in self.ledger.accounts()}}
 
     def ping(self) -> bool:
         return True
@@ -848,7 +852,7 @@ class Control:
                         expires = meta.get("expires")
                         if expires is None and str(meta["session"]) not in self.sessions:
                             expires = time.time() + self.checkpoint_ttl  # its session is gone
-                        self.checkpoints.setdefault(tenant, {})[cid] = {
+                        self.ledger.account(tenant).checkpoints[cid] = {
                             "size": int(meta["size"]), "turns": int(meta["turns"]),
                             "session": str(meta["session"]), "at": time.time(),
                             "expires": float(expires) if expires is not None else None}

@@ -10,6 +10,11 @@ acquires and releases through the principal's account:
 * the server's sockets (on the event loop): its open WebSockets;
 * :class:`~memex.serving.PackageGate` (under its lock): its package resolution in flight.
 
+A cluster's control actor (:class:`~memex.serving.Control`) keeps each tenant's sessions
+being made, checkpoints, running turns and rate bucket across the cluster in accounts of
+this class too (under its own lock). What is left outside: the pool backend's admission
+(``backends/_pool.py``), a layer below that cannot import this one.
+
 Before, each of these kept a dictionary of its own keyed by the principal's name (four
 ledgers in one server), so a new resource was a fifth, and nothing could say what one
 principal held. Each field has one keeper (named above) that changes it under that keeper's
