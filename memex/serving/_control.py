@@ -461,7 +461,6 @@ class Control:
         """Admit one turn of ``sid``: ``["ok", slab, notice]`` (where it is now, and what
         a recovery lost, said once), or ``["wait"]`` while the tenant runs
         ``max_running`` turns across the cluster, or ``["refused", ...]`` past its rate."""
-        now = time.monotonic()
         with self.lock:
             e = self.sessions.get(sid)
             if e is None or e.tenant != tenant:
@@ -470,16 +469,12 @@ class Control:
             if max_running is not None and a.running >= max_running:
                 return ["wait"]
             if rate:
-                if a.rate != rate:  # a new or reloaded rate: a full bucket
-                    a.rate, a.tokens, a.stamp = rate, float(burst), now
-                a.tokens = min(float(burst), a.tokens + (now - a.stamp) * rate)
-                a.stamp = now
-                if a.tokens < 1.0:
+                wait = a.take(rate, 0.0, burst)  # no token now: refused, nothing reserved
+                if wait < 0:
                     return ControlRefusal("quota", f"{tenant!r} runs at most {rate:g} turns "
                                           "per second across the cluster",
                                           retry_after=max(1, int((1 - a.tokens) / rate + 1))
                                           ).wire()
-                a.tokens -= 1.0
             a.running += 1
             e.begun = max(e.begun, e.turns) + 1
             e.running += 1

@@ -60,10 +60,11 @@ class Account:
     # package resolutions (PackageGate)
     resolving: bool = False
 
-    def take(self, rate: float, most: float) -> float:
-        """A turn's token of ``rate`` turns a second: the seconds to wait for it (it is
-        reserved), or -1 when that would be more than ``most`` (nothing reserved)."""
-        burst = max(1.0, float(int(rate)))
+    def take(self, rate: float, most: float, burst: float | None = None) -> float:
+        """A turn's token of ``rate`` turns a second (a bucket of ``burst`` tokens, by
+        default ``max(1, int(rate))``): the seconds to wait for it (it is reserved), or -1
+        when that would be more than ``most`` (nothing reserved)."""
+        burst = max(1.0, float(int(rate))) if burst is None else float(burst)
         now = time.monotonic()
         if self.rate != rate:  # a new or reloaded bound: a full bucket
             self.rate, self.tokens, self.stamp = rate, burst, now
@@ -110,8 +111,12 @@ class Ledger:
         if a is None:
             return {}
         return {"sessions_being_made": a.reserved, "checkpoints": len(a.checkpoints),
-                "checkpoint_bytes": sum(int(getattr(h, "size", 0)) for h in
-                                        list(a.checkpoints.values())),
+                "checkpoint_bytes": sum(_size(h) for h in list(a.checkpoints.values())),
                 "running_turns": a.running, "waiting_turns": len(a.line) + a.pausing,
                 "threads": int(a.threads.borrowed_tokens), "sockets": a.sockets,
                 "resolving_packages": a.resolving}
+
+
+def _size(held: Any) -> int:
+    """A held checkpoint's bytes: a server's record, or a cluster's meta (a dict)."""
+    return int(held["size"] if isinstance(held, dict) else held.size)

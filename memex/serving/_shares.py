@@ -107,8 +107,9 @@ class Shares:
     def _grant(self, t: Account) -> None:
         """Start the tenant's waiting turns, first come first served, while it is within its
         share (a turn ending, or a share grown)."""
+        share = self._share(t)  # one walk of the accounts: granting changes no one's activity
         while t.line:
-            if t.running >= self._share(t):
+            if t.running >= share:
                 return
             fut = t.line.popleft()
             if not fut.done():  # not given up, not timed out
@@ -140,7 +141,8 @@ class Shares:
                     await asyncio.sleep(pause)
                 finally:
                     t.pausing -= 1
-        if not t.line and t.running < self._share(t):
+                share = self._share(t)  # others' activity may have changed meanwhile
+        if not t.line and t.running < share:
             t.running += 1
         else:
             loop = asyncio.get_running_loop()

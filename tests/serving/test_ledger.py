@@ -62,3 +62,22 @@ def test_a_package_resolution_in_flight_is_the_principals() -> None:
 def _quiet(fn: Any, *args: Any) -> None:
     with contextlib.suppress(RuntimeError):
         fn(*args)
+
+
+def test_a_rate_bucket_refuses_past_its_burst_and_reserves_nothing_then() -> None:
+    """The cluster's control actor admits a tenant's rate with its account's bucket:
+    ``burst`` turns at once, then refused at once (most=0) without taking a token."""
+    a = Ledger().account("a")
+    assert [a.take(0.001, 0.0, burst=3) for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert a.take(0.001, 0.0, burst=3) == -1.0  # past its burst: refused
+    assert 0.0 <= a.tokens < 1.0  # nothing was reserved by the refusal
+    b = Ledger().account("b")
+    assert b.take(0.001, 0.0) == 0.0 and b.take(0.001, 0.0) == -1.0  # default burst: 1
+    assert b.take(1000.0, 0.0, burst=1) == 0.0  # positive control: a new rate, a full bucket
+
+
+def test_held_reads_a_clusters_checkpoint_meta_too() -> None:
+    ledger = Ledger()
+    ledger.account("a").checkpoints["c-1"] = {"size": 512, "session": "s"}
+    ledger.account("a").checkpoints["c-2"] = _Checkpoint()
+    assert ledger.held("a")["checkpoint_bytes"] == 512 + 4096
