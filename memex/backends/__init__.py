@@ -15,6 +15,7 @@ from ._clientdoor import ClientDoor
 from ._cluster import SLAB_LEASE, Slab, session_key
 from ._contract import Backend
 from ._inprocess import InProcessBackend
+from ._ledger import Account, Ledger
 from ._pool import PoolBackend, PoolStats, TenantQuota
 from ._ray import RayBackend, RayCheckpoint, RaySandbox
 from ._raynet import LOOPBACK_NODE, init_ray, ray_on_loopback
@@ -34,10 +35,12 @@ __all__ = [
     "FILES_ENTRIES",
     "LOOPBACK_NODE",
     "SLAB_LEASE",
+    "Account",
     "Backend",
     "Client",
     "ClientDoor",
     "InProcessBackend",
+    "Ledger",
     "PoolBackend",
     "PoolStats",
     "ProcessCheckpoint",

@@ -14,7 +14,8 @@ shares the pool between tenants.
   waits behind its own requests, not in front of other tenants'.
 * Quotas per tenant (:class:`TenantQuota`): live sandboxes, memory (the sum of the
   ``Limits.memory`` its live sandboxes may use) and turns per second (a token bucket; a turn
-  waits for its token).
+  waits for its token). What a tenant holds is kept in its account of a
+  :class:`~memex.backends.Ledger` (a server's own when it hands one in).
 * Workers are recycled (no new sandboxes, closed once their last sandbox closes, replaced at
   once) after ``recycle_after`` sandboxes or when their RSS passes ``max_worker_rss``.
 """
@@ -31,6 +32,7 @@ from typing import Any
 
 from ..errors import BackendBusy, ConfigError, MemexError, SandboxClosed
 from ..runtime_wasm import Door, Limits, Mount
+from ._ledger import Account, Ledger
 from ._subprocess import ProcessSandbox, SubprocessBackend
 from .worker._client import WorkerClient, WorkerDied
 
@@ -89,24 +91,6 @@ class PoolStats:
     admissions: tuple[str, ...] = field(default=(), repr=False)
 
 
-class _Bucket:
-    def __init__(self, rate: float, burst: int) -> None:
-        self.rate, self.burst = rate, burst
-        self.tokens = float(burst)
-        self.stamp = time.monotonic()
-
-    def take(self, limit: float) -> float:
-        """Take one token; the seconds to wait for it first (-1 if more than ``limit``)."""
-        now = time.monotonic()
-        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
-        self.stamp = now
-        wait = (1.0 - self.tokens) / self.rate if self.tokens < 1.0 else 0.0
-        if wait > limit:
-            return -1.0
-        self.tokens -= 1.0
-        return wait
-
-
 class _Ticket:
     __slots__ = ("admitted", "memory", "tenant")
 
@@ -115,35 +99,38 @@ class _Ticket:
 
 
 class _Admission:
-    """Slots, tenant quotas and the fair (round-robin) wait queue."""
+    """Slots, tenant quotas and the fair (round-robin) wait queue. What each tenant holds
+    (sandboxes, their memory, its opens waiting) is in its account of the ledger, kept here
+    under ``cond``."""
 
     def __init__(self, capacity: int, queue_size: int, quotas: Mapping[str, TenantQuota],
-                 default: TenantQuota) -> None:
+                 default: TenantQuota, ledger: Ledger) -> None:
         self.capacity, self.queue_size = capacity, queue_size
         self.quotas, self.default = dict(quotas), default
+        self.ledger = ledger
         self.cond = threading.Condition()
-        self.live: collections.Counter[str] = collections.Counter()
-        self.memory: collections.Counter[str] = collections.Counter()
-        self.waiting: dict[str, collections.deque[_Ticket]] = {}
-        self.order: list[str] = []  # tenants that ever waited, in round-robin order
-        self.last: str | None = None  # the tenant granted last
+        self.live = 0  # sandboxes handed out, all tenants together
+        self.waiting = 0  # opens waiting, all tenants together
+        self.order: list[Account] = []  # accounts that ever waited, in round-robin order
+        self.last: Account | None = None  # the account granted last
         self.history: collections.deque[str] = collections.deque(maxlen=1000)
         self.closed = False
 
     def quota(self, tenant: str) -> TenantQuota:
         return self.quotas.get(tenant, self.default)
 
-    def _fits(self, tenant: str, memory: int) -> bool:
-        q = self.quota(tenant)
-        return (sum(self.live.values()) < self.capacity
-                and (q.sandboxes is None or self.live[tenant] < q.sandboxes)
-                and (q.memory is None or self.memory[tenant] + memory <= q.memory))
+    def _fits(self, a: Account, memory: int) -> bool:
+        q = self.quota(a.name)
+        return (self.live < self.capacity
+                and (q.sandboxes is None or a.sandboxes < q.sandboxes)
+                and (q.memory is None or a.sandbox_memory + memory <= q.memory))
 
-    def _grant(self, tenant: str, memory: int) -> None:
-        self.live[tenant] += 1
-        self.memory[tenant] += memory
-        self.history.append(tenant)
-        self.last = tenant
+    def _grant(self, a: Account, memory: int) -> None:
+        a.sandboxes += 1
+        a.sandbox_memory += memory
+        self.live += 1
+        self.history.append(a.name)
+        self.last = a
 
     def acquire(self, tenant: str, memory: int, timeout: float) -> None:
         q = self.quota(tenant)
@@ -151,22 +138,23 @@ class _Admission:
             raise BackendBusy("quota", f"tenant {tenant!r} can never be admitted: its quota "
                               f"({q.sandboxes} sandboxes, {q.memory} bytes) is below one "
                               f"sandbox of {memory} bytes")
+        a = self.ledger.account(tenant)
         with self.cond:
             if self.closed:
                 raise BackendBusy("closed", "the pool was closed")
-            if not self.waiting.get(tenant) and self._fits(tenant, memory):
-                self._grant(tenant, memory)
+            if not a.sandbox_line and self._fits(a, memory):
+                self._grant(a, memory)
                 return
-            queued = self.waiting.setdefault(tenant, collections.deque())
-            total = sum(len(d) for d in self.waiting.values())
-            if len(queued) >= q.queued or total >= self.queue_size:
+            queued = a.sandbox_line
+            if len(queued) >= q.queued or self.waiting >= self.queue_size:
                 raise BackendBusy("queue_full", f"the pool's admission queue is full "
-                                  f"({len(queued)} waiting for tenant {tenant!r}, {total} "
-                                  "in all): try again later")
-            if tenant not in self.order:
-                self.order.append(tenant)
+                                  f"({len(queued)} waiting for tenant {tenant!r}, "
+                                  f"{self.waiting} in all): try again later")
+            if a not in self.order:
+                self.order.append(a)
             ticket = _Ticket(tenant, memory)
             queued.append(ticket)
+            self.waiting += 1
             end = time.monotonic() + timeout
             while not ticket.admitted and not self.closed:
                 left = end - time.monotonic()
@@ -176,35 +164,36 @@ class _Admission:
             if ticket.admitted:
                 return
             queued.remove(ticket)
+            self.waiting -= 1
             if self.closed:
                 raise BackendBusy("closed", "the pool was closed")
             raise BackendBusy("timeout", f"no sandbox for tenant {tenant!r} within "
                               f"{timeout:g}s (the pool or the tenant's quota is full)")
 
     def release(self, tenant: str, memory: int) -> None:
+        a = self.ledger.account(tenant)
         with self.cond:
-            self.live[tenant] -= 1
-            self.memory[tenant] -= memory
-            if self.live[tenant] <= 0:
-                del self.live[tenant]
-                self.memory.pop(tenant, None)
+            a.sandboxes -= 1
+            a.sandbox_memory -= memory
+            self.live -= 1
             self._dispatch()
 
     def _dispatch(self) -> None:
         """Admit waiting heads while anything fits, in round-robin order starting after the
-        tenant granted last."""
+        account granted last."""
         granted = True
-        while granted and self.order:
+        while granted and self.waiting:
             granted = False
             n = len(self.order)
             start = self.order.index(self.last) + 1 if self.last in self.order else 0
             for i in range(n):
-                tenant = self.order[(start + i) % n]
-                queued = self.waiting.get(tenant)
-                if queued and self._fits(tenant, queued[0].memory):
+                a = self.order[(start + i) % n]
+                queued = a.sandbox_line
+                if queued and self._fits(a, queued[0].memory):
                     ticket = queued.popleft()
+                    self.waiting -= 1
                     ticket.admitted = True
-                    self._grant(tenant, ticket.memory)
+                    self._grant(a, ticket.memory)
                     granted = True
                     break
         self.cond.notify_all()
@@ -233,6 +222,9 @@ class PoolBackend(SubprocessBackend):
         max_worker_rss: resident bytes past which a worker is recycled (None: no bound).
         resume: as for ``SubprocessBackend`` (default False: a rollout whose worker dies gets
             ``SandboxLost`` and is simply run again; resuming costs a copy per turn).
+        ledger: the principals' ledger the pool keeps each tenant's sandboxes, their memory
+            and its waiting opens in (a server hands in its own, so one account says all a
+            principal holds; default: one of the pool's own).
         Other keyword arguments go to :class:`SubprocessBackend`.
     """
 
@@ -245,7 +237,7 @@ class PoolBackend(SubprocessBackend):
                  acquire_timeout: float = 30.0, quotas: Mapping[str, TenantQuota] | None = None,
                  default_quota: TenantQuota | None = None, recycle_after: int | None = 1000,
                  max_worker_rss: int | None = None, resume: bool = False,
-                 **options: Any) -> None:
+                 ledger: Ledger | None = None, **options: Any) -> None:
         super().__init__(workers=workers, resume=resume, **options)
         self.warm = 2 * workers if warm is None else warm
         self.max_sandboxes = 8 * workers if max_sandboxes is None else max_sandboxes
@@ -261,9 +253,9 @@ class PoolBackend(SubprocessBackend):
         self.recycle_after = recycle_after
         self.max_worker_rss = max_worker_rss
         self._profile_limits, self._profile = self._spec(limits, mounts, preload, env)
+        self.ledger = ledger if ledger is not None else Ledger()
         self._admission = _Admission(self.max_sandboxes, queue_size, quotas or {},
-                                     default_quota or TenantQuota())
-        self._buckets: dict[str, _Bucket] = {}
+                                     default_quota or TenantQuota(), self.ledger)
         self._ready: collections.deque[ProcessSandbox] = collections.deque()
         self._warming = 0
         self._warm_cond = threading.Condition(self._lock)
@@ -406,11 +398,9 @@ class PoolBackend(SubprocessBackend):
         q = self._admission.quota(who)
         if q.turns_per_second is None:
             return
-        with self._lock:
-            bucket = self._buckets.get(who)
-            if bucket is None:
-                bucket = self._buckets[who] = _Bucket(q.turns_per_second, q.burst)
-            wait = bucket.take(self.acquire_timeout)
+        a = self.ledger.account(who)
+        with self._admission.cond:  # the keeper of the account's pool fields
+            wait = a.take(q.turns_per_second, self.acquire_timeout, q.burst)
         if wait < 0:
             raise BackendBusy("timeout", f"tenant {who!r} is over its rate of "
                               f"{q.turns_per_second:g} turns/s")
@@ -467,11 +457,12 @@ class PoolBackend(SubprocessBackend):
 
     # ---- state --------------------------------------------------------------------------------
     def stats(self) -> PoolStats:
-        a = self._admission
-        with a.cond:
-            live = dict(a.live)
-            waiting = {t: len(d) for t, d in a.waiting.items() if d}
-            history = tuple(a.history)
+        adm = self._admission
+        with adm.cond:
+            accounts = self.ledger.accounts()
+            live = {a.name: a.sandboxes for a in accounts if a.sandboxes}
+            waiting = {a.name: len(a.sandbox_line) for a in accounts if a.sandbox_line}
+            history = tuple(adm.history)
         with self._lock:
             workers = sum(1 for w in self._workers if self._usable(w))
             ready = len(self._ready)

@@ -1,5 +1,5 @@
-"""``/metrics`` for Prometheus: sessions, turns, turn latency and limits hit, per tenant, and
-HTTP answers by status. One registry per app (two apps in one process never share counts)."""
+"""``/metrics`` for Prometheus: sessions, turns, turn latency, limits hit and what the tenant
+holds now (its ledger account), per tenant, and HTTP answers by status. One registry per app (two apps in one process never share counts)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from ..backends import Ledger
 from ..runtime_wasm import TurnResult
 
 __all__ = ["Metrics"]
@@ -40,6 +41,11 @@ class Metrics:
         self._edge = Gauge("memex_connections", "connections by state (open, pending: no "
                            "whole request head yet) and closed by the edge (refused, "
                            "evicted, timed_out: counts since start)", ["state"], registry=r)
+        self._held = Gauge("memex_held", "what each tenant holds now, from its account of "
+                           "the server's ledger (sessions being made, checkpoints and their "
+                           "bytes, running and waiting turns, threads, sockets, package "
+                           "resolutions, pool sandboxes and their memory)", ["tenant", "what"],
+                           registry=r)
         self._known: set[str] = set()
         # on a cluster: the control actor's view (every front reports the same one)
         self._nodes = Gauge("memex_cluster_nodes", "the cluster's nodes by state (alive, "
@@ -65,6 +71,13 @@ class Metrics:
         for tenant in self._known | set(counts):
             self._sessions.labels(tenant).set(counts.get(tenant, 0))
         self._known |= set(counts)
+
+    def held(self, ledger: Ledger) -> None:
+        """Each tenant's account, field by field (a tenant whose account is gone drops out)."""
+        self._held.clear()
+        for a in ledger.accounts():
+            for what, n in ledger.held(a.name).items():
+                self._held.labels(a.name, what).set(float(n))
 
     def config_error(self, error: str | None) -> None:
         self._config_error.set(1 if error else 0)

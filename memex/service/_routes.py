@@ -148,6 +148,7 @@ async def metrics(request: Request, svc: Svc) -> Response:
                        "(Authorization: Bearer <key>)", headers={"WWW-Authenticate": "Bearer"})
     await svc.observe()
     svc.metrics.sessions(await svc.session_counts())
+    svc.metrics.held(svc.ledger)
     svc.metrics.config_error(svc.keys.last_error)
     svc.metrics.edge(svc.edge.stats() if svc.edge is not None else {})
     return Response(svc.metrics.render(), media_type=svc.metrics.content_type)

@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from ..backends import Backend, ClientDoor, ProcessSandbox, TenantQuota, get_backend
+from ..backends import Backend, ClientDoor, Ledger, ProcessSandbox, TenantQuota, get_backend
 from ..backends.worker import limits_to_wire, result_to_wire
 from ..errors import MemexError
 from ..host_tools import Egress, EgressRecord, ToolCallRecord, ToolHost
@@ -33,7 +33,7 @@ from ..runtime_wasm import (
     TurnResult,
     set_guest_nice,
 )
-from ..serving import ConnectionGuard, Ledger, PackageGate, Shares
+from ..serving import ConnectionGuard, PackageGate, Shares
 from ._config import ServiceConfig, TenantConfig, service_keys
 from ._durable import ServeKeeper, session_of_meta
 from ._http import ApiError, translate
@@ -46,14 +46,15 @@ __all__ = ["AUDIT", "Service"]
 AUDIT = logging.getLogger("memex.service.audit")
 
 
-def _default_backend(config: ServiceConfig) -> Backend:
+def _default_backend(config: ServiceConfig, ledger: Ledger) -> Backend:
     if config.backend == "pool":
         # the rate is the Shares' (every backend's); the pool bounds the queue
         quotas = {t.name: TenantQuota(queued=t.queued) for t in config.tenants.values()}
         return get_backend("pool", workers=config.workers, warm=config.warm,
                            limits=Limits(timeout=config.warm_timeout),
                            preload=config.preload, quotas=quotas,
-                           max_sandboxes=config.max_sandboxes, acquire_timeout=10.0)
+                           max_sandboxes=config.max_sandboxes, acquire_timeout=10.0,
+                           ledger=ledger)  # its sandboxes in the tenants' accounts
     if config.backend == "subprocess":
         return get_backend("subprocess", workers=config.workers)
     return get_backend(config.backend)
@@ -74,7 +75,7 @@ class Service:
         self.config = config
         self.keys = service_keys(config)
         # one ledger: every tenant's sessions, checkpoints, turns, threads, sockets and
-        # package resolution in one account (serving/_ledger.py)
+        # package resolution and pool sandboxes in one account (backends/_ledger.py)
         tenant_threads = config.tenant_threads or max(4, config.threads // 4)
         self.ledger = Ledger(tenant_threads=tenant_threads)
         self.table: SessionTable[Session] = SessionTable(ledger=self.ledger)
@@ -97,7 +98,7 @@ class Service:
     def backend(self) -> Backend:
         if self._backend is None:
             self._backend = self._given if self._given is not None else \
-                _default_backend(self.config)
+                _default_backend(self.config, self.ledger)
         return self._backend
 
     @property

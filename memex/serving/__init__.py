@@ -19,7 +19,6 @@ from ._control import CONTROL_NAME, Control, checkpoint_key
 from ._doorkit import KIT_BYTES, DoorKit, SlabDoors
 from ._durable import DurableSession, Keeper, session_fields
 from ._edge import ConnectionGuard, EdgeLimits
-from ._ledger import Account, Ledger
 from ._packages import PackageGate, allowed_packages
 from ._policy import PrincipalTable, unenforced
 from ._settings import (
@@ -41,7 +40,6 @@ __all__ = [
     "CONTROL_NAME",
     "ID_PATTERN",
     "KIT_BYTES",
-    "Account",
     "Bounds",
     "ConnectionGuard",
     "Control",
@@ -51,7 +49,6 @@ __all__ = [
     "FileModel",
     "Keeper",
     "KeyRing",
-    "Ledger",
     "LimitsModel",
     "LimitsTable",
     "PackageGate",

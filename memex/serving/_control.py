@@ -34,12 +34,11 @@ from typing import Any
 
 import msgpack
 
-from ..backends import SLAB_LEASE, Slab, Storage, session_key
+from ..backends import SLAB_LEASE, Ledger, Slab, Storage, session_key
 from ..backends.worker import error_from_wire, error_to_wire, limits_from_wire
 from ..errors import ConfigError, MemexError
 from ..runtime_wasm import DecodeCost, unpack_bounded
 from ._doorkit import DoorKit, SlabDoors
-from ._ledger import Ledger
 
 __all__ = ["CONTROL_NAME", "Control", "ControlRefusal", "checkpoint_key"]
 

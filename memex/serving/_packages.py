@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Sequence
 
+from ..backends import Ledger
 from ..errors import BackendBusy, ConfigError, NotGranted
 from ..runtime_wasm import (
     PackageSet,
@@ -16,7 +17,6 @@ from ..runtime_wasm import (
     find_artifacts,
     resolve_packages,
 )
-from ._ledger import Ledger
 
 __all__ = ["PackageGate", "allowed_packages"]
 

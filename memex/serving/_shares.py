@@ -40,8 +40,8 @@ from typing import Any, TypeVar
 import anyio
 import anyio.to_thread
 
+from ..backends import Account, Ledger
 from ..errors import BackendBusy
-from ._ledger import Account, Ledger
 
 __all__ = ["ACTIVE_SECONDS", "Shares", "default_running_turns"]
 

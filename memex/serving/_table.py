@@ -29,8 +29,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from ..backends import Ledger
 from ..runtime_wasm import Limits, SandboxAPI
-from ._ledger import Ledger
 
 __all__ = ["ID_PATTERN", "Bounds", "CoreSession", "QuotaExceeded", "SessionTable"]
 

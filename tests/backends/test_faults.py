@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from memex import Limits, TurnResult, TurnStatus
-from memex.backends import PoolBackend, ProcessSandbox, SubprocessBackend, TenantQuota
+from memex.backends import Ledger, PoolBackend, ProcessSandbox, SubprocessBackend, TenantQuota
 from memex.errors import BackendBusy, SandboxLost
 from memex.host_tools import ToolHost
 
@@ -336,6 +336,32 @@ def small_pool() -> Iterator[PoolBackend]:
                             "slow": TenantQuota(turns_per_second=0.001)})
     yield p
     p.close()
+
+
+def test_a_pool_keeps_each_tenants_sandboxes_in_the_ledger_it_is_handed() -> None:
+    """A server hands its ledger to the pool, so the one account of a principal says what it
+    holds of the pool too: its sandboxes and their memory while they live, and its quota is
+    read against the same account (a second sandbox over a quota of one is refused). The
+    control: another tenant's account stays empty."""
+    ledger = Ledger()
+    pool = PoolBackend(workers=1, warm=1, max_sandboxes=2, limits=Limits(timeout=10),
+                       quotas={"a": TenantQuota(sandboxes=1, queued=0)}, ledger=ledger)
+    try:
+        sb = pool.open(tenant="a")
+        held = ledger.held("a")
+        assert (held["pool_sandboxes"], held["pool_sandbox_memory"]) == (1, sb.limits.memory)
+        assert pool.stats().live_by_tenant == {"a": 1}
+        with pytest.raises(BackendBusy) as busy:
+            pool.open(tenant="a")
+        assert busy.value.reason == "queue_full"
+        assert ledger.held("b") == {}
+        sb.close()
+        held = ledger.held("a")
+        assert (held["pool_sandboxes"], held["pool_sandbox_memory"]) == (0, 0)
+        pool.open(tenant="a").close()  # its slot came back
+    finally:
+        pool.close()
+        pool.close()
 
 
 def test_flooding_tenant_does_not_starve_another(small_pool: PoolBackend) -> None:

@@ -356,14 +356,18 @@ def test_an_unreachable_service_is_a_service_error() -> None:
 @pytest.mark.slow
 def test_health_readiness_and_metrics(tmp_path: Path) -> None:
     """Health and readiness answer anyone and say nothing else; /metrics names the tenants,
-    so it is closed unless the operator opens it (``metrics_public``) or gives keys."""
-    served = start_server(tmp_path, {"a": ""}, server="metrics_public = true")
+    so it is closed unless the operator opens it (``metrics_public``) or gives keys. What a
+    tenant holds comes from its one ledger account, the pool's sandboxes included (the pool
+    is handed the server's ledger): one while its session lives, none after."""
+    served = start_server(tmp_path, {"a": "", "b": ""},
+                          server="metrics_public = true\nbackend = 'pool'")
     try:
         assert raw(served, "GET", "/healthz", key=None).json() == {"status": "ok"}
         assert raw(served, "GET", "/readyz", key=None).json() == {"status": "ready"}
         a = Client(served.url, served.keys["a"])
         sid = a.create()["id"]
         a.run(sid, "while True: pass", timeout=0.5)
+        living = raw(served, "GET", "/metrics", key=None).text
         a.close_session(sid)
         text = raw(served, "GET", "/metrics", key=None).text
     finally:
@@ -371,6 +375,10 @@ def test_health_readiness_and_metrics(tmp_path: Path) -> None:
     assert 'memex_turns_total{status="killed",tenant="a"}' in text
     assert 'memex_limits_hit_total{limit="deadline",tenant="a"}' in text
     assert "memex_turn_seconds_bucket" in text
+    assert 'memex_held{tenant="a",what="pool_sandboxes"} 1.0' in living
+    assert 'memex_held{tenant="a",what="pool_sandboxes"} 0.0' in text
+    assert 'memex_held{tenant="a",what="running_turns"} 0.0' in text
+    assert 'tenant="b"' not in living  # positive control: b used nothing, holds nothing
 
 
 def test_access_and_audit_logs_name_the_tenant_and_not_the_code(memex_server: Any) -> None:

@@ -10,7 +10,8 @@ import threading
 from typing import Any
 
 from memex.runtime_wasm import Limits
-from memex.serving import Bounds, Ledger, PackageGate, SessionTable, Shares
+from memex.backends import Ledger
+from memex.serving import Bounds, PackageGate, SessionTable, Shares
 
 
 class _Checkpoint:

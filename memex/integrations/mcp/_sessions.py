@@ -33,6 +33,7 @@ from typing import Any, TypeVar, cast
 
 import anyio
 
+from ...backends import Ledger
 from ...errors import ConfigError, SandboxLost
 from ...host_tools import Egress, EgressPolicy, ToolHost, ToolSet
 from ...runtime_wasm import (
@@ -51,7 +52,6 @@ from ...runtime_wasm import (
 from ...serving import (
     DurableSession,
     Keeper,
-    Ledger,
     PackageGate,
     QuotaExceeded,
     SessionTable,
@@ -108,7 +108,7 @@ class Sessions:
         self._preload = tuple(config.preload)
         self._allowed = allowed_packages(config.packages, "packages")
         # one ledger: each principal's sessions, checkpoints, cells, threads and package
-        # resolution in one account (memex.serving's Ledger)
+        # resolution in one account (memex.backends' Ledger)
         self.ledger = Ledger(tenant_threads=max(4, THREADS // 4))
         self.gate = PackageGate(ledger=self.ledger)  # cells' PEP 723 dependencies
         self._policy = EgressPolicy.load(config.resolve(config.policy)) if config.policy \

@@ -1,24 +1,28 @@
 """One ledger per server: what each principal holds of it now, in one record per principal
 (:class:`Account`). Both front ends (``memex serve``, ``memex mcp``) make one :class:`Ledger`
-and hand it to every part of the session core that admits a shared resource, each of which
-acquires and releases through the principal's account:
+and hand it to every part that admits a shared resource, each of which acquires and releases
+through the principal's account:
 
 * :class:`~memex.serving.SessionTable` (under its lock): sessions being made, their memory
   and disk, and the checkpoints the principal holds;
 * :class:`~memex.serving.Shares` (on the event loop): running turns, turns waiting, the
   turn-rate bucket and the principal's share of the blocking threads;
 * the server's sockets (on the event loop): its open WebSockets;
-* :class:`~memex.serving.PackageGate` (under its lock): its package resolution in flight.
+* :class:`~memex.serving.PackageGate` (under its lock): its package resolution in flight;
+* the pool backend's admission (:class:`~memex.backends.PoolBackend`, under its lock): the
+  pool's sandboxes it holds, their memory, and its requests waiting for one (and the
+  turn-rate bucket when the pool is used on its own, with ``TenantQuota.turns_per_second``).
 
 A cluster's control actor (:class:`~memex.serving.Control`) keeps each tenant's sessions
 being made, checkpoints, running turns and rate bucket across the cluster in accounts of
-this class too (under its own lock). What is left outside: the pool backend's admission
-(``backends/_pool.py``), a layer below that cannot import this one.
+this class too (under its own lock).
 
-Before, each of these kept a dictionary of its own keyed by the principal's name (four
-ledgers in one server), so a new resource was a fifth, and nothing could say what one
-principal held. Each field has one keeper (named above) that changes it under that keeper's
-lock or loop; :meth:`Ledger.held` reads every field at once for metrics and reports.
+It lives in ``backends``, the lowest layer that knows principals, so the pool below the
+serving core and the core itself write to the same accounts. Before, each of these kept a
+dictionary of its own keyed by the principal's name (seven ledgers in one server), so a new
+resource was an eighth, and nothing could say what one principal held. Each field has one
+keeper (named above) that changes it under that keeper's lock or loop; :meth:`Ledger.held`
+reads every field at once for metrics and reports.
 """
 
 from __future__ import annotations
@@ -27,9 +31,10 @@ import collections
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import anyio
+if TYPE_CHECKING:
+    import anyio
 
 __all__ = ["Account", "Ledger"]
 
@@ -39,7 +44,7 @@ class Account:
     """What one principal holds of one server now (module docstring: who keeps which)."""
 
     name: str
-    threads: anyio.CapacityLimiter
+    thread_share: int = 16  # how many of the server's blocking threads it may hold at once
     # sessions (SessionTable)
     reserved: int = 0  # sessions being made or brought in
     reserved_memory: int = 0
@@ -59,6 +64,22 @@ class Account:
     sockets: int = 0
     # package resolutions (PackageGate)
     resolving: bool = False
+    # a pool backend's sandboxes (PoolBackend's admission)
+    sandboxes: int = 0
+    sandbox_memory: int = 0  # the sum of their Limits.memory
+    sandbox_line: collections.deque[Any] = field(
+        default_factory=collections.deque)  # its opens waiting for a slot
+    _threads: Any = field(default=None, repr=False)
+
+    @property
+    def threads(self) -> anyio.CapacityLimiter:
+        """Its share of the server's blocking threads (Shares), made on first use: a pool
+        used without a server never needs one."""
+        if self._threads is None:
+            import anyio
+
+            self._threads = anyio.CapacityLimiter(self.thread_share)
+        return self._threads  # type: ignore[no-any-return]
 
     def take(self, rate: float, most: float, burst: float | None = None) -> float:
         """A turn's token of ``rate`` turns a second (a bucket of ``burst`` tokens, by
@@ -92,8 +113,7 @@ class Ledger:
             with self._lock:
                 a = self._accounts.get(name)
                 if a is None:
-                    a = self._accounts[name] = Account(
-                        name, anyio.CapacityLimiter(self.tenant_threads))
+                    a = self._accounts[name] = Account(name, self.tenant_threads)
         return a
 
     def find(self, name: str) -> Account | None:
@@ -113,8 +133,10 @@ class Ledger:
         return {"sessions_being_made": a.reserved, "checkpoints": len(a.checkpoints),
                 "checkpoint_bytes": sum(_size(h) for h in list(a.checkpoints.values())),
                 "running_turns": a.running, "waiting_turns": len(a.line) + a.pausing,
-                "threads": int(a.threads.borrowed_tokens), "sockets": a.sockets,
-                "resolving_packages": a.resolving}
+                "threads": int(a._threads.borrowed_tokens) if a._threads else 0,
+                "sockets": a.sockets, "resolving_packages": a.resolving,
+                "pool_sandboxes": a.sandboxes, "pool_sandbox_memory": a.sandbox_memory,
+                "waiting_for_sandbox": len(a.sandbox_line)}
 
 
 def _size(held: Any) -> int:
