@@ -1,5 +1,6 @@
 """``/metrics`` for Prometheus: sessions, turns, turn latency, limits hit and what the tenant
-holds now (its ledger account), per tenant, and HTTP answers by status. One registry per app (two apps in one process never share counts)."""
+holds now (its ledger account), per tenant, and HTTP answers by status. One registry per app
+(two apps in one process never share counts)."""
 
 from __future__ import annotations
 

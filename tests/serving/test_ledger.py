@@ -9,8 +9,8 @@ import contextlib
 import threading
 from typing import Any
 
-from memex.runtime_wasm import Limits
 from memex.backends import Ledger
+from memex.runtime_wasm import Limits
 from memex.serving import Bounds, PackageGate, SessionTable, Shares
 
 
