@@ -18,6 +18,8 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
+import secrets
 import socket
 import threading
 import time
@@ -489,6 +491,9 @@ class ClusterService(Service):
         self._running: dict[str, int] = {}  # turns running through this front, by session
         self._used: dict[str, float] = {}  # sessions used since the last report
         self._active: dict[str, Session] = {}  # those sessions
+        # how the control actor knows this front's holds (turns admitted, turns running):
+        # they last while this front asks for the config each second (FRONT_LEASE)
+        self.front_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 
     @property
     def link(self) -> _Link:
@@ -541,7 +546,7 @@ class ClusterService(Service):
                             text = self._config_text()
                             if text is not None:
                                 await link.control.publish.remote(*text)
-                newer = await link.control.config.remote(link.version)
+                newer = await link.control.config.remote(link.version, self.front_id)
                 self._heard = asyncio.get_running_loop().time()
                 self._report()
                 if newer is not None:
@@ -572,7 +577,7 @@ class ClusterService(Service):
         self._running = {sid: n for sid, n in self._running.items() if n > 0}
         self._active = {sid: s for sid, s in self._active.items() if sid in self._running}
         if batch:
-            self.link.control.report.remote(batch)
+            self.link.control.report.remote(batch, self.front_id)
 
     async def stop(self) -> None:
         sweeper = getattr(self, "_sweeper", None)
@@ -759,7 +764,8 @@ class ClusterService(Service):
                     s.notice, sb.notice = sb.notice, None
                 if bounded:
                     with contextlib.suppress(Exception):
-                        link.control.turn_end.remote(tenant.name, s.id, sb.turns, True)
+                        link.control.turn_end.remote(tenant.name, s.id, sb.turns, True,
+                                                     self.front_id)
 
     async def _admit(self, s: Session, tenant: TenantConfig, sb: ClusterSandbox
                      ) -> tuple[str | None, dict[str, Any] | None]:
@@ -767,8 +773,8 @@ class ClusterService(Service):
         burst = max(1, int(rate or 1))
         wait, waited = RUNNING_POLL[0], 0.0
         while True:
-            out = await self.link.control.turn_begin.remote(tenant.name, s.id,
-                                                            tenant.max_running, rate, burst)
+            out = await self.link.control.turn_begin.remote(
+                tenant.name, s.id, tenant.max_running, rate, burst, self.front_id)
             if out[0] == "ok":
                 return out[1], out[2]
             if out[0] == "refused":

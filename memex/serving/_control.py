@@ -14,6 +14,11 @@ actor that every front asks, and the one place where the cluster's shared facts 
 * **Recovery.** A monitor pings every slab each second; a dead slab's sessions are opened
   again on other slabs from their last save, each flagged with the turns it lost. After a
   whole-cluster restart the directory is read back from the storage.
+* **Fronts' leases.** What a front holds here (the turns it was admitted and has not ended,
+  the turns it said run through it) lasts while it speaks: it asks for the config every
+  second, which renews its lease. A front silent for :data:`FRONT_LEASE` seconds (killed,
+  cut off) loses them: its tenants' running turns come back and its sessions may end by
+  their limits, with no word from it. A front that comes back after that ends nothing twice.
 * **Config.** The serve.toml every front serves (keys rotate through it): the newest text a
   front published, pulled by every front each second, with its tenants' operator tools and
   egress policies as data (``DoorKit``), handed to the slab that opens a session; kept in
@@ -43,6 +48,8 @@ from ._doorkit import DoorKit, SlabDoors
 __all__ = ["CONTROL_NAME", "Control", "ControlRefusal", "checkpoint_key"]
 
 CONTROL_NAME = "memex-control"
+FRONT_LEASE = 5.0
+"""Seconds a front's holds last without a word from it (it speaks every second)."""
 LOG = logging.getLogger("memex.serving")
 
 
@@ -75,7 +82,7 @@ class _Entry:
     notice: dict[str, Any] | None = None
     gone: str = "its slab was lost (its node died, or it stopped answering)"  # for the notice
     fence: float = 0.0  # not opened elsewhere before (monotonic): its old slab's lease ran out
-    running_elsewhere: int = 0  # turns a front said were running at its last report
+    running_at: dict[str, int] = field(default_factory=dict)  # front -> turns it said run
     lifetime: float | None = None  # from its limits (set at creation)
     idle_timeout: float | None = None
     recovering: bool = False
@@ -88,7 +95,7 @@ class _Entry:
     def why_ended(self, now: float) -> str | None:
         """Why its own limits ended it (as ``CoreSession.why_ended``); a session with a turn
         running is left to finish."""
-        if self.running or self.running_elsewhere:
+        if self.running or any(self.running_at.values()):
             return None
         if self.lifetime is not None and now - self.created >= self.lifetime:
             return "its lifetime ended"
@@ -101,6 +108,15 @@ class _Entry:
                 "failed": self.failed, "moving": self.recovering,
                 "created": self.created, "last_used": self.last_used, "parent": self.parent,
                 "turns": max(self.turns, 0), "notice": self.notice}
+
+
+@dataclass(eq=False)
+class _Front:
+    """A front's lease and what it holds under it."""
+
+    seen: float  # monotonic: its last word
+    turns: dict[tuple[str, str], int] = field(default_factory=dict)  # (tenant, sid) -> open
+    reported: set[str] = field(default_factory=set)  # sessions it said have turns running
 
 
 @dataclass(eq=False)
@@ -141,6 +157,7 @@ class Control:
         # memex.serving (a server's too), kept under self.lock
         self.ledger = Ledger()
         self.slabs: dict[str, _SlabInfo] = {}
+        self.fronts: dict[str, _Front] = {}  # by the id each front names itself with
         self.config_text: tuple[int, str] | None = None
         self.kits: dict[str, dict[str, Any]] = {}  # tenant -> its DoorKit's wire
         self.draining: set[str] = set()
@@ -169,9 +186,13 @@ class Control:
             self.config_text, self.kits = (version, text), checked
             return version
 
-    def config(self, known: int) -> tuple[int, str, dict[str, Any]] | None:
-        """The held config and its kits when it is newer than ``known``, else None."""
+    def config(self, known: int, front: str | None = None
+               ) -> tuple[int, str, dict[str, Any]] | None:
+        """The held config and its kits when it is newer than ``known``, else None. Asked
+        every second by each front: it renews ``front``'s lease."""
         with self.lock:
+            if front is not None:
+                self._front(front)
             held, kits = self.config_text, self.kits
         return (held[0], held[1], kits) if held is not None and held[0] > known else None
 
@@ -455,11 +476,42 @@ class Control:
             self.storage.delete(session_key(sid))
         return True
 
+    def _front(self, front: str) -> _Front:
+        """(under the lock) The front's record, its lease renewed."""
+        f = self.fronts.get(front)
+        if f is None:
+            f = self.fronts[front] = _Front(time.monotonic())
+        else:
+            f.seen = time.monotonic()
+        return f
+
+    def _expire_fronts(self) -> list[str]:
+        """(under the lock) Take back what each front silent for FRONT_LEASE held: its open
+        turns from its tenants' accounts and its sessions, and the turns it said were
+        running. The fronts dropped."""
+        now = time.monotonic()
+        gone = [name for name, f in self.fronts.items() if now - f.seen > FRONT_LEASE]
+        for name in gone:
+            f = self.fronts.pop(name)
+            for (tenant, sid), n in f.turns.items():
+                a = self.ledger.account(tenant)
+                a.running = max(0, a.running - n)
+                e = self.sessions.get(sid)
+                if e is not None:
+                    e.running = max(0, e.running - n)
+            for sid in f.reported:
+                e = self.sessions.get(sid)
+                if e is not None:
+                    e.running_at.pop(name, None)
+        return gone
+
     def turn_begin(self, tenant: str, sid: str, max_running: int | None,
-                   rate: float | None, burst: int) -> list[Any]:
+                   rate: float | None, burst: int, front: str | None = None) -> list[Any]:
         """Admit one turn of ``sid``: ``["ok", slab, notice]`` (where it is now, and what
         a recovery lost, said once), or ``["wait"]`` while the tenant runs
-        ``max_running`` turns across the cluster, or ``["refused", ...]`` past its rate."""
+        ``max_running`` turns across the cluster, or ``["refused", ...]`` past its rate.
+        The turn is held under ``front``'s lease until :meth:`turn_end` (or the lease
+        runs out)."""
         with self.lock:
             e = self.sessions.get(sid)
             if e is None or e.tenant != tenant:
@@ -477,17 +529,30 @@ class Control:
             a.running += 1
             e.begun = max(e.begun, e.turns) + 1
             e.running += 1
+            if front is not None:
+                f = self._front(front)
+                f.turns[(tenant, sid)] = f.turns.get((tenant, sid), 0) + 1
             e.last_used = time.time()
             self.counts["turns"] += 1
             notice, e.notice = e.notice, None
             return ["ok", e.slab, notice]
 
-    def turn_end(self, tenant: str, sid: str, turns: int | None, admitted: bool = True
-                 ) -> None:
+    def turn_end(self, tenant: str, sid: str, turns: int | None, admitted: bool = True,
+                 front: str | None = None) -> None:
         """A turn of ``sid`` ended (``admitted``: one :meth:`turn_begin` let in; else a
-        front's report of a turn no bound asked to admit): the session's turns and use."""
+        front's report of a turn no bound asked to admit): the session's turns and use.
+        A turn ``front`` no longer holds (its lease ran out and gave it back) is not
+        given back twice."""
         with self.lock:
             e = self.sessions.get(sid)
+            if admitted and front is not None:
+                f = self._front(front)
+                held = f.turns.get((tenant, sid), 0)
+                if held > 1:
+                    f.turns[(tenant, sid)] = held - 1
+                else:
+                    f.turns.pop((tenant, sid), None)
+                admitted = held > 0
             if admitted:
                 a = self.ledger.account(tenant)
                 a.running = max(0, a.running - 1)
@@ -499,11 +564,13 @@ class Control:
                     e.turns = max(e.turns, turns)
                     e.begun = max(e.begun, turns)
 
-    def report(self, uses: list[list[Any]]) -> None:
+    def report(self, uses: list[list[Any]], front: str = "") -> None:
         """A front's batch of ``[sid, turns, running, last_used]``: the turns its sessions'
         slabs answered, the turns still running there, and when they were last used (sent
-        about once a second, so a turn costs the control actor nothing)."""
+        about once a second, so a turn costs the control actor nothing). The running ones
+        count under ``front``'s lease."""
         with self.lock:
+            f = self._front(front)
             for sid, turns, running, last_used in uses:
                 e = self.sessions.get(sid)
                 if e is None:
@@ -512,7 +579,12 @@ class Control:
                 e.begun = max(e.begun, e.turns)  # a turn running now may not have reached
                 # its slab yet: one lost under it is counted by the front that lost it
                 e.last_used = max(e.last_used, float(last_used))
-                e.running_elsewhere = int(running)
+                if int(running):
+                    e.running_at[front] = int(running)
+                    f.reported.add(sid)
+                else:
+                    e.running_at.pop(front, None)
+                    f.reported.discard(sid)
 
     def take_notice(self, sid: str) -> dict[str, Any] | None:
         """What the session's last recovery lost, said once."""
@@ -718,6 +790,10 @@ class Control:
                 self._mark_dead(s.name, "it stopped answering")
         self._retire_empty()
         self._expire_checkpoints()
+        with self.lock:
+            for name in self._expire_fronts():
+                LOG.warning("front %s said nothing for %gs: its running turns are given "
+                            "back", name, FRONT_LEASE)
         now = time.time()
         with self.lock:
             ended = [(e.tenant, sid, why) for sid, e in self.sessions.items()

@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -67,6 +68,7 @@ class ClusterRig:
         self.nodes = [self.cluster.add_node(**NODE, **LOOPBACK_NODE) for _ in range(2)]
         self.cluster.wait_for_nodes()
         self.keys: dict[str, str] = {}
+        self.tenants: dict[str, str] = {}
         self.fronts: list[Served] = []
 
     def config(self, name: str, tenants: dict[str, str], keys: dict[str, str]) -> Path:
@@ -109,7 +111,7 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterRig]:
                "pkg": 'packages = ["memexclu-dep", "memexclu-evil", "memexevil"]\n'
                       '[tenants.pkg.ceiling]\nmemory = 268435456\n',
                "gone": "max_sessions = 5\n[tenants.gone.ceiling]\nmemory = 268435456\n"}
-    rig.keys = keys
+    rig.keys, rig.tenants = keys, tenants
     try:
         for name in ("front-a", "front-b"):
             rig.fronts.append(launch(rig.config(name, tenants, keys), keys))
@@ -255,6 +257,49 @@ def test_a_tenant_runs_max_running_turns_across_the_cluster(rig: ClusterRig) -> 
     assert b0 >= a1 - 0.05, ((a0, a1), (b0, b1))  # one after the other
     (c0, c1), (d0, d1) = sorted(spans("a"))
     assert d0 < c1, ((c0, c1), (d0, d1))  # at once
+
+
+def test_a_front_killed_mid_turn_gives_back_its_turn_and_its_sessions_lifetime(
+        rig: ClusterRig) -> None:
+    """A third front runs a long turn of the ``max_running = 1`` tenant and is killed -9
+    mid-turn: within its lease (FRONT_LEASE, 5 s) the control actor takes the turn back, so
+    the tenant's next turn through another front runs (it waited, it was not refused), and
+    the session whose turn ran through the dead front ends by its lifetime. The control:
+    while the third front lives, that next turn is refused with 429."""
+    doomed = launch(rig.config("front-c", rig.tenants, rig.keys), rig.keys)
+    a = rig.fronts[0]
+    key = rig.keys["one"]
+    bc = backend(doomed, key)  # not closed: its front is killed under it
+    long = bc.open(limits=Limits(memory=128 << 20, timeout=60, lifetime=8))
+
+    def run_long() -> None:
+        with contextlib.suppress(Exception):  # its front dies under it
+            long.run("import time; time.sleep(50)")
+
+    threading.Thread(target=run_long, daemon=True).start()
+    with backend(a, key) as ba:
+        short = ba.open(limits=Limits(memory=128 << 20, timeout=1))
+        deadline, refused = time.monotonic() + 30, None
+        while refused is None and time.monotonic() < deadline:
+            try:
+                short.run("1")  # runs until the long turn is admitted
+            except ServiceError as exc:
+                refused = exc
+        assert refused is not None and refused.status == 429, refused  # the control
+        doomed.stop(signal.SIGKILL)
+        patient = ba.open(limits=Limits(memory=128 << 20, timeout=30))
+        began = time.monotonic()
+        r = patient.run("'ran'")  # waits at the control actor until the turn comes back
+        waited = time.monotonic() - began
+        assert r.value == "'ran'", r
+        print(f"the next turn ran {waited:.1f}s after the front was killed")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and \
+                get(a, f"/v1/sessions/{long.id}", key).status != 404:
+            time.sleep(0.2)
+        assert get(a, f"/v1/sessions/{long.id}", key).status == 404  # its lifetime ended
+        for sb in (short, patient):
+            sb.close()
 
 
 def test_a_key_rotated_out_is_refused_on_every_front(rig: ClusterRig) -> None:

@@ -1,0 +1,81 @@
+"""A cluster front's holds at the control actor last while the front speaks (issue 47: a
+front killed mid-turn left its turn counted for good, so a ``max_running = 1`` tenant was
+answered 429 forever, and its session outlived its lifetime). The control actor is made
+here in this process (no Ray cluster: its directory gets one session by hand) and its
+monitor round is run by the test; a front's silence is its lease set back in time.
+tests/service/test_cluster.py kills a real front mid-turn on a real cluster."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray")
+pytest.importorskip("fsspec")
+
+from memex import Limits
+from memex.backends import Storage
+from memex.backends.worker import limits_to_wire
+from memex.serving import Control
+from memex.serving._control import FRONT_LEASE, _Entry
+
+
+@pytest.fixture
+def control(tmp_path: Path) -> Iterator[Control]:
+    c = Control(Storage(str(tmp_path / "storage")), namespace="t", slab_memory=1 << 30,
+                slab_cpus=1, save_interval=0, monitor=3600)  # its rounds run by the test
+    for sid in ("s-1", "s-2"):  # sessions on a slab the directory names (never reached)
+        c.sessions[sid] = _Entry(id=sid, tenant="one", memory=0, disk=0, slab="slab-x",
+                                 spec={"limits": limits_to_wire(Limits())})
+    yield c
+
+
+def _silent(c: Control, front: str) -> None:
+    c.fronts[front].seen -= FRONT_LEASE + 1  # as if it had said nothing since
+
+
+def test_a_silent_fronts_running_turn_is_given_back(control: Control) -> None:
+    assert control.turn_begin("one", "s-1", 1, None, 1, "front-dead")[0] == "ok"
+    assert control.turn_begin("one", "s-2", 1, None, 1, "front-live") == ["wait"]
+    control.config(0, "front-live")
+    control._watch(1.0)  # the control: within its lease the turn still counts
+    assert control.turn_begin("one", "s-2", 1, None, 1, "front-live") == ["wait"]
+    _silent(control, "front-dead")
+    control.config(0, "front-live")
+    control._watch(1.0)
+    assert "front-dead" not in control.fronts
+    assert control.ledger.held("one")["running_turns"] == 0
+    assert control.sessions["s-1"].running == 0
+    assert control.turn_begin("one", "s-2", 1, None, 1, "front-live")[0] == "ok"
+
+
+def test_a_front_back_after_its_lease_gives_nothing_back_twice(control: Control) -> None:
+    """Its late turn_end finds nothing held by it: the turn another front runs now stays
+    counted (else the tenant could run two turns under max_running = 1)."""
+    assert control.turn_begin("one", "s-1", 1, None, 1, "front-a")[0] == "ok"
+    _silent(control, "front-a")
+    control._watch(1.0)
+    assert control.turn_begin("one", "s-2", 1, None, 1, "front-b")[0] == "ok"
+    control.turn_end("one", "s-1", 3, True, "front-a")  # the cut-off front, back
+    assert control.ledger.held("one")["running_turns"] == 1
+    assert control.turn_begin("one", "s-1", 1, None, 1, "front-a") == ["wait"]
+    control.turn_end("one", "s-2", 1, True, "front-b")  # the control: a held turn ends
+    assert control.ledger.held("one")["running_turns"] == 0
+
+
+def test_turns_a_silent_front_said_were_running_no_longer_hold_the_session(
+        control: Control) -> None:
+    """A session a front said has a turn running is not ended by its limits; once that
+    front is silent for its lease, the session's limits apply again."""
+    e = control.sessions["s-1"]
+    e.lifetime = 0.0  # its lifetime is over
+    control.report([["s-1", 1, 1, 0.0]], "front-dead")
+    assert e.why_ended(time.time()) is None  # a turn runs through front-dead
+    _silent(control, "front-dead")
+    with control.lock:
+        control._expire_fronts()
+    assert e.running_at == {}
+    assert e.why_ended(time.time()) == "its lifetime ended"
