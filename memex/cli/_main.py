@@ -82,7 +82,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         build_parser().print_help()
         return 0
     first = next((a for a in argv if a in COMMANDS), None)  # the command, if any
+    script: list[str] | None = None
+    if first == "run":  # the script's arguments are its own, as python keeps them
+        from ._run import split_script
+
+        k = argv.index("run")
+        head, script = split_script(argv[k + 1:])
+        argv = argv[:k + 1] + head
     args = build_parser(first if first in COMMANDS else None).parse_args(argv)
+    if script is not None:
+        args.argv = [*args.argv, *script]
     _log_level(args.log_level or os.environ.get(LOG_ENV), serving=args.command == "serve")
     from ..errors import MemexError
 

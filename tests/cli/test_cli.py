@@ -67,6 +67,31 @@ def test_run_file_with_mount(tmp_path: Path) -> None:
     assert (data / "w").read_text() == "ok"
 
 
+def test_run_takes_a_scripts_arguments_stdin_and_modules_as_python_does(
+        tmp_path: Path) -> None:
+    """``memex run FILE ARGS``, ``memex run - ARGS`` and ``memex run -c CODE ARGS`` give the
+    script its sys.argv as python does (arguments after the script are the script's, even
+    ones that look like memex's options), and the script's exit code is memex's; ``-m
+    MODULE`` runs a module of the guest as __main__ (the standard library's calendar, its
+    own argument parsing). The control: the same script run by the host's python."""
+    script = tmp_path / "s.py"
+    script.write_text("import sys\nprint(sys.argv[1:], __name__)\nsys.exit(int(sys.argv[1]))\n")
+    args = ("5", "--json", "-c", "x")
+    host = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True)
+    p = memex("run", str(script), *args)
+    assert (p.returncode, p.stdout) == (host.returncode, host.stdout) == (
+        5, "['5', '--json', '-c', 'x'] __main__\n")
+    p = memex("run", "-", "7", "-b", stdin=script.read_text())
+    assert (p.returncode, p.stdout) == (7, "['7', '-b'] __main__\n"), p.stderr
+    p = memex("run", "-c", "import sys; print(sys.argv)", "a", "--mount")
+    assert p.stdout == "['-c', 'a', '--mount']\n", p.stderr
+    p = memex("run", "--timeout", "30", "-m", "calendar", "2026", "1")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split()[:2] == ["January", "2026"]
+    p = memex("run", "-m", "nosuchmodule")
+    assert p.returncode == 1 and "No module named nosuchmodule" in p.stderr
+
+
 def test_run_memory_and_fuel_flags() -> None:
     p = memex("run", "--memory", "128M", "-c", "x = bytearray(512 << 20)")
     assert p.returncode == 1 and "MemoryError" in p.stderr
