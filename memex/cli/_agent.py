@@ -126,7 +126,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("agent", help="run an agent on a task, streaming each turn")
-    p.add_argument("task")
+    p.add_argument("task", help="the task, in words")
     add_model_options(p, max_reply_tokens=1024)
     p.add_argument("--tools", action="append", default=[], metavar="MODULE:ATTR",
                    help="a tool, list of tools or ToolSet (repeatable)")
@@ -134,12 +134,17 @@ def add_parser(sub: Any) -> None:
                    help="a typed input placed in the guest's globals (repeatable)")
     p.add_argument("--schema", default=None, metavar="MODULE:MODEL",
                    help="the answer schema submit() validates against")
-    p.add_argument("--action-space", choices=("code", "tools"), default="code")
+    p.add_argument("--action-space", choices=("code", "tools"), default="code",
+                   help="code: Python blocks in a sandbox (default); tools: the tool-calling "
+                        "baseline")
     p.add_argument("--backend", default=None, help="inprocess|subprocess|pool|ray")
-    p.add_argument("--max-turns", type=int, default=12)
-    p.add_argument("--max-tokens", type=int, default=None)
-    p.add_argument("--max-seconds", type=float, default=None)
-    p.add_argument("--max-cost", type=float, default=None)
+    p.add_argument("--max-turns", type=int, default=12, help="model turns at most (12)")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="model tokens at most, prompt and reply (default: no bound)")
+    p.add_argument("--max-seconds", type=float, default=None,
+                   help="wall seconds for the whole run (default: no bound)")
+    p.add_argument("--max-cost", type=float, default=None,
+                   help="model cost at most, in USD from the price table (default: no bound)")
     p.add_argument("--timeout", type=seconds, default=None,
                    help="wall seconds per block (default: AGENT_LIMITS, 60)")
     p.add_argument("--trajectory", default="memex-trajectory.jsonl",

@@ -216,7 +216,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def _model_options(p: argparse.ArgumentParser) -> None:
     add_model_options(p)
-    p.add_argument("--max-turns", type=int, default=8)
+    p.add_argument("--max-turns", type=int, default=8,
+                   help="model turns at most per rollout (default 8)")
 
 
 def _bundled() -> list[str]:
@@ -259,8 +260,9 @@ def add_parser(sub: Any) -> None:
                    "the run's)")
     r.set_defaults(func=cmd_run)
     rep = esub.add_parser("report", help="accuracy, tokens, calls, cost per model x space")
-    rep.add_argument("dir")
-    rep.add_argument("--format", choices=("md", "json", "csv"), default="md")
+    rep.add_argument("dir", help="a results folder that memex eval run wrote")
+    rep.add_argument("--format", choices=("md", "json", "csv"), default="md",
+                     help="the report's format (default md)")
     rep.add_argument("--by-task", action="store_true",
                      help="also each task's correct/rollouts per action space x variant")
     rep.add_argument("--plot", default=None, help="Pareto plot PNG path (default "
@@ -269,16 +271,18 @@ def add_parser(sub: Any) -> None:
                      help="USD per 1M input,output tokens for a model (overrides)")
     rep.set_defaults(func=cmd_report)
     a = esub.add_parser("audit", help="classify each failed rollout with a MemEx agent")
-    a.add_argument("dir")
+    a.add_argument("dir", help="a results folder that memex eval run wrote")
     _model_options(a)
     a.add_argument("--limit", type=int, default=None, help="audit at most N failures")
     a.set_defaults(func=cmd_audit, max_turns=6)
     e = esub.add_parser("export", help="rollouts as training data (JSONL on stdout)")
-    e.add_argument("dir")
-    e.add_argument("--format", default="chat-jsonl", choices=("chat-jsonl",))
-    e.add_argument("--suite", default=None)
-    e.add_argument("--model", default=None)
-    e.add_argument("--space", default=None, choices=("code", "tools"))
+    e.add_argument("dir", help="a results folder that memex eval run wrote")
+    e.add_argument("--format", default="chat-jsonl", choices=("chat-jsonl",),
+                   help="the record format (chat-jsonl: one chat transcript per line)")
+    e.add_argument("--suite", default=None, help="only this suite's rollouts")
+    e.add_argument("--model", default=None, help="only this model's rollouts")
+    e.add_argument("--space", default=None, choices=("code", "tools"),
+                   help="only this action space's rollouts")
     which = e.add_mutually_exclusive_group()
     which.add_argument("--correct", action="store_true", help="only correct rollouts")
     which.add_argument("--wrong", action="store_true", help="only wrong rollouts")

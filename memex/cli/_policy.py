@@ -436,12 +436,13 @@ def add_parser(sub: Any) -> None:
         "(--principal) in a serve.toml or MCP config.")
     c.add_argument("policy", metavar="FILE",
                    help="serve.toml, an MCP config, or an egress policy (.toml, .yaml)")
-    c.add_argument("url", nargs="?", default=None)
+    c.add_argument("url", nargs="?", default=None,
+                   help="a request's URL to decide (without it: FILE is checked and explained)")
     c.add_argument("--kind", choices=["serve", "mcp", "egress"], default=None,
                    help="what FILE is (default: told by its tables)")
     c.add_argument("--principal", metavar="NAME", default=None,
                    help="with a URL and a serve.toml or MCP config: whose egress policy")
-    c.add_argument("--method", "-X", default="GET")
+    c.add_argument("--method", "-X", default="GET", help="the request's method (GET)")
     c.add_argument("--address", action="append", default=[], metavar="IP",
                    help="an address the host name resolves to (repeatable); without it a name "
                    "is decided before DNS")

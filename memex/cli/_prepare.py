@@ -37,5 +37,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("prepare", help="verify artifacts and precompile the guest (once)")
-    p.add_argument("--flavour", choices=("plain", "metered", "all"), default="all")
+    p.add_argument("--flavour", choices=("plain", "metered", "all"), default="all",
+                   help="which guest module to compile: plain, metered (fuel counted) or all "
+                        "(default)")
     p.set_defaults(func=cmd_prepare)

@@ -31,6 +31,6 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("trajectory", help="inspect trajectory files")
     tsub = p.add_subparsers(dest="trajectory_command", required=True)
     q = tsub.add_parser("show", help="render a trajectory file readably")
-    q.add_argument("file")
+    q.add_argument("file", help="a trajectory JSONL file (Trajectory.save, --trajectory)")
     q.add_argument("--id", default=None, help="only the trajectory whose id starts so")
     q.set_defaults(func=cmd_show)

@@ -205,6 +205,28 @@ def test_prepare_is_idempotent_when_cached() -> None:
     assert "already compiled" in p.stderr
 
 
+def test_every_flag_and_argument_of_every_command_says_what_it_is() -> None:
+    """``--help`` of each command explains each of its flags and arguments (the control:
+    the walk does reach the commands' own, ``memex run -m`` among them)."""
+    import argparse
+
+    from memex.cli._main import build_parser
+
+    seen, silent = [], []
+    todo = [("memex", build_parser())]
+    while todo:
+        path, parser = todo.pop()
+        for a in parser._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                todo.extend((f"{path} {name}", sub) for name, sub in a.choices.items())
+            elif not isinstance(a, argparse._HelpAction):
+                seen.append(f"{path} {'/'.join(a.option_strings) or a.dest}")
+                if not a.help:
+                    silent.append(seen[-1])
+    assert silent == []
+    assert "memex run -m" in seen and len(seen) > 100
+
+
 def test_version_names_memex_python_and_the_runtime() -> None:
     import platform
     import re
