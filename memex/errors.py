@@ -32,8 +32,21 @@ misuse or for a host that cannot do what was asked::
     │   ├── LLMConnectionError cannot connect, or the connection broke
     │   │   └── LLMTimeoutError the request timed out
     │   └── LLMResponseError   an HTTP error status or a malformed response
-    └── MCPServerError         an MCP server whose tools are bridged could not be reached,
-                               listed or called (ToolSet.from_mcp)
+    ├── MCPServerError         an MCP server whose tools are bridged could not be reached,
+    │                          listed or called (ToolSet.from_mcp)
+    └── (declared where they are raised, exported by their package)
+        ├── ArgumentsInvalid   a tool call's arguments failed validation (host_tools)
+        │   └── ReturnInvalid  a tool's return value failed its annotation
+        ├── EncodeError, DecodeError  a value the typed codec cannot carry (host_tools)
+        ├── BadURL             a URL the egress cannot check (host_tools.egress; a ValueError)
+        ├── QuotaExceeded      an owner or the server at one of its bounds (serving: 429)
+        └── SessionError       an MCP call naming a session it cannot use (integrations.mcp)
+
+Outside the tree on purpose, as signals between MemEx's own parts that never reach a
+caller: ``DoorError`` (raised by a door handler, always caught by ``Door.dispatch``),
+``GuestKilled`` (traps the running turn), and the worker channel's ``ChannelClosed`` and
+``ProtocolError`` (caught by the backends that own the channel). tests/test_public_api.py
+checks that every other exported exception is a MemexError.
 
 wasmtime's and openai's own exceptions never escape: they are translated at the boundary with
 ``raise ... from exc``.

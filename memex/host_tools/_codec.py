@@ -22,6 +22,7 @@ from typing import Any
 
 import msgpack
 
+from ..errors import MemexError
 from ..runtime_wasm import DecodeCost, unpack_bounded
 
 __all__ = [
@@ -38,11 +39,11 @@ _UNITS = ("ns", "us", "ms", "s")
 _PLAIN = (str, int, float, bool, bytes, type(None))
 
 
-class EncodeError(Exception):
+class EncodeError(MemexError):
     """A value that the ABI cannot carry."""
 
 
-class DecodeError(Exception):
+class DecodeError(MemexError):
     """A malformed typed value; ``path`` says where in the decoded tree."""
 
     def __init__(self, message: str, path: tuple[Any, ...] = ()) -> None:

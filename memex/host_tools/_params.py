@@ -9,14 +9,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from ..errors import ToolDefinitionError
+from ..errors import MemexError, ToolDefinitionError
 
 __all__ = ["ArgumentsInvalid", "Checker", "ParamKind", "ReturnInvalid", "ToolParam", "is_async"]
 
 ParamKind = Literal["positional_only", "positional_or_keyword", "keyword_only"]
 
 
-class ArgumentsInvalid(Exception):
+class ArgumentsInvalid(MemexError):
     """Validation of a call's arguments failed; ``errors`` are ``{"path", "message"}`` maps."""
 
     def __init__(self, errors: list[dict[str, Any]]) -> None:

@@ -24,7 +24,7 @@ from ..errors import (
     SandboxClosed,
     SandboxLost,
 )
-from ..serving import bearer_key
+from ..serving import QuotaExceeded, bearer_key
 from ._logs import REQUEST_ID, request_id_from
 from ._metrics import Metrics
 
@@ -82,6 +82,9 @@ def translate(exc: MemexError) -> ApiError:
         return ApiError(410, "session_lost", str(exc), type_=name, reason=reason)
     if isinstance(exc, SandboxClosed):
         return ApiError(409, "session_closed", str(exc), type_=name, reason=reason)
+    if isinstance(exc, QuotaExceeded):  # an owner (or the server) at one of its bounds
+        return ApiError(429, "quota", str(exc),
+                        headers={"Retry-After": str(exc.retry_after)})
     if isinstance(exc, BackendBusy):
         status = 503 if exc.reason in ("closed", "no_room") else 429
         return ApiError(status, "busy", str(exc), type_=name, reason=reason,

@@ -61,7 +61,7 @@ def _default_backend(config: ServiceConfig, ledger: Ledger) -> Backend:
 
 
 def quota_error(exc: QuotaExceeded) -> ApiError:
-    return ApiError(429, "quota", str(exc), headers={"Retry-After": str(exc.retry_after)})
+    return translate(exc)  # 429 with Retry-After
 
 
 class Service:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from ..backends import Ledger
+from ..errors import MemexError
 from ..runtime_wasm import Limits, SandboxAPI
 
 __all__ = ["ID_PATTERN", "Bounds", "CoreSession", "QuotaExceeded", "SessionTable"]
@@ -51,7 +52,7 @@ class Bounds:
     max_checkpoints: int = 64  # held at once; the oldest is released past it
 
 
-class QuotaExceeded(Exception):
+class QuotaExceeded(MemexError):
     """An owner (or the server) is at one of its bounds: serve answers 429 with
     Retry-After, mcp a tool error."""
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import idna
 
+from ...errors import MemexError
+
 __all__ = [
     "DEFAULT_PORTS",
     "METADATA_NAMES",
@@ -47,7 +49,7 @@ METADATA_NAMES = frozenset({
 })
 
 
-class BadURL(ValueError):
+class BadURL(MemexError, ValueError):
     """A URL the egress cannot check; the message is the reason."""
 
 

@@ -34,7 +34,7 @@ from typing import Any, TypeVar, cast
 import anyio
 
 from ...backends import Ledger
-from ...errors import ConfigError, SandboxLost
+from ...errors import ConfigError, MemexError, SandboxLost
 from ...host_tools import Egress, EgressPolicy, ToolHost, ToolSet
 from ...runtime_wasm import (
     Checkpoint,
@@ -76,7 +76,7 @@ def _no_backend() -> Any:
     raise RuntimeError("memex mcp opens its sandboxes itself (the keeper's opener)")
 
 
-class SessionError(Exception):
+class SessionError(MemexError):
     """A call that names a session it cannot use, or asks for more than the bounds allow:
     answered as a tool error (the model can correct it), never a server fault."""
 
