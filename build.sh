@@ -165,7 +165,10 @@ case "${1:-setup}" in
         "$VENV/bin/ruff" check memex tests bench examples
         "$VENV/bin/mypy" memex
         # pytest exits 5 when it collects no test: with set -e that fails the build too.
-        "$VENV/bin/python" -m pytest -q --durations=25 "${@:2}"
+        # the run's test times, kept (CI keeps the file): python tests/times.py FILE
+        # writes docs/test-times.md from it
+        "$VENV/bin/python" -m pytest -q --durations=25 --junitxml=test-results/junit.xml \
+            "${@:2}"
         ;;
     dev)
         setup "$QUICK_EXTRAS"

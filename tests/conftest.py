@@ -26,6 +26,51 @@ HAVE_RAY = importlib.util.find_spec("ray") is not None
 DEFAULT_TIMEOUT = 10.0
 
 
+# ---- lanes and budgets ------------------------------------------------------------------------
+# Each test's lane follows from what it uses, its markers and fixtures: a test on the cluster's
+# fixtures is in the cluster lane (and marked ``ray``, so ``-m "not ray"`` leaves it out) even
+# if its author forgot the marker. Budgets are reported at the end of a run, never failed
+# (speed is bench/'s job): a test over its lane's is one to speed up, split or move.
+LANE_BUDGETS = {"fast": 5.0, "slow": 30.0, "cluster": 90.0, "package-index": 30.0,
+                "local-model": 300.0}
+_CLUSTER_FIXTURES = frozenset({"ray_cluster", "cluster_server", "rig"})
+_TIMES: list[tuple[float, str, str]] = []  # (seconds, lane, test) of each test's call
+
+
+def lane_of(item: pytest.Item) -> str:
+    if item.get_closest_marker("local_llm"):
+        return "local-model"
+    if item.get_closest_marker("pypi"):
+        return "package-index"
+    if item.get_closest_marker("ray") or \
+            set(getattr(item, "fixturenames", ())) & _CLUSTER_FIXTURES:
+        return "cluster"
+    return "slow" if item.get_closest_marker("slow") else "fast"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        lane = lane_of(item)
+        if lane == "cluster" and not item.get_closest_marker("ray"):
+            item.add_marker(pytest.mark.ray)
+        item.user_properties.append(("lane", lane))  # in the JUnit XML (tests/times.py)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "call":
+        lane = dict(report.user_properties).get("lane", "fast")
+        _TIMES.append((report.duration, str(lane), report.nodeid))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    over = sorted((t for t in _TIMES if t[0] > LANE_BUDGETS.get(t[1], 5.0)), reverse=True)
+    if over:
+        terminalreporter.section("tests over their lane's budget (reported, not failed)")
+        for seconds, lane, test in over:
+            terminalreporter.write_line(f"{seconds:7.1f}s  {lane} (budget "
+                                        f"{LANE_BUDGETS[lane]:g}s)  {test}")
+
+
 def _no_compile(*args: Any, **kwargs: Any) -> None:
     raise AssertionError("tests must never compile the guest module (compile_module called)")
 

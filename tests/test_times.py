@@ -1,0 +1,39 @@
+"""tests/times.py: docs/test-times.md from a run's JUnit XML (per-lane totals, the slowest),
+and the lane tests/conftest.py gives each test."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import lane_of
+from times import read, render
+
+XML = """<?xml version="1.0" encoding="utf-8"?>
+<testsuites><testsuite name="pytest">
+<testcase classname="tests.a" name="test_fast" time="0.5">
+  <properties><property name="lane" value="fast"/></properties></testcase>
+<testcase classname="tests.b" name="test_cluster" time="12.0">
+  <properties><property name="lane" value="cluster"/></properties></testcase>
+<testcase classname="tests.b" name="test_skipped" time="0.0">
+  <properties><property name="lane" value="cluster"/></properties><skipped/></testcase>
+<testcase classname="tests.c" name="test_failed" time="3.5">
+  <properties><property name="lane" value="slow"/></properties><failure/></testcase>
+</testsuite></testsuites>
+"""
+
+
+def test_the_table_sums_each_lane_and_lists_the_slowest(tmp_path: Path) -> None:
+    (tmp_path / "junit.xml").write_text(XML)
+    text = render(read(tmp_path / "junit.xml"), "junit.xml")
+    assert "| cluster | 1 | 12 | 75% |" in text  # the skipped one is not a test run
+    assert "| slow | 1 | 4 | 22% |" in text and "| fast | 1 | 0 | 3% |" in text
+    assert "| all | 3 | 16 | 100% |" in text
+    slowest = text.split("The 20 slowest:")[1]
+    assert slowest.index("test_cluster") < slowest.index("test_failed") < \
+        slowest.index("test_fast")
+
+
+def test_this_test_is_in_the_fast_lane_and_says_so(request: pytest.FixtureRequest) -> None:
+    assert lane_of(request.node) == "fast"
+    assert ("lane", "fast") in request.node.user_properties
