@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from lanes import LANE_BUDGETS, lane_of
 from served import Served, cluster_toml, loopback_cluster, start_server
 
 import memex.runtime_wasm as rw
@@ -26,28 +27,11 @@ HAVE_RAY = importlib.util.find_spec("ray") is not None
 DEFAULT_TIMEOUT = 10.0
 
 
-# ---- lanes and budgets ------------------------------------------------------------------------
-# Each test's lane follows from what it uses, its markers and fixtures: a test on the cluster's
-# fixtures is in the cluster lane (and marked ``ray``, so ``-m "not ray"`` leaves it out) even
-# if its author forgot the marker. Budgets are reported at the end of a run, never failed
-# (speed is bench/'s job): a test over its lane's is one to speed up, split or move.
-LANE_BUDGETS = {"fast": 5.0, "slow": 30.0, "cluster": 90.0, "package-index": 30.0,
-                "local-model": 300.0}
-_CLUSTER_FIXTURES = frozenset({"ray_cluster", "cluster_server", "rig"})
+# ---- lanes and budgets (tests/lanes.py) -----------------------------------------------------
 _TIMES: list[tuple[float, str, str]] = []  # (seconds, lane, test) of each test's call
 
 
-def lane_of(item: pytest.Item) -> str:
-    if item.get_closest_marker("local_llm"):
-        return "local-model"
-    if item.get_closest_marker("pypi"):
-        return "package-index"
-    if item.get_closest_marker("ray") or \
-            set(getattr(item, "fixturenames", ())) & _CLUSTER_FIXTURES:
-        return "cluster"
-    return "slow" if item.get_closest_marker("slow") else "fast"
-
-
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         lane = lane_of(item)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import lane_of
+from lanes import lane_of
 from times import read, render
 
 XML = """<?xml version="1.0" encoding="utf-8"?>

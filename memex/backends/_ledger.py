@@ -3,8 +3,8 @@
 and hand it to every part that admits a shared resource, each of which acquires and releases
 through the principal's account:
 
-* :class:`~memex.serving.SessionTable` (under its lock): sessions being made, their memory
-  and disk, and the checkpoints the principal holds;
+* :class:`~memex.serving.SessionTable` (under its lock): its live sessions and sessions
+  being made, their memory and disk, and the checkpoints the principal holds;
 * :class:`~memex.serving.Shares` (on the event loop): running turns, turns waiting, the
   turn-rate bucket and the principal's share of the blocking threads;
 * the server's sockets (on the event loop): its open WebSockets;
@@ -13,9 +13,9 @@ through the principal's account:
   pool's sandboxes it holds, their memory, and its requests waiting for one (and the
   turn-rate bucket when the pool is used on its own, with ``TenantQuota.turns_per_second``).
 
-A cluster's control actor (:class:`~memex.serving.Control`) keeps each tenant's sessions
-being made, checkpoints, running turns and rate bucket across the cluster in accounts of
-this class too (under its own lock).
+A cluster's control actor (:class:`~memex.serving.Control`) keeps each tenant's live
+sessions, sessions being made, checkpoints, running turns and rate bucket across the cluster
+in accounts of this class too (under its own lock).
 
 It lives in ``backends``, the lowest layer that knows principals, so the pool below the
 serving core and the core itself write to the same accounts. Before, each of these kept a
@@ -45,6 +45,11 @@ class Account:
 
     name: str
     thread_share: int = 16  # how many of the server's blocking threads it may hold at once
+    # live sessions and the sum of their memory and disk limits (a server's SessionTable;
+    # a cluster's Control): a create's check in constant time, not a walk of every session
+    sessions: int = 0
+    session_memory: int = 0
+    session_disk: int = 0
     # sessions (SessionTable)
     reserved: int = 0  # sessions being made or brought in
     reserved_memory: int = 0
@@ -130,7 +135,9 @@ class Ledger:
         a = self._accounts.get(name)
         if a is None:
             return {}
-        return {"sessions_being_made": a.reserved, "checkpoints": len(a.checkpoints),
+        return {"sessions": a.sessions, "session_memory": a.session_memory,
+                "session_disk": a.session_disk,
+                "sessions_being_made": a.reserved, "checkpoints": len(a.checkpoints),
                 "checkpoint_bytes": sum(_size(h) for h in list(a.checkpoints.values())),
                 "running_turns": a.running, "waiting_turns": len(a.line) + a.pausing,
                 "threads": int(a._threads.borrowed_tokens) if a._threads else 0,

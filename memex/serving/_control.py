@@ -198,11 +198,32 @@ class Control:
 
     # ---- ledger -------------------------------------------------------------------------------
     def _used(self, tenant: str) -> tuple[int, int, int]:
-        live = [e for e in self.sessions.values() if e.tenant == tenant]
+        """(under the lock) The tenant's sessions, memory and disk, from its account: in
+        constant time in the cluster's sessions (its checkpoints are bounded by its
+        max_checkpoints)."""
         a = self.ledger.account(tenant)
         held = sum(int(c["size"]) for c in a.checkpoints.values())
-        return (len(live) + a.reserved, sum(e.memory for e in live) + held + a.reserved_memory,
-                sum(e.disk for e in live) + a.reserved_disk)
+        return (a.sessions + a.reserved, a.session_memory + held + a.reserved_memory,
+                a.session_disk + a.reserved_disk)
+
+    def _put(self, e: _Entry) -> None:
+        """(under the lock) A session into the directory, counted in its tenant's account."""
+        old = self.sessions.get(e.id)
+        if old is not None:
+            self._count(old, -1)
+        self.sessions[e.id] = e
+        self._count(e, 1)
+
+    def _drop(self, sid: str) -> None:
+        """(under the lock) A session out of the directory and its tenant's account."""
+        e = self.sessions.pop(sid)
+        self._count(e, -1)
+
+    def _count(self, e: _Entry, sign: int) -> None:
+        a = self.ledger.account(e.tenant)
+        a.sessions += sign
+        a.session_memory += sign * e.memory
+        a.session_disk += sign * e.disk
 
     def _reserve(self, tenant: str, bounds: dict[str, Any], memory: int, disk: int) -> None:
         count, used_memory, used_disk = self._used(tenant)
@@ -360,7 +381,7 @@ class Control:
                     raise
                 e = _Entry(sid, tenant, spec, memory, disk, slab.name, parent=parent)
                 with self.lock:
-                    self.sessions[sid] = e
+                    self._put(e)
                     slab.sessions.add(sid)
                     self.counts["creates"] += 1
             finally:
@@ -417,7 +438,7 @@ class Control:
                 e = _Entry(child, tenant, p.spec, p.memory, p.disk, slab.name, parent=sid,
                            turns=turns, begun=turns)
                 with self.lock:
-                    self.sessions[child] = e
+                    self._put(e)
                     slab.sessions.add(child)
             finally:
                 with self.lock:
@@ -453,7 +474,7 @@ class Control:
             e = self.sessions.get(sid)
             if e is None or e.tenant != tenant:
                 return False
-            del self.sessions[sid]
+            self._drop(sid)
             slab = self.slabs.get(e.slab) if e.slab is not None else None
             if slab is not None:
                 slab.used -= e.memory
@@ -909,9 +930,9 @@ class Control:
                 continue
             if rec is None or limits is None:
                 continue
-            self.sessions[sid] = _Entry(sid, str(rec["tenant"]), rec["spec"], limits.memory,
-                                        limits.disk_bytes, None, turns=int(rec["turns"]),
-                                        begun=int(rec["turns"]), gone="the cluster restarted")
+            self._put(_Entry(sid, str(rec["tenant"]), rec["spec"], limits.memory,
+                             limits.disk_bytes, None, turns=int(rec["turns"]),
+                             begun=int(rec["turns"]), gone="the cluster restarted"))
         self._adopt_slabs()
         for tenant in self.storage.children("checkpoints"):
             for cid in self.storage.children(f"checkpoints/{tenant}"):

@@ -168,9 +168,8 @@ class SessionTable(Generic[S]):
                     a.reserved for a in self.ledger.accounts()) >= self.capacity:
                 raise QuotaExceeded(f"this server holds its maximum of {self.capacity} "
                                     "sessions; end one first, or retry later")
-            live = [s for s in self._sessions.values() if s.owner == owner]
             acct = self.ledger.account(owner)
-            count = len(live) + acct.reserved
+            count = acct.sessions + acct.reserved
             if bounds.max_sessions is not None and count >= bounds.max_sessions:
                 raise QuotaExceeded(f"{owner!r} holds {count} sessions, its bound is "
                                     f"{bounds.max_sessions}: close one first")
@@ -178,7 +177,7 @@ class SessionTable(Generic[S]):
                     ("session memory and checkpoints", bounds.max_memory,
                      self._memory_locked(owner), limits.memory),
                     ("disk", bounds.max_disk,
-                     sum(s.limits.disk_bytes for s in live) + acct.reserved_disk,
+                     acct.session_disk + acct.reserved_disk,
                      limits.disk_bytes)):
                 if bound is not None and used + more > bound:
                     raise QuotaExceeded(f"{owner!r} would hold {used + more} bytes of "
@@ -206,7 +205,18 @@ class SessionTable(Generic[S]):
     # ---- sessions -----------------------------------------------------------------------
     def add(self, session: S) -> None:
         with self._lock:
+            old = self._sessions.get(session.id)
+            if old is not None:
+                self._count(old, -1)
             self._sessions[session.id] = session
+            self._count(session, 1)
+
+    def _count(self, s: S, sign: int) -> None:
+        """(under the lock) The owner's live sessions and their limits, in its account."""
+        acct = self.ledger.account(s.owner)
+        acct.sessions += sign
+        acct.session_memory += sign * s.limits.memory
+        acct.session_disk += sign * s.limits.disk_bytes
 
     def get(self, owner: str, sid: str) -> S | None:
         with self._lock:
@@ -218,6 +228,7 @@ class SessionTable(Generic[S]):
             s = self._sessions.get(sid)
             if s is None or s.owner != owner:
                 return None
+            self._count(s, -1)
             return self._sessions.pop(sid)
 
     def of(self, owner: str) -> list[S]:
@@ -282,6 +293,8 @@ class SessionTable(Generic[S]):
         stops)."""
         with self._lock:
             out = list(self._sessions.values())
+            for s in out:
+                self._count(s, -1)
             self._sessions.clear()
             held = [e.checkpoint for h in self._helds() for e in h.values()]
             for h in self._helds():
@@ -322,11 +335,11 @@ class SessionTable(Generic[S]):
         return cid
 
     def _memory_locked(self, owner: str) -> int:
-        live = sum(s.limits.memory for s in self._sessions.values() if s.owner == owner)
         acct = self.ledger.find(owner)
         if acct is None:
-            return live
-        return live + sum(int(h.size) for h in acct.checkpoints.values()) + acct.reserved_memory
+            return 0
+        return acct.session_memory + sum(int(h.size) for h in acct.checkpoints.values()) + \
+            acct.reserved_memory
 
     def memory(self, owner: str) -> int:
         """Bytes the owner holds: its live sessions' memory limits and its checkpoints."""

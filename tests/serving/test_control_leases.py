@@ -28,8 +28,8 @@ def control(tmp_path: Path) -> Iterator[Control]:
     c = Control(Storage(str(tmp_path / "storage")), namespace="t", slab_memory=1 << 30,
                 slab_cpus=1, save_interval=0, monitor=3600)  # its rounds run by the test
     for sid in ("s-1", "s-2"):  # sessions on a slab the directory names (never reached)
-        c.sessions[sid] = _Entry(id=sid, tenant="one", memory=0, disk=0, slab="slab-x",
-                                 spec={"limits": limits_to_wire(Limits())})
+        c._put(_Entry(id=sid, tenant="one", memory=64, disk=8, slab="slab-x",
+                      spec={"limits": limits_to_wire(Limits())}))
     yield c
 
 

@@ -9,9 +9,11 @@ import contextlib
 import threading
 from typing import Any
 
+import pytest
+
 from memex.backends import Ledger
 from memex.runtime_wasm import Limits
-from memex.serving import Bounds, PackageGate, SessionTable, Shares
+from memex.serving import Bounds, PackageGate, QuotaExceeded, SessionTable, Shares
 
 
 class _Checkpoint:
@@ -82,3 +84,30 @@ def test_held_reads_a_clusters_checkpoint_meta_too() -> None:
     ledger.account("a").checkpoints["c-1"] = {"size": 512, "session": "s"}
     ledger.account("a").checkpoints["c-2"] = _Checkpoint()
     assert ledger.held("a")["checkpoint_bytes"] == 512 + 4096
+
+
+def test_live_sessions_are_counted_in_the_account_a_create_reads() -> None:
+    """A create checks the owner's sessions, memory and disk from its account, which the
+    table keeps as sessions come and go (added again under the same id: counted once;
+    drained: none), so the check costs the same beside 10 sessions or 100,000. The control:
+    another owner's account holds nothing."""
+    from memex.serving._table import CoreSession
+
+    ledger = Ledger()
+    table: SessionTable[CoreSession] = SessionTable(ledger=ledger)
+    lim = Limits(memory=64 << 20, disk_bytes=1 << 20)
+    for i in range(3):
+        table.add(CoreSession(id=f"s-{i}", owner="a", limits=lim))
+    table.add(CoreSession(id="s-0", owner="a", limits=lim))  # the same session again
+    held = ledger.held("a")
+    assert (held["sessions"], held["session_memory"], held["session_disk"]) == (
+        3, 3 * (64 << 20), 3 << 20)
+    assert table.memory("a") == 3 * (64 << 20)
+    with pytest.raises(QuotaExceeded, match="holds 3 sessions"):
+        table.reserve("a", Bounds(max_sessions=3), lim)
+    assert table.pop("a", "s-1") is not None
+    table.reserve("a", Bounds(max_sessions=3), lim)  # its place came back
+    table.release("a", lim)
+    table.drain()
+    assert ledger.held("a")["sessions"] == 0 and ledger.held("a")["session_memory"] == 0
+    assert ledger.held("b") == {}

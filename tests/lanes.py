@@ -1,0 +1,25 @@
+"""Each test's lane and its budget (tests/conftest.py applies them; tests/times.py reports
+them). A test's lane follows from what it uses, its markers and fixtures: a test on the
+cluster's fixtures is in the cluster lane (and marked ``ray``, so ``-m "not ray"`` leaves it
+out) even if its author forgot the marker. Budgets are reported at the end of a run, never
+failed (speed is bench/'s job): a test over its lane's is one to speed up, split or move."""
+
+from __future__ import annotations
+
+import pytest
+
+LANE_BUDGETS = {"fast": 5.0, "slow": 30.0, "cluster": 90.0, "package-index": 30.0,
+                "local-model": 300.0}
+"""Seconds of a test's call in each lane before the end of a run names it."""
+CLUSTER_FIXTURES = frozenset({"ray_cluster", "cluster_server", "rig"})
+
+
+def lane_of(item: pytest.Item) -> str:
+    if item.get_closest_marker("local_llm"):
+        return "local-model"
+    if item.get_closest_marker("pypi"):
+        return "package-index"
+    if item.get_closest_marker("ray") or \
+            set(getattr(item, "fixturenames", ())) & CLUSTER_FIXTURES:
+        return "cluster"
+    return "slow" if item.get_closest_marker("slow") else "fast"
