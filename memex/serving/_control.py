@@ -42,7 +42,7 @@ import msgpack
 from ..backends import SLAB_LEASE, Ledger, Slab, Storage, session_key
 from ..backends.worker import error_from_wire, error_to_wire, limits_from_wire
 from ..errors import ConfigError, MemexError
-from ..runtime_wasm import DecodeCost, unpack_bounded
+from ..runtime_wasm import DecodeCost, Limits, unpack_bounded
 from ._doorkit import DoorKit, SlabDoors
 
 __all__ = ["CONTROL_NAME", "Control", "ControlRefusal", "checkpoint_key"]
@@ -83,23 +83,21 @@ class _Entry:
     gone: str = "its slab was lost (its node died, or it stopped answering)"  # for the notice
     fence: float = 0.0  # not opened elsewhere before (monotonic): its old slab's lease ran out
     running_at: dict[str, int] = field(default_factory=dict)  # front -> turns it said run
-    lifetime: float | None = None  # from its limits (set at creation)
-    idle_timeout: float | None = None
     recovering: bool = False
     failed: str | None = None  # why its last recovery failed
 
     def __post_init__(self) -> None:
-        limits = limits_from_wire(self.spec["limits"])
-        self.lifetime, self.idle_timeout = limits.lifetime, limits.idle_timeout
+        self.limits: Limits = limits_from_wire(self.spec["limits"])  # its lifetime and idle
 
     def why_ended(self, now: float) -> str | None:
         """Why its own limits ended it (as ``CoreSession.why_ended``); a session with a turn
         running is left to finish."""
         if self.running or any(self.running_at.values()):
             return None
-        if self.lifetime is not None and now - self.created >= self.lifetime:
+        lifetime, idle_timeout = self.limits.lifetime, self.limits.idle_timeout
+        if lifetime is not None and now - self.created >= lifetime:
             return "its lifetime ended"
-        if self.idle_timeout is not None and now - self.last_used >= self.idle_timeout:
+        if idle_timeout is not None and now - self.last_used >= idle_timeout:
             return "its idle timeout passed"
         return None
 
@@ -511,9 +509,9 @@ class Control:
         turns from its tenants' accounts and its sessions, and the turns it said were
         running. The fronts dropped."""
         now = time.monotonic()
-        gone = [name for name, f in self.fronts.items() if now - f.seen > FRONT_LEASE]
-        for name in gone:
-            f = self.fronts.pop(name)
+        gone = [front for front, f in self.fronts.items() if now - f.seen > FRONT_LEASE]
+        for front in gone:
+            f = self.fronts.pop(front)
             for (tenant, sid), n in f.turns.items():
                 a = self.ledger.account(tenant)
                 a.running = max(0, a.running - n)
@@ -523,7 +521,7 @@ class Control:
             for sid in f.reported:
                 e = self.sessions.get(sid)
                 if e is not None:
-                    e.running_at.pop(name, None)
+                    e.running_at.pop(front, None)
         return gone
 
     def turn_begin(self, tenant: str, sid: str, max_running: int | None,
@@ -812,9 +810,9 @@ class Control:
         self._retire_empty()
         self._expire_checkpoints()
         with self.lock:
-            for name in self._expire_fronts():
+            for front in self._expire_fronts():
                 LOG.warning("front %s said nothing for %gs: its running turns are given "
-                            "back", name, FRONT_LEASE)
+                            "back", front, FRONT_LEASE)
         now = time.time()
         with self.lock:
             ended = [(e.tenant, sid, why) for sid, e in self.sessions.items()

@@ -29,7 +29,7 @@ def control(tmp_path: Path) -> Iterator[Control]:
                 slab_cpus=1, save_interval=0, monitor=3600)  # its rounds run by the test
     for sid in ("s-1", "s-2"):  # sessions on a slab the directory names (never reached)
         c._put(_Entry(id=sid, tenant="one", memory=64, disk=8, slab="slab-x",
-                      spec={"limits": limits_to_wire(Limits())}))
+                      spec={"limits": limits_to_wire(Limits(lifetime=60))}))
     yield c
 
 
@@ -71,7 +71,7 @@ def test_turns_a_silent_front_said_were_running_no_longer_hold_the_session(
     """A session a front said has a turn running is not ended by its limits; once that
     front is silent for its lease, the session's limits apply again."""
     e = control.sessions["s-1"]
-    e.lifetime = 0.0  # its lifetime is over
+    e.created -= 3600  # its lifetime (from its limits) is over
     control.report([["s-1", 1, 1, 0.0]], "front-dead")
     assert e.why_ended(time.time()) is None  # a turn runs through front-dead
     _silent(control, "front-dead")
