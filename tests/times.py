@@ -58,8 +58,11 @@ def main() -> int:
     ap.add_argument("junit", type=Path, help="a run's JUnit XML (test-results/junit.xml)")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "test-times.md",
                     help="where to write (default docs/test-times.md)")
+    ap.add_argument("--run", default=None, metavar="TEXT",
+                    help="what run the XML is from, said in the document (commit, machine)")
     args = ap.parse_args()
-    args.out.write_text(render(read(args.junit), args.junit.name))
+    source = args.junit.name + (f" of {args.run}" if args.run else "")
+    args.out.write_text(render(read(args.junit), source))
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 
