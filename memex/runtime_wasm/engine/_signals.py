@@ -13,13 +13,19 @@ So the handlers wasmtime installed are recorded when the first engine is made, a
 every turn :func:`ensure` puts back any that were displaced (a ``sigaction`` query per signal,
 about a microsecond in all). The displacing handler then no longer sees faults of the host
 either: those go, through wasmtime, to the handlers that were installed before it (a
-``faulthandler`` enabled before MemEx's first engine keeps working). A warning says so once.
+``faulthandler`` enabled before MemEx's first engine keeps working). A warning says so once,
+except for Ray's own: ``ray.init`` in a process that already made an engine installs Ray's
+crash reporter for these signals (its core worker library's), which MemEx, which starts Ray
+for its Ray backends, expects and puts back quietly (logged at debug); a handler Ray's
+shutdown leaves (the default action) is put back as quietly once Ray's was seen.
 Linux only (the layout of ``struct sigaction`` below is glibc's and musl's on 64-bit Linux).
 """
 
 from __future__ import annotations
 
 import ctypes
+import logging
+import os
 import signal
 import sys
 import threading
@@ -35,14 +41,42 @@ _LOCK = threading.Lock()
 _SAVED: dict[int, bytes] = {}  # signal -> wasmtime's struct sigaction
 _RESTORED = [0]
 _WARNED = [False]
+_RAY_SEEN = [False]  # Ray's crash reporter displaced wasmtime's handlers in this process
+LOG = logging.getLogger("memex.runtime")
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
 
 if sys.platform == "linux":
     _libc = ctypes.CDLL(None, use_errno=True)
     _sigaction = _libc.sigaction
     _sigaction.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
     _sigaction.restype = ctypes.c_int
+    _dladdr = _libc.dladdr
+    _dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
+    _dladdr.restype = ctypes.c_int
 else:  # pragma: no cover - MemEx's runtime is Linux-only (memfd, userfaultfd)
-    _sigaction = None
+    _sigaction = _dladdr = None
+
+
+def _library_of(address: int) -> str:
+    """The file of the shared object holding ``address`` ('' when none is known)."""
+    info = _DlInfo()
+    if address <= 1 or _dladdr is None or not _dladdr(address, ctypes.byref(info)):
+        return ""
+    return (info.dli_fname or b"").decode(errors="replace")
+
+
+def _rays(address: int) -> bool:
+    """Whether a displacing handler is Ray's (its core worker's crash reporter), or the
+    default action Ray's shutdown leaves once Ray's was seen here."""
+    if address == 0:
+        return _RAY_SEEN[0]
+    name = os.path.basename(_library_of(address))
+    return name.startswith("_raylet") and "/ray/" in _library_of(address)
 
 
 def _handler(action: ctypes.Array[ctypes.c_char]) -> int:
@@ -74,7 +108,10 @@ def ensure() -> None:
         back = _Action.from_buffer_copy(saved)
         if _sigaction(sig, ctypes.addressof(back), None) == 0:
             _RESTORED[0] += 1
-            if not _WARNED[0]:
+            if _rays(theirs):
+                _RAY_SEEN[0] = True
+                LOG.debug("Ray's handler for %s put back to wasmtime's", signal.Signals(sig).name)
+            elif not _WARNED[0]:
                 _WARNED[0] = True
                 warnings.warn(
                     f"a handler for {signal.Signals(sig).name} (at {theirs:#x}) installed "
