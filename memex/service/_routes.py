@@ -53,8 +53,8 @@ from ._models import (
     ToolList,
     ToolOut,
 )
-from ._service import Service, quota_error
-from ._sessions import QuotaExceeded, Session
+from ._service import Service
+from ._sessions import Session
 
 __all__ = ["router"]
 
@@ -190,10 +190,7 @@ async def close(sid: SessionId, tenant: Tenant, svc: Svc) -> Response:
 @router.post(f"{V1}/sessions/{{sid}}/fork", status_code=201, responses=_ERRORS)
 async def fork(sid: SessionId, tenant: Tenant, svc: Svc) -> SessionOut:
     s = await svc.session_of(tenant, sid)
-    try:
-        return svc.out(await svc.ordered(s, tenant, svc.fork_of(s, tenant)))
-    except QuotaExceeded as exc:
-        raise quota_error(exc) from None
+    return svc.out(await svc.ordered(s, tenant, svc.fork_of(s, tenant)))  # 429 past a bound
 
 
 @router.post(f"{V1}/sessions/{{sid}}/forks", status_code=201, responses=_ERRORS)
@@ -201,10 +198,7 @@ async def forks(sid: SessionId, body: ForksIn, tenant: Tenant, svc: Svc) -> Sess
     """``count`` forks of the session in one call, all or none: they count against the
     tenant's quota together, and when one cannot be made none is kept."""
     s = await svc.session_of(tenant, sid)
-    try:
-        made = await svc.ordered(s, tenant, svc.forks_of(s, tenant, body.count))
-    except QuotaExceeded as exc:
-        raise quota_error(exc) from None
+    made = await svc.ordered(s, tenant, svc.forks_of(s, tenant, body.count))
     return SessionList(sessions=[svc.out(c) for c in made])
 
 
@@ -219,11 +213,8 @@ async def park(sid: SessionId, tenant: Tenant, svc: Svc) -> Response:
 @router.post(f"{V1}/sessions/{{sid}}/unpark", status_code=201, responses=_ERRORS)
 async def unpark(sid: SessionId, tenant: Tenant, svc: Svc) -> SessionOut:
     folder = svc.shared()
-    try:
-        s: Session | None = await svc.blocking(svc.keeper.unpark, tenant, sid, folder,
-                                               tenant=tenant.name)
-    except QuotaExceeded as exc:
-        raise quota_error(exc) from None
+    s: Session | None = await svc.blocking(svc.keeper.unpark, tenant, sid, folder,
+                                           tenant=tenant.name)  # 429 past a bound
     if s is None:
         raise ApiError(404, "not_found", f"no parked session {sid!r}")
     return svc.out(s)

@@ -60,10 +60,6 @@ def _default_backend(config: ServiceConfig, ledger: Ledger) -> Backend:
     return get_backend(config.backend)
 
 
-def quota_error(exc: QuotaExceeded) -> ApiError:
-    return translate(exc)  # 429 with Retry-After
-
-
 class Service:
     """Everything a route of one app needs (``request.app.state.service``)."""
 
@@ -257,7 +253,7 @@ class Service:
             close = getattr(cp, "close", None)
             if callable(close):
                 close()
-            raise quota_error(exc) from None
+            raise translate(exc) from None
 
     async def restore_checkpoint(self, s: Session, tenant: TenantConfig, cid: str) -> None:
         """The session back to the tenant's checkpoint ``cid`` (held here, or shared by
@@ -277,7 +273,7 @@ class Service:
         try:
             await self.ordered(s, tenant, put_back)
         except QuotaExceeded as exc:
-            raise quota_error(exc) from None
+            raise translate(exc) from None
 
     async def drop_checkpoint(self, tenant: TenantConfig, cid: str) -> bool:
         """Release the tenant's checkpoint ``cid`` (and its shared copy); whether there was
@@ -349,7 +345,7 @@ class Service:
         try:
             self.table.reserve(tenant.name, tenant.bounds(), limits)
         except QuotaExceeded as exc:
-            raise quota_error(exc) from None
+            raise translate(exc) from None
         try:
             door = ClientDoor()
             sb = self.backend().open(limits=limits, mounts=mounts, preload=body.preload,

@@ -251,8 +251,9 @@ class SessionTable(Generic[S]):
         bound loses its own, never another's place; one that filled the server gives way
         to one that holds fewer). In use (running, saving) is never idle."""
         with self._lock:
-            counts = collections.Counter(s.owner for s in self._sessions.values())
-            counts.update({a.name: a.reserved for a in self.ledger.accounts() if a.reserved})
+            counts = collections.Counter({a.name: a.sessions + a.reserved
+                                          for a in self.ledger.accounts()
+                                          if a.sessions + a.reserved})
 
             def lru(of: str) -> S | None:
                 free = [s for s in self._sessions.values()

@@ -75,8 +75,8 @@ def _rays(address: int) -> bool:
     default action Ray's shutdown leaves once Ray's was seen here."""
     if address == 0:
         return _RAY_SEEN[0]
-    name = os.path.basename(_library_of(address))
-    return name.startswith("_raylet") and "/ray/" in _library_of(address)
+    path = _library_of(address)
+    return os.path.basename(path).startswith("_raylet") and "/ray/" in path
 
 
 def _handler(action: ctypes.Array[ctypes.c_char]) -> int:
