@@ -125,6 +125,13 @@ class Ledger:
         """The principal's account if it has used anything yet."""
         return self._accounts.get(name)
 
+    def forget(self, name: str) -> None:
+        """Drop the principal's account: only for a keeper that is the ledger's one user,
+        once the account holds nothing (a pool of its own, whose tenants may be one per
+        rollout, would otherwise keep an account per name it ever saw)."""
+        with self._lock:
+            self._accounts.pop(name, None)
+
     def accounts(self) -> list[Account]:
         with self._lock:
             return list(self._accounts.values())

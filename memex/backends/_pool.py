@@ -104,10 +104,11 @@ class _Admission:
     under ``cond``."""
 
     def __init__(self, capacity: int, queue_size: int, quotas: Mapping[str, TenantQuota],
-                 default: TenantQuota, ledger: Ledger) -> None:
+                 default: TenantQuota, ledger: Ledger, own: bool) -> None:
         self.capacity, self.queue_size = capacity, queue_size
         self.quotas, self.default = dict(quotas), default
         self.ledger = ledger
+        self.own = own  # the pool's own ledger: an account that holds nothing is dropped
         self.cond = threading.Condition()
         self.live = 0  # sandboxes handed out, all tenants together
         self.waiting = 0  # opens waiting, all tenants together
@@ -138,8 +139,8 @@ class _Admission:
             raise BackendBusy("quota", f"tenant {tenant!r} can never be admitted: its quota "
                               f"({q.sandboxes} sandboxes, {q.memory} bytes) is below one "
                               f"sandbox of {memory} bytes")
-        a = self.ledger.account(tenant)
-        with self.cond:
+        with self.cond:  # accounts are taken and forgotten under it
+            a = self.ledger.account(tenant)
             if self.closed:
                 raise BackendBusy("closed", "the pool was closed")
             if not a.sandbox_line and self._fits(a, memory):
@@ -165,18 +166,28 @@ class _Admission:
                 return
             queued.remove(ticket)
             self.waiting -= 1
+            self._forget(a)
             if self.closed:
                 raise BackendBusy("closed", "the pool was closed")
             raise BackendBusy("timeout", f"no sandbox for tenant {tenant!r} within "
                               f"{timeout:g}s (the pool or the tenant's quota is full)")
 
     def release(self, tenant: str, memory: int) -> None:
-        a = self.ledger.account(tenant)
         with self.cond:
+            a = self.ledger.account(tenant)
             a.sandboxes -= 1
             a.sandbox_memory -= memory
             self.live -= 1
             self._dispatch()
+            self._forget(a)
+
+    def _forget(self, a: Account) -> None:
+        """(under cond) Drop an account of the pool's own ledger that holds nothing (no
+        sandbox, no open waiting, no rate bucket to keep)."""
+        if self.own and not a.sandboxes and not a.sandbox_line and a.rate is None:
+            self.ledger.forget(a.name)
+            if a in self.order:
+                self.order.remove(a)
 
     def _dispatch(self) -> None:
         """Admit waiting heads while anything fits, in round-robin order starting after the
@@ -255,7 +266,8 @@ class PoolBackend(SubprocessBackend):
         self._profile_limits, self._profile = self._spec(limits, mounts, preload, env)
         self.ledger = ledger if ledger is not None else Ledger()
         self._admission = _Admission(self.max_sandboxes, queue_size, quotas or {},
-                                     default_quota or TenantQuota(), self.ledger)
+                                     default_quota or TenantQuota(), self.ledger,
+                                     own=ledger is None)
         self._ready: collections.deque[ProcessSandbox] = collections.deque()
         self._warming = 0
         self._warm_cond = threading.Condition(self._lock)
@@ -398,8 +410,8 @@ class PoolBackend(SubprocessBackend):
         q = self._admission.quota(who)
         if q.turns_per_second is None:
             return
-        a = self.ledger.account(who)
         with self._admission.cond:  # the keeper of the account's pool fields
+            a = self.ledger.account(who)
             wait = a.take(q.turns_per_second, self.acquire_timeout, q.burst)
         if wait < 0:
             raise BackendBusy("timeout", f"tenant {who!r} is over its rate of "

@@ -364,6 +364,29 @@ def test_a_pool_keeps_each_tenants_sandboxes_in_the_ledger_it_is_handed() -> Non
         pool.close()
 
 
+def test_a_pool_of_its_own_keeps_no_account_for_a_tenant_that_holds_nothing() -> None:
+    """A pool used on its own (no ledger handed in), with a tenant name per rollout, keeps
+    no account per name it ever saw: an account that holds nothing is dropped. The control:
+    a tenant holding a sandbox keeps its account; a handed-in ledger (a server's, shared
+    with its other keepers) is never pruned by the pool."""
+    pool = PoolBackend(workers=1, warm=1, max_sandboxes=2, limits=Limits(timeout=10))
+    shared = Ledger()
+    handed = PoolBackend(workers=1, warm=1, max_sandboxes=2, limits=Limits(timeout=10),
+                         ledger=shared)
+    try:
+        held = pool.open(tenant="kept")
+        for i in range(20):
+            pool.open(tenant=f"rollout-{i}").close()
+        assert [a.name for a in pool.ledger.accounts()] == ["kept"]
+        held.close()
+        assert pool.ledger.accounts() == []
+        handed.open(tenant="t").close()
+        assert [a.name for a in shared.accounts()] == ["t"]
+    finally:
+        pool.close()
+        handed.close()
+
+
 def test_flooding_tenant_does_not_starve_another(small_pool: PoolBackend) -> None:
     """Tenant A holds the whole pool and queues six more opens; B asks once and gets the
     first freed slot; A's seventh waiting request is refused at once (back-pressure)."""
