@@ -1,5 +1,6 @@
 """The cluster control actor's admission of a create against the tenant's quota (sessions,
 memory, disk), with N sessions in the directory: this build beside BASELINE, in one run.
+Then its restart with N saved sessions in the storage: this build beside RESTART_BASELINE.
 
 The control actor is made in this process (no Ray cluster: only its directory and ledger are
 exercised) and filled with N sessions of many tenants; each sample is one create's check and
@@ -7,6 +8,14 @@ reservation and its release, under the actor's lock, as ``Control.create`` does 
 asks a slab. At BASELINE the check walked every session in the cluster under that one lock,
 so it grew with the cluster (issue 47: 8.7 ms at 100,000 sessions, ~115 creates/s for the
 whole cluster); now it reads the tenant's account.
+
+A restart is timed as the actor's making (``Control(...)`` returns: it answers) and then a
+tenant's first request (``of(tenant)``: its saved sessions read back), against a storage
+folder holding N saved sessions' records of 100 tenants (and the per-tenant index this build
+writes at each create). At RESTART_BASELINE the making read every record first (issue 47:
+21-34 s with 1,000 records in S3). Both builds run with no Ray cluster, so no slab is
+adopted (their slab adoption is skipped alike); the folder is a local one, where a read
+costs far less than an S3 GET.
 
     python bench/control.py            # needs memex[cluster] (Ray, fsspec)
 """
@@ -27,8 +36,44 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BASELINE = "b593d3c"
 """The last commit whose control actor walked every session for a create's check."""
+RESTART_BASELINE = "511af78"
+"""The last commit whose restarted control actor read every saved record before answering."""
 SIZES = (1_000, 10_000, 100_000)
 TENANTS = 100
+
+
+def fill(root: Path, n: int) -> None:
+    """N saved sessions' records (as a slab writes them at open) and their index entries."""
+    from memex import Limits
+    from memex.backends.worker import limits_to_wire
+
+    spec = {"limits": limits_to_wire(Limits(memory=64 << 20)), "mounts": [], "preload": []}
+    for i in range(n):
+        sid, tenant = f"s-{i}", f"t-{i % TENANTS}"
+        (root / "sessions" / sid).mkdir(parents=True, mode=0o700)
+        (root / "sessions" / sid / "record").write_text(json.dumps(
+            {"id": sid, "tenant": tenant, "spec": spec, "turns": 2, "seq": 1, "image": None,
+             "files": None, "files_kept": True, "door": False}))
+        (root / "owners" / tenant).mkdir(parents=True, exist_ok=True, mode=0o700)
+        (root / "owners" / tenant / sid).write_bytes(b"")
+    (root / "owners-indexed").write_bytes(b"1")
+
+
+def restart(root: str) -> dict[str, float]:
+    """One restart against the filled folder: seconds to the actor's making, then to a
+    tenant's first answer."""
+    from memex.backends import Storage
+    from memex.serving import Control
+
+    Control._adopt_slabs = lambda self: None  # type: ignore[method-assign]  # no Ray here
+    t0 = time.perf_counter()
+    c = Control(Storage(root), namespace="bench", slab_memory=1 << 30, slab_cpus=1,
+                save_interval=0, monitor=3600)
+    t1 = time.perf_counter()
+    listed = c.of("t-7")
+    t2 = time.perf_counter()
+    assert listed, "the tenant's saved sessions were not found"
+    return {"made": t1 - t0, "first": t2 - t1, "listed": len(listed)}
 
 
 def child(n: int, samples: int) -> dict[str, float]:
@@ -66,28 +111,63 @@ def child(n: int, samples: int) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--restart", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--samples", type=int, default=300, help="creates timed per row")
+    ap.add_argument("--only", choices=["creates", "restart"], default=None,
+                    help="run one of the two tables")
     args = ap.parse_args()
     if args.child is not None:
         print(json.dumps(child(args.child, args.samples)))
         return
+    if args.restart is not None:
+        print(json.dumps(restart(args.restart)))
+        return
+    if args.only != "restart":
+        creates(args.samples)
+    if args.only != "creates":
+        restarts()
+
+
+def _baseline(commit: str, into: str) -> None:
+    blob = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "memex"],
+                          check=True, capture_output=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
+        tar.extractall(into, filter="data")
+
+
+def _run(path: str, *argv: str) -> dict[str, float]:
+    out = subprocess.run([sys.executable, __file__, *argv],
+                         env={**os.environ, "PYTHONPATH": path}, check=True,
+                         capture_output=True, text=True).stdout
+    return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+def restarts() -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        blob = subprocess.run(["git", "-C", str(ROOT), "archive", BASELINE, "memex"],
-                              check=True, capture_output=True).stdout
-        with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
-            tar.extractall(tmp, filter="data")
+        _baseline(RESTART_BASELINE, tmp)
+        print(f"a restarted control actor with N saved sessions of {TENANTS} tenants (local "
+              "folder storage): seconds until it answers, then until a tenant's first "
+              "answer (its sessions read back):")
+        print(f"  {'sessions':>9}  {'as built answers':>17} {'first':>8}   "
+              f"{'landed ' + RESTART_BASELINE + ' answers':>23} {'first':>8}")
+        for n in SIZES:
+            with tempfile.TemporaryDirectory() as store:
+                fill(Path(store), n)
+                row = [_run(path, "--restart", store) for path in (str(ROOT), tmp)]
+            print(f"  {n:>9,}  {row[0]['made']:>15.3f} s {row[0]['first']:>6.3f} s"
+                  f"   {row[1]['made']:>21.3f} s {row[1]['first']:>6.3f} s")
+
+
+def creates(samples: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        _baseline(BASELINE, tmp)
         print(f"a create's quota check and reservation in the control actor, "
-              f"{args.samples} each, {TENANTS} tenants:")
+              f"{samples} each, {TENANTS} tenants:")
         print(f"  {'sessions':>9}  {'as built p50':>13} {'p99':>9}   "
               f"{'landed ' + BASELINE + ' p50':>19} {'p99':>9}")
         for n in SIZES:
-            row = []
-            for path in (str(ROOT), tmp):
-                out = subprocess.run([sys.executable, __file__, "--child", str(n),
-                                      "--samples", str(args.samples)],
-                                     env={**os.environ, "PYTHONPATH": path}, check=True,
-                                     capture_output=True, text=True).stdout
-                row.append(json.loads(out.strip().splitlines()[-1]))
+            row = [_run(path, "--child", str(n), "--samples", str(samples))
+                   for path in (str(ROOT), tmp)]
             print(f"  {n:>9,}  {row[0]['p50'] * 1e6:>10.1f} us {row[0]['p99'] * 1e6:>6.1f} us"
                   f"   {row[1]['p50'] * 1e6:>16.1f} us {row[1]['p99'] * 1e6:>6.1f} us")
 

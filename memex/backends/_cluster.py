@@ -278,9 +278,10 @@ class Slab:
                 "name": self.name, "endpoint": self.endpoint, "secret": self._secret}
 
     def holding(self) -> list[list[Any]]:
-        """``[sid, turns]`` of each session held here."""
+        """``[sid, turns, tenant, spec]`` of each session held here: what a restarted
+        control actor rebuilds their directory entries from, reading no storage."""
         with self.lock:
-            return [[sid, h.turns] for sid, h in self.held.items()]
+            return [[sid, h.turns, h.tenant, h.spec] for sid, h in self.held.items()]
 
     def stats(self) -> dict[str, Any]:
         with self.lock:

@@ -258,7 +258,8 @@ class ClusterSandbox(SandboxHandle):
         link = self.link
         if self.where is not None:
             link.forget(self.where.slab)
-        ref = link.control.recover.remote(self.sid, self.slab or None, begun) if dead else \
+        ref = link.control.recover.remote(self.sid, self.slab or None, begun,
+                                          self.tenant) if dead else \
             link.control.lookup.remote(self.tenant, self.sid)
         entry = link.get(ref)
         deadline = time.monotonic() + link.cfg.place_timeout + 30

@@ -12,8 +12,14 @@ actor that every front asks, and the one place where the cluster's shared facts 
   more memory than its slabs declared. A slab that Ray cannot place within
   ``place_timeout`` is given up: the create is refused (busy), nothing over-commits.
 * **Recovery.** A monitor pings every slab each second; a dead slab's sessions are opened
-  again on other slabs from their last save, each flagged with the turns it lost. After a
-  whole-cluster restart the directory is read back from the storage.
+  again on other slabs from their last save, each flagged with the turns it lost.
+* **Restart in constant time.** A restarted actor reads the config and asks the live slabs
+  what they hold (each slab keeps its sessions' tenant and spec), and answers at once: it
+  reads no session record first. A tenant's saved sessions and held checkpoints are read
+  when something of that tenant is first asked (its create, lookup, turn), through the
+  storage's per-tenant index (``owners/<tenant>/<sid>``, written before a session opens),
+  so that costs the tenant's own sessions, never the cluster's; a background thread reads
+  the rest.
 * **Fronts' leases.** What a front holds here (the turns it was admitted and has not ended,
   the turns it said run through it) lasts while it speaks: it asks for the config every
   second, which renews its lease. A front silent for :data:`FRONT_LEASE` seconds (killed,
@@ -139,7 +145,7 @@ class Control:
     def __init__(self, storage: Storage, *, namespace: str, slab_memory: int,
                  slab_cpus: float, save_interval: float, place_timeout: float = 60.0,
                  slab_idle: float = 60.0, checkpoint_ttl: float = 600.0,
-                 monitor: float = 1.0, guest_nice: int = 0) -> None:
+                 monitor: float = 1.0, guest_nice: int = 0, backfill: bool = True) -> None:
         import ray
         self._ray = ray
         self.storage, self.namespace = storage, namespace
@@ -164,7 +170,21 @@ class Control:
         self._remote_slab = ray.remote(Slab)
         self._recoveries = concurrent.futures.ThreadPoolExecutor(
             RECOVERY_THREADS, thread_name_prefix="memex-control-recover")
-        self._load()
+        # after a restart: the tenants whose saved sessions and checkpoints are read back
+        # (each once, on first use or by the back-fill), the gate each is read under, and
+        # whether the storage's per-tenant index is complete (a store written before it
+        # existed is indexed once, by the back-fill, before any tenant is read)
+        self._read: set[str] = set()
+        self._gates: dict[str, threading.Lock] = {}
+        self.indexed = threading.Event()
+        self.loaded = threading.Event()
+        self._load_config()
+        self._adopt_slabs()
+        if not backfill:  # the caller's word: a store already indexed, read on demand only
+            self.indexed.set()
+        else:
+            threading.Thread(target=self._backfill, name="memex-control-backfill",
+                             daemon=True).start()
         threading.Thread(target=self._monitor, args=(monitor,), name="memex-control-monitor",
                          daemon=True).start()
 
@@ -367,15 +387,19 @@ class Control:
         memory, disk = limits.memory, limits.disk_bytes
         sid = "s_" + secrets.token_urlsafe(12)
         try:
+            self._tenant(tenant)
             with self.lock:
                 self._reserve(tenant, bounds, memory, disk)
             try:
                 slab = self._slab_for(memory)
                 try:
+                    self.storage.put(owner_key(tenant, sid), b"")
                     self._open(slab, sid, tenant, spec, False)
                 except BaseException:
                     with self.lock:
                         slab.used -= memory
+                    with contextlib.suppress(Exception):
+                        self.storage.delete(owner_key(tenant, sid))
                     raise
                 e = _Entry(sid, tenant, spec, memory, disk, slab.name, parent=parent)
                 with self.lock:
@@ -394,6 +418,10 @@ class Control:
     def fork(self, tenant: str, bounds: dict[str, Any], sid: str) -> list[Any]:
         """A child of ``sid`` holding its state: in the parent's slab when it has room,
         else opened on another from the parent's save (the parent is saved first)."""
+        try:
+            self._tenant(tenant)
+        except Exception as exc:
+            return ["err", _wire(exc)]
         with self.lock:
             p = self.sessions.get(sid)
         if p is None or p.tenant != tenant or p.slab is None:
@@ -402,7 +430,10 @@ class Control:
         try:
             with self.lock:
                 self._reserve(tenant, bounds, p.memory, p.disk)
+            marked = False
             try:
+                self.storage.put(owner_key(tenant, child), b"")
+                marked = True
                 with self.lock:
                     slab = self.slabs[p.slab]
                     here = slab.dead is None and slab.capacity - slab.used >= p.memory
@@ -438,7 +469,11 @@ class Control:
                 with self.lock:
                     self._put(e)
                     slab.sessions.add(child)
+                marked = False
             finally:
+                if marked:  # the child did not open: no index entry left for it
+                    with contextlib.suppress(Exception):
+                        self.storage.delete(owner_key(tenant, child))
                 with self.lock:
                     self._unreserve(tenant, p.memory, p.disk)
         except ControlRefusal as refusal:
@@ -451,6 +486,7 @@ class Control:
         """The session's entry (None: no such session of this tenant), at once. A session
         with no slab (the cluster restarted, or its slab died) is being opened on one:
         its entry says ``moving`` (ask again shortly), or why that ``failed``."""
+        self._tenant(tenant)
         with self.lock:
             self.counts["lookups"] += 1
             e = self.sessions.get(sid)
@@ -464,10 +500,12 @@ class Control:
             return self._out(e) if e is not None else None
 
     def of(self, tenant: str) -> list[dict[str, Any]]:
+        self._tenant(tenant)
         with self.lock:
             return [self._out(e) for e in self.sessions.values() if e.tenant == tenant]
 
     def close(self, tenant: str, sid: str, why: str = "closed") -> bool:
+        self._tenant(tenant)
         with self.lock:
             e = self.sessions.get(sid)
             if e is None or e.tenant != tenant:
@@ -493,6 +531,8 @@ class Control:
                 self._ray.get(slab.handle.close.remote(sid, True), timeout=30)
         else:
             self.storage.delete(session_key(sid))
+        with contextlib.suppress(Exception):  # its record is gone first: a marker left
+            self.storage.delete(owner_key(tenant, sid))  # alone is dropped when read
         return True
 
     def _front(self, front: str) -> _Front:
@@ -531,6 +571,7 @@ class Control:
         ``max_running`` turns across the cluster, or ``["refused", ...]`` past its rate.
         The turn is held under ``front``'s lease until :meth:`turn_end` (or the lease
         runs out)."""
+        self._tenant(tenant)
         with self.lock:
             e = self.sessions.get(sid)
             if e is None or e.tenant != tenant:
@@ -620,6 +661,7 @@ class Control:
         """Count a checkpoint its slab wrote (``checkpoint_key``) against the tenant; past
         ``max_memory`` it is refused and removed, past ``max_checkpoints`` the oldest goes."""
         gone: list[str] = []
+        self._tenant(tenant)
         with self.lock:
             held = self.ledger.account(tenant).checkpoints
             _, used, _ = self._used(tenant)
@@ -662,12 +704,14 @@ class Control:
                 self.storage.delete(checkpoint_key(t, c))
 
     def checkpoint(self, tenant: str, cid: str) -> dict[str, Any] | None:
+        self._tenant(tenant)
         with self.lock:
             a = self.ledger.find(tenant)
             held = a.checkpoints.get(cid) if a is not None else None
             return dict(held) if held is not None else None
 
     def drop_checkpoint(self, tenant: str, cid: str) -> bool:
+        self._tenant(tenant)
         with self.lock:
             a = self.ledger.find(tenant)
             held = a.checkpoints.pop(cid, None) if a is not None else None
@@ -676,11 +720,14 @@ class Control:
         return held is not None
 
     # ---- recovery -----------------------------------------------------------------------------
-    def recover(self, sid: str, dead: str | None, begun: int | None = None
-                ) -> dict[str, Any] | None:
+    def recover(self, sid: str, dead: str | None, begun: int | None = None,
+                tenant: str | None = None) -> dict[str, Any] | None:
         """The front found ``dead`` (the slab it knew for ``sid``) gone, with ``begun``
         turns begun as far as it knows (a turn it lost counts): the session's entry once it
-        is open elsewhere (None if it ended)."""
+        is open elsewhere (None if it ended). ``tenant``: whose it is (read back first
+        after a restart)."""
+        if tenant is not None:
+            self._tenant(tenant)
         if begun is not None:
             with self.lock:
                 e = self.sessions.get(sid)
@@ -892,7 +939,8 @@ class Control:
         ray = self._ray
         with self.lock:
             nodes = [{"node": n["NodeID"], "alive": bool(n.get("Alive")),
-                      "draining": n["NodeID"] in self.draining} for n in ray.nodes()]
+                      "draining": n["NodeID"] in self.draining}
+                     for n in (ray.nodes() if ray.is_initialized() else ())]
             slabs = [{"name": s.name, "node": s.node, "sessions": len(s.sessions),
                       "used": s.used, "capacity": s.capacity} for s in self.slabs.values()
                      if s.dead is None]
@@ -904,53 +952,29 @@ class Control:
                     "running": {a.name: a.running for a in self.ledger.accounts()},
                     "counts": dict(self.counts),
                     "checkpoints": {a.name: len(a.checkpoints)
-                                    for a in self.ledger.accounts()}}
+                                    for a in self.ledger.accounts()},
+                    "loading": not self.loaded.is_set()}
 
     def ping(self) -> bool:
         return True
 
     # ---- after a restart ----------------------------------------------------------------------
-    def _load(self) -> None:
-        """Every saved session and held checkpoint back in the directory (sessions opened
-        on first use, or by the monitor), and the config last published."""
-        with contextlib.suppress(Exception):  # unreadable: the fronts publish theirs again
+    def _load_config(self) -> None:
+        """The config last published (unreadable: the fronts publish theirs again)."""
+        with contextlib.suppress(Exception):
             raw = self.storage.get(CONFIG_KEY, CONFIG_BYTES)
             if raw is not None:
                 version, text, kits = unpack_bounded(raw, DecodeCost.for_bytes(len(raw)))
                 self.kits = {str(t): DoorKit.from_wire(k).to_wire() for t, k in kits.items()}
                 self.config_text = (int(version), str(text))
-        for sid in self.storage.children("sessions"):
-            try:
-                raw = self.storage.get(session_key(sid, "record"), 1 << 20)
-                rec = json.loads(raw) if raw is not None else None
-                limits = limits_from_wire(rec["spec"]["limits"]) if rec else None
-            except Exception:  # an unreadable record is skipped
-                continue
-            if rec is None or limits is None:
-                continue
-            self._put(_Entry(sid, str(rec["tenant"]), rec["spec"], limits.memory,
-                             limits.disk_bytes, None, turns=int(rec["turns"]),
-                             begun=int(rec["turns"]), gone="the cluster restarted"))
-        self._adopt_slabs()
-        for tenant in self.storage.children("checkpoints"):
-            for cid in self.storage.children(f"checkpoints/{tenant}"):
-                with contextlib.suppress(Exception):
-                    raw = self.storage.get(checkpoint_key(tenant, cid, "meta"), 1 << 16)
-                    if raw is not None:
-                        meta = json.loads(raw)
-                        expires = meta.get("expires")
-                        if expires is None and str(meta["session"]) not in self.sessions:
-                            expires = time.time() + self.checkpoint_ttl  # its session is gone
-                        self.ledger.account(tenant).checkpoints[cid] = {
-                            "size": int(meta["size"]), "turns": int(meta["turns"]),
-                            "session": str(meta["session"]), "at": time.time(),
-                            "expires": float(expires) if expires is not None else None}
-
 
     def _adopt_slabs(self) -> None:
         """The slabs still alive (this actor was restarted, not the cluster): the sessions
-        they hold stay where they are."""
+        they hold stay where they are, their entries rebuilt from what each slab holds (its
+        tenant and spec), so they answer before any record is read."""
         from ray.util import list_named_actors
+        if not self._ray.is_initialized():  # made outside a cluster (a bench, a test): none,
+            return  # and asking would start a Ray instance of its own
         with contextlib.suppress(Exception):
             for name in list_named_actors():
                 if not str(name).startswith("memex-slab-"):
@@ -964,13 +988,96 @@ class Control:
                 slab = _SlabInfo(name, handle, str(info["node"]), self.slab_memory,
                                  list(info["endpoint"]), bytes(info["secret"]))
                 self.slabs[name] = slab
-                for sid, turns in held:
-                    e = self.sessions.get(sid)
-                    if e is not None:
-                        e.slab = name
-                        e.turns = e.begun = max(e.turns, int(turns))
-                        slab.sessions.add(sid)
-                        slab.used += e.memory
+                for sid, turns, tenant, spec in held:
+                    try:
+                        limits = limits_from_wire(spec["limits"])
+                    except Exception:  # a slab of another build: its sessions read back
+                        continue
+                    with self.lock:
+                        if sid in self.sessions:  # on two slabs: the first keeps it
+                            continue
+                        self._put(_Entry(str(sid), str(tenant), spec, limits.memory,
+                                         limits.disk_bytes, name, turns=int(turns),
+                                         begun=int(turns)))
+                        slab.sessions.add(str(sid))
+                        slab.used += limits.memory
+
+    def _tenant(self, tenant: str) -> None:
+        """The tenant's saved sessions and held checkpoints in the directory and its
+        account: read once after a restart, when something of the tenant is first asked
+        (its creates are checked against them), under a gate of its own so the actor's
+        lock is never held over the storage. Costs the tenant's own sessions."""
+        if tenant in self._read:
+            return
+        with self.lock:
+            gate = self._gates.setdefault(tenant, threading.Lock())
+        with gate:
+            if tenant in self._read:
+                return
+            self.indexed.wait()  # a store from before the index: indexed first, once
+            self._read_tenant(tenant)
+            with self.lock:
+                self._read.add(tenant)
+                self._gates.pop(tenant, None)
+
+    def _read_tenant(self, tenant: str) -> None:
+        for sid in self.storage.children(f"{OWNERS}/{tenant}"):
+            with self.lock:
+                if sid in self.sessions:  # held by a live slab (adopted), or made since
+                    continue
+            rec = _saved(self.storage, sid)
+            if rec is None or str(rec.get("tenant")) != tenant:
+                # never saved (its create did not get that far) or closed: its marker goes
+                with contextlib.suppress(Exception):
+                    self.storage.delete(owner_key(tenant, sid))
+                continue
+            limits = limits_from_wire(rec["spec"]["limits"])
+            with self.lock:
+                if sid not in self.sessions:
+                    self._put(_Entry(sid, tenant, rec["spec"], limits.memory,
+                                     limits.disk_bytes, None, turns=int(rec["turns"]),
+                                     begun=int(rec["turns"]), gone="the cluster restarted"))
+        for cid in self.storage.children(f"checkpoints/{tenant}"):
+            with contextlib.suppress(Exception):
+                raw = self.storage.get(checkpoint_key(tenant, cid, "meta"), 1 << 16)
+                if raw is None:
+                    continue
+                meta = json.loads(raw)
+                expires = meta.get("expires")
+                with self.lock:
+                    if expires is None and str(meta["session"]) not in self.sessions:
+                        expires = time.time() + self.checkpoint_ttl  # its session is gone
+                    self.ledger.account(tenant).checkpoints.setdefault(cid, {
+                        "size": int(meta["size"]), "turns": int(meta["turns"]),
+                        "session": str(meta["session"]), "at": time.time(),
+                        "expires": float(expires) if expires is not None else None})
+
+    def _backfill(self) -> None:
+        """In the background after a (re)start: index a store written before the index
+        (once), then read back every tenant nothing has asked for yet, so the monitor ends
+        and reopens their sessions as before."""
+        try:
+            if self.storage.get(INDEXED_KEY, 64) is None:
+                for sid in self.storage.children("sessions"):
+                    rec = _saved(self.storage, sid)
+                    if rec is not None:
+                        with contextlib.suppress(Exception):
+                            self.storage.put(owner_key(str(rec["tenant"]), sid), b"")
+                self.storage.put(INDEXED_KEY, b"1")
+        except Exception:
+            LOG.exception("indexing the storage's sessions by tenant failed")
+        finally:
+            self.indexed.set()
+        tenants: set[str] = set()
+        for folder in (OWNERS, "checkpoints"):
+            with contextlib.suppress(Exception):
+                tenants.update(self.storage.children(folder))
+        for tenant in sorted(tenants):
+            try:
+                self._tenant(tenant)
+            except Exception:
+                LOG.exception("reading back tenant %s's sessions failed", tenant)
+        self.loaded.set()
 
 
 NODE_LABEL = "ray.io/node-id"
@@ -983,9 +1090,33 @@ machine dead only after missed heartbeats; a slab that died alone clears it this
 RECOVERY_THREADS = 8
 """Sessions opened elsewhere at once after their slab was lost (each waits out the lost
 slab's lease first); lookups of a moving session answer at once meanwhile."""
+OWNERS = "owners"
+"""The storage's index of sessions by tenant: an empty object ``owners/<tenant>/<sid>`` per
+session, put before it opens and deleted after it closes."""
+INDEXED_KEY = "owners-indexed"
+"""Said once the index holds every session of the store (one written before the index is
+indexed by the first control actor that finds this missing)."""
 CONFIG_KEY = "config/published"
 """Where the storage keeps the config last published (msgpack: version, text, kits)."""
 CONFIG_BYTES = 64 << 20
+
+
+def owner_key(tenant: str, sid: str) -> str:
+    return f"{OWNERS}/{tenant}/{sid}"
+
+
+def _saved(storage: Storage, sid: str) -> dict[str, Any] | None:
+    """A session's saved record (None: none, or unreadable); its spec's limits checked."""
+    try:
+        raw = storage.get(session_key(sid, "record"), 1 << 20)
+        rec = json.loads(raw) if raw is not None else None
+        if not isinstance(rec, dict):
+            return None
+        limits_from_wire(rec["spec"]["limits"])
+        int(rec["turns"])
+        return rec
+    except Exception:
+        return None
 
 
 def checkpoint_key(tenant: str, cid: str, name: str = "image") -> str:

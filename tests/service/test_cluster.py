@@ -102,7 +102,8 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterRig]:
     rig = ClusterRig(tmp_path_factory.mktemp("cluster"))
     keys = {"a": "key-a-" + "x" * 20, "small": "key-small-" + "y" * 20,
             "one": "key-one-" + "w" * 20, "gone": "key-gone-" + "z" * 20,
-            "ops": "key-ops-" + "v" * 20, "pkg": "key-pkg-" + "u" * 20}
+            "ops": "key-ops-" + "v" * 20, "pkg": "key-pkg-" + "u" * 20,
+            "two": "key-two-" + "t" * 20}
     tenants = {"a": "max_sessions = 50\n[tenants.a.ceiling]\nmemory = 536870912\n",
                "small": "max_sessions = 3\n[tenants.small.ceiling]\nmemory = 268435456\n",
                "one": "max_running = 1\n[tenants.one.ceiling]\nmemory = 268435456\n",
@@ -110,7 +111,8 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterRig]:
                       "[tenants.ops.ceiling]\nmemory = 268435456\n",
                "pkg": 'packages = ["memexclu-dep", "memexclu-evil", "memexevil"]\n'
                       '[tenants.pkg.ceiling]\nmemory = 268435456\n',
-               "gone": "max_sessions = 5\n[tenants.gone.ceiling]\nmemory = 268435456\n"}
+               "gone": "max_sessions = 5\n[tenants.gone.ceiling]\nmemory = 268435456\n",
+               "two": "max_sessions = 2\n[tenants.two.ceiling]\nmemory = 268435456\n"}
     rig.keys, rig.tenants = keys, tenants
     try:
         for name in ("front-a", "front-b"):
@@ -705,3 +707,44 @@ def test_a_move_the_door_relay_found_is_said_to_the_next_turn_through_any_front(
             other.restored
         assert sb.run("kept").value == "7" and sb.restored is None  # said once
         sb.close()
+
+
+def test_a_restarted_control_actor_answers_from_the_live_slabs(rig: ClusterRig) -> None:
+    """The control actor is killed (Ray restarts it) with two sessions of a ``max_sessions
+    = 2`` tenant open on live slabs. Their turns run on through the front that holds them
+    while the actor is away and after it is back, every one answered (a turn of a tenant
+    with no running or rate bound never asks it); the restarted actor takes each session's
+    entry from the slab that holds it (not moved: no ``restored``), so the tenant's bound
+    still holds (a third create is refused, 429) and a front that never saw a session finds
+    it. Last in this module: the actor's restart forgets what only it held."""
+    a, b = rig.fronts
+    key = rig.keys["two"]
+    with backend(a, key) as ba:
+        one = ba.open(limits=Limits(memory=128 << 20, timeout=20))
+        two = ba.open(limits=Limits(memory=128 << 20, timeout=20))
+        assert one.run("x = 0").ok and two.run("y = 5").ok
+        assert ask_control(rig, "ray.kill(control, no_restart=False)\nprint('killed')") \
+            == ["killed"]
+        turns, began = 0, time.monotonic()
+        while True:  # until the restarted actor lists the tenant's sessions again
+            r = one.run("x += 1; x")
+            turns += 1
+            assert r.ok and r.value == str(turns), r
+            listed = get(a, "/v1/sessions", key)
+            if listed.status == 200:
+                break
+            assert listed.status == 503, (listed.status, listed.text)  # away: never a 500
+            assert time.monotonic() - began < 120, "the control actor did not come back"
+        print(f"the control actor answered again {time.monotonic() - began:.1f}s after "
+              f"it was killed; {turns} turns ran meanwhile")
+        assert sorted(s["id"] for s in json.loads(listed.text)["sessions"]) == \
+            sorted([one.id, two.id])
+        with pytest.raises(ServiceError) as refused:
+            ba.open(limits=Limits(memory=128 << 20, timeout=20))
+        assert refused.value.status == 429, refused.value
+        with backend(b, key) as bb:
+            assert bb.attach(two.id).run("y").value == "5"
+        assert one.run("x").value == str(turns) and one.restored is None
+        one.close()
+        ba.open(limits=Limits(memory=128 << 20, timeout=20)).close()  # room again
+        two.close()
