@@ -111,8 +111,8 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterRig]:
                       "[tenants.ops.ceiling]\nmemory = 268435456\n",
                "pkg": 'packages = ["memexclu-dep", "memexclu-evil", "memexevil"]\n'
                       '[tenants.pkg.ceiling]\nmemory = 268435456\n',
-               "gone": "max_sessions = 5\n[tenants.gone.ceiling]\nmemory = 268435456\n",
-               "two": "max_sessions = 2\n[tenants.two.ceiling]\nmemory = 268435456\n"}
+               "two": "max_sessions = 2\n[tenants.two.ceiling]\nmemory = 268435456\n",
+               "gone": "max_sessions = 5\n[tenants.gone.ceiling]\nmemory = 268435456\n"}
     rig.keys, rig.tenants = keys, tenants
     try:
         for name in ("front-a", "front-b"):
