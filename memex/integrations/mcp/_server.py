@@ -18,6 +18,7 @@ import mimetypes
 from importlib.metadata import version
 from typing import Annotated, Any, Literal, TypeVar
 
+import anyio
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
 from mcp.shared.exceptions import MCPError
@@ -35,6 +36,7 @@ from ...executor.loops import bound_text, render_observation
 from ...host_tools import ToolSet
 from ...runtime_wasm import TurnResult
 from ._config import McpConfig
+from ._progress import Progress, progress_token
 from ._sessions import Session, SessionError, Sessions
 
 __all__ = ["build_server"]
@@ -247,10 +249,20 @@ def build_server(config: McpConfig, sessions: Sessions) -> MCPServer:
     ) -> Annotated[CallToolResult, RunResult]:
         """Run Python code in the persistent sandbox and return what it printed, the value
         of its last line and any error. Open matplotlib figures come back as images."""
+        progress = Progress(ctx) if progress_token(ctx) is not None else None
         try:
             s = await session_of(ctx, session)
-            r, figures = await sessions.call(s, lambda: sessions.run(s, code, timeout),
-                                             turn=True, on_cancel=lambda: sessions.interrupt(s))
+            run = functools.partial(sessions.run, s, code, timeout,
+                                    progress.heard if progress is not None else None)
+            if progress is None:
+                r, figures = await sessions.call(s, run, turn=True,
+                                                 on_cancel=lambda: sessions.interrupt(s))
+            else:  # the cell's output as it is printed, while it runs
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(progress.pump)
+                    r, figures = await sessions.call(s, run, turn=True,
+                                                     on_cancel=lambda: sessions.interrupt(s))
+                    tg.cancel_scope.cancel()
         except (SessionError, MemexError) as exc:
             return _error(str(exc))
         text = render_observation(r, limit=config.sessions.max_output_chars) or "(no output)"

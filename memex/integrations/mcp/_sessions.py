@@ -42,6 +42,7 @@ from ...runtime_wasm import (
     GuestFile,
     Limits,
     Mount,
+    OutputListener,
     Sandbox,
     SandboxAPI,
     TurnResult,
@@ -348,15 +349,17 @@ class Sessions:
             if changes:
                 self.keeper.changed(s)
 
-    def run(self, s: Session, code: str, timeout: float | None) -> tuple[TurnResult, list[bytes]]:
+    def run(self, s: Session, code: str, timeout: float | None,
+            on_output: OutputListener | None = None) -> tuple[TurnResult, list[bytes]]:
         """A cell, and the PNGs of the figures it left open (rendered, then closed). A cell
         whose PEP 723 block needs packages the session lacks starts the session over with
-        them (said in ``started_over``): a live guest cannot gain a folder."""
+        them (said in ``started_over``): a live guest cannot gain a folder. ``on_output``
+        hears the cell's output as it is written (``Sandbox.run``)."""
         self._packages_for(s, code)
         def go(sb: Sandbox) -> tuple[TurnResult, list[bytes]]:
             s.figures = []
             self.keeper.turn_begins(s)
-            r = sb.run(code, timeout=timeout)
+            r = sb.run(code, timeout=timeout, on_output=on_output)
             if s.pyplot and r.status is not TurnStatus.KILLED:
                 sb.run(FIGURES_CALL, filename="<memex-figures>")
             return r, list(s.figures)

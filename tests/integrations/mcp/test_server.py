@@ -394,9 +394,15 @@ def test_with_a_file_for_stdout_the_sdk_transport_serves(tmp_path: Path) -> None
 # ---- streamable HTTP ------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def http_server() -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    with _http_server() as served:
+        yield served
+
+
+@contextlib.contextmanager
+def _http_server(*args: str) -> Iterator[tuple[str, subprocess.Popen[str]]]:
     env = dict(os.environ, MEMEX_TEST_TOKEN=TOKEN)
     p = subprocess.Popen([MEMEX, "mcp", "--http", "--port", "0", "--token-env",
-                          "MEMEX_TEST_TOKEN", "--timeout", "30"],
+                          "MEMEX_TEST_TOKEN", "--timeout", "30", *args],
                          stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     assert p.stderr is not None
     line = p.stderr.readline()
@@ -571,3 +577,57 @@ def test_an_mcp_session_id_is_its_principal_s_alone() -> None:
     finally:
         p.send_signal(signal.SIGTERM)
         assert p.wait(30) == 0
+
+
+# ---- progress -------------------------------------------------------------------------------
+WAITS_FOR_GO = textwrap.dedent("""\
+    import os, time
+    print('first', flush=True)
+    while not os.path.exists('/sig/go'):  # the host makes it once it heard 'first'
+        time.sleep(0.02)
+    print('second')
+    'done'""")
+
+
+async def _heard_while_running(c: Client, sig: Path, **args: Any
+                               ) -> tuple[CallToolResult, list[tuple[float, str | None]]]:
+    """A cell that prints, then waits for the host: the host lets it go only on hearing its
+    first line as progress, so without progress notifications it runs into its deadline."""
+    heard: list[tuple[float, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        heard.append((progress, message))
+        if message and "first" in message:
+            (sig / "go").touch()
+
+    r = await c.call_tool("run_python", {"code": WAITS_FOR_GO, **args},
+                          progress_callback=on_progress)
+    return r, heard
+
+
+@pytest.mark.slow
+def test_a_long_cell_s_output_comes_as_progress_while_it_runs(tmp_path: Path) -> None:
+    """Over stdio and over HTTP, a client that sent a progress token hears what the cell
+    printed while it runs (``notifications/progress``: the message is the new output,
+    progress the seconds run, growing); the result still holds all of it. The control: a
+    call without a token hears nothing, and the same cell runs into its deadline."""
+    sig = tmp_path / "sig"
+    sig.mkdir()
+
+    async def go() -> None:
+        async with stdio("--timeout", "20", "--mount", f"{sig}:/sig") as c:
+            r, heard = await _heard_while_running(c, sig)
+            assert not r.is_error and structured(r)["value"] == "'done'", r
+            assert structured(r)["stdout"] == "first\nsecond\n"
+            assert any(m and m.startswith("first") for _, m in heard), heard
+            progress = [p for p, _ in heard]
+            assert progress == sorted(set(progress)), progress  # each one greater
+            (sig / "go").unlink()
+            r = await call(c, "run_python", code=WAITS_FOR_GO, timeout=2)  # no token
+            assert r.is_error and structured(r)["limit"] == "deadline", r
+        with _http_server("--mount", f"{sig}:/sig") as (url, _):
+            async with http(url) as c:
+                r, heard = await _heard_while_running(c, sig)
+                assert not r.is_error and structured(r)["value"] == "'done'", r
+                assert any(m and m.startswith("first") for _, m in heard), heard
+    run(go)
