@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import codeop
 import contextlib
 import fnmatch
 import re
@@ -32,6 +31,7 @@ from ...host_tools import Egress, EgressPolicy
 from ...runtime_wasm import KERNEL_LIMITS, Door, Limits, Mount, Sandbox, TurnResult, TurnStatus
 from .._display import BUNDLE_CALL, FIGURES_CALL, MAX_FIGURES, PRELUDE
 from .._sandbox import LIMIT_WORDS
+from ._ipython import IPYTHON_PRELUDE, check_complete, ipython_syntax
 
 __all__ = ["KernelSettings", "MemexKernel"]
 
@@ -54,7 +54,8 @@ SETTINGS = KernelSettings()  # set by the launcher before the kernel starts
 
 # The kernel's own builtins in the guest: completion and inspection (names resolved by lookups
 # and getattr only, nothing called), display() and clear_output() as in IPython, and help(obj)
-# into the front end's pager. Each answers over the door; the host runs them between cells.
+# printed. Each answers over the door; the host runs them between cells. IPython's syntax and
+# its display objects are _ipython.py's.
 KERNEL_PRELUDE = r'''
 def __memex_kernel_prelude__():
     import builtins, keyword, sys
@@ -109,12 +110,13 @@ def __memex_kernel_prelude__():
             found = [n for n in names if visible(n, token)]
         memex_guest.call("kernel.reply", sorted(found)[:MAX_MATCHES])
     def inspect_(token, detail, imports=None):
+        memex_guest.call("kernel.reply", describe(token, detail, imports))
+    def describe(token, detail, imports=None):
         import inspect
         try:
             obj = resolve(token, imports)
         except Exception:
-            memex_guest.call("kernel.reply", None)
-            return
+            return None
         lines = []
         try:
             lines.append("Signature: " + token + str(inspect.signature(obj)))
@@ -132,7 +134,7 @@ def __memex_kernel_prelude__():
                 lines.append("Source:\n" + inspect.getsource(obj))
             except (OSError, TypeError):
                 pass
-        memex_guest.call("kernel.reply", "\n".join(lines)[:MAX_TEXT])
+        return "\n".join(lines)[:MAX_TEXT]
     def display(*objs):
         for obj in objs:
             data = builtins.__memex_bundle_of__(obj)
@@ -142,7 +144,8 @@ def __memex_kernel_prelude__():
         memex_guest.call("display.clear", bool(wait))
     original = builtins.help
     class Help:
-        """help(obj) shows obj's documentation in the front end's pager; help() as ever."""
+        """help(obj) prints obj's documentation as the cell's output (as in IPython, so it
+        lands in an executed notebook; obj? opens the pager); help() as ever."""
         def __repr__(self):
             return repr(original)
         def __call__(self, *args, **kwargs):
@@ -150,15 +153,18 @@ def __memex_kernel_prelude__():
                 return original(*args, **kwargs)
             import pydoc
             text = pydoc.render_doc(args[0], title="%s", renderer=pydoc.plaintext)
-            memex_guest.call("display.page", text[:MAX_TEXT])
+            print(text[:MAX_TEXT])
     builtins.__memex_complete__ = complete
     builtins.__memex_inspect__ = inspect_
+    builtins.__memex_describe__ = describe
     builtins.display = display
     builtins.clear_output = clear_output
     builtins.help = Help()
 __memex_kernel_prelude__()
 del __memex_kernel_prelude__
 '''.replace("MAX_MATCHES", "500").replace("MAX_TEXT", "65536")
+EVENTS_CALL = "get_ipython().events.trigger(%r)\npass"
+"""The guest's IPython callbacks of an event (_ipython.py), each one's error printed."""
 HELPER_TIMEOUT = 5.0  # seconds a completion or an inspection may take in the guest
 _TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*$")
 _IMPORT = re.compile(r"^\s*(?:import\s+|from\s+)[A-Za-z0-9_.]*$")
@@ -171,7 +177,7 @@ class MemexKernel(Kernel):
     implementation_version = version("memex")
     banner = ("MemEx: sandboxed CPython 3.15 on WebAssembly (numpy, pandas, matplotlib); "
               "state persists across cells; interrupts roll a cell back")
-    # plain Python, as the guest accepts it (no IPython magics or shell escapes)
+    # Python, with the IPython syntax notebooks use (_ipython.py turns it into calls)
     language_info = {  # noqa: RUF012 - the shape ipykernel's base class reads
         "name": "python", "version": "3.15", "mimetype": "text/x-python",
         "file_extension": ".py", "pygments_lexer": "python3",
@@ -191,6 +197,8 @@ class MemexKernel(Kernel):
         door.register("display.clear", self._on_clear, inline=True)
         door.register("display.page", self._on_page, inline=True)
         door.register("kernel.reply", self._on_reply, inline=True)
+        door.register("kernel.events", self._on_events, inline=True)
+        self._events: set[str] = set()  # IPython events a guest callback waits for
         self._loop: asyncio.AbstractEventLoop | None = None  # the cell's, for its messages
         self._payload: list[dict[str, Any]] = []
         self._reply: Any = None
@@ -202,7 +210,7 @@ class MemexKernel(Kernel):
             self.egress = Egress(EgressPolicy.load(self.settings.policy),
                                  label="jupyter").attach(self.sandbox)
         # a front end shows output line by line, as a terminal does
-        r = self.sandbox.run(PRELUDE + KERNEL_PRELUDE + "import sys\n"
+        r = self.sandbox.run(PRELUDE + KERNEL_PRELUDE + IPYTHON_PRELUDE + "import sys\n"
                              "sys.stdout.reconfigure(line_buffering=True)\n",
                              filename="<memex-kernel-prelude>")
         if r.status is not TurnStatus.OK:
@@ -242,6 +250,10 @@ class MemexKernel(Kernel):
     def _on_reply(self, value: object) -> None:
         self._reply = value
 
+    def _on_events(self, name: object) -> None:
+        if name in ("pre_execute", "post_execute"):
+            self._events.add(name)
+
     # ---- execution --------------------------------------------------------------------------
     async def do_execute(self, code: str, silent: bool, store_history: bool = True,
                          user_expressions: object = None, allow_stdin: bool = False, *,
@@ -255,8 +267,9 @@ class MemexKernel(Kernel):
                 loop.call_soon_threadsafe(self._stream, stream, text)
 
         with self._sigint_interrupts():
+            source = ipython_syntax(code)  # %magics, !cmd, obj? as calls the guest answers
             r, figures, bundle = await loop.run_in_executor(
-                None, lambda: self._run(code, f"<cell-{count}>", on_output))
+                None, lambda: self._run(source, f"<cell-{count}>", on_output))
         if not silent:
             for png in figures:
                 self.send_response(self.iopub_socket, "display_data", {
@@ -281,8 +294,14 @@ class MemexKernel(Kernel):
              ) -> tuple[TurnResult, list[bytes], dict[str, Any]]:
         with self._lock:
             self._figures, self._bundle = [], {}
+            if "pre_execute" in self._events:
+                self.sandbox.run(EVENTS_CALL % "pre_execute", filename="<memex-events>",
+                                 on_output=on_output)
             r = self.sandbox.run(code, filename=filename, on_output=on_output)
             if r.status is not TurnStatus.KILLED:
+                if "post_execute" in self._events:
+                    self.sandbox.run(EVENTS_CALL % "post_execute", filename="<memex-events>",
+                                     on_output=on_output)
                 if self._pyplot:
                     self.sandbox.run(FIGURES_CALL, filename="<memex-figures>")
                 if r.ok and r.value is not None:
@@ -313,11 +332,11 @@ class MemexKernel(Kernel):
 
     # ---- the rest of the protocol ----------------------------------------------------------
     async def do_is_complete(self, code: str) -> dict[str, Any]:
-        try:
-            done = codeop.compile_command(code, "<cell>", "single") is not None
-        except (SyntaxError, ValueError, OverflowError):
-            return {"status": "invalid"}
-        return {"status": "complete"} if done else {"status": "incomplete", "indent": "    "}
+        """IPython's own answer (it knows ``obj?`` and ``%magic`` lines are complete)."""
+        status, indent = check_complete(code)
+        if status == "incomplete":
+            return {"status": "incomplete", "indent": " " * (indent or 0)}
+        return {"status": status if status in ("complete", "invalid") else "unknown"}
 
     async def do_complete(self, code: str, cursor_pos: int) -> dict[str, Any]:
         cursor = len(code) if cursor_pos is None else max(0, min(cursor_pos, len(code)))

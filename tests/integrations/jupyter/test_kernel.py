@@ -53,6 +53,11 @@ def kernel(specs: KernelSpecManager) -> Iterator[tuple[KernelManager, Any]]:
     km.shutdown_kernel(now=False)
 
 
+def printed(msgs: list[dict[str, Any]]) -> str:
+    """What a cell's stream messages said, joined (a line may come in one or several)."""
+    return "".join(m["content"]["text"] for m in msgs if m["msg_type"] == "stream")
+
+
 def run(kc: Any, code: str, timeout: float = 60) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(reply content, iopub messages other than status and execute_input) of one cell."""
     seen: list[dict[str, Any]] = []
@@ -201,3 +206,86 @@ def test_tab_and_shift_tab_answer_from_the_sessions_state(kernel: tuple[KernelMa
     assert not kc.inspect("no_such_name", 5, reply=True, timeout=30)["content"]["found"]
     reply, _ = run(kc, "area(3)")
     assert reply["execution_count"] == count + 1  # the helpers were not cells
+
+
+@pytest.mark.slow
+def test_ipython_magics_shell_escapes_and_help_as_a_notebook_uses_them(
+        kernel: tuple[KernelManager, Any]) -> None:
+    """IPython's syntax, read by IPython's own transformer: the magics a sandbox runs answer
+    as IPython's do; a shell escape, %pip and an unknown magic are a UsageError naming what
+    to do instead; ``obj?`` opens the pager; help(obj) prints into the cell's output."""
+    _, kc = kernel
+    reply, msgs = run(kc, "%time total = sum(range(10))\ntotal")
+    assert reply["status"] == "ok", reply
+    assert "Wall time:" in printed(msgs) and msgs[-1]["content"]["data"]["text/plain"] == "45"
+    reply, msgs = run(kc, "%timeit total + 1")
+    assert "per loop (mean +- std. dev. of 7 runs" in printed(msgs), msgs
+    reply, msgs = run(kc, "%%time\nsquares = [n * n for n in range(5)]")
+    assert reply["status"] == "ok" and "Wall time:" in printed(msgs)
+    _, msgs = run(kc, "%who int")
+    assert printed(msgs).split() == ["total"]
+    _, msgs = run(kc, "%whos")
+    text = printed(msgs)
+    assert text.startswith("Variable") and "squares" in text and "[0, 1, 4, 9, 16]" in text
+    _, msgs = run(kc, "%pwd")
+    assert msgs[-1]["content"]["data"]["text/plain"].startswith("'/")
+    run(kc, "%env MEMEX_NOTE=kept")
+    _, msgs = run(kc, "%env MEMEX_NOTE")
+    assert msgs[-1]["content"]["data"]["text/plain"] == "'kept'"
+    reply, _ = run(kc, "%matplotlib inline\nx_inline = 1")
+    assert reply["status"] == "ok"
+    reply, _ = run(kc, "%%writefile /tmp/kept.txt\nfrom a cell\n")
+    _, msgs = run(kc, "open('/tmp/kept.txt').read()")
+    assert msgs[-1]["content"]["data"]["text/plain"] == "'from a cell\\n'"
+    for code, words in (("!ls /tmp", "runs no shell commands"),
+                        ("files = !ls", "runs no shell commands"),
+                        ("%pip install humanize", "packages are not installed from a cell"),
+                        ("%%bash\necho hi", "runs no shell commands"),
+                        ("%nosuchmagic", "the MemEx kernel runs %time, %timeit")):
+        reply, _ = run(kc, code)
+        assert reply["status"] == "error" and reply["ename"] == "UsageError", (code, reply)
+        assert words in reply["evalue"], (code, reply["evalue"])
+    reply, _ = run(kc, "len?")
+    (page,) = reply["payload"]
+    assert page["source"] == "page" and "Return the number of items" in \
+        page["data"]["text/plain"]
+    reply, msgs = run(kc, "help(len)")
+    assert reply["payload"] == [] and "Return the number of items" in printed(msgs)
+    assert run(kc, "1 % 2")[1][-1]["content"]["data"]["text/plain"] == "1"  # not a magic
+
+
+@pytest.mark.slow
+def test_ipython_display_objects_are_display_data(kernel: tuple[KernelManager, Any]) -> None:
+    _, kc = kernel
+    png = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAQAAAC1HAwCAAAAC0lEQVR42mNk"
+                           "YAAAAAYAAjCB0C8AAAAASUVORK5CYII=")
+    run(kc, f"PNG = {png!r}")
+    _, msgs = run(kc, "from IPython.display import HTML, JSON, Image, Markdown, Math, SVG, "
+                      "display, clear_output\n"
+                      "display(HTML('<b>x</b>'), Markdown('*y*'), Math('x^2'), JSON({'k': 1}),"
+                      " Image(data=PNG), SVG('<svg/>'))\nclear_output(wait=True)")
+    shown = [m["content"]["data"] for m in msgs if m["msg_type"] == "display_data"]
+    assert [sorted(set(d) - {"text/plain"}) for d in shown] == [
+        ["text/html"], ["text/markdown"], ["text/latex"], ["application/json"],
+        ["image/png"], ["image/svg+xml"]]
+    assert shown[2]["text/latex"] == "$\\displaystyle x^2$" and shown[3][
+        "application/json"] == {"k": 1}
+    assert base64.b64decode(shown[4]["image/png"]) == png
+    assert [m["content"] for m in msgs if m["msg_type"] == "clear_output"] == [{"wait": True}]
+    _, msgs = run(kc, "import IPython\nIPython.get_ipython() is get_ipython()")
+    assert msgs[-1]["content"]["data"]["text/plain"] == "True"
+
+
+@pytest.mark.slow
+def test_help_output_lands_in_an_executed_notebook(specs: KernelSpecManager) -> None:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("help(len)"),
+                nbformat.v4.new_code_cell("%time n = 2 ** 10\nn")]
+    km = AsyncKernelManager(kernel_name="memex-test", kernel_spec_manager=specs)
+    NotebookClient(nb, km=km, timeout=120).execute()
+    outs = nb.cells[0].outputs
+    assert {o["output_type"] for o in outs} == {"stream"}
+    assert "Return the number of items" in "".join(o["text"] for o in outs)
+    outs = nb.cells[1].outputs
+    assert "Wall time" in "".join(o.get("text", "") for o in outs)
+    assert outs[-1]["data"]["text/plain"] == "1024"
