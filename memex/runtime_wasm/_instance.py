@@ -187,11 +187,14 @@ class Instance:
 
     # ---- running ------------------------------------------------------------------------
     def run_raw(
-        self, source: str, *, deadline: float, fuel: int | None, cell: dict[str, object]
+        self, source: str, *, deadline: float, fuel: int | None, cell: dict[str, object],
+        said: float | None = None,
     ) -> TurnOutcome:
         """Run ``source`` with the snapshot's ``turn`` export. ``cell`` (``code``,
         ``filename``) is the user's cell for a ``__memex_turn__()`` source: it is sent inline
-        with the source, or answers the driver's ``begin`` control request."""
+        with the source, or answers the driver's ``begin`` control request. ``said``: the
+        deadline the turn was given, in seconds, as its trap names it (the time left when
+        this call starts is less by the turn's set-up, more so on a loaded machine)."""
         if not self.alive:
             raise GuestStartError("instance is dead")
         _signals.ensure()  # a guest's trap must not kill the host (see _signals)
@@ -206,7 +209,8 @@ class Instance:
         data = source.encode("utf-8", "surrogatepass")
         ctx = self._ctx
         start_wall = time.monotonic()
-        self._budget = span = deadline - start_wall
+        span = deadline - start_wall
+        self._budget = span if said is None else said
         # The first epoch check comes after at most one chunk (see epoch_deadline).
         _ffi.set_epoch_deadline(ctx, min(ticks_for(max(span, 0.0)), EPOCH_CHUNK))
         budget = fuel if fuel is not None else (1 << 62)
@@ -224,7 +228,7 @@ class Instance:
             out.trap, out.limit = exc.detail, exc.limit
         except WasmError as exc:
             self.alive = False
-            self._trapped(out, exc, span)
+            self._trapped(out, exc, self._budget)
         finally:
             _ffi.leave(prev)
             self.pending = None

@@ -462,7 +462,8 @@ class Sandbox(SandboxHandle):
         with self._running_lock:
             self._running = inst
         try:
-            out = inst.run_raw(_TURN, deadline=start + budget, fuel=fuel, cell=cell)
+            out = inst.run_raw(_TURN, deadline=start + budget, fuel=fuel, cell=cell,
+                               said=budget)
         finally:
             inst.stdout.finish()
             inst.stderr.finish()
