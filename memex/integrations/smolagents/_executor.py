@@ -7,13 +7,18 @@ MemEx's typed tools, so tools holding live clients (an MCP connection, a databas
 managed agent) work, and their values arrive typed. ``final_answer(x)`` ends the code at once
 and hands smolagents ``x`` as the host object it became (a PIL image as a PIL image, as
 smolagents' remote executors hand it, its size checked before its pixels are decoded). A
-failing step raises smolagents' own ``InterpreterError`` (``ExecutionTimeoutError`` for the
-deadline), the error the agent loop shows the model, with the state rolled back after a
+step's last value comes back as an object too, as smolagents' local executor returns it (a
+value the door cannot carry, an instance of a class the code defined, comes back as its
+repr, as the remote executors return every value). A failing step raises an error that is
+smolagents' ``AgentError`` (what its remote executors raise) and its ``InterpreterError``
+(what its local one raises; ``ExecutionTimeoutError`` too for the deadline), and a
+``MemexError``: the text the agent loop shows the model, with the state rolled back after a
 limit; the next step runs in the same live session.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Iterable, Mapping, Sequence
@@ -25,10 +30,14 @@ from smolagents.local_python_executor import (
     InterpreterError,
     PythonExecutor,
 )
+from smolagents.monitoring import AgentLogger, LogLevel
 from smolagents.tools import Tool as SmolTool
+from smolagents.utils import AgentError
 
 from ...backends import Backend
+from ...errors import MemexError
 from ...host_tools import (
+    DecodeError,
     Egress,
     EgressPolicy,
     EncodeError,
@@ -37,6 +46,7 @@ from ...host_tools import (
     ToolCallRecord,
     ToolHost,
     ToolSet,
+    decode,
     encode,
 )
 from ...runtime_wasm import AGENT_LIMITS, Door, Limits, Mount, SandboxAPI, TurnResult, TurnStatus
@@ -88,6 +98,29 @@ __memex_wrap_final__()
 del __memex_wrap_final__
 '''
 
+# After a step whose last line had a value: that value, typed, to the host (what the door
+# cannot carry stays the repr the result already holds).
+_OUTPUT_CALL = (
+    "import builtins as _b, memex_guest.door as _d\n"
+    "try:\n"
+    "    _d.request('smolagents.output', [getattr(_b, '_', None)], {}, True)\n"
+    "except Exception:\n"
+    "    pass\n"
+    "del _b, _d\n")
+
+
+class StepError(MemexError, AgentError, InterpreterError):
+    """A step that failed in the sandbox: smolagents' ``AgentError`` (as its remote executors
+    raise) and ``InterpreterError`` (as its local executor raises), and a MemexError."""
+
+    def __init__(self, message: str, logger: AgentLogger) -> None:
+        AgentError.__init__(self, message, logger)
+
+
+class StepTimeout(StepError, ExecutionTimeoutError):
+    """A step stopped by its deadline (smolagents' ``ExecutionTimeoutError`` too)."""
+
+
 _TYPES = {"string": "string", "integer": "integer", "number": "number", "boolean": "boolean",
           "array": "array", "object": "object", "null": "null"}
 
@@ -129,12 +162,17 @@ class MemexExecutor(PythonExecutor):
     def __init__(self, *, limits: Limits | None = None, mounts: Sequence[Mount] = (),
                  preload: Iterable[str] = (), policy: EgressPolicy | str | None = None,
                  backend: str | Backend | None = None, tool_budget: ToolBudget | None = None,
-                 gate: Any = None, max_print_outputs_length: int = 50_000) -> None:
+                 gate: Any = None, max_print_outputs_length: int = 50_000,
+                 logger: AgentLogger | None = None) -> None:
         self.state: dict[str, Any] = {}  # smolagents reads "_print_outputs" after an error
         self.max_print_outputs_length = max_print_outputs_length
+        # where a failed step's error is logged, as a remote executor's (AgentError logs it)
+        self.logger = logger if logger is not None else AgentLogger(level=LogLevel.OFF)
         self._tool_budget, self._gate = tool_budget, gate
         self._door = Door()
         self._door.register("smolagents.variables", self._variables, inline=True)
+        self._door.register("smolagents.output", self._on_output, inline=True)
+        self._output: list[Any] = []
         self._pending: dict[str, Any] = {}
         self._final: list[Any] = []
         self._lock = threading.Lock()
@@ -203,11 +241,27 @@ class MemexExecutor(PythonExecutor):
         if self._final and r.exception is not None and r.exception.type.endswith(_SIGNAL):
             return CodeOutput(output=self._final[-1], logs=logs, is_final_answer=True)
         if r.ok:
-            return CodeOutput(output=r.value, logs=logs, is_final_answer=False)
-        # smolagents' own types, as its local executor raises them (its loop shows the text)
+            return CodeOutput(output=self._value(r), logs=logs, is_final_answer=False)
+        # smolagents' own types, as its executors raise them (its loop shows the text)
         if r.limit == "deadline":
-            raise ExecutionTimeoutError(error_text(r))
-        raise InterpreterError(error_text(r))
+            raise StepTimeout(error_text(r), self.logger)
+        raise StepError(error_text(r), self.logger)
+
+    def _value(self, r: TurnResult) -> Any:
+        """The step's last value as an object (its repr when the door cannot carry it)."""
+        if r.value is None:
+            return None
+        self._output.clear()
+        got = self.sandbox.run(_OUTPUT_CALL, filename="<memex-smolagents-output>")
+        if got.ok and self._output:
+            return _unpack(self._output[-1])
+        return r.value
+
+    def _on_output(self, value: Any) -> None:
+        # the guest's encoding, decoded within the door's bounds (as a tool call's); what
+        # cannot be decoded leaves the repr standing
+        with contextlib.suppress(DecodeError, ValueError, TypeError):
+            self._output.append(decode(value))
 
     def cleanup(self) -> None:
         """Close the tools' host, the sandbox and a backend made from a name (idempotent)."""

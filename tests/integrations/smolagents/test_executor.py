@@ -167,12 +167,14 @@ def test_egress_policy_passes_through() -> None:
 def test_final_answer_returns_an_image_and_errors_are_smolagents_own() -> None:
     """A PIL image given to final_answer arrives as a PIL image (as from smolagents' remote
     executors), inside containers too; one past the pixel bound is refused before its pixels
-    are decoded; a failing step raises smolagents' InterpreterError, a deadline its
-    ExecutionTimeoutError."""
+    are decoded; a failing step raises smolagents' InterpreterError and AgentError (its
+    local and its remote executors' types), a deadline its ExecutionTimeoutError."""
     from PIL import Image
     from smolagents.default_tools import FinalAnswerTool
     from smolagents.local_python_executor import ExecutionTimeoutError, InterpreterError
+    from smolagents.utils import AgentError
 
+    from memex.errors import MemexError
     from memex.integrations.smolagents import _executor
 
     with MemexExecutor(limits=Limits(timeout=20, memory=512 << 20)) as ex:
@@ -185,10 +187,13 @@ def test_final_answer_returns_an_image_and_errors_are_smolagents_own() -> None:
         assert isinstance(out.output["chart"], Image.Image) and out.output["n"] == 2
         with pytest.raises(InterpreterError, match="ZeroDivisionError"):
             ex("1 / 0")
+        with pytest.raises(AgentError) as caught:  # what its remote executors raise, too
+            ex("1 / 0")
+        assert isinstance(caught.value, MemexError)
         with pytest.raises(InterpreterError, match="cannot be opened on the host"):
             big = _executor.MAX_IMAGE_PIXELS // 1000 + 1
             ex(f"final_answer(Image.new('1', (1000, {big})))")
-        assert ex("2 + 2").output == "4"  # the session goes on
+        assert ex("2 + 2").output == 4  # the session goes on (its value an object)
     with MemexExecutor(limits=Limits(timeout=1)) as ex, \
             pytest.raises(ExecutionTimeoutError, match="time limit"):
         ex("while True: pass")
