@@ -88,6 +88,27 @@ def token_principals(tokens: list[str]) -> KeyRing[Principal]:
     return KeyRing(found)
 
 
+class FieldValues:
+    """ASGI middleware: each header's value without the whitespace around it (RFC 9110
+    §5.5: a field's parsing excludes leading and trailing OWS), before anything reads one.
+    The 2026-07-28 protocol compares ``Mcp-Name`` and ``Mcp-Method`` with the body; a
+    client or proxy that pads them (``Mcp-Name:  run_python``) is within HTTP and must be
+    answered, not refused 400."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            headers = scope["headers"]
+            if any(v[:1] in _OWS or v[-1:] in _OWS for _, v in headers):
+                scope = dict(scope, headers=[(k, v.strip(b" \t")) for k, v in headers])
+        await self.app(scope, receive, send)
+
+
+_OWS = (b" ", b"\t")
+
+
 class EndsSessions:
     """ASGI middleware over the SDK's streamable HTTP app: each ``Mcp-Session-Id`` belongs
     to the principal whose request was answered with it. A request of another principal
@@ -347,6 +368,7 @@ def serve(config: McpConfig, *, ready: Callable[[str], None] | None = None,
         app = EndsSessions(app, sessions, config.sessions.idle_timeout)
         if ring is not None:
             app = BearerAuth(app, ring)
+        app = FieldValues(app)
         guard = ConnectionGuard(EdgeLimits())
         uv = _Uvicorn(uvicorn.Config(app, host=config.http.host, port=config.http.port,
                                      log_level="warning", lifespan="on", **guard.config()))
