@@ -166,9 +166,11 @@ case "${1:-setup}" in
         "$VENV/bin/mypy" memex
         # pytest exits 5 when it collects no test: with set -e that fails the build too.
         # the run's test times, kept (CI keeps the file): python tests/times.py FILE
-        # writes docs/test-times.md from it
-        "$VENV/bin/python" -m pytest -q --durations=25 --junitxml=test-results/junit.xml \
-            "${@:2}"
+        # writes docs/test-times.md from it. Two workers (pytest-xdist), as quick: on the
+        # 2-core machine the suite waits on guests, servers and Ray more than it computes
+        # (docs/test-times.md has the figures)
+        "$VENV/bin/python" -m pytest -q -n 2 --durations=25 \
+            --junitxml=test-results/junit.xml "${@:2}"
         ;;
     dev)
         setup "$QUICK_EXTRAS"
@@ -178,8 +180,7 @@ case "${1:-setup}" in
     quick)
         dev_ready
         # two workers (pytest-xdist): the fast lane waits on guests and servers more than it
-        # computes (on a 2-core machine: 157 s on two workers, 277 s on one); the full run
-        # stays on one, for its tests that measure a tenant's latency under load
+        # computes (on a 2-core machine: 157 s on two workers, 277 s on one)
         "$VENV/bin/python" -m pytest -q -n 2 \
             -m "not slow and not local_llm and not ray and not pypi" --durations=10 "${@:2}"
         ;;
