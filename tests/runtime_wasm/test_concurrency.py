@@ -107,12 +107,13 @@ def test_deadline_in_one_sandbox_does_not_disturb_others() -> None:
 
 @pytest.mark.slow
 def test_create_and_close_200_sandboxes_without_leaks() -> None:
-    before_live, before_threads = len(_LIVE), runner_threads()
     # warm-up: engine, module mmap, door pool, allocator arenas
     for _ in range(10):
         with Sandbox() as sb:
             sb.run("x = 1")
-    gc.collect()
+    gc.collect()  # before counting: an earlier test's unreferenced sandboxes go now, not
+    # during this test's own collection (which made the count differ on a shared worker)
+    before_live, before_threads = len(_LIVE), runner_threads()
     start = rss_bytes()
     peak = start
     for i in range(200):
