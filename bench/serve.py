@@ -422,7 +422,7 @@ BIG = "import random\nbig = bytearray(random.Random(7).randbytes(100 << 20))"
 def durable(scale: int) -> None:
     """A tenant's create p99 alone and beside another tenant's continuous 100 MiB saves, on
     this build and on DURABLE_BASELINE (module docstring)."""
-    from memex.backends import Client
+    from memex.backends.internal import Client
 
     n = 600 // scale
     print(f"\nsession create (+ close) with state_dir, save after every turn; {n} each, "

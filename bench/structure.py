@@ -102,12 +102,13 @@ def any_params(trees: dict[Path, ast.Module]) -> int:
     return n
 
 
-def public_names(root: Path) -> tuple[int, int]:
-    """(names pinned in tests/test_public_api.py, packages pinned)."""
+def public_names(root: Path, table: str = "PINNED") -> tuple[int, int]:
+    """(names pinned in tests/test_public_api.py's ``table``, modules pinned): ``PINNED`` is
+    the public surface, ``INTERNAL`` the layers' internal modules (kept apart from it)."""
     tree = ast.parse((root / "tests/test_public_api.py").read_text())
     for node in tree.body:
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) \
-                and node.target.id == "PINNED" and isinstance(node.value, ast.Dict):
+                and node.target.id == table and isinstance(node.value, ast.Dict):
             lists = [v for v in node.value.values if isinstance(v, ast.List)]
             return sum(len(v.elts) for v in lists), len(lists)
     return 0, 0
@@ -271,6 +272,7 @@ def figures(root: Path) -> dict[str, str]:
     trees = _trees(root)
     t = timeout_defaults(trees)
     names, packages = public_names(root)
+    inner, modules = public_names(root, "INTERNAL")
     r = rooms(root)
     return {
         "turn-timeout defaults written": f"{sum(t.values())} "
@@ -278,6 +280,7 @@ def figures(root: Path) -> dict[str, str]:
         "size parsers": str(size_parsers(root)),
         "parameters typed Any": str(any_params(trees)),
         "public names pinned": f"{names} in {packages} packages",
+        "internal names pinned": f"{inner} in {modules} internal modules (not public)",
         "runtime rooms (modules)": ", ".join(f"{k} {v}" for k, v in sorted(r.items())),
         "runtime import levels": str(import_levels(root)),
         "Limits' fields declared in": ", ".join(limits_declared(trees)),

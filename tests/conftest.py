@@ -15,8 +15,8 @@ import pytest
 from lanes import LANE_BUDGETS, lane_of
 from served import Served, cluster_toml, loopback_cluster, start_server
 
-import memex.runtime_wasm as rw
 import memex.runtime_wasm.engine._engine as _engine
+import memex.runtime_wasm.internal as rw
 from memex import Limits, ModuleCacheMissing, Sandbox
 from memex.backends import Backend, get_backend
 from memex.runtime_wasm import SandboxAPI

@@ -11,56 +11,32 @@ reach a sandbox through the door it is opened with, whichever backend holds it.
 
 from typing import TYPE_CHECKING, Any
 
-from ._clientdoor import ClientDoor
-from ._cluster import SLAB_LEASE, Slab, session_key
 from ._contract import Backend
 from ._inprocess import InProcessBackend
-from ._ledger import Account, Ledger
-from ._pool import PoolBackend, PoolStats, TenantQuota
-from ._ray import RayBackend, RayCheckpoint, RaySandbox
+from ._pool import PoolBackend, PoolStats
+from ._ray import RayBackend
 from ._raynet import LOOPBACK_NODE, init_ray, ray_on_loopback
 from ._registry import BACKENDS, get_backend
-from ._storage import Storage
-from ._subprocess import ProcessCheckpoint, ProcessSandbox, SubprocessBackend
-from ._tmpfiles import FILES_CAP, FILES_ENTRIES, tmp_files, tmp_files_from
+from ._subprocess import SubprocessBackend
 
 if TYPE_CHECKING:
-    from ._remote import Client, RemoteBackend, RemoteCheckpoint, RemoteSandbox
+    from ._remote import RemoteBackend
 
-_REMOTE = ("Client", "RemoteBackend", "RemoteCheckpoint", "RemoteSandbox")
+_REMOTE = ("RemoteBackend",)
 
 __all__ = [
     "BACKENDS",
-    "FILES_CAP",
-    "FILES_ENTRIES",
     "LOOPBACK_NODE",
-    "SLAB_LEASE",
-    "Account",
     "Backend",
-    "Client",
-    "ClientDoor",
     "InProcessBackend",
-    "Ledger",
     "PoolBackend",
     "PoolStats",
-    "ProcessCheckpoint",
-    "ProcessSandbox",
     "RayBackend",
-    "RayCheckpoint",
-    "RaySandbox",
     "RemoteBackend",
-    "RemoteCheckpoint",
-    "RemoteSandbox",
-    "Slab",
-    "Storage",
     "SubprocessBackend",
-    "TenantQuota",
     "get_backend",
     "init_ray",
     "ray_on_loopback",
-    "session_key",
-    "tmp_files",
-    "tmp_files_from",
 ]
 
 

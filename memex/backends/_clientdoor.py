@@ -32,7 +32,8 @@ from typing import Any
 
 import msgpack
 
-from ..runtime_wasm import DecodeCost, Door, GuestKilled, unpack_bounded
+from ..runtime_wasm import Door, GuestKilled
+from ..runtime_wasm.internal import DecodeCost, unpack_bounded
 
 __all__ = ["DOOR_GRACE", "ClientDoor"]
 

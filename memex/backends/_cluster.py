@@ -34,9 +34,9 @@ from typing import Any
 import msgpack
 
 from ..errors import ImageError, SandboxClosed
-from ..runtime_wasm import (
+from ..runtime_wasm import Sandbox
+from ..runtime_wasm.internal import (
     DecodeCost,
-    Sandbox,
     checkpoint_from_bytes,
     checkpoint_to_bytes,
     open_from_checkpoint,
@@ -46,8 +46,17 @@ from ..runtime_wasm import (
 from ._clientdoor import ClientDoor
 from ._storage import Storage
 from ._tmpfiles import FILES_CAP, tmp_files, tmp_files_from
-from .worker import error_to_wire, limits_from_wire, mounts_from_wire, result_to_wire
-from .worker._wire import HEADER, Channel, ChannelClosed, ProtocolError, answer_of
+from .worker._wire import (
+    HEADER,
+    Channel,
+    ChannelClosed,
+    ProtocolError,
+    answer_of,
+    error_to_wire,
+    limits_from_wire,
+    mounts_from_wire,
+    result_to_wire,
+)
 
 __all__ = ["DIRECT", "RECORD_CAP", "SLAB_LEASE", "DoorServer", "Slab", "session_key"]
 

@@ -15,7 +15,7 @@ shares the pool between tenants.
 * Quotas per tenant (:class:`TenantQuota`): live sandboxes, memory (the sum of the
   ``Limits.memory`` its live sandboxes may use) and turns per second (a token bucket; a turn
   waits for its token). What a tenant holds is kept in its account of a
-  :class:`~memex.backends.Ledger` (a server's own when it hands one in).
+  :class:`~memex.backends.internal.Ledger` (a server's own when it hands one in).
 * Workers are recycled (no new sandboxes, closed once their last sandbox closes, replaced at
   once) after ``recycle_after`` sandboxes or when their RSS passes ``max_worker_rss``.
 """

@@ -27,33 +27,27 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..errors import ConfigError, SandboxClosed, SandboxError, SandboxLost
-from ..runtime_wasm import (
-    Door,
-    GuestKilled,
-    Limits,
-    Mount,
-    Sandbox,
+from ..runtime_wasm import Door, GuestKilled, Limits, Mount, Sandbox, TurnResult, serving_door
+from ..runtime_wasm.internal import (
     SandboxHandle,
-    TurnResult,
     checkpoint_from_bytes,
     checkpoint_to_bytes,
     fork_each,
     guest_nice,
     open_from_checkpoint,
-    serving_door,
     set_guest_nice,
 )
 from ._contract import Backend
 from ._raynet import init_ray
 from ._subprocess import SubprocessBackend, check_run_args
-from .worker import (
+from .worker._wire import (
+    answer_of,
     error_from_wire,
     limits_from_wire,
     mounts_from_wire,
     result_from_wire,
     result_to_wire,
 )
-from .worker._wire import answer_of
 
 __all__ = ["RayBackend", "RayCheckpoint", "RaySandbox"]
 

@@ -31,23 +31,25 @@ from websockets.sync.client import ClientConnection, connect
 
 from ..errors import ConfigError, MemexError, SandboxClosed, SandboxError, ServiceError
 from ..runtime_wasm import (
-    DecodeCost,
     Door,
     GuestFile,
     GuestKilled,
     Limits,
     Mount,
     OutputListener,
-    SandboxHandle,
     TurnResult,
+    serving_door,
+)
+from ..runtime_wasm.internal import (
+    DecodeCost,
+    SandboxHandle,
     fork_count,
     retry_after,
-    serving_door,
     unpack_bounded,
 )
 from ._contract import Backend
 from ._subprocess import check_run_args
-from .worker import error_from_wire, limits_from_wire, limits_to_wire, result_from_wire
+from .worker._wire import error_from_wire, limits_from_wire, limits_to_wire, result_from_wire
 
 __all__ = ["Client", "RemoteBackend", "RemoteCheckpoint", "RemoteSandbox"]
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, ImageError
-from ..runtime_wasm import private_dir
+from ..runtime_wasm.internal import private_dir
 
 __all__ = ["Storage"]
 

@@ -42,17 +42,15 @@ from ..runtime_wasm import (
     Limits,
     Mount,
     OutputListener,
-    SandboxHandle,
     TurnResult,
     TurnStatus,
-    fork_each,
-    remove_tree,
     resolve_packages,
     serving_door,
 )
+from ..runtime_wasm.internal import SandboxHandle, fork_each, remove_tree
 from ._contract import Backend
-from .worker import limits_to_wire, mounts_to_wire, result_from_wire
 from .worker._client import DoorServer, ProcessCheckpoint, WorkerClient, WorkerDied, door_socketpair
+from .worker._wire import limits_to_wire, mounts_to_wire, result_from_wire
 
 __all__ = ["ProcessCheckpoint", "ProcessSandbox", "SubprocessBackend", "check_run_args"]
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import GuestFileTooLarge
-from ..runtime_wasm import DecodeCost, SandboxAPI, unpack_bounded
+from ..runtime_wasm import SandboxAPI
+from ..runtime_wasm.internal import DecodeCost, unpack_bounded
 
 __all__ = ["FILES_CAP", "FILES_ENTRIES", "tmp_files", "tmp_files_from"]
 

@@ -18,13 +18,13 @@ _DEFAULT_CLEAN = ("packages", "warm")
 
 
 def _models() -> tuple[Path, str]:
-    from ..executor.llm import model_dir
+    from ..executor.internal import model_dir
 
     return model_dir(), "local model weights (memex model fetch downloads them again)"
 
 
 def _report() -> list[dict[str, Any]]:
-    from ..runtime_wasm import cache_report
+    from ..runtime_wasm.internal import cache_report
 
     parts = cache_report()
     rows = [{"name": p.name, "paths": [str(x) for x in p.paths], "bytes": p.bytes,
@@ -50,7 +50,8 @@ def _human(n: int) -> str:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from ..runtime_wasm import cache_dir, clean_cache
+    from ..runtime_wasm import cache_dir
+    from ..runtime_wasm.internal import clean_cache
 
     action = args.action or "info"
     if action == "dir":
@@ -82,7 +83,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub: Any) -> None:
-    from ..runtime_wasm import CACHE_PARTS
+    from ..runtime_wasm.internal import CACHE_PARTS
 
     names = [*CACHE_PARTS, "models"]
     p = sub.add_parser("cache", help="what MemEx keeps on disk (packages, warm images, the "

@@ -20,7 +20,7 @@ __all__ = ["add_model_options", "add_sandbox_options", "exit_code", "limits", "l
 def size(text: str) -> int:
     """A byte size from text (512M, 2G, 65536): the runtime's one grammar."""
     from ..errors import ConfigError
-    from ..runtime_wasm import parse_size
+    from ..runtime_wasm.internal import parse_size
 
     try:
         return parse_size(text)
@@ -31,7 +31,7 @@ def size(text: str) -> int:
 def seconds(text: str) -> float:
     """Seconds > 0 from text (30, 1.5, 500ms, 2min): the runtime's one grammar."""
     from ..errors import ConfigError
-    from ..runtime_wasm import parse_seconds
+    from ..runtime_wasm.internal import parse_seconds
 
     try:
         return parse_seconds(text)
@@ -58,7 +58,8 @@ def llm_from_args(args: argparse.Namespace, stack: contextlib.ExitStack, who: st
     """The model client the flags name: the endpoint (``--base-url`` or $OPENAI_BASE_URL),
     else the local model served for the command's duration, as ``./build.sh demo`` does,
     saying so on stderr."""
-    from ..executor.llm import DEFAULT_LOCAL_MODEL, LLMClient, LocalModel
+    from ..executor.internal import DEFAULT_LOCAL_MODEL
+    from ..executor.llm import LLMClient, LocalModel
 
     base_url = args.base_url or os.environ.get("OPENAI_BASE_URL")
     if base_url:

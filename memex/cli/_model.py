@@ -22,7 +22,7 @@ def _say(msg: str) -> None:
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
-    from ..executor.llm import fetch_model
+    from ..executor.internal import fetch_model
 
     start = time.monotonic()
     with byte_bar(f"downloading {args.model}") as progress:
@@ -35,7 +35,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 def cmd_list(args: argparse.Namespace) -> int:
     from ..errors import ModelFileError
-    from ..executor.llm import MODELS, model_dir, verify_model_file
+    from ..executor.internal import MODELS, model_dir, verify_model_file
 
     root = model_dir(args.dir)
     for spec in MODELS.values():

@@ -134,7 +134,7 @@ def _front_policy(path: str, kind: str, principal: str | None) -> EgressPolicy |
 
 
 def _amount(name: str, value: Any) -> str:
-    from ..runtime_wasm import LIMIT_FIELDS, size_text
+    from ..runtime_wasm.internal import LIMIT_FIELDS, size_text
 
     if value is None:
         return "none"

@@ -46,7 +46,7 @@ def _history_file() -> str | None:
     path = os.environ.get(HISTORY_ENV)
     if path is not None:
         return path or None
-    from ..runtime_wasm import state_dir
+    from ..runtime_wasm.internal import state_dir
 
     current = state_dir() / "history"
     legacy = Path.home() / ".memex_history"

@@ -71,7 +71,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"memex run: {what}", file=sys.stderr)
         return 2
     code, filename, argv = what
-    from ..runtime_wasm import script_dependencies
+    from ..runtime_wasm.internal import script_dependencies
 
     packages = [*args.packages, *(script_dependencies(code) or [])]  # --with, and PEP 723
     lim = limits(args)

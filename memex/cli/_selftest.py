@@ -244,7 +244,7 @@ def run_checks(opener: Opener, checks: tuple[Check, ...] = CHECKS,
         except Exception as exc:  # a check that cannot run is a failed check
             result, detail = "fail", f"{type(exc).__name__}: {exc}"
         finally:
-            from ..runtime_wasm import remove_tree  # a guest wrote there: iteratively
+            from ..runtime_wasm.internal import remove_tree  # a guest wrote there: iteratively
 
             remove_tree(str(work))
         res = CheckResult(check=check.name, result=result,

@@ -56,7 +56,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             else f"backend {config.backend} with {config.workers} worker(s), state " + (
                 f"in {config.state_dir}" if config.state_dir else "not kept")
         print(f"{args.config}: ok, {where}")
-        from ..runtime_wasm import LIMIT_FIELDS, size_text
+        from ..runtime_wasm.internal import LIMIT_FIELDS, size_text
 
         sizes = {f.name for f in LIMIT_FIELDS if f.kind == "bytes"}
         for t in config.tenants.values():  # sizes as the config takes them ('512M')

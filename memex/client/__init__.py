@@ -4,6 +4,7 @@ HTTP API) and :class:`RemoteBackend`, the backend whose sandboxes live on the se
 ``memex.backends`` (the remote backend is a backend like the others); this package names them
 where a service's users look first. See docs/service.md."""
 
-from ..backends import Client, RemoteBackend, RemoteCheckpoint, RemoteSandbox
+from ..backends import RemoteBackend
+from ..backends.internal import Client, RemoteCheckpoint, RemoteSandbox
 
 __all__ = ["Client", "RemoteBackend", "RemoteCheckpoint", "RemoteSandbox"]

@@ -9,39 +9,23 @@ appending each rollout to ``results.jsonl`` (``_runner``, ``_results``, ``_grade
 in ``suites``.
 """
 
-from ._audit import FAILURE_KINDS, AuditVerdict, FailureClass, audit, load_audit
-from ._export import EXPORT_FORMATS, export_rollouts
-from ._grade import GRADERS, grade, normalise_text
-from ._report import (
-    FORMATS,
-    Summary,
-    TaskCell,
-    by_task,
-    format_by_task,
-    format_summaries,
-    pareto_plot,
-    summarise,
-    wilson,
-)
+from ._audit import FAILURE_KINDS, FailureClass, audit, load_audit
+from ._export import export_rollouts
+from ._grade import grade
+from ._report import Summary, by_task, format_by_task, format_summaries, pareto_plot, summarise
 from ._results import RolloutResult, load_results
-from ._runner import EvalRun, run_eval
+from ._runner import run_eval
 from ._suite import EvalTask, Suite, Workspace, load_suite, load_tasks
 from .suites import SUITES
 
 __all__ = [
-    "EXPORT_FORMATS",
     "FAILURE_KINDS",
-    "FORMATS",
-    "GRADERS",
     "SUITES",
-    "AuditVerdict",
-    "EvalRun",
     "EvalTask",
     "FailureClass",
     "RolloutResult",
     "Suite",
     "Summary",
-    "TaskCell",
     "Workspace",
     "audit",
     "by_task",
@@ -53,9 +37,7 @@ __all__ = [
     "load_results",
     "load_suite",
     "load_tasks",
-    "normalise_text",
     "pareto_plot",
     "run_eval",
     "summarise",
-    "wilson",
 ]

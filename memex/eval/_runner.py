@@ -16,7 +16,8 @@ from pathlib import Path
 
 from ..backends import Backend, get_backend
 from ..errors import ConfigError, LLMError
-from ..executor import Aids, Budget, MemexAgent, Rollout, SandboxSpec, TrajectoryWriter
+from ..executor import Aids, Budget, MemexAgent, Rollout, SandboxSpec
+from ..executor.internal import TrajectoryWriter
 from ..executor.llm import LLMClient
 from ..runtime_wasm import AGENT_LIMITS, Limits
 from ._grade import grade

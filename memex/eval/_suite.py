@@ -77,7 +77,7 @@ class Workspace:
 def _check_reference(task: EvalTask) -> None:
     """Refuse a task whose reference the agent could not submit: its answer schema's own
     check (the submit tool's) must accept it, else every answer would be graded wrong."""
-    from ..executor import make_submit_tool
+    from ..executor.internal import make_submit_tool
     from ..host_tools import ArgumentsInvalid
 
     try:

@@ -9,16 +9,8 @@ from ._agent import ActionSpace, MemexAgent
 from ._config import Aids, Budget, Caps, EndReason
 from ._render import render_step, render_trajectory
 from ._run import Rollout
-from ._session import make_submit_tool
 from ._spec import AgentSpec, Hooks, ModelSettings, SandboxSpec, ToolPolicy
-from ._trajectory import (
-    Step,
-    ToolCallInfo,
-    Trajectory,
-    TrajectoryWriter,
-    load_trajectories,
-    save_trajectories,
-)
+from ._trajectory import Step, ToolCallInfo, Trajectory, load_trajectories, save_trajectories
 from .spawn import TreeBudget
 
 __all__ = [
@@ -37,10 +29,8 @@ __all__ = [
     "ToolCallInfo",
     "ToolPolicy",
     "Trajectory",
-    "TrajectoryWriter",
     "TreeBudget",
     "load_trajectories",
-    "make_submit_tool",
     "render_step",
     "render_trajectory",
     "save_trajectories",

@@ -15,15 +15,9 @@ from ._mcp_content import McpAudio, McpImage, McpResource, McpResourceLink
 from ._params import ArgumentsInvalid, ReturnInvalid, ToolParam
 from ._tool import Tool, tool
 from ._toolset import ToolSet
-from .egress import (
-    Egress,
-    EgressDecision,
-    EgressLimits,
-    EgressPolicy,
-    EgressRecord,
-    EgressRule,
-    EgressSecret,
-)
+from .egress._host import Egress, EgressRecord
+from .egress._policy import EgressPolicy
+from .egress._rules import EgressDecision, EgressLimits, EgressRule, EgressSecret
 
 __all__ = [
     "ArgumentsInvalid",

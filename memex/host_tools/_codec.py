@@ -23,7 +23,7 @@ from typing import Any
 import msgpack
 
 from ..errors import MemexError
-from ..runtime_wasm import DecodeCost, unpack_bounded
+from ..runtime_wasm.internal import DecodeCost, unpack_bounded
 
 __all__ = [
     "EXT_DATAFRAME", "EXT_DATETIME", "EXT_DECIMAL", "EXT_NDARRAY", "EXT_RECORD", "EXT_SERIES",

@@ -27,7 +27,8 @@ from typing import Any, Literal
 import msgpack
 
 from ..errors import ConfigError, ToolInstallError
-from ..runtime_wasm import Door, DoorContext, DoorError, Job, SandboxAPI, TurnStatus, Workers
+from ..runtime_wasm import Door, DoorContext, DoorError, SandboxAPI, TurnStatus
+from ..runtime_wasm.internal import Job, Workers
 from ._codec import DecodeError, EncodeError, TooDeep, decode, encode
 from ._loop import AsyncJob, LoopThread
 from ._params import ArgumentsInvalid, ReturnInvalid

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from ..runtime_wasm import Job
+from ..runtime_wasm.internal import Job
 
 __all__ = ["AsyncJob", "LoopThread"]
 

@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from ..backends import Backend, get_backend
-from ..executor.loops import NO_OUTPUT, trim_traceback
+from ..executor.internal import NO_OUTPUT, trim_traceback
 from ..host_tools import Egress, EgressPolicy, Tool, ToolHost
 from ..runtime_wasm import Door, Limits, Mount, Sandbox, SandboxAPI, TurnResult, TurnStatus
 

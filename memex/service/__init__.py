@@ -5,7 +5,7 @@ Tenants and their keys (stored hashed), quotas and limit ceilings come from ``se
 (``_config``); sessions, checkpoints, quotas, fair shares, saves and eviction are the session
 core's (``memex.serving``, shared with ``memex mcp``), each session owned by one tenant
 (``_sessions``); a session's guest calls tools in the client's process through the door
-WebSocket (``backends.ClientDoor``); the API's routes are in ``_routes`` over one
+WebSocket (``backends.internal.ClientDoor``); the API's routes are in ``_routes`` over one
 ``_service.Service`` (the process's state; ``_cluster.ClusterService`` on a Ray cluster),
 the app and its typed errors in ``_app`` and ``_http``, the wire in ``_models``; moves
 between nodes in ``_durable``; ``/metrics`` in ``_metrics``; uvicorn, held by

@@ -2,7 +2,7 @@
 is a ``memex serve`` process joined to the cluster as a Ray driver; any front serves any
 session. The fronts share nothing but the cluster: the control actor
 (``memex.serving.Control``) holds the directory, the tenants' ledger and the config, and the
-sessions live in slabs (``memex.backends.Slab``) that save them to the cluster's storage.
+sessions live in slabs (``memex.backends.internal.Slab``) that save them to the cluster's storage.
 
 A front keeps a session record per session it has served (:class:`ClusterSandbox` is its
 handle to the session's slab, :class:`RelayDoor` its door); the record is a cache: a slab that
@@ -30,11 +30,12 @@ from typing import Any
 
 import anyio
 
-from ..backends import Backend, Storage, init_ray
-from ..backends.worker import (
+from ..backends import Backend, init_ray
+from ..backends.internal import (
     Channel,
     ChannelClosed,
     ProtocolError,
+    Storage,
     error_from_wire,
     limits_from_wire,
     limits_to_wire,
@@ -43,14 +44,8 @@ from ..backends.worker import (
     result_from_wire,
 )
 from ..errors import BackendBusy, ConfigError, SandboxClosed, SandboxError
-from ..runtime_wasm import (
-    Door,
-    GuestFile,
-    Limits,
-    SandboxHandle,
-    TurnResult,
-    TurnStatus,
-)
+from ..runtime_wasm import Door, GuestFile, Limits, TurnResult, TurnStatus
+from ..runtime_wasm.internal import SandboxHandle
 from ..serving import CONTROL_NAME, Control, DoorKit
 from ._config import (
     ClusterConfig,

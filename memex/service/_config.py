@@ -30,7 +30,8 @@ from pydantic import (
 
 from ..errors import ConfigError, NotGranted
 from ..host_tools import EgressPolicy, ToolSet
-from ..runtime_wasm import SANDBOX_LIMITS, Limits, size_text
+from ..runtime_wasm import SANDBOX_LIMITS, Limits
+from ..runtime_wasm.internal import size_text
 from ..serving import (
     Bounds,
     DoorKit,

@@ -15,9 +15,10 @@ from typing import Any
 
 import msgpack
 
-from ..backends import ClientDoor
+from ..backends.internal import ClientDoor
 from ..errors import ImageError, MemexError, SandboxError, SandboxLost
-from ..runtime_wasm import SandboxAPI, atomic_write
+from ..runtime_wasm import SandboxAPI
+from ..runtime_wasm.internal import atomic_write
 from ..serving import Keeper, QuotaExceeded, session_fields
 from ._config import TenantConfig
 from ._sessions import Session

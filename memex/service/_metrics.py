@@ -16,7 +16,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from ..backends import Ledger
+from ..backends.internal import Ledger
 from ..runtime_wasm import TurnResult
 
 __all__ = ["Metrics"]

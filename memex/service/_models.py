@@ -117,7 +117,7 @@ def _requirement(text: str) -> str:
     (a URL, a malformed name) and else with the subset's."""
     if _REQUIREMENT.fullmatch(text):
         return text
-    from ..runtime_wasm import checked_requirements
+    from ..runtime_wasm.internal import checked_requirements
 
     checked_requirements([text])  # raises ConfigError (a ValueError) with its reason
     raise ValueError(f"{text[:60]!r}: a requirement here is a name, extras and version "

@@ -27,13 +27,8 @@ from pydantic import ValidationError
 from starlette.requests import HTTPConnection
 
 from ..errors import SandboxError
-from ..runtime_wasm import (
-    DecodeCost,
-    GuestFile,
-    SandboxAPI,
-    TurnResult,
-    unpack_bounded,
-)
+from ..runtime_wasm import GuestFile, SandboxAPI, TurnResult
+from ..runtime_wasm.internal import DecodeCost, unpack_bounded
 from ..serving import ID_PATTERN, bearer_key, describe_tools, key_matches
 from ._config import TenantConfig
 from ._http import ApiError, invalid_request, too_large

@@ -14,7 +14,7 @@ from types import FrameType
 import uvicorn
 
 from ..backends import Backend
-from ..runtime_wasm import cancel_resolutions
+from ..runtime_wasm.internal import cancel_resolutions
 from ..serving import ConnectionGuard
 from ._app import create_app
 from ._config import ServiceConfig

@@ -19,8 +19,15 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from ..backends import Backend, ClientDoor, Ledger, ProcessSandbox, TenantQuota, get_backend
-from ..backends.worker import limits_to_wire, result_to_wire
+from ..backends import Backend, get_backend
+from ..backends.internal import (
+    ClientDoor,
+    Ledger,
+    ProcessSandbox,
+    TenantQuota,
+    limits_to_wire,
+    result_to_wire,
+)
 from ..errors import MemexError
 from ..host_tools import Egress, EgressRecord, ToolCallRecord, ToolHost
 from ..runtime_wasm import (
@@ -31,8 +38,8 @@ from ..runtime_wasm import (
     Sandbox,
     SandboxAPI,
     TurnResult,
-    set_guest_nice,
 )
+from ..runtime_wasm.internal import set_guest_nice
 from ..serving import ConnectionGuard, PackageGate, Shares
 from ._config import ServiceConfig, TenantConfig, service_keys
 from ._durable import ServeKeeper, session_of_meta

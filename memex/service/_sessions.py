@@ -10,7 +10,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from ..backends import ClientDoor
+from ..backends.internal import ClientDoor
 from ..serving import DurableSession, QuotaExceeded, SessionTable
 
 __all__ = ["QuotaExceeded", "Session", "SessionTable", "new_checkpoint_id", "new_session_id"]

@@ -36,17 +36,19 @@ from typing import Any, Generic, TypeVar
 
 import msgpack
 
-from ..backends import Backend, ProcessCheckpoint, tmp_files, tmp_files_from
-from ..backends.worker import limits_from_wire, limits_to_wire, mounts_from_wire, mounts_to_wire
-from ..errors import ImageError, MemexError, SandboxLost
-from ..runtime_wasm import (
-    Door,
-    Mount,
-    SandboxAPI,
-    checkpoint_from_bytes,
-    checkpoint_to_bytes,
-    private_dir,
+from ..backends import Backend
+from ..backends.internal import (
+    ProcessCheckpoint,
+    limits_from_wire,
+    limits_to_wire,
+    mounts_from_wire,
+    mounts_to_wire,
+    tmp_files,
+    tmp_files_from,
 )
+from ..errors import ImageError, MemexError, SandboxLost
+from ..runtime_wasm import Door, Mount, SandboxAPI
+from ..runtime_wasm.internal import checkpoint_from_bytes, checkpoint_to_bytes, private_dir
 from ._store import StateStore
 from ._table import ID_PATTERN, CoreSession, SessionTable
 

@@ -8,15 +8,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Sequence
 
-from ..backends import Ledger
+from ..backends.internal import Ledger
 from ..errors import BackendBusy, ConfigError, NotGranted
-from ..runtime_wasm import (
-    PackageSet,
-    bundled_packages,
-    checked_requirements,
-    find_artifacts,
-    resolve_packages,
-)
+from ..runtime_wasm import PackageSet, bundled_packages, resolve_packages
+from ..runtime_wasm.internal import checked_requirements, find_artifacts
 
 __all__ = ["PackageGate", "allowed_packages"]
 

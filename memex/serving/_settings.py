@@ -16,7 +16,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from pydantic.json_schema import SkipJsonSchema
 
 from ..errors import ConfigError
-from ..runtime_wasm import LIMIT_FIELDS, LimitField, Limits, parse_seconds, parse_size
+from ..runtime_wasm import Limits
+from ..runtime_wasm.internal import LIMIT_FIELDS, LimitField, parse_seconds, parse_size
 
 __all__ = ["FileModel", "LimitsModel", "LimitsTable", "Seconds", "SecondsOrZero", "Size",
            "config_error", "limits_model", "read_toml"]

@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 import anyio
 import anyio.to_thread
 
-from ..backends import Account, Ledger
+from ..backends.internal import Account, Ledger
 from ..errors import BackendBusy
 
 __all__ = ["ACTIVE_SECONDS", "Shares", "default_running_turns"]

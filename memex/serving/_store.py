@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..runtime_wasm import atomic_write, private_dir
+from ..runtime_wasm.internal import atomic_write, private_dir
 
 __all__ = ["SavedSession", "StateStore"]
 

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from ..backends import Ledger
+from ..backends.internal import Ledger
 from ..errors import MemexError
 from ..runtime_wasm import Limits, SandboxAPI
 

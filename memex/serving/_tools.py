@@ -7,7 +7,7 @@ a list of those.
 
 On a session's door the server (in a cluster, the slab holding it: ``_doorkit``) answers
 calls to these names itself and forwards every other tool call to the client
-(``backends.ClientDoor``), so a client can neither answer in the operator's place nor see
+(``backends.internal.ClientDoor``), so a client can neither answer in the operator's place nor see
 the operator's handlers. ``GET /v1/tools`` describes them (OpenAI
 function definitions), which is how a client offers them to its model."""
 

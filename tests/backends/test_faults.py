@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 
 from memex import Limits, TurnResult, TurnStatus
-from memex.backends import Ledger, PoolBackend, ProcessSandbox, SubprocessBackend, TenantQuota
+from memex.backends import PoolBackend, SubprocessBackend
+from memex.backends.internal import Ledger, ProcessSandbox, TenantQuota
 from memex.errors import BackendBusy, SandboxLost
 from memex.host_tools import ToolHost
 
@@ -595,7 +596,7 @@ def test_a_saved_checkpoint_is_decoded_at_the_depth_its_session_may_hold() -> No
     from memex import Sandbox
     from memex.backends.worker._client import ProcessCheckpoint
     from memex.errors import ImageError
-    from memex.runtime_wasm import checkpoint_from_bytes, checkpoint_to_bytes
+    from memex.runtime_wasm.internal import checkpoint_from_bytes, checkpoint_to_bytes
 
     with Sandbox(limits=Limits(memory=256 << 20)) as sb:
         sb.run("ballast = bytearray(96 << 20)")

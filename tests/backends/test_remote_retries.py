@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from memex.backends import Client
+from memex.backends.internal import Client
 from memex.errors import ConfigError, ServiceError
 
 

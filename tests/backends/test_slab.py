@@ -1,6 +1,7 @@
-"""A cluster's slab (``memex.backends.Slab``) in this process, without Ray running: its direct
-path opens only with its secret and bounds what a stranger can make it hold, and a slab whose
-lease from the control actor ran out neither serves nor saves (docs/scaling.md)."""
+"""A cluster's slab (``memex.backends.internal.Slab``) in this process, without Ray running:
+its direct path opens only with its secret and bounds what a stranger can make it hold, and
+a slab whose lease from the control actor ran out neither serves nor saves
+(docs/scaling.md)."""
 
 from __future__ import annotations
 
@@ -17,12 +18,14 @@ pytest.importorskip("ray")
 pytest.importorskip("fsspec")
 
 from memex import Limits
-from memex.backends import Slab, Storage, session_key
-from memex.backends.worker import (
+from memex.backends.internal import (
     Channel,
     ChannelClosed,
+    Slab,
+    Storage,
     limits_to_wire,
     mounts_to_wire,
+    session_key,
 )
 from memex.backends.worker._wire import HEADER
 

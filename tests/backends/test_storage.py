@@ -1,4 +1,4 @@
-"""The cluster's storage (``memex.backends.Storage``) on a local folder and on a real
+"""The cluster's storage (``memex.backends.internal.Storage``) on a local folder and on a real
 S3-compatible server on 127.0.0.1: the same contract on both."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("fsspec")
 
-from memex.backends import Storage
+from memex.backends.internal import Storage
 from memex.errors import ConfigError, ImageError
 
 

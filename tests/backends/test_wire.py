@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memex import ConfigError, GuestFileError, Limits, Mount, Sandbox, SandboxClosed
-from memex.backends.worker import (
+from memex.backends.internal import (
     FrameDecoder,
     ProtocolError,
     encode_frame,
@@ -37,12 +37,12 @@ from memex.backends.worker._wire import (
     error_to_wire,
 )
 from memex.errors import BackendBusy, ImageError, SandboxError, SandboxLost
-from memex.runtime_wasm import (
+from memex.runtime_wasm import dirty_tracking
+from memex.runtime_wasm.internal import (
     checkpoint_from_bytes,
     checkpoint_from_fds,
     checkpoint_to_bytes,
     checkpoint_to_fds,
-    dirty_tracking,
 )
 
 leaves = st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats(

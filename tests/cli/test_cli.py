@@ -239,7 +239,7 @@ def test_version_names_memex_python_and_the_runtime() -> None:
                      r"wasmtime (\d+\.\d+\.\d+), host Python (\S+)\)\n", p.stdout)
     assert m is not None, p.stdout
     assert m[1] == __version__ and m[5] == platform.python_version()
-    from memex.runtime_wasm import find_artifacts
+    from memex.runtime_wasm.internal import find_artifacts
 
     manifest = find_artifacts().manifest.read_text().splitlines()[0]  # "python 3.15.0"
     assert manifest.startswith(f"python {m[2]}."), manifest  # the pin says what it is

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from package_index import build_wheel, package_index
 
-from memex.runtime_wasm import Limits, Sandbox, load_module, resolve_packages
+from memex.runtime_wasm import Limits, Sandbox, resolve_packages
+from memex.runtime_wasm.internal import load_module
 
 
 def memex(cache: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -14,7 +14,8 @@ import pytest
 
 from memex.eval import SUITES, load_results, run_eval, summarise
 from memex.executor import Aids, Budget
-from memex.executor.llm import LocalModel, local_model_unavailable
+from memex.executor.internal import local_model_unavailable
+from memex.executor.llm import LocalModel
 
 MODEL = os.environ.get("MEMEX_TEST_LOCAL_MODEL", "qwen-1.5b")
 

@@ -9,7 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from memex.errors import ConfigError
-from memex.eval import grade, normalise_text
+from memex.eval import grade
+from memex.eval.internal import normalise_text
 
 
 @pytest.mark.parametrize(("got", "want", "kind", "ok"), [

@@ -32,8 +32,8 @@ from memex.eval import (
     pareto_plot,
     run_eval,
     summarise,
-    wilson,
 )
+from memex.eval.internal import wilson
 from memex.executor.llm import (
     LLMClient,
     ScriptedError,

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from memex.executor import Aids, Budget, Hooks, MemexAgent, SandboxSpec, load_trajectories
-from memex.executor.llm import LocalModel, local_model_unavailable
+from memex.executor.internal import local_model_unavailable
+from memex.executor.llm import LocalModel
 from memex.runtime_wasm import Limits
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))

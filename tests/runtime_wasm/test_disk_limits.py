@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from memex import ConfigError, GuestFileError, Limits, Mount, Sandbox, TurnStatus
-from memex.runtime_wasm import scratch_dir
+from memex.runtime_wasm.internal import scratch_dir
 
 MiB = 1 << 20
 Make = Callable[..., Sandbox]

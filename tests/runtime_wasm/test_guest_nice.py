@@ -1,7 +1,7 @@
-"""Guests below the server's own threads (memex.runtime_wasm.set_guest_nice): the threads that
-run guests take the asked nice steps above the process's own, in this process and in the
-worker processes a backend starts after it (their threads read from /proc, as the kernel
-sees them)."""
+"""Guests below the server's own threads (memex.runtime_wasm.internal.set_guest_nice): the
+threads that run guests take the asked nice steps above the process's own, in this process
+and in the worker processes a backend starts after it (their threads read from /proc, as the
+kernel sees them)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from memex.backends import get_backend
-from memex.runtime_wasm import Limits, Sandbox, guest_nice, set_guest_nice
+from memex.runtime_wasm import Limits, Sandbox
 from memex.runtime_wasm.engine._runner import Runner, RunnerPool
+from memex.runtime_wasm.internal import guest_nice, set_guest_nice
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="setpriority of a thread: Linux")

@@ -7,8 +7,9 @@ import gc
 
 import pytest
 
-from memex.backends import ProcessSandbox, RaySandbox, RemoteSandbox
-from memex.runtime_wasm import Sandbox, SandboxHandle
+from memex.backends.internal import ProcessSandbox, RaySandbox, RemoteSandbox
+from memex.runtime_wasm import Sandbox
+from memex.runtime_wasm.internal import SandboxHandle
 
 
 class _Counting(SandboxHandle):

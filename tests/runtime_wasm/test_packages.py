@@ -14,16 +14,9 @@ from hypothesis import strategies as st
 from package_index import PackageIndex, build_wheel, package_index
 
 from memex.errors import ConfigError, PackageError
-from memex.runtime_wasm import (
-    Artifacts,
-    Limits,
-    PackageSet,
-    Sandbox,
-    checked_requirements,
-    resolve_packages,
-    script_dependencies,
-)
+from memex.runtime_wasm import Limits, PackageSet, Sandbox, resolve_packages
 from memex.runtime_wasm.engine._engine import load_module
+from memex.runtime_wasm.internal import Artifacts, checked_requirements, script_dependencies
 
 DEMO = """from memexdep import VALUE
 import numpy

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from memex import Sandbox
-from memex.runtime_wasm import scratch_dir
 from memex.runtime_wasm.files import _scratch
 from memex.runtime_wasm.images._dirty import TRACKER
 from memex.runtime_wasm.images._image import MemoryImage
+from memex.runtime_wasm.internal import scratch_dir
 
 
 @pytest.fixture

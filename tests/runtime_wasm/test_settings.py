@@ -13,15 +13,8 @@ from hypothesis import strategies as st
 
 import memex
 from memex.errors import ConfigError
-from memex.runtime_wasm import (
-    AGENT_LIMITS,
-    KERNEL_LIMITS,
-    SANDBOX_LIMITS,
-    Limits,
-    parse_seconds,
-    parse_size,
-    size_text,
-)
+from memex.runtime_wasm import AGENT_LIMITS, KERNEL_LIMITS, SANDBOX_LIMITS, Limits
+from memex.runtime_wasm.internal import parse_seconds, parse_size, size_text
 
 
 @given(st.integers(0, 1 << 50) | st.builds(lambda k, s: k << s, st.integers(1, 4096),

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from memex.runtime_wasm import remove_tree
+from memex.runtime_wasm.internal import remove_tree
 
 
 def _deep(root: Path, levels: int) -> None:

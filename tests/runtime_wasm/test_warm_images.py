@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from memex import ConfigError, ImageError, Sandbox
-from memex.runtime_wasm import _warm, load_module
+from memex.runtime_wasm import _warm
 from memex.runtime_wasm.images._imagefile import open_raw_image, write_raw_image
+from memex.runtime_wasm.internal import load_module
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from memex import Limits, TurnResult, TurnStatus  # noqa: E402
-from memex.backends.worker import (  # noqa: E402
+from memex.backends.internal import (  # noqa: E402
     encode_frame,
     limits_to_wire,
     mounts_to_wire,

@@ -20,8 +20,8 @@ import msgpack
 import pytest
 
 from memex import Door, ImageError, Limits, Sandbox
-from memex.backends.worker import FrameDecoder, ProtocolError, encode_frame
-from memex.runtime_wasm import (
+from memex.backends.internal import FrameDecoder, ProtocolError, encode_frame
+from memex.runtime_wasm.internal import (
     DecodeCost,
     checkpoint_from_bytes,
     checkpoint_to_bytes,

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memex import Door, MemexError, Sandbox
-from memex.backends.worker import (
+from memex.backends.internal import (
     FrameDecoder,
     ProtocolError,
     error_from_wire,
@@ -33,7 +33,7 @@ from memex.backends.worker import (
 )
 from memex.errors import ImageError, PolicyError
 from memex.host_tools import DecodeError, EgressPolicy, ToolHost, decode
-from memex.runtime_wasm import checkpoint_from_fds
+from memex.runtime_wasm.internal import checkpoint_from_fds
 
 SEEDS = Path(__file__).resolve().parent / "seeds"
 EXAMPLES = int(os.environ.get("MEMEX_FUZZ_EXAMPLES", "150"))

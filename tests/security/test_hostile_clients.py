@@ -16,7 +16,7 @@ import httpx2
 import pytest
 from served import Served, cluster_toml, start_server
 
-from memex.backends import Client
+from memex.backends.internal import Client
 
 EDGE = ("max_connections = 60\nmax_pending = 40\nmax_pending_per_peer = 16\n"
         "header_timeout = 1.5\nbody_timeout = 1.5\nkeep_alive_timeout = 2\n"

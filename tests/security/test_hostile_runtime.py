@@ -214,7 +214,7 @@ def test_a_guest_tree_is_bounded_in_depth_and_closing_it_leaves_nothing(
                "    os.rename('/tmp/d2', '/tmp/x/d')\nexcept OSError as e:\n    print(e.errno)")
     assert r.ok and r.stdout == "37\n", r  # moving the tree one level down: too deep
     if isinstance(sb, Sandbox):
-        from memex.runtime_wasm import scratch_dir
+        from memex.runtime_wasm.internal import scratch_dir
 
         scratch = scratch_dir(sb)
         sb.close()  # a deep tree, iteratively removed, never a RecursionError

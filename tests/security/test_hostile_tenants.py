@@ -23,7 +23,7 @@ from served import Served, cluster_toml, end_namespace, start_server, tenant_tab
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from memex.backends import Client
+from memex.backends.internal import Client
 
 Start = Callable[..., Served]
 SMALL = {"memory": 256 << 20}  # the soak's 15 sessions fit the test cluster's one node

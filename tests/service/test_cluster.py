@@ -549,7 +549,7 @@ def test_a_slab_answers_only_a_front_that_knows_its_secret(rig: ClusterRig) -> N
     """A slab's direct path closes a connection that does not open with its secret before
     reading anything else (a call sent without it does not run); with the secret (the
     positive control), the same call runs."""
-    from memex.backends.worker import Channel, ChannelClosed
+    from memex.backends.internal import Channel, ChannelClosed
 
     with backend(rig.fronts[0], rig.keys["a"]) as ba:
         sb = ba.open(limits=Limits(memory=256 << 20, timeout=20))

@@ -10,7 +10,7 @@ import pytest
 from served import launch, loopback_cluster, tenant_table
 
 from memex import Limits, RemoteBackend
-from memex.backends import Client, RemoteCheckpoint
+from memex.backends.internal import Client, RemoteCheckpoint
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 pytest.importorskip("ray")

@@ -19,7 +19,8 @@ import pytest
 from served import Served, launch, start_server
 
 from memex import SandboxLost, ServiceError, TurnStatus
-from memex.backends import Client, get_backend
+from memex.backends import get_backend
+from memex.backends.internal import Client
 from memex.host_tools import ToolHost
 
 

@@ -23,7 +23,8 @@ from pydantic import BaseModel
 from served import Served, launch, start_server
 
 from memex import ConfigError, Limits, ServiceError, TurnStatus
-from memex.backends import Client, get_backend
+from memex.backends import get_backend
+from memex.backends.internal import Client
 from memex.executor import MemexAgent, SandboxSpec
 from memex.executor.llm import LLMClient, ScriptedLLM
 from memex.host_tools import ToolHost, ToolSet

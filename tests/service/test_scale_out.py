@@ -16,7 +16,8 @@ import pytest
 from served import launch, start_server
 
 from memex import ImageError, SandboxClosed, ServiceError
-from memex.backends import Client, RemoteCheckpoint, get_backend
+from memex.backends import get_backend
+from memex.backends.internal import Client, RemoteCheckpoint
 from memex.host_tools import ToolHost
 
 

@@ -131,7 +131,7 @@ def test_every_requirement_the_document_admits_is_one_the_server_reads(text: str
     """The pattern the document gives a package requirement is a subset of what the
     server's parser reads (no URL, marker or hash, on purpose): a request the document
     allows is never refused as malformed, which schemathesis' generated requests check."""
-    from memex.runtime_wasm import checked_requirements
+    from memex.runtime_wasm.internal import checked_requirements
 
     assert checked_requirements([text])
 

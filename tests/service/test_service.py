@@ -35,7 +35,8 @@ from memex import (
     ServiceError,
     TurnStatus,
 )
-from memex.backends import Client, RemoteBackend, get_backend
+from memex.backends import RemoteBackend, get_backend
+from memex.backends.internal import Client
 from memex.host_tools import ToolHost
 from memex.service import ServiceConfig, create_app, hash_key, load_config
 

@@ -18,7 +18,8 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
 from memex import ServiceError, TurnStatus
-from memex.backends import Client, get_backend
+from memex.backends import get_backend
+from memex.backends.internal import Client
 from memex.service import hash_key
 
 

@@ -17,8 +17,7 @@ pytest.importorskip("ray")
 pytest.importorskip("fsspec")
 
 from memex import Limits
-from memex.backends import Storage
-from memex.backends.worker import limits_to_wire
+from memex.backends.internal import Storage, limits_to_wire
 from memex.serving import Control
 from memex.serving._control import FRONT_LEASE, _Entry
 

@@ -18,8 +18,7 @@ pytest.importorskip("ray")
 pytest.importorskip("fsspec")
 
 from memex import Limits
-from memex.backends import Storage, session_key
-from memex.backends.worker import limits_to_wire
+from memex.backends.internal import Storage, limits_to_wire, session_key
 from memex.serving import Control
 from memex.serving._control import INDEXED_KEY, checkpoint_key, owner_key
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from memex import ConfigError, Sandbox, TurnStatus
-from memex.backends import ClientDoor
+from memex.backends.internal import ClientDoor
 from memex.serving import KIT_BYTES, DoorKit, SlabDoors
 
 TOOLS = textwrap.dedent('''

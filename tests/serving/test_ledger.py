@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from memex.backends import Ledger
+from memex.backends.internal import Ledger
 from memex.runtime_wasm import Limits
 from memex.serving import Bounds, PackageGate, QuotaExceeded, SessionTable, Shares
 

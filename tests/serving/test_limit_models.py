@@ -17,7 +17,8 @@ from pydantic import BaseModel, ValidationError
 
 from memex.errors import ConfigError
 from memex.integrations.mcp import LimitsConfig
-from memex.runtime_wasm import LIMIT_FIELDS, SANDBOX_LIMITS, LimitField, Limits
+from memex.runtime_wasm import SANDBOX_LIMITS, Limits
+from memex.runtime_wasm.internal import LIMIT_FIELDS, LimitField
 from memex.service import ServiceConfig, create_app
 from memex.serving import LimitsTable
 

@@ -3,34 +3,5 @@
 door frames, death) and the wire between them (``_wire``: length-prefixed msgpack frames over a
 Unix socket, file descriptors passed alongside)."""
 
-from ._wire import (
-    Channel,
-    ChannelClosed,
-    FrameDecoder,
-    ProtocolError,
-    encode_frame,
-    error_from_wire,
-    error_to_wire,
-    limits_from_wire,
-    limits_to_wire,
-    mounts_from_wire,
-    mounts_to_wire,
-    result_from_wire,
-    result_to_wire,
-)
 
-__all__ = [
-    "Channel",
-    "ChannelClosed",
-    "FrameDecoder",
-    "ProtocolError",
-    "encode_frame",
-    "error_from_wire",
-    "error_to_wire",
-    "limits_from_wire",
-    "limits_to_wire",
-    "mounts_from_wire",
-    "mounts_to_wire",
-    "result_from_wire",
-    "result_to_wire",
-]
+__all__: list[str] = []

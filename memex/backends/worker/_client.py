@@ -26,10 +26,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ...errors import ConfigError, GuestStartError
-from ...runtime_wasm import (
+from ...runtime_wasm import Door, GuestKilled
+from ...runtime_wasm.internal import (
     GUEST_NICE_ENV,
-    Door,
-    GuestKilled,
     checkpoint_from_bytes,
     checkpoint_from_fds,
     checkpoint_to_bytes,

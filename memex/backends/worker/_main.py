@@ -50,11 +50,9 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import MemexError, SandboxClosed
-from ...runtime_wasm import (
+from ...runtime_wasm import Door, GuestKilled, Sandbox
+from ...runtime_wasm.internal import (
     GUEST_NICE_ENV,
-    Door,
-    GuestKilled,
-    Sandbox,
     checkpoint_from_fds,
     checkpoint_to_fds,
     open_from_checkpoint,

@@ -26,15 +26,8 @@ import msgpack
 
 from ... import errors
 from ...errors import BackendBusy, MemexError, SandboxClosed, SandboxError, SandboxLost
-from ...runtime_wasm import (
-    DecodeCost,
-    GuestException,
-    Limits,
-    Mount,
-    TurnResult,
-    TurnStatus,
-    unpack_bounded,
-)
+from ...runtime_wasm import GuestException, Limits, Mount, TurnResult, TurnStatus
+from ...runtime_wasm.internal import DecodeCost, unpack_bounded
 
 __all__ = [
     "HEADER",

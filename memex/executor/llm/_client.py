@@ -24,7 +24,7 @@ import httpx2
 import openai
 
 from ...errors import ConfigError, LLMConnectionError, LLMError, LLMResponseError, LLMTimeoutError
-from ...runtime_wasm import retry_after
+from ...runtime_wasm.internal import retry_after
 
 __all__ = [
     "DEFAULT_PRICES",

@@ -7,6 +7,5 @@ protocols in ``_context`` (:class:`TurnContext`, :class:`TurnSession`); replies 
 The executor imports those modules directly; what other layers use is the observation's
 rendering (the framework adapters show a turn the way the agent loop does)."""
 
-from ._observe import NO_OUTPUT, bound_text, render_observation, trim_traceback
 
-__all__ = ["NO_OUTPUT", "bound_text", "render_observation", "trim_traceback"]
+__all__: list[str] = []

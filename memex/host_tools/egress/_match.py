@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ...errors import ConfigError, PolicyError
-from ...runtime_wasm import parse_seconds as _rt_seconds
-from ...runtime_wasm import parse_size as _rt_size
+from ...runtime_wasm.internal import parse_seconds as _rt_seconds
+from ...runtime_wasm.internal import parse_size as _rt_size
 from ._addr import (
     BadURL,
     IPAddress,

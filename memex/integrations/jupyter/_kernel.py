@@ -26,7 +26,7 @@ from typing import Any
 
 from ipykernel.kernelbase import Kernel
 
-from ...executor.loops import trim_traceback
+from ...executor.internal import trim_traceback
 from ...host_tools import Egress, EgressPolicy
 from ...runtime_wasm import KERNEL_LIMITS, Door, Limits, Mount, Sandbox, TurnResult, TurnStatus
 from .._display import BUNDLE_CALL, FIGURES_CALL, MAX_FIGURES, PRELUDE

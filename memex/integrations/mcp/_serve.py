@@ -28,7 +28,7 @@ from pydantic import ValidationError
 
 from ...errors import ConfigError
 from ...host_tools import Tool, ToolSet
-from ...runtime_wasm import cancel_resolutions
+from ...runtime_wasm.internal import cancel_resolutions
 from ...serving import ConnectionGuard, EdgeLimits, KeyRing, Principal, hash_key
 from ._config import McpConfig
 from ._server import PRINCIPAL, build_server, principal_of

@@ -32,7 +32,7 @@ from mcp_types import (
 from pydantic import BaseModel, Field
 
 from ...errors import GuestFileTooLarge, MemexError
-from ...executor.loops import bound_text, render_observation
+from ...executor.internal import bound_text, render_observation
 from ...host_tools import ToolSet
 from ...runtime_wasm import TurnResult
 from ._config import McpConfig

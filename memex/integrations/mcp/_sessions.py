@@ -33,7 +33,7 @@ from typing import Any, TypeVar, cast
 
 import anyio
 
-from ...backends import Ledger
+from ...backends.internal import Ledger
 from ...errors import ConfigError, MemexError, SandboxLost
 from ...host_tools import Egress, EgressPolicy, ToolHost, ToolSet
 from ...runtime_wasm import (
@@ -47,9 +47,8 @@ from ...runtime_wasm import (
     SandboxAPI,
     TurnResult,
     TurnStatus,
-    script_dependencies,
-    set_guest_nice,
 )
+from ...runtime_wasm.internal import script_dependencies, set_guest_nice
 from ...serving import (
     DurableSession,
     Keeper,

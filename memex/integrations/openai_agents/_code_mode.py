@@ -30,7 +30,7 @@ from pydantic import TypeAdapter
 
 from ...backends import Backend
 from ...errors import ConfigError
-from ...executor.loops import render_observation
+from ...executor.internal import render_observation
 from ...host_tools import EgressPolicy, Tool, ToolCallRecord, ToolHost, ToolSet
 from ...runtime_wasm import AGENT_LIMITS, Limits, Mount, SandboxAPI, TurnStatus
 from .._sandbox import (

@@ -28,7 +28,7 @@ from pydantic_core import SchemaValidator, core_schema
 from pydantic_graph import End
 
 from ...backends import Backend
-from ...executor.loops import render_observation
+from ...executor.internal import render_observation
 from ...host_tools import EgressPolicy, Tool, ToolCallRecord, ToolHost, ToolSet
 from ...runtime_wasm import AGENT_LIMITS, Limits, Mount, TurnStatus
 from .._sandbox import (

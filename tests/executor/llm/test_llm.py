@@ -22,6 +22,7 @@ from memex.errors import (
     LLMTimeoutError,
     MemexError,
 )
+from memex.executor.internal import count_prompt_tokens
 from memex.executor.llm import (
     DEFAULT_PRICES,
     Completion,
@@ -33,9 +34,8 @@ from memex.executor.llm import (
     ScriptedToolCall,
     ToolCall,
     Usage,
-    count_prompt_tokens,
 )
-from memex.runtime_wasm import retry_after as _retry_after  # the clients' one parser
+from memex.runtime_wasm.internal import retry_after as _retry_after  # the clients' one parser
 
 USER = [{"role": "user", "content": "What is 2 + 2?"}]
 TOOLS = [{"type": "function", "function": {

@@ -19,16 +19,15 @@ from pathlib import Path
 import pytest
 
 from memex.errors import ConfigError, LocalModelError, ModelFileError, SetupError
-from memex.executor.llm import (
+from memex.executor.internal import (
     DEFAULT_LOCAL_MODEL,
     MODELS,
-    Completion,
-    LocalModel,
     ModelSpec,
     fetch_model,
     model_dir,
     verify_model_file,
 )
+from memex.executor.llm import Completion, LocalModel
 from memex.executor.llm._local import join_parts
 
 PIECES = [bytes([i]) * (1000 + i) for i in range(1, 4)]

@@ -13,13 +13,8 @@ import openai
 import pytest
 
 from memex.errors import ConfigError
-from memex.executor.llm import (
-    ScriptedError,
-    ScriptedLLM,
-    ScriptedReply,
-    ScriptedToolCall,
-    count_prompt_tokens,
-)
+from memex.executor.internal import count_prompt_tokens
+from memex.executor.llm import ScriptedError, ScriptedLLM, ScriptedReply, ScriptedToolCall
 
 USER = [{"role": "user", "content": "hi"}]
 
