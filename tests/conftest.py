@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from lanes import LANE_BUDGETS, lane_of
+from lanes import LANE_BUDGETS, doc_scope, lane_of
 from served import Served, cluster_toml, loopback_cluster, start_server
 
 import memex.runtime_wasm.engine._engine as _engine
@@ -38,6 +38,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if lane == "cluster" and not item.get_closest_marker("ray"):
             item.add_marker(pytest.mark.ray)
         item.user_properties.append(("lane", lane))  # in the JUnit XML (tests/times.py)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's ``load`` scheduling, but a document's blocks go to one worker in order. (Its
+    own ``--dist loadgroup`` groups nothing under pytest 9: it marks a group by renaming
+    ``item._nodeid``, which pytest 9 no longer reads, so a document's blocks were spread over
+    both workers and a skipped excerpt ran on the worker that missed its directive.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class DocumentsTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return doc_scope(nodeid)
+
+    return DocumentsTogether(config, log)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

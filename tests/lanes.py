@@ -23,3 +23,16 @@ def lane_of(item: pytest.Item) -> str:
             set(getattr(item, "fixturenames", ())) & CLUSTER_FIXTURES:
         return "cluster"
     return "slow" if item.get_closest_marker("slow") else "fast"
+
+
+DOC_BLOCKS = "tests/test_docs.py::test_the_docs_python_runs["
+"""The node ids of the docs' blocks: ``...[<document>:<line>]``."""
+
+
+def doc_scope(nodeid: str) -> str:
+    """The unit of work a test goes to a worker in: one document's blocks together (a block
+    may use names an earlier one defined, and a ``skip: next`` directive is an example that
+    must run just before the block it skips, in the same process); any other test alone."""
+    if nodeid.startswith(DOC_BLOCKS):
+        return nodeid.rsplit(":", 1)[0]
+    return nodeid

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lanes import doc_scope
 from sybil import Example, Sybil
 from sybil.parsers.markdown import PythonCodeBlockParser, SkipParser
 
@@ -34,6 +35,8 @@ def _examples(path: Path) -> list[Example]:
 def _cases() -> Iterator[Any]:
     for path in DOCS:
         for ex in _examples(path):
+            # the id's "<document>:" prefix keeps a document's blocks on one worker, in order
+            # (tests/conftest.py's scheduler)
             yield pytest.param(path, ex, id=f"{path.relative_to(ROOT)}:{ex.line}")
 
 
@@ -70,3 +73,17 @@ def test_every_block_runs_or_says_why_not() -> None:
     assert len(code) == python_blocks  # Sybil sees every block
     assert 0 < skips < python_blocks
     assert "Sandbox.load(" in str(code[0].parsed)  # README's ## Use, its first
+
+
+def test_a_documents_blocks_are_one_unit_of_work() -> None:
+    """On two workers a document's blocks run in one process, in order (conftest's
+    scheduler): a skip directive and its block, or a block and the one that defined its names,
+    would otherwise land on different workers. The control: other tests stay units of their
+    own, and two documents are two units."""
+    ids = [f"tests/test_docs.py::test_the_docs_python_runs[{c.id}]" for c in _cases()]
+    readme = {doc_scope(i) for i in ids if "[README.md:" in i}
+    assert len(readme) == 1
+    assert len({doc_scope(i) for i in ids}) == sum(1 for p in DOCS if _examples(p)) > 5
+    other = ["tests/test_docs.py::test_every_block_runs_or_says_why_not",
+             "tests/test_layering.py::test_layers_import_only_downwards"]
+    assert [doc_scope(i) for i in other] == other
