@@ -150,7 +150,7 @@ def cluster_figures(scale: int) -> None:
             init_ray(cluster.address, namespace="memex", log_to_driver=False)
             print(f"  (this driver joined on {ray.util.get_node_ip_address()}; the nodes: "
                   f"{', '.join(sorted({n['NodeManagerAddress'] for n in ray.nodes()}))})")
-            from memex.serving import CONTROL_NAME
+            from memex.serving.internal import CONTROL_NAME
             control = ray.get_actor(CONTROL_NAME, namespace="memex")
             with many.open(limits=LIM) as s:
                 s.run("1")

@@ -63,7 +63,7 @@ def restart(root: str) -> dict[str, float]:
     """One restart against the filled folder: seconds to the actor's making, then to a
     tenant's first answer."""
     from memex.backends.internal import Storage
-    from memex.serving import Control
+    from memex.serving.internal import Control
 
     Control._adopt_slabs = lambda self: None  # type: ignore[method-assign]  # no Ray here
     t0 = time.perf_counter()
@@ -79,8 +79,8 @@ def restart(root: str) -> dict[str, float]:
 def child(n: int, samples: int) -> dict[str, float]:
     from memex import Limits
     from memex.backends.internal import Storage, limits_to_wire
-    from memex.serving import Control
     from memex.serving._control import _Entry
+    from memex.serving.internal import Control
 
     with tempfile.TemporaryDirectory() as tmp:
         c = Control(Storage(str(Path(tmp) / "storage")), namespace="bench", slab_memory=1 << 30,

@@ -67,14 +67,12 @@ PINNED: dict[str, list[str]] = {
         "Client", "RemoteBackend", "RemoteCheckpoint", "RemoteSandbox",
     ],
     "memex.serving": [
-        "CONTROL_NAME", "ID_PATTERN", "KIT_BYTES", "Bounds",
-        "ConnectionGuard", "Control", "DoorKit", "DurableSession", "EdgeLimits", "FileModel",
+        "ID_PATTERN", "Bounds", "ConnectionGuard", "DurableSession", "EdgeLimits", "FileModel",
         "Keeper", "KeyRing", "LimitsModel", "LimitsTable", "PackageGate", "Principal",
         "PrincipalTable", "QuotaExceeded", "Seconds", "SecondsOrZero", "SessionTable", "Shares",
-        "Size", "SlabDoors", "allowed_packages", "bearer_key", "check_key_hashes",
-        "checkpoint_key", "config_error", "default_running_turns", "describe_tools",
-        "hash_key", "key_matches", "limits_model", "load_tools", "read_toml", "session_fields",
-        "unenforced",
+        "Size", "allowed_packages", "bearer_key", "check_key_hashes", "checkpoint_key",
+        "config_error", "default_running_turns", "describe_tools", "hash_key", "key_matches",
+        "limits_model", "load_tools", "read_toml", "session_fields", "unenforced",
     ],
     "memex.service": [
         "API_VERSION", "MountGrant", "ServiceConfig", "TenantConfig", "check_cluster",
@@ -160,6 +158,9 @@ INTERNAL: dict[str, list[str]] = {
         "TrajectoryWriter", "bound_text", "count_prompt_tokens", "fetch_model",
         "local_model_unavailable", "make_submit_tool", "model_dir", "render_observation",
         "trim_traceback", "verify_model_file",
+    ],
+    "memex.serving.internal": [
+        "CONTROL_NAME", "KIT_BYTES", "Control", "DoorKit", "SlabDoors",
     ],
     "memex.runtime_wasm.internal": [
         "CACHE_PARTS", "GUEST_NICE_ENV", "LIMIT_FIELDS", "Artifacts", "DecodeCost",

@@ -46,7 +46,7 @@ from ..backends.internal import (
 from ..errors import BackendBusy, ConfigError, SandboxClosed, SandboxError
 from ..runtime_wasm import Door, GuestFile, Limits, TurnResult, TurnStatus
 from ..runtime_wasm.internal import SandboxHandle
-from ..serving import CONTROL_NAME, Control, DoorKit
+from ..serving.internal import CONTROL_NAME, Control, DoorKit
 from ._config import (
     ClusterConfig,
     ServiceConfig,

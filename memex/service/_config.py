@@ -34,7 +34,6 @@ from ..runtime_wasm import SANDBOX_LIMITS, Limits
 from ..runtime_wasm.internal import size_text
 from ..serving import (
     Bounds,
-    DoorKit,
     EdgeLimits,
     FileModel,
     KeyRing,
@@ -49,6 +48,7 @@ from ..serving import (
     load_tools,
     read_toml,
 )
+from ..serving.internal import DoorKit
 
 __all__ = ["MountGrant", "ServiceConfig", "TenantConfig", "adopt_tenants", "check_config",
            "hash_key", "load_config", "service_keys"]

@@ -6,17 +6,16 @@ edge that bounds what a client can hold of a server before any application code 
 checkpoints per owner with its bounds (``SessionTable``, ``Bounds``, ``CoreSession``), the
 fair shares that admit each operation in the event loop (``Shares``), and the keeper that
 saves sessions to SQLite, evicts idle ones and brings them back after a restart
-(``Keeper``, ``DurableSession``); a cluster's control actor (``Control``: directory, ledger,
-placement and recovery across Ray nodes); a tenant's operator tools and egress policy as
-data that crosses nodes (``DoorKit``, served on a slab's doors by ``SlabDoors``; loaded by
+(``Keeper``, ``DurableSession``); a tenant's operator tools and egress policy (loaded by
 ``load_tools``, described by ``describe_tools``); and the one style of their config files
 (``FileModel``, ``LimitsTable`` and the other models of Limits' fields that
 ``limits_model`` makes, ``Size``, ``Seconds``, ``config_error``). Imports no web
-framework: each front end brings its own extra."""
+framework: each front end brings its own extra. A cluster's control actor (``Control``:
+directory, ledger, placement and recovery across Ray nodes) and the door kits that carry a
+tenant's tools across nodes are ``internal``."""
 
 from ._auth import KeyRing, Principal, bearer_key, check_key_hashes, hash_key, key_matches
-from ._control import CONTROL_NAME, Control, checkpoint_key
-from ._doorkit import KIT_BYTES, DoorKit, SlabDoors
+from ._control import checkpoint_key
 from ._durable import DurableSession, Keeper, session_fields
 from ._edge import ConnectionGuard, EdgeLimits
 from ._packages import PackageGate, allowed_packages
@@ -37,13 +36,9 @@ from ._table import ID_PATTERN, Bounds, QuotaExceeded, SessionTable
 from ._tools import describe_tools, load_tools
 
 __all__ = [
-    "CONTROL_NAME",
     "ID_PATTERN",
-    "KIT_BYTES",
     "Bounds",
     "ConnectionGuard",
-    "Control",
-    "DoorKit",
     "DurableSession",
     "EdgeLimits",
     "FileModel",
@@ -60,7 +55,6 @@ __all__ = [
     "SessionTable",
     "Shares",
     "Size",
-    "SlabDoors",
     "allowed_packages",
     "bearer_key",
     "check_key_hashes",

@@ -18,8 +18,8 @@ pytest.importorskip("fsspec")
 
 from memex import Limits
 from memex.backends.internal import Storage, limits_to_wire
-from memex.serving import Control
 from memex.serving._control import FRONT_LEASE, _Entry
+from memex.serving.internal import Control
 
 
 @pytest.fixture

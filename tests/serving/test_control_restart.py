@@ -19,8 +19,8 @@ pytest.importorskip("fsspec")
 
 from memex import Limits
 from memex.backends.internal import Storage, limits_to_wire, session_key
-from memex.serving import Control
 from memex.serving._control import INDEXED_KEY, checkpoint_key, owner_key
+from memex.serving.internal import Control
 
 MiB = 1 << 20
 

@@ -18,7 +18,7 @@ import pytest
 
 from memex import ConfigError, Sandbox, TurnStatus
 from memex.backends.internal import ClientDoor
-from memex.serving import KIT_BYTES, DoorKit, SlabDoors
+from memex.serving.internal import KIT_BYTES, DoorKit, SlabDoors
 
 TOOLS = textwrap.dedent('''
     from pathlib import Path
