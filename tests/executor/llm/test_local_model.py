@@ -399,7 +399,8 @@ def test_server_dies_with_its_parent(fake_python: Path, tiny_model: tuple[ModelS
     spec, cache = tiny_model
     script = textwrap.dedent(f"""
         import os, signal, sys
-        from memex.executor.llm import LocalModel, ModelSpec
+        from memex.executor.llm import LocalModel
+        from memex.executor.internal import ModelSpec
         spec = {spec!r}
         lm = LocalModel(spec, cache_dir={str(cache)!r}, python={str(fake_python)!r}).start()
         print(lm.pid, flush=True)

@@ -16,7 +16,9 @@ from memex.executor import Budget, MemexAgent, TreeBudget, load_trajectories
 from memex.executor.llm import LLMClient, ScriptedLLM, ScriptedReply, ScriptedToolCall
 from memex.runtime_wasm._sandbox import _LIVE  # the live-sandbox registry: nothing may leak
 
-SHARED_THREADS = ("memex-door", "memex-epoch", "memex-reaper")  # process-wide pools
+# process-wide pools: the door's, the epoch ticker, the reaper, the guests' elastic runner pool
+# (its idle threads end after POOL.keep_alive) and its demoter
+SHARED_THREADS = ("memex-door", "memex-epoch", "memex-reaper", "memex-runner", "memex-demoter")
 
 
 def loop_forever(turn: int, _req: dict[str, Any]) -> ScriptedReply:
