@@ -17,8 +17,8 @@ from memex.executor.llm import LLMClient, ScriptedLLM, ScriptedReply, ScriptedTo
 from memex.runtime_wasm._sandbox import _LIVE  # the live-sandbox registry: nothing may leak
 
 # process-wide pools: the door's, the epoch ticker, the reaper, the guests' elastic runner pool
-# (its idle threads end after POOL.keep_alive) and its demoter
-SHARED_THREADS = ("memex-door", "memex-epoch", "memex-reaper", "memex-runner", "memex-demoter")
+# (its idle threads end after POOL.keep_alive)
+SHARED_THREADS = ("memex-door", "memex-epoch", "memex-reaper", "memex-runner")
 
 
 def loop_forever(turn: int, _req: dict[str, Any]) -> ScriptedReply:
