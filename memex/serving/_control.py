@@ -55,7 +55,7 @@ from ..backends.internal import (
     limits_from_wire,
     session_key,
 )
-from ..errors import ConfigError, MemexError
+from ..errors import ConfigError, ImageError, MemexError
 from ..runtime_wasm import Limits
 from ..runtime_wasm.internal import DecodeCost, unpack_bounded
 from ._doorkit import DoorKit, SlabDoors
@@ -1047,10 +1047,13 @@ class Control:
                                      limits.disk_bytes, None, turns=int(rec["turns"]),
                                      begun=int(rec["turns"]), gone="the cluster restarted"))
         for cid in self.storage.children(f"checkpoints/{tenant}"):
-            with contextlib.suppress(Exception):
+            try:  # a storage that fails raises (the tenant is read again on its next word)
                 raw = self.storage.get(checkpoint_key(tenant, cid, "meta"), 1 << 16)
-                if raw is None:
-                    continue
+            except ImageError:
+                continue
+            if raw is None:
+                continue
+            with contextlib.suppress(Exception):  # what is there is not a checkpoint's meta
                 meta = json.loads(raw)
                 expires = meta.get("expires")
                 with self.lock:
@@ -1115,17 +1118,24 @@ def owner_key(tenant: str, sid: str) -> str:
 
 
 def _saved(storage: Storage, sid: str) -> dict[str, Any] | None:
-    """A session's saved record (None: none, or unreadable); its spec's limits checked."""
+    """A session's saved record, its spec's limits checked; None when there is none or what
+    is there is not a record. A storage that fails raises: a caller that took that for "no
+    record" would drop the session's marker and forget a session that is there."""
     try:
         raw = storage.get(session_key(sid, "record"), 1 << 20)
-        rec = json.loads(raw) if raw is not None else None
+    except ImageError:  # larger than any record
+        return None
+    if raw is None:
+        return None
+    try:
+        rec = json.loads(raw)
         if not isinstance(rec, dict):
             return None
         limits_from_wire(rec["spec"]["limits"])
         int(rec["turns"])
-        return rec
-    except Exception:
+    except Exception:  # not a record of ours
         return None
+    return rec
 
 
 def checkpoint_key(tenant: str, cid: str, name: str = "image") -> str:

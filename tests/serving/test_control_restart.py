@@ -132,3 +132,39 @@ def test_a_record_naming_another_tenant_is_not_taken_for_the_marker_s(
     assert "s-b0" not in {e["id"] for e in c.of("a")}
     assert c.ledger.held("a")["sessions"] == 3
 
+
+
+class Failing(Counted):
+    """The storage, failing every read of a session record or checkpoint meta while
+    ``down`` (an object store that does not answer)."""
+
+    down = True
+
+    def get(self, key: str, max_bytes: int) -> bytes | None:
+        if self.down and (key.endswith("/record") or key.endswith("/meta")):
+            raise OSError("the storage did not answer")
+        return super().get(key, max_bytes)
+
+
+def test_a_storage_failure_while_a_tenant_is_read_back_forgets_nothing(
+        tmp_path: Path) -> None:
+    """A record the storage fails to give is not a record that is not there: the tenant's
+    first request fails (and says why), its markers stay, nothing of it is taken as read,
+    and its next request once the storage answers finds every session and checkpoint. The
+    control: a marker with no record behind it is still dropped."""
+    s = Failing(str(tmp_path / "storage"))
+    for i in range(3):
+        _save(s, f"s-a{i}", "a")
+    s.put(owner_key("a", "s-gone"), b"")
+    s.put(checkpoint_key("a", "c-1", "meta"),
+          json.dumps({"size": 8 * MiB, "turns": 1, "session": "s-a0"}).encode())
+    s.put(INDEXED_KEY, b"1")
+    c = _control(s, backfill=False)
+    with pytest.raises(OSError, match="did not answer"):
+        c.of("a")
+    assert sorted(s.children("owners/a")) == ["s-a0", "s-a1", "s-a2", "s-gone"]
+    s.down = False
+    assert sorted(e["id"] for e in c.of("a")) == ["s-a0", "s-a1", "s-a2"]
+    assert c.ledger.held("a")["sessions"] == 3
+    assert c.checkpoint("a", "c-1") is not None
+    assert sorted(s.children("owners/a")) == ["s-a0", "s-a1", "s-a2"]
