@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from lanes import LANE_BUDGETS, doc_scope, lane_of
-from served import Served, cluster_toml, loopback_cluster, start_server
+from served import Served, close_test_clients, cluster_toml, loopback_cluster, start_server
 
 import memex.runtime_wasm.engine._engine as _engine
 import memex.runtime_wasm.internal as rw
@@ -71,6 +71,13 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 def _no_compile(*args: Any, **kwargs: Any) -> None:
     raise AssertionError("tests must never compile the guest module (compile_module called)")
+
+
+@pytest.fixture(autouse=True)
+def _test_clients() -> Iterator[None]:
+    """The test's clients (served.client_for_test) closed when it ends."""
+    yield
+    close_test_clients()
 
 
 @pytest.fixture(scope="session", autouse=True)

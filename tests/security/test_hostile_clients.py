@@ -14,9 +14,7 @@ from pathlib import Path
 
 import httpx2
 import pytest
-from served import Served, cluster_toml, start_server
-
-from memex.backends.internal import Client
+from served import Served, client_for_test, cluster_toml, start_server
 
 EDGE = ("max_connections = 60\nmax_pending = 40\nmax_pending_per_peer = 16\n"
         "header_timeout = 1.5\nbody_timeout = 1.5\nkeep_alive_timeout = 2\n"
@@ -70,7 +68,7 @@ def _closed(sock: socket.socket, within: float) -> bool:
 
 def _quiet_turn(served: Served) -> None:
     """The positive control: a tenant's whole request cycle, answered."""
-    c = Client(served.url, served.keys["b"])
+    c = client_for_test(served.url, served.keys["b"])
     sid = c.create()["id"]
     assert c.run(sid, "6 * 7")["result"]["value"] == "42"
     c.close_session(sid)

@@ -19,11 +19,9 @@ from typing import Any
 import httpx2
 import msgpack
 import pytest
-from served import Served, cluster_toml, end_namespace, start_server, tenant_table
+from served import Served, client_for_test, cluster_toml, end_namespace, start_server, tenant_table
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
-
-from memex.backends.internal import Client
 
 Start = Callable[..., Served]
 SMALL = {"memory": 256 << 20}  # the soak's 15 sessions fit the test cluster's one node
@@ -64,7 +62,7 @@ def test_one_tenants_flood_leaves_the_others_served(server: Served) -> None:
     """72 turns at once on one session of tenant a (each 0.4 s): they wait in the event loop,
     in order, never in the shared thread pool; tenant b creates a session and runs turns
     while a's are still queued."""
-    a = Client(server.url, server.keys["a"])
+    a = client_for_test(server.url, server.keys["a"])
     sid = a.create()["id"]
     done: list[float] = []
     lock = threading.Lock()
@@ -80,7 +78,7 @@ def test_one_tenants_flood_leaves_the_others_served(server: Served) -> None:
     with concurrent.futures.ThreadPoolExecutor(72) as pool:
         futures = [pool.submit(flood, i) for i in range(72)]
         time.sleep(1.0)  # the flood is in
-        b = Client(server.url, server.keys["b"])
+        b = client_for_test(server.url, server.keys["b"])
         sid_b = b.create()["id"]
         for _ in range(3):
             assert b.run(sid_b, "6 * 7")["result"]["value"] == "42"
@@ -99,7 +97,7 @@ def test_one_tenants_flood_leaves_the_others_served(server: Served) -> None:
 def test_past_its_queue_a_tenant_gets_429_not_the_server_stuck(start: Start) -> None:
     served = start({"a": "max_running = 1\nqueued = 4"})
     try:
-        a = Client(served.url, served.keys["a"])
+        a = client_for_test(served.url, served.keys["a"])
         sid = a.create()["id"]
 
         def turn(_: int) -> httpx2.Response:
@@ -120,7 +118,7 @@ def test_past_its_queue_a_tenant_gets_429_not_the_server_stuck(start: Start) -> 
 
 @pytest.mark.slow
 def test_turns_sent_at_once_run_in_the_order_they_arrived(server: Served) -> None:
-    a = Client(server.url, server.keys["a"])
+    a = client_for_test(server.url, server.keys["a"])
     sid = a.create()["id"]
     a.run(sid, "seen = []")
     host, port = server.url.rsplit("//", 1)[1].split(":")
@@ -146,9 +144,9 @@ def test_turns_sent_at_once_run_in_the_order_they_arrived(server: Served) -> Non
 def test_a_rotated_out_key_loses_its_open_sockets(server: Served) -> None:
     """The door socket of a key rotated out of serve.toml closes within a second, and the
     guest's tool calls are no longer answered by it; a socket of a key still listed stays."""
-    a = Client(server.url, server.keys["a"])
+    a = client_for_test(server.url, server.keys["a"])
     sid = a.create()["id"]
-    b = Client(server.url, server.keys["b"])
+    b = client_for_test(server.url, server.keys["b"])
     sid_b = b.create()["id"]
     base = "ws" + server.url[4:]
     door_a = connect(f"{base}/v1/sessions/{sid}/door", open_timeout=10,
@@ -175,7 +173,7 @@ def test_a_rotated_out_key_loses_its_open_sockets(server: Served) -> None:
         assert time.monotonic() - rotated < 5  # (checked twice a second)
         # positive control: b's socket is open, and the new key of a works
         door_b.ping().wait(5)
-        assert Client(server.url, new_key).run(sid, "1")["result"]["value"] == "1"
+        assert client_for_test(server.url, new_key).run(sid, "1")["result"]["value"] == "1"
     finally:
         for ws in (door_a, door_b, turns_a):
             ws.close()
@@ -191,7 +189,7 @@ def test_a_rotated_out_key_gets_not_one_more_door_call(tmp_path: Any) -> None:
     text = served.config.read_text()
     base = "ws" + served.url[4:]
     try:
-        a = Client(served.url, served.keys["a"])
+        a = client_for_test(served.url, served.keys["a"])
         sid = a.create()["id"]
         call = "from memex_guest import tools\ntools.call('on_the_client', {})"
 
@@ -203,7 +201,7 @@ def test_a_rotated_out_key_gets_not_one_more_door_call(tmp_path: Any) -> None:
 
         def turn(key: str) -> concurrent.futures.Future[Any]:
             pool = concurrent.futures.ThreadPoolExecutor(1)
-            fut = pool.submit(lambda: Client(served.url, key).run(sid, call, timeout=20))
+            fut = pool.submit(lambda: client_for_test(served.url, key).run(sid, call, timeout=20))
             pool.shutdown(wait=False)
             return fut
 
@@ -245,8 +243,8 @@ def test_a_tenant_s_open_sockets_are_bounded_by_its_share(tmp_path: Any) -> None
     base = "ws" + served.url[4:]
     held: list[Any] = []
     try:
-        sid = Client(served.url, served.keys["a"]).create()["id"]
-        sid_b = Client(served.url, served.keys["b"]).create()["id"]
+        sid = client_for_test(served.url, served.keys["a"]).create()["id"]
+        sid_b = client_for_test(served.url, served.keys["b"]).create()["id"]
 
         def sock(tenant: str, session: str, kind: str) -> Any:
             return connect(f"{base}/v1/sessions/{session}/{kind}", open_timeout=10,
@@ -290,7 +288,7 @@ def test_held_checkpoints_count_against_memory_and_expire_with_their_session(
     served = start({"a": "max_memory = 419430400"}, server="checkpoint_ttl = 1")  # 400 MiB
     try:
         auth = {"Authorization": f"Bearer {served.keys['a']}"}
-        a = Client(served.url, served.keys["a"])
+        a = client_for_test(served.url, served.keys["a"])
         sid = a.create(limits={"memory": 128 << 20, "timeout": 10})["id"]
         taken, refused = [], None
         for _ in range(20):
@@ -332,7 +330,7 @@ def test_a_file_is_refused_before_it_is_read_and_a_stream_costs_its_output(
         start: Start) -> None:
     served = start({"a": ""}, server="max_body_bytes = 8388608")
     try:
-        a = Client(served.url, served.keys["a"])
+        a = client_for_test(served.url, served.keys["a"])
         sid = a.create()["id"]
         a.run(sid, "open('/tmp/big', 'wb').write(b'x' * (48 << 20))")
         auth = {"Authorization": f"Bearer {served.keys['a']}"}
@@ -373,7 +371,7 @@ def test_a_soak_of_two_noisy_tenants_and_a_quiet_one(start: Start) -> None:
     refused = {"n1": 0, "n2": 0}
 
     def noisy(name: str) -> None:
-        c = Client(served.url, served.keys[name])
+        c = client_for_test(served.url, served.keys[name])
         sid = c.create(limits=SMALL)["id"]
         while not stop.is_set():
             r = httpx2.post(f"{served.url}/v1/sessions/{sid}/run", timeout=60,
@@ -390,7 +388,7 @@ def test_a_soak_of_two_noisy_tenants_and_a_quiet_one(start: Start) -> None:
                             headers={"Content-Type": "application/json"})
 
     try:
-        q = Client(served.url, served.keys["quiet"])
+        q = client_for_test(served.url, served.keys["quiet"])
         sid = q.create(limits=SMALL)["id"]
         q.run(sid, "n = 0")
         before = _hwm(served)

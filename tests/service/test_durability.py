@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from served import Served, launch, start_server
+from served import Served, client_for_test, launch, start_server
 
 from memex import SandboxLost, ServiceError, TurnStatus
 from memex.backends import get_backend
@@ -45,7 +45,7 @@ def wait_saved(c: Client, sid: str, turns: int) -> None:
 @pytest.mark.slow
 def test_sigterm_saves_and_a_restart_brings_every_session_back(tmp_path: Path) -> None:
     served = durable(tmp_path, "save_interval = 3600")  # only the stop saves
-    a = Client(served.url, served.keys["a"])
+    a = client_for_test(served.url, served.keys["a"])
     one, two = a.create()["id"], a.create()["id"]
     a.run(one, "import numpy as np\nx = np.arange(5)\nnote = 'kept'\nimport os\n"
              "os.makedirs('/tmp/out/deep')\nopen('/tmp/out/deep/r.txt', 'w').write('report')")
@@ -56,7 +56,7 @@ def test_sigterm_saves_and_a_restart_brings_every_session_back(tmp_path: Path) -
     assert '"saved": 2, "current": 2' in served.log.read_text()
     again = launch(served.config, served.keys)
     try:
-        a = Client(again.url, again.keys["a"])
+        a = client_for_test(again.url, again.keys["a"])
         listed = {s["id"]: s for s in a.sessions()}
         assert set(listed) == {one, two} and not listed[one]["live"]
         assert listed[two]["turns"] == 2
@@ -67,14 +67,14 @@ def test_sigterm_saves_and_a_restart_brings_every_session_back(tmp_path: Path) -
         assert a.read_file(one, "/tmp/out/deep/r.txt") == b"report"  # its files came back
         assert "restored" not in a.run(one, "1")  # said once
         assert a.run(two, "y")["result"]["value"] == "8"
-        b = Client(again.url, again.keys["b"])
+        b = client_for_test(again.url, again.keys["b"])
         assert b.sessions() == []  # still a's alone
         a.close_session(one)
     finally:
         again.stop()
     third = launch(served.config, served.keys)  # a closed session is gone for good
     try:
-        assert [s["id"] for s in Client(third.url, third.keys["a"]).sessions()] == [two]
+        assert [s["id"] for s in client_for_test(third.url, third.keys["a"]).sessions()] == [two]
     finally:
         third.stop()
 
@@ -83,7 +83,7 @@ def test_sigterm_saves_and_a_restart_brings_every_session_back(tmp_path: Path) -
 def test_kill_9_mid_turn_restores_the_last_save_and_says_what_was_lost(tmp_path: Path
                                                                        ) -> None:
     served = durable(tmp_path, "save_interval = 0")  # saved after every turn
-    a = Client(served.url, served.keys["a"])
+    a = client_for_test(served.url, served.keys["a"])
     sid = a.create()["id"]
     a.run(sid, "x = 1")
     a.run(sid, "x += 1")
@@ -104,7 +104,7 @@ def test_kill_9_mid_turn_restores_the_last_save_and_says_what_was_lost(tmp_path:
     assert failed, "the client whose server died mid-turn got no error"  # a ServiceError
     again = launch(served.config, served.keys)
     try:
-        a = Client(again.url, again.keys["a"])
+        a = client_for_test(again.url, again.keys["a"])
         out = a.run(sid, "x")
         assert out["result"]["value"] == "2"
         assert out["restored"] == {**out["restored"], "from_turn": 2, "lost_turns": 1,
@@ -144,7 +144,7 @@ def test_idle_sessions_are_evicted_and_come_back_on_use(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_a_save_that_cannot_be_read_back_is_lost_not_an_error(tmp_path: Path) -> None:
     served = durable(tmp_path, "save_interval = 3600")
-    a = Client(served.url, served.keys["a"])
+    a = client_for_test(served.url, served.keys["a"])
     bad, good = a.create()["id"], a.create()["id"]
     a.run(bad, "x = 1")
     a.run(good, "x = 2")
@@ -155,7 +155,7 @@ def test_a_save_that_cannot_be_read_back_is_lost_not_an_error(tmp_path: Path) ->
     image.write_bytes(image.read_bytes()[:200])
     again = launch(served.config, served.keys)
     try:
-        a = Client(again.url, again.keys["a"])
+        a = client_for_test(again.url, again.keys["a"])
         with pytest.raises(SandboxLost, match="cannot be read back"):
             a.run(bad, "x")
         with pytest.raises(SandboxLost):
@@ -186,7 +186,7 @@ def workers_of(pid: int) -> list[int]:
 def test_a_dead_worker_falls_back_to_the_last_save(tmp_path: Path) -> None:
     served = durable(tmp_path, "save_interval = 0")
     try:
-        a = Client(served.url, served.keys["a"])
+        a = client_for_test(served.url, served.keys["a"])
         sid = a.create()["id"]
         a.run(sid, "x = 1")
         a.run(sid, "x += 1")
@@ -206,14 +206,14 @@ def test_a_dead_worker_falls_back_to_the_last_save(tmp_path: Path) -> None:
 def test_a_session_killed_before_its_first_save_comes_back_empty_and_says_so(
         tmp_path: Path) -> None:
     served = durable(tmp_path, "save_interval = 3600")
-    a = Client(served.url, served.keys["a"])
+    a = client_for_test(served.url, served.keys["a"])
     sid = a.create()["id"]
     a.run(sid, "x = 1")
     a.run(sid, "x += 1")
     served.stop(signal.SIGKILL)
     again = launch(served.config, served.keys)
     try:
-        a = Client(again.url, again.keys["a"])
+        a = client_for_test(again.url, again.keys["a"])
         out = a.run(sid, "'x' in globals()")
         assert out["result"]["value"] == "False"
         assert out["restored"]["from_turn"] == 0 and out["restored"]["lost_turns"] == 2
@@ -227,7 +227,7 @@ def test_a_kill_9_at_any_moment_leaves_each_save_whole(tmp_path: Path) -> None:
     restart the guest's counter is the turn its save says it holds (an image and the
     description of another turn would disagree)."""
     served = durable(tmp_path, "save_interval = 0")
-    a = Client(served.url, served.keys["a"])
+    a = client_for_test(served.url, served.keys["a"])
     sid = a.create()["id"]
     # every turn adds one to n (turn 1 sets it to 0) and writes it to /tmp/n
     a.run(sid, "n = 0\nopen('/tmp/n', 'w').write('0')")
@@ -236,7 +236,7 @@ def test_a_kill_9_at_any_moment_leaves_each_save_whole(tmp_path: Path) -> None:
         stop = threading.Event()
 
         def turns(served: Served = served, stop: threading.Event = stop) -> None:
-            c = Client(served.url, served.keys["a"])
+            c = client_for_test(served.url, served.keys["a"])
             with contextlib.suppress(Exception):
                 while not stop.is_set():
                     c.run(sid, "n += 1\nopen('/tmp/n', 'w').write(str(n))")
@@ -248,7 +248,7 @@ def test_a_kill_9_at_any_moment_leaves_each_save_whole(tmp_path: Path) -> None:
         stop.set()
         t.join(30)
         served = launch(served.config, served.keys)
-        a = Client(served.url, served.keys["a"])
+        a = client_for_test(served.url, served.keys["a"])
         out = a.run(sid, "n += 1\nprint(n, open('/tmp/n').read())\nopen('/tmp/n', 'w')"
                          ".write(str(n))")
         held = out["restored"]["from_turn"]

@@ -20,11 +20,10 @@ from pathlib import Path
 import httpx2
 import pytest
 from pydantic import BaseModel
-from served import Served, launch, start_server
+from served import Served, client_for_test, launch, start_server
 
 from memex import ConfigError, Limits, ServiceError, TurnStatus
 from memex.backends import get_backend
-from memex.backends.internal import Client
 from memex.executor import MemexAgent, SandboxSpec
 from memex.executor.llm import LLMClient, ScriptedLLM
 from memex.host_tools import ToolHost, ToolSet
@@ -125,7 +124,7 @@ def test_operator_and_client_tools_share_a_turn_and_a_batch(ops_server: Served) 
         """The process id of the client."""
         return os.getpid()
 
-    client = Client(ops_server.url, ops_server.keys["a"])
+    client = client_for_test(ops_server.url, ops_server.keys["a"])
     served = ToolSet.from_service(client.tools())
     assert served.names == ("search", "server_pid", "explode")
     with pytest.raises(ServiceError, match="runs on the memex serve service"):
@@ -172,9 +171,9 @@ def test_the_client_cannot_answer_in_the_operators_place(ops_server: Served) -> 
 
 
 def test_other_tenants_see_none_of_them(ops_server: Served) -> None:
-    b_client = Client(ops_server.url, ops_server.keys["b"])
+    b_client = client_for_test(ops_server.url, ops_server.keys["b"])
     assert b_client.tools() == []
-    entries = Client(ops_server.url, ops_server.keys["a"]).tools()
+    entries = client_for_test(ops_server.url, ops_server.keys["a"]).tools()
     assert [e["definition"]["function"]["name"] for e in entries] == [
         "search", "server_pid", "explode"]
     assert entries[0]["catalogue"].startswith(
@@ -197,7 +196,7 @@ def test_operator_tools_come_back_after_a_restart(tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
     served = with_tools(tmp_path, server="state_dir = 'state'\nsave_interval = 0", port=port)
-    a = Client(served.url, served.keys["a"])
+    a = client_for_test(served.url, served.keys["a"])
     sid = a.create()["id"]
     assert a.run(sid, "kept = search('q', limit=1)[0].title")["result"]["status"] == "ok"
     deadline = time.monotonic() + 30
@@ -207,7 +206,7 @@ def test_operator_tools_come_back_after_a_restart(tmp_path: Path) -> None:
     served.stop(signal.SIGKILL)
     again = launch(served.config, served.keys)
     try:
-        a = Client(again.url, again.keys["a"])
+        a = client_for_test(again.url, again.keys["a"])
         out = a.run(sid, "kept, server_pid()")
         assert out["result"]["value"] == f"('q #0', {again.proc.pid})", out
         assert out["restored"]["lost_turns"] == 0

@@ -13,11 +13,11 @@ import threading
 from pathlib import Path
 
 import pytest
-from served import launch, start_server
+from served import client_for_test, launch, start_server
 
 from memex import ImageError, SandboxClosed, ServiceError
 from memex.backends import get_backend
-from memex.backends.internal import Client, RemoteCheckpoint
+from memex.backends.internal import RemoteCheckpoint
 from memex.host_tools import ToolHost
 
 
@@ -46,8 +46,8 @@ def test_a_session_moves_between_nodes_through_the_shared_folder(tmp_path: Path)
         assert sb.closed
         with pytest.raises(SandboxClosed):
             sb.run("1")
-        assert Client(a_node.url, a_node.keys["t"]).sessions() == []  # gone from A
-        u = Client(b_node.url, a_node.keys["u"])
+        assert client_for_test(a_node.url, a_node.keys["t"]).sessions() == []  # gone from A
+        u = client_for_test(b_node.url, a_node.keys["u"])
         with pytest.raises(ServiceError) as err:
             u.unpark(sid)  # another tenant's parked session is not there for it
         assert err.value.status == 404
@@ -76,7 +76,7 @@ def test_only_one_node_takes_a_parked_session(tmp_path: Path) -> None:
     b_node = launch(b_config, a_node.keys)
     try:
         key = a_node.keys["t"]
-        a = Client(a_node.url, key)
+        a = client_for_test(a_node.url, key)
         sid = a.create()["id"]
         a.run(sid, "x = 1")
         a.park(sid)
@@ -85,7 +85,7 @@ def test_only_one_node_takes_a_parked_session(tmp_path: Path) -> None:
 
         def take(url: str) -> None:
             try:
-                Client(url, key).unpark(sid)
+                client_for_test(url, key).unpark(sid)
                 wins.append(url)
             except ServiceError as exc:
                 errors.append(exc.status)
@@ -97,7 +97,7 @@ def test_only_one_node_takes_a_parked_session(tmp_path: Path) -> None:
         for r in racers:
             r.join(60)
         assert len(wins) == 1 and errors == [404, 404, 404]
-        assert Client(wins[0], key).run(sid, "x")["result"]["value"] == "1"
+        assert client_for_test(wins[0], key).run(sid, "x")["result"]["value"] == "1"
     finally:
         a_node.stop()
         b_node.stop()
@@ -105,7 +105,7 @@ def test_only_one_node_takes_a_parked_session(tmp_path: Path) -> None:
 
 def test_a_node_without_a_shared_folder_says_so(memex_server: object) -> None:
     served = memex_server
-    a = Client(served.url, served.keys["a"])  # type: ignore[attr-defined]
+    a = client_for_test(served.url, served.keys["a"])  # type: ignore[attr-defined]
     sid = a.create()["id"]
     with pytest.raises(ServiceError) as err:
         a.park(sid)
@@ -152,10 +152,10 @@ def test_a_checkpoint_shared_on_one_node_restores_on_another(tmp_path: Path) -> 
         with pytest.raises(ImageError, match="cannot be read back"):  # the server's class
             sb.restore(RemoteCheckpoint(other.id, other.turns))
         assert sb.run("kept").value == "'from a'"
-        Client(a_node.url, a_node.keys["t"]).drop_checkpoint(cp.id)
+        client_for_test(a_node.url, a_node.keys["t"]).drop_checkpoint(cp.id)
         assert not (shared / "t" / "checkpoints" / cp.id).exists()
         with pytest.raises(ServiceError) as err:  # only a checkpoint held here is shared
-            Client(a_node.url, a_node.keys["t"]).share_checkpoint("c_nothing")
+            client_for_test(a_node.url, a_node.keys["t"]).share_checkpoint("c_nothing")
         assert err.value.status == 404
         for h in (sa, sb, su):
             h.close()
@@ -203,7 +203,7 @@ def test_state_at_rest_is_its_owner_s_and_ids_in_paths_are_names(tmp_path: Path)
     assert oct(stat.S_IMODE((tmp_path / "control").stat().st_mode)) == "0o755"
     key = node.keys["t"]
     try:
-        c = Client(node.url, key)
+        c = client_for_test(node.url, key)
         sid = c.create(env={"API_TOKEN": "s3cret"})["id"]
         c.run(sid, "open('/tmp/notes.txt', 'w').write('private')")
         cid = c.checkpoint(sid)

@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx2
 import pytest
-from served import start_server
+from served import client_for_test, start_server
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
@@ -36,7 +36,6 @@ from memex import (
     TurnStatus,
 )
 from memex.backends import RemoteBackend, get_backend
-from memex.backends.internal import Client
 from memex.host_tools import ToolHost
 from memex.service import ServiceConfig, create_app, hash_key, load_config
 
@@ -58,7 +57,7 @@ def test_keys_missing_wrong_and_rotated_without_restart(memex_server: Any, tmp_p
         assert r.status_code == 401
         assert r.json()["error"]["code"] == "unauthorized"
     with pytest.raises(ServiceError) as err:
-        Client(memex_server.url, "wrong-key-wrong-key").sessions()
+        client_for_test(memex_server.url, "wrong-key-wrong-key").sessions()
     assert err.value.status == 401 and err.value.code == "unauthorized"
     # rotate tenant b's key in the file the server reads: the new one works, the old one not
     old = memex_server.keys["b"]
@@ -66,12 +65,12 @@ def test_keys_missing_wrong_and_rotated_without_restart(memex_server: Any, tmp_p
     text = memex_server.config.read_text()
     memex_server.config.write_text(text.replace(hash_key(old), hash_key(new)))
     try:
-        assert Client(memex_server.url, new).sessions() == []
+        assert client_for_test(memex_server.url, new).sessions() == []
         with pytest.raises(ServiceError):
-            Client(memex_server.url, old).sessions()
+            client_for_test(memex_server.url, old).sessions()
     finally:
         memex_server.config.write_text(text)
-    assert Client(memex_server.url, old).sessions() == []
+    assert client_for_test(memex_server.url, old).sessions() == []
 
 
 def test_sighup_reads_the_tenants_again_when_the_stat_cannot_tell(tmp_path: Path) -> None:
@@ -101,8 +100,8 @@ def test_sighup_reads_the_tenants_again_when_the_stat_cannot_tell(tmp_path: Path
 
 
 def test_a_tenant_cannot_see_or_touch_another_tenants_sessions(memex_server: Any) -> None:
-    a = Client(memex_server.url, memex_server.keys["a"])
-    b = Client(memex_server.url, memex_server.keys["b"])
+    a = client_for_test(memex_server.url, memex_server.keys["a"])
+    b = client_for_test(memex_server.url, memex_server.keys["b"])
     sid = a.create()["id"]
     try:
         a.run(sid, "secret = 42")
@@ -165,12 +164,12 @@ def test_quota_and_ceilings(memex_server: Any) -> None:
         assert one.run("2 + 2").value == "4"
     finally:
         small.close()
-    assert Client(memex_server.url, memex_server.keys["small"]).sessions() == []
+    assert client_for_test(memex_server.url, memex_server.keys["small"]).sessions() == []
 
 
 def test_forks_in_one_call_are_all_or_none_within_the_quota(memex_server: Any) -> None:
     small = get_backend("remote", url=memex_server.url, api_key=memex_server.keys["small"])
-    client = Client(memex_server.url, memex_server.keys["small"])
+    client = client_for_test(memex_server.url, memex_server.keys["small"])
     try:
         ok = Limits(memory=256 << 20, timeout=10)
         parent = small.open(limits=ok)
@@ -231,7 +230,7 @@ def test_typed_errors_for_bad_requests(memex_server: Any) -> None:
     r = raw(memex_server, "POST", "/v1/sessions", content=b"{not json",
             headers={"Content-Type": "application/json"})
     assert (r.status_code, r.json()["error"]["code"]) == (422, "invalid_request")
-    a = Client(memex_server.url, memex_server.keys["a"])
+    a = client_for_test(memex_server.url, memex_server.keys["a"])
     sid = a.create()["id"]
     try:
         for body in ({"code": 5}, {"code": "1", "timeout": -1}, {}):
@@ -254,7 +253,7 @@ def test_typed_errors_for_bad_requests(memex_server: Any) -> None:
 def test_oversized_bodies_are_refused(tmp_path: Path) -> None:
     served = start_server(tmp_path, {"a": ""}, server="max_body_bytes = 65536")
     try:
-        a = Client(served.url, served.keys["a"])
+        a = client_for_test(served.url, served.keys["a"])
         sid = a.create()["id"]
         big = "x = '" + "y" * 100_000 + "'"
         r = raw(served, "POST", f"/v1/sessions/{sid}/run", json={"code": big})
@@ -318,7 +317,7 @@ def test_a_client_killed_mid_tool_call_fails_the_call_cleanly(memex_server: Any)
     assert proc.stdout.readline().strip() == "calling"
     proc.send_signal(signal.SIGKILL)
     proc.wait(30)
-    a = Client(memex_server.url, memex_server.keys["a"])
+    a = client_for_test(memex_server.url, memex_server.keys["a"])
     out = a.run(sid, "x, 'y' in globals()")  # waits for the stranded turn, which was killed
     assert out["result"]["value"] == "(1, False)", out
     runs = [json.loads(x) for x in memex_server.log.read_text().splitlines()
@@ -365,7 +364,7 @@ def test_health_readiness_and_metrics(tmp_path: Path) -> None:
     try:
         assert raw(served, "GET", "/healthz", key=None).json() == {"status": "ok"}
         assert raw(served, "GET", "/readyz", key=None).json() == {"status": "ready"}
-        a = Client(served.url, served.keys["a"])
+        a = client_for_test(served.url, served.keys["a"])
         sid = a.create()["id"]
         a.run(sid, "while True: pass", timeout=0.5)
         living = raw(served, "GET", "/metrics", key=None).text
@@ -383,7 +382,7 @@ def test_health_readiness_and_metrics(tmp_path: Path) -> None:
 
 
 def test_access_and_audit_logs_name_the_tenant_and_not_the_code(memex_server: Any) -> None:
-    a = Client(memex_server.url, memex_server.keys["a"])
+    a = client_for_test(memex_server.url, memex_server.keys["a"])
     sid = a.create()["id"]
     a.run(sid, "token = 'do-not-log-me'")
     a.close_session(sid)
@@ -484,7 +483,7 @@ def test_check_command_reads_the_config_and_serves_nothing(tmp_path: Path) -> No
 def test_a_session_asking_for_nothing_fits_its_tenants_ceiling(memex_server: Any) -> None:
     """Tenant ``small`` caps memory at 512 MiB and the timeout at 20 s; the service's
     defaults are 1 GiB and 10 s: an empty create gets 512 MiB and 10 s (it used to fail)."""
-    small = Client(memex_server.url, memex_server.keys["small"])
+    small = client_for_test(memex_server.url, memex_server.keys["small"])
     s = small.create()
     try:
         assert s["limits"]["memory"] == 512 << 20 and s["limits"]["timeout"] == 10.0
@@ -499,7 +498,7 @@ def test_a_streamed_turn_is_refused_as_run_is(tmp_path: Path) -> None:
     does (not 200 with an error event)."""
     served = start_server(tmp_path, {"a": "max_running = 1\nqueued = 0"})
     try:
-        a = Client(served.url, served.keys["a"])
+        a = client_for_test(served.url, served.keys["a"])
         one, two = a.create()["id"], a.create()["id"]
         busy = threading.Thread(target=a.run, args=(one, "import time\ntime.sleep(3)"))
         busy.start()
@@ -527,7 +526,7 @@ def test_hash_key_command() -> None:
 @pytest.mark.slow
 def test_sigterm_closes_every_session_and_exits_cleanly(tmp_path: Path) -> None:
     served = start_server(tmp_path, {"a": ""})
-    a = Client(served.url, served.keys["a"])
+    a = client_for_test(served.url, served.keys["a"])
     for _ in range(3):
         a.run(a.create()["id"], "x = 1")
     # uvicorn re-raises the signal once it has shut down, so the exit status names it
@@ -607,7 +606,7 @@ def test_max_running_bounds_a_tenants_concurrent_turns(tmp_path: Path) -> None:
 
 
 def test_the_door_websocket_refuses_bad_keys_and_malformed_frames(memex_server: Any) -> None:
-    a = Client(memex_server.url, memex_server.keys["a"])
+    a = client_for_test(memex_server.url, memex_server.keys["a"])
     sid = a.create()["id"]
     ws_url = "ws" + memex_server.url[4:] + f"/v1/sessions/{sid}/door"
     for headers in ({}, {"Authorization": "Bearer wrong-key-wrong-key"},
@@ -785,7 +784,7 @@ def test_sessions_end_by_their_ttl_and_free_the_quota(tmp_path: Path) -> None:
         "a": "max_sessions = 2",
         "b": "max_sessions = 2\n[tenants.b.ceiling]\nlifetime = 1.5"})
     try:
-        a = Client(served.url, served.keys["a"])
+        a = client_for_test(served.url, served.keys["a"])
         keep = a.create()["id"]
         brief = a.create(limits={"lifetime": 1})["id"]
         with pytest.raises(ServiceError, match="bound is 2"):
@@ -803,7 +802,7 @@ def test_sessions_end_by_their_ttl_and_free_the_quota(tmp_path: Path) -> None:
             time.sleep(0.2)
         assert [s["id"] for s in a.sessions()] == [keep]  # idle past 1 s after its use
         assert a.run(keep, "6 * 7")["result"]["value"] == "42"
-        b = Client(served.url, served.keys["b"])
+        b = client_for_test(served.url, served.keys["b"])
         capped = b.create()  # asked for no lifetime: the ceiling's
         assert capped["limits"]["lifetime"] == 1.5
         with pytest.raises(ConfigError, match="above the ceiling"):
@@ -828,14 +827,14 @@ def test_a_tenant_s_turn_rate_holds_on_every_backend(tmp_path: Path, backend: st
     served = start_server(tmp_path, {"slow": "turns_per_second = 0.01", "free": ""},
                           server=f"backend = '{backend}'")
     try:
-        slow = Client(served.url, served.keys["slow"])
+        slow = client_for_test(served.url, served.keys["slow"])
         sid = slow.create()["id"]
         assert slow.run(sid, "1 + 1")["result"]["value"] == "2"
         r = raw(served, "POST", f"/v1/sessions/{sid}/run", key="slow", json={"code": "2"})
         assert r.status_code == 429, r.text
         assert "over its rate of 0.01 turns/s" in r.json()["error"]["message"]
         assert r.headers["Retry-After"]
-        free = Client(served.url, served.keys["free"])
+        free = client_for_test(served.url, served.keys["free"])
         fid = free.create()["id"]
         assert [free.run(fid, c)["result"]["value"] for c in ("1", "2")] == ["1", "2"]
     finally:

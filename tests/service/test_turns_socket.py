@@ -13,13 +13,12 @@ import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from served import Served, start_server
+from served import Served, client_for_test, start_server
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
 from memex import ServiceError, TurnStatus
 from memex.backends import get_backend
-from memex.backends.internal import Client
 from memex.service import hash_key
 
 
@@ -62,7 +61,7 @@ def test_remote_turns_go_over_the_socket_with_the_same_answers(memex_server: Ser
         assert (r.status, r.limit) == (TurnStatus.KILLED, "deadline")
         assert sb.run("x").value == "20"  # rolled back past the killed turn
         assert access_paths(memex_server).count(f"/v1/sessions/{sb.id}/run") == before
-        Client(memex_server.url, memex_server.keys["a"]).run(sb.id, "x")  # HTTP: logged
+        client_for_test(memex_server.url, memex_server.keys["a"]).run(sb.id, "x")  # HTTP: logged
         assert logged(memex_server, f"/v1/sessions/{sb.id}/run", before + 1) == before + 1
         sid = sb.id
         sb.close()
@@ -73,7 +72,7 @@ def test_remote_turns_go_over_the_socket_with_the_same_answers(memex_server: Ser
 
 def test_bad_turn_messages_are_typed_errors_and_the_socket_stays(memex_server: Served
                                                                  ) -> None:
-    a = Client(memex_server.url, memex_server.keys["a"])
+    a = client_for_test(memex_server.url, memex_server.keys["a"])
     sid = a.create()["id"]
     for key in ("wrong-key-wrong-key", memex_server.keys["b"]):  # no key; not b's session
         with pytest.raises(InvalidStatus):
@@ -103,7 +102,7 @@ def test_a_key_rotated_out_stops_an_open_socket(tmp_path: Any) -> None:
     served = start_server(tmp_path, {"a": ""})
     try:
         key = served.keys["a"]
-        sid = Client(served.url, key).create()["id"]
+        sid = client_for_test(served.url, key).create()["id"]
         with turns_socket(served, sid, key) as ws:
             assert ask(ws, msgpack.packb(["run", {"code": "1"}]))[0] == "result"
             text = served.config.read_text()
@@ -157,7 +156,7 @@ messages = st.one_of(
 
 @pytest.fixture(scope="module")
 def fuzz_socket(memex_server: Served) -> Iterator[ClientConnection]:
-    a = Client(memex_server.url, memex_server.keys["a"])
+    a = client_for_test(memex_server.url, memex_server.keys["a"])
     sid = a.create()["id"]
     with turns_socket(memex_server, sid, memex_server.keys["a"]) as ws:
         yield ws
