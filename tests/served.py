@@ -27,7 +27,8 @@ FOR_TEST: list[Client] = []
 def client_for_test(url: str, key: str) -> Client:
     """A client for a request or two in one expression (``client_for_test(url, key).sessions()``),
     closed when the test ends: its connection is not left to the collector. Only these are
-    closed for the test; a client MemEx itself leaves open still warns (an error in tests)."""
+    closed for the test; a client MemEx itself leaves open still warns. For a test's own use:
+    a fixture that outlives one test (module or session scope) makes a ``with Client(...)``."""
     client = Client(url, key)
     FOR_TEST.append(client)
     return client

@@ -19,6 +19,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from memex import ServiceError, TurnStatus
 from memex.backends import get_backend
+from memex.client import Client
 from memex.service import hash_key
 
 
@@ -156,11 +157,12 @@ messages = st.one_of(
 
 @pytest.fixture(scope="module")
 def fuzz_socket(memex_server: Served) -> Iterator[ClientConnection]:
-    a = client_for_test(memex_server.url, memex_server.keys["a"])
-    sid = a.create()["id"]
-    with turns_socket(memex_server, sid, memex_server.keys["a"]) as ws:
-        yield ws
-    a.close_session(sid)
+    # the module's fixture outlives a test, so not client_for_test (closed as a test ends)
+    with Client(memex_server.url, memex_server.keys["a"]) as a:
+        sid = a.create()["id"]
+        with turns_socket(memex_server, sid, memex_server.keys["a"]) as ws:
+            yield ws
+        a.close_session(sid)
 
 
 @settings(max_examples=100, deadline=None)
