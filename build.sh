@@ -140,6 +140,21 @@ setup_mcp_conformance() {
     fi
 }
 
+# Debian's redis-server, for the head-loss test (tests/service/test_head_loss.py: the Ray
+# head keeps its state in Redis under GCS fault tolerance; the test starts its own server on
+# 127.0.0.1). Installed as root where apt-get is; elsewhere the test says it is skipped.
+setup_redis() {
+    command -v redis-server >/dev/null && return 0
+    if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
+        echo "build.sh: redis-server not found: the head-loss test will be skipped" >&2
+        return 0
+    fi
+    echo "build.sh: installing redis-server (apt-get)" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -q redis-server >/dev/null 2>&1 ||
+        { apt-get update -q >/dev/null && apt-get install -y -q redis-server >/dev/null; }
+}
+
 case "${1:-setup}" in
     setup)
         setup ""
@@ -161,6 +176,7 @@ case "${1:-setup}" in
         # The end-to-end agent test runs against the real local model.
         setup_local_model
         setup_mcp_conformance
+        setup_redis
         touch "$DEV_STAMP"
         "$VENV/bin/ruff" check memex tests bench examples
         "$VENV/bin/mypy" memex

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,7 +17,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..backends import Backend
 from ._config import ServiceConfig
-from ._http import PUBLIC_PATHS, Access, ApiError, AuthFirst, BodyCap, invalid_request
+from ._http import (
+    PUBLIC_PATHS,
+    Access,
+    ApiError,
+    AuthFirst,
+    BodyCap,
+    invalid_request,
+)
 from ._models import API_VERSION
 from ._routes import router
 from ._service import Service
@@ -77,25 +83,11 @@ def create_app(config: ServiceConfig, *, backend: Backend | None = None) -> Fast
 
     @app.exception_handler(Exception)
     async def _internal(_: Request, exc: Exception) -> JSONResponse:
-        away = actor_away(exc)
-        if away is not None:  # a part of the cluster restarting: try again, not a bug
-            logging.getLogger("memex.service").warning("%s", away)
-            return ApiError(503, "unavailable", away, headers={"Retry-After": "1"}).response()
+        # (a part of the cluster restarting never comes here: Access answers it, 503)
         logging.getLogger("memex.service").exception("unhandled error")
         return ApiError(500, "internal", f"internal error ({type(exc).__name__})").response()
 
     return app
-
-
-def actor_away(exc: BaseException) -> str | None:
-    """Why a request cannot be answered now when ``exc`` is Ray's word that an actor it
-    needed (a cluster's control actor, a slab, a Ray backend's host) is restarting, gone or
-    slow to answer: the request may be sent again (503 with Retry-After), never a 500."""
-    rex = sys.modules.get("ray.exceptions")  # Ray is loaded only where actors are used
-    if rex is None or not isinstance(exc, (rex.RayActorError, rex.GetTimeoutError)):
-        return None
-    return (f"a part of the cluster this request needs is restarting or away "
-            f"({type(exc).__name__}): try again")
 
 
 def _methods_of(app: FastAPI, request: Request) -> list[str]:

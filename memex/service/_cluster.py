@@ -87,7 +87,8 @@ class _Link:
         except ImportError as exc:
             raise ConfigError("[cluster] needs Ray: pip install 'memex[cluster]'") from exc
         self.ray, self.cfg = ray, cfg
-        init_ray(cfg.address, namespace=cfg.namespace, log_to_driver=False)
+        joins = {} if cfg.node_temp_dir is None else {"_temp_dir": cfg.node_temp_dir}
+        init_ray(cfg.address, namespace=cfg.namespace, log_to_driver=False, **joins)
         self.storage = Storage(cfg.storage, dict(cfg.storage_options))
         self.control = ray.remote(Control).options(
             name=CONTROL_NAME, namespace=cfg.namespace, lifetime="detached",
@@ -586,10 +587,12 @@ class ClusterService(Service):
 
     @property
     def ready(self) -> bool:
-        """Joined, and the control actor answered within the last few seconds."""
-        if self._link is None or self.backend().closed or self._heard is None:
-            return False
-        return asyncio.get_running_loop().time() - self._heard < 5 * CONFIG_POLL + 2
+        """Joined, and the control actor has answered since this front started (the front
+        holds the tenants' config). Still ready while the control actor is away (restarting,
+        or the head lost): every front shares it, so they would all leave the balancer at
+        once, and with them the turns of live sessions, which never ask it; what needs it
+        answers 503 with Retry-After itself."""
+        return self._link is not None and not self.backend().closed and self._heard is not None
 
     async def reap(self, owner: str | None = None) -> None:
         """Sessions their limits ended are ended by the control actor."""

@@ -176,6 +176,10 @@ class ClusterConfig(FileModel):
     save_interval: SecondsOrZero = 2.0
     place_timeout: Seconds = 60.0
     slab_idle: Seconds = 60.0  # seconds a slab holding no session is kept before retired
+    # the Ray node of this machine the front joins, by the --temp-dir it was started with:
+    # only where one machine runs more than one node (Ray otherwise joins the head's when it
+    # is here, and a front on the head's node is ended with it: docs/scaling.md)
+    node_temp_dir: str | None = Field(default=None, pattern=r"^/")
 
 
 class ServiceConfig(ServerTable):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -210,6 +211,17 @@ class BodyCap:
         await self.app(scope, replay, send)
 
 
+def actor_away(exc: BaseException) -> str | None:
+    """Why a request cannot be answered now when ``exc`` is Ray's word that an actor it
+    needed (a cluster's control actor, a slab, a Ray backend's host) is restarting, gone or
+    slow to answer: the request may be sent again (503 with Retry-After), never a 500."""
+    rex = sys.modules.get("ray.exceptions")  # Ray is loaded only where actors are used
+    if rex is None or not isinstance(exc, (rex.RayActorError, rex.GetTimeoutError)):
+        return None
+    return (f"a part of the cluster this request needs is restarting or away "
+            f"({type(exc).__name__}): try again")
+
+
 class TooLarge(Exception):
     pass
 
@@ -237,10 +249,11 @@ class Access:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send, rid: str) -> None:
         start = time.perf_counter()
-        status = [500]
+        status, started = [500], [False]
 
         async def seen(msg: Message) -> None:
             if msg["type"] == "http.response.start":
+                started[0] = True
                 status[0] = msg["status"]
                 msg = {**msg, "headers": [*msg.get("headers", ()),
                                           (b"x-request-id", rid.encode())]}
@@ -248,6 +261,16 @@ class Access:
 
         try:
             await self.app(scope, receive, seen)
+        except Exception as exc:
+            # a part of the cluster restarting is answered here, not by the app's last
+            # handler: Starlette sends that one's answer and then raises on (its server
+            # logs a traceback as an error, and this log said 500 for the 503 sent)
+            away = actor_away(exc)
+            if away is None or started[0]:
+                raise
+            logging.getLogger("memex.service").warning("%s", away)
+            await ApiError(503, "unavailable", away, headers={"Retry-After": "1"}
+                           ).response()(scope, receive, seen)
         finally:
             self.metrics.request(status[0])
             if self.log:

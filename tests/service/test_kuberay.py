@@ -77,6 +77,13 @@ def test_the_raycluster_is_valid_under_kuberays_schema(schema: dict[str, Any]) -
     bad = copy.deepcopy(cluster)
     del bad["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["name"]
     assert _errors(schema, bad)
+    # head loss: the GCS's state in Redis, its password from a Secret (the control: a
+    # backend KubeRay does not know is refused)
+    ft = cluster["spec"]["gcsFaultToleranceOptions"]
+    assert ft["redisAddress"] and ft["redisPassword"]["valueFrom"]["secretKeyRef"]["key"]
+    bad = copy.deepcopy(cluster)
+    bad["spec"]["gcsFaultToleranceOptions"]["backend"] = "etcd"
+    assert _errors(schema, bad)
 
 
 def test_serve_toml_is_read_by_memex_and_reaches_the_head() -> None:
