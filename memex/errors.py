@@ -54,6 +54,8 @@ wasmtime's and openai's own exceptions never escape: they are translated at the 
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "ArtifactsError",
     "BackendBusy",
@@ -84,12 +86,30 @@ __all__ = [
 ]
 
 
+def _rebuilt(cls: type[BaseException], args: tuple[Any, ...]) -> BaseException:
+    """An exception as it was pickled, its ``__init__`` not called (the subclasses' take
+    other arguments than their ``args``); pickle then sets its attributes."""
+    exc = cls.__new__(cls, *args)
+    exc.args = args
+    return exc
+
+
 class MemexError(Exception):
-    """Root of every exception MemEx raises on purpose."""
+    """Root of every exception MemEx raises on purpose.
+
+    Each one pickles whole (its message and attributes), whatever its ``__init__`` takes:
+    they cross processes (the subprocess and pool workers) and Ray (an actor's error reaches
+    the caller as the same type, where Ray had answered ``UnserializableException`` for a
+    ``BackendBusy(reason, message)``)."""
 
     retry_after: float | None = None
     """Seconds the service asked the caller to wait before trying again (its 429 or 503
     answer's ``Retry-After``), on an error raised for such an answer; else None."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # the attributes as state, set once the exception exists: one may name it (a
+        # PolicyError's ``issues`` holds itself)
+        return (_rebuilt, (type(self), self.args), dict(self.__dict__))
 
 
 class ConfigError(MemexError, ValueError):
@@ -233,7 +253,8 @@ class BackendBusy(SandboxError):
     """A backend cannot admit another sandbox (or turn) now: its admission queue is full, the
     wait for a slot timed out, or a tenant quota can never be met. ``reason`` is one of
     ``queue_full``, ``timeout``, ``quota``, ``closed``, ``no_room`` (a cluster has no node
-    with room for the session now)."""
+    with room for the session now), ``unavailable`` (a part it needs, such as a cluster's
+    storage, did not answer: try again)."""
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)

@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..backends import Backend
+from ..errors import BackendBusy
 from ._config import ServiceConfig
 from ._http import (
     PUBLIC_PATHS,
@@ -24,6 +25,7 @@ from ._http import (
     AuthFirst,
     BodyCap,
     invalid_request,
+    translate,
 )
 from ._models import API_VERSION
 from ._routes import router
@@ -80,6 +82,14 @@ def create_app(config: ServiceConfig, *, backend: Backend | None = None) -> Fast
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         return invalid_request(exc.errors()).response()
+
+    @app.exception_handler(BackendBusy)
+    async def _busy(_: Request, exc: BackendBusy) -> JSONResponse:
+        # "try again" that no route translated: an actor's (the cluster's control actor
+        # finding its storage away), which Ray raises as RayTaskError(BackendBusy): answered
+        # from its cause (429 or 503 with Retry-After; not the remote traceback as message)
+        cause = getattr(exc, "cause", None)
+        return translate(cause if isinstance(cause, BackendBusy) else exc).response()
 
     @app.exception_handler(Exception)
     async def _internal(_: Request, exc: Exception) -> JSONResponse:

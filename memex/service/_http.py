@@ -87,7 +87,7 @@ def translate(exc: MemexError) -> ApiError:
         return ApiError(429, "quota", str(exc),
                         headers={"Retry-After": str(exc.retry_after)})
     if isinstance(exc, BackendBusy):
-        status = 503 if exc.reason in ("closed", "no_room") else 429
+        status = 503 if exc.reason in ("closed", "no_room", "unavailable") else 429
         return ApiError(status, "busy", str(exc), type_=name, reason=reason,
                         headers={"Retry-After": "1"})
     return ApiError(409, "sandbox_error", str(exc), type_=name)

@@ -55,7 +55,7 @@ from ..backends.internal import (
     limits_from_wire,
     session_key,
 )
-from ..errors import ConfigError, ImageError, MemexError
+from ..errors import BackendBusy, ConfigError, ImageError, MemexError
 from ..runtime_wasm import Limits
 from ..runtime_wasm.internal import DecodeCost, unpack_bounded
 from ._doorkit import DoorKit, SlabDoors
@@ -78,6 +78,9 @@ class ControlRefusal(Exception):
 
     def wire(self) -> list[Any]:
         return ["refused", self.code, self.message, self.retry_after]
+
+    def __reduce__(self) -> tuple[Any, ...]:  # it may cross Ray: rebuilt with its arguments
+        return (type(self), (self.code, self.message, self.retry_after))
 
 
 @dataclass(eq=False)
@@ -1024,7 +1027,15 @@ class Control:
             if tenant in self._read:
                 return
             self.indexed.wait()  # a store from before the index: indexed first, once
-            self._read_tenant(tenant)
+            try:
+                self._read_tenant(tenant)
+            except Exception as exc:  # fsspec's are OSErrors; an object store's own may not be
+                # the caller may ask again (the front answers 503 with Retry-After), and
+                # nothing of the tenant was taken as read
+                LOG.warning("reading tenant %r back from the storage failed: %r", tenant, exc)
+                raise BackendBusy("unavailable", "the cluster's storage did not give this "
+                                  f"tenant's saved sessions ({type(exc).__name__}: {exc}); "
+                                  "try again") from exc
             with self.lock:
                 self._read.add(tenant)
                 self._gates.pop(tenant, None)

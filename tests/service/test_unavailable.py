@@ -70,3 +70,29 @@ def test_an_actor_away_is_a_503_with_retry_after(exc: Exception,
 def test_any_other_exception_goes_on_to_be_a_500() -> None:
     with pytest.raises(RuntimeError, match="a bug"):
         serve_once(RuntimeError("a bug"))
+
+
+def test_try_again_from_an_actor_is_answered_from_its_cause() -> None:
+    """The cluster's control actor raises BackendBusy ``unavailable`` when its storage does
+    not answer (tests/serving/test_control_restart.py); Ray raises it at the front as
+    ``RayTaskError(BackendBusy)``, which no route translates: the app answers 503 with
+    Retry-After and the cause's own message (not the remote traceback). The control: a
+    BackendBusy of a full queue is still a 429."""
+    from starlette.requests import Request
+
+    from memex.errors import BackendBusy
+    from memex.service import ServiceConfig, create_app
+
+    handler = create_app(ServiceConfig()).exception_handlers[BackendBusy]
+    request = Request({"type": "http", "method": "GET", "path": "/v1/sessions", "headers": []})
+    cause = BackendBusy("unavailable", "the cluster's storage did not give this tenant's "
+                        "saved sessions")
+    raised = ray.exceptions.RayTaskError("of", "Traceback (remote) ...", cause
+                                         ).as_instanceof_cause()
+    assert isinstance(raised, BackendBusy)  # as the app's handlers look it up
+    answer = asyncio.run(handler(request, raised))
+    assert (answer.status_code, answer.headers["retry-after"]) == (503, "1")
+    error = json.loads(answer.body)["error"]
+    assert error["message"] == str(cause) and error["reason"] == "unavailable"
+    full = asyncio.run(handler(request, BackendBusy("queue_full", "3 turns waiting")))
+    assert full.status_code == 429

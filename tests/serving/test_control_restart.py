@@ -9,6 +9,7 @@ which keys it is asked for."""
 from __future__ import annotations
 
 import json
+import pickle
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +20,7 @@ pytest.importorskip("fsspec")
 
 from memex import Limits
 from memex.backends.internal import Storage, limits_to_wire, session_key
+from memex.errors import BackendBusy
 from memex.serving._control import INDEXED_KEY, checkpoint_key, owner_key
 from memex.serving.internal import Control
 
@@ -149,7 +151,8 @@ class Failing(Counted):
 def test_a_storage_failure_while_a_tenant_is_read_back_forgets_nothing(
         tmp_path: Path) -> None:
     """A record the storage fails to give is not a record that is not there: the tenant's
-    first request fails (and says why), its markers stay, nothing of it is taken as read,
+    first request fails (BackendBusy ``unavailable``, which says why and which the front
+    answers 503), its markers stay, nothing of it is taken as read,
     and its next request once the storage answers finds every session and checkpoint. The
     control: a marker with no record behind it is still dropped."""
     s = Failing(str(tmp_path / "storage"))
@@ -160,8 +163,10 @@ def test_a_storage_failure_while_a_tenant_is_read_back_forgets_nothing(
           json.dumps({"size": 8 * MiB, "turns": 1, "session": "s-a0"}).encode())
     s.put(INDEXED_KEY, b"1")
     c = _control(s, backfill=False)
-    with pytest.raises(OSError, match="did not answer"):
+    with pytest.raises(BackendBusy, match="did not answer") as away:
         c.of("a")
+    assert away.value.reason == "unavailable"  # the front's 503 with Retry-After
+    assert pickle.loads(pickle.dumps(away.value)).reason == "unavailable"  # it crosses Ray
     assert sorted(s.children("owners/a")) == ["s-a0", "s-a1", "s-a2", "s-gone"]
     s.down = False
     assert sorted(e["id"] for e in c.of("a")) == ["s-a0", "s-a1", "s-a2"]
