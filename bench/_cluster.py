@@ -13,11 +13,14 @@ slab's does).
 * a worker node killed under a session: seconds from the kill to the session's next
   successful result on the other node;
 * turns/s with 1 and then 2 worker nodes (8 clients, trivial cells): on two cores this shows
-  the cost of more processes, not scaling (printed beside it).
+  the cost of more processes, not scaling (printed beside it);
+* the storage: the bytes one save of a busy session writes, tiny and with 10 MiB, and what
+  that is per second at the default ``save_interval`` (``--only storage`` runs it alone).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import signal
@@ -184,6 +187,8 @@ def cluster_figures(scale: int) -> None:
             for h in held:
                 h.close()
 
+            storage_figures(many, folder / "storage", 2.0)
+
             print("\nturns/s, 8 clients with a session each, trivial cells:")
             tps1 = _turns_per_second(front_url, key, 8, 10.0 / scale ** 0.5)
             workers.append(cluster.add_node(num_cpus=4, memory=4 * GiB, **LOOPBACK_NODE))
@@ -244,3 +249,81 @@ def _holds(control: Any, slab: str, sid: str) -> bool:
     import ray
     entry = ray.get(control.lookup.remote("t", sid))
     return bool(entry and entry["slab"] == slab)
+
+
+TEN_MIB = "import random\nbig = bytearray(random.Random(7).randbytes(10 << 20))"
+"""10 MiB that neither the image's zero-chunk skipping nor its compression makes smaller."""
+
+
+def _next_save(storage: Path, sid: str, after: int, timeout: float = 30.0
+               ) -> tuple[int, int, float]:
+    """Wait for the session's save after ``after`` (its record's ``seq``, the commit); its
+    seq, the bytes it wrote (image, /tmp files, record) and when it was seen."""
+    from memex.backends.internal import session_key
+
+    record = storage / session_key(sid, "record")
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            rec = json.loads(record.read_bytes())
+        except (OSError, ValueError):
+            rec = None
+        if rec is not None and int(rec["seq"]) > after:
+            size = len(json.dumps(rec).encode())
+            for part in ("image", "files"):
+                if rec.get(part):
+                    size += (storage / rec[part]).stat().st_size
+            return int(rec["seq"]), size, time.monotonic()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no save of {sid} after seq {after}")
+        time.sleep(0.02)
+
+
+def storage_figures(backend: Any, storage: Path, interval: float, saves: int = 4) -> None:
+    """What one save writes to the cluster's storage, for a session that changes every
+    turn: a tiny one and one holding 10 MiB of random bytes (one byte changed a turn), each
+    saved whole (a checkpoint image) every ``interval`` seconds while it changes."""
+    print(f"\nstorage: what a busy session's save writes (local folder storage; "
+          f"save_interval {interval:g} s; {saves} saves each):")
+    for label, setup, turn in (("a tiny session ('x += 1' a turn)", "x = 0", "x += 1"),
+                               ("10 MiB of random bytes (one changed a turn)", TEN_MIB,
+                                "big[0] ^= 1")):
+        with backend.open(limits=LIM) as s:
+            s.run(setup)
+            seq, _, _ = _next_save(storage, s.id, 0)
+            sizes: list[int] = []
+            for _ in range(saves):
+                s.run(turn)
+                seq, size, _ = _next_save(storage, s.id, seq)
+                sizes.append(size)
+        per = statistics.mean(sizes)
+        print(f"  {label:44s}     {per / 2**20:9.2f} MiB a save   "
+              f"{per / interval / 2**20:6.2f} MiB/s while it changes")
+
+
+def storage_only(scale: int) -> None:
+    """``bench/serve.py --only storage``: a head, one worker node and one front."""
+    from ray.cluster_utils import Cluster
+
+    del scale  # a few saves each: quick as it is
+    key = secrets.token_urlsafe(24)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        ray_on_loopback()
+        cluster = Cluster(initialize_head=True, head_node_args={
+            "num_cpus": 0, "include_dashboard": False, **LOOPBACK_NODE})
+        cluster.add_node(num_cpus=2, memory=2 * GiB, **LOOPBACK_NODE)
+        cluster.wait_for_nodes()
+        cfg = folder / "cluster.toml"
+        cfg.write_text(
+            "[server]\nport = 0\naccess_log = false\n"
+            f'[cluster]\naddress = "{cluster.address}"\nstorage = "{folder / "storage"}"\n'
+            f"slab_memory = {GiB}\nslab_cpus = 1\n"
+            f'[tenants.t]\nkeys = ["{hash_key(key)}"]\n')
+        front, url = _serve(cfg)
+        try:
+            with get_backend("remote", url=url, api_key=key) as b:
+                storage_figures(b, folder / "storage", 2.0)
+        finally:
+            _stop(front)
+            cluster.shutdown()

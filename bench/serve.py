@@ -118,7 +118,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--clients", type=int, default=50)
-    ap.add_argument("--only", choices=["attacks", "cluster", "durable", "fairness"],
+    ap.add_argument("--only", choices=["attacks", "cluster", "durable", "fairness", "storage"],
                     default=None)
     ap.add_argument("--attack", choices=["turns", "bodies", "half_open", "small", "cpu"],
                     help=argparse.SUPPRESS)
@@ -141,6 +141,11 @@ def main() -> None:
         from _cluster import cluster_figures
 
         cluster_figures(scale)
+        return
+    if args.only == "storage":
+        from _cluster import storage_only
+
+        storage_only(scale)
         return
     if args.only == "durable":
         durable(scale)
