@@ -486,6 +486,10 @@ class ClusterService(Service):
         self._stamp: tuple[int, int] | None = None
         self._heard: float | None = None  # when the control actor last answered
         self._running: dict[str, int] = {}  # turns running through this front, by session
+        # the turns the control actor admitted through this front and not yet ended, by
+        # (tenant, session): said with every config poll, so a restarted control actor
+        # counts them again (it knew them only in its memory)
+        self._admitted: dict[tuple[str, str], int] = {}
         self._used: dict[str, float] = {}  # sessions used since the last report
         self._active: dict[str, Session] = {}  # those sessions
         # how the control actor knows this front's holds (turns admitted, turns running):
@@ -543,7 +547,8 @@ class ClusterService(Service):
                             text = self._config_text()
                             if text is not None:
                                 await link.control.publish.remote(*text)
-                newer = await link.control.config.remote(link.version, self.front_id)
+                held = [[t, sid, n] for (t, sid), n in self._admitted.items()]
+                newer = await link.control.config.remote(link.version, self.front_id, held)
                 self._heard = asyncio.get_running_loop().time()
                 self._report()
                 if newer is not None:
@@ -744,24 +749,34 @@ class ClusterService(Service):
             sb = s.sandbox
             assert isinstance(sb, ClusterSandbox)
             bounded = tenant.max_running is not None or bool(tenant.turns_per_second)
+            held = (tenant.name, s.id)
             if bounded:
                 slab, notice = await self._admit(s, tenant, sb)
-                if slab != sb.slab:
-                    await anyio.to_thread.run_sync(sb._refresh, False)
-                if notice:
-                    s.notice = notice
-            if sb.notice_pending:
-                await anyio.to_thread.run_sync(sb.take_pending_notice)
-            self._running[s.id] = self._running.get(s.id, 0) + 1
-            self._active[s.id] = s
+                self._admitted[held] = self._admitted.get(held, 0) + 1
             try:
-                yield
-            finally:
-                self._running[s.id] -= 1
-                self._used[s.id] = time.time()
-                if sb.notice is not None:
-                    s.notice, sb.notice = sb.notice, None
                 if bounded:
+                    if slab != sb.slab:
+                        await anyio.to_thread.run_sync(sb._refresh, False)
+                    if notice:
+                        s.notice = notice
+                if sb.notice_pending:
+                    await anyio.to_thread.run_sync(sb.take_pending_notice)
+                self._running[s.id] = self._running.get(s.id, 0) + 1
+                self._active[s.id] = s
+                try:
+                    yield
+                finally:
+                    self._running[s.id] -= 1
+                    self._used[s.id] = time.time()
+                    if sb.notice is not None:
+                        s.notice, sb.notice = sb.notice, None
+            finally:
+                if bounded:
+                    left = self._admitted.get(held, 0) - 1
+                    if left > 0:
+                        self._admitted[held] = left
+                    else:
+                        self._admitted.pop(held, None)
                     with contextlib.suppress(Exception):
                         link.control.turn_end.remote(tenant.name, s.id, sb.turns, True,
                                                      self.front_id)

@@ -63,6 +63,9 @@ from ._doorkit import DoorKit, SlabDoors
 __all__ = ["CONTROL_NAME", "Control", "ControlRefusal", "checkpoint_key"]
 
 CONTROL_NAME = "memex-control"
+MAX_ADOPTED = 10_000
+"""At most this many running turns taken from one front's word (a front is the cluster's own,
+but its word is bounded all the same)."""
 FRONT_LEASE = 5.0
 """Seconds a front's holds last without a word from it (it speaks every second)."""
 LOG = logging.getLogger("memex.serving")
@@ -133,6 +136,7 @@ class _Front:
     seen: float  # monotonic: its last word
     turns: dict[tuple[str, str], int] = field(default_factory=dict)  # (tenant, sid) -> open
     reported: set[str] = field(default_factory=set)  # sessions it said have turns running
+    synced: bool = False  # the admitted turns it holds were taken from its word (config)
 
 
 @dataclass(eq=False)
@@ -216,13 +220,21 @@ class Control:
             self.config_text, self.kits = (version, text), checked
             return version
 
-    def config(self, known: int, front: str | None = None
+    def config(self, known: int, front: str | None = None,
+               admitted: list[list[Any]] | None = None
                ) -> tuple[int, str, dict[str, Any]] | None:
         """The held config and its kits when it is newer than ``known``, else None. Asked
-        every second by each front: it renews ``front``'s lease."""
+        every second by each front: it renews ``front``'s lease. ``admitted``: the turns
+        this actor admitted through the front that have not ended, ``[tenant, sid, n]``;
+        taken the first time this actor hears the front (after a restart of this actor, or
+        the front's lease ran out), so a restart does not forget the running turns of
+        ``max_running`` tenants."""
         with self.lock:
             if front is not None:
-                self._front(front)
+                f = self._front(front)
+                if admitted is not None and not f.synced:
+                    self._adopt(f, admitted)
+                    f.synced = True
             held, kits = self.config_text, self.kits
         return (held[0], held[1], kits) if held is not None and held[0] > known else None
 
@@ -555,6 +567,25 @@ class Control:
         else:
             f.seen = time.monotonic()
         return f
+
+    def _adopt(self, f: _Front, admitted: list[list[Any]]) -> None:
+        """(under the lock) The running turns a front says this actor admitted through it,
+        those it does not count already (it admitted them since it started): counted under
+        the front's lease, ended by its turn_end as any other."""
+        for item in admitted[:MAX_ADOPTED]:
+            if not (isinstance(item, list) and len(item) == 3):
+                continue
+            tenant, sid, n = item
+            if not (isinstance(tenant, str) and isinstance(sid, str) and isinstance(n, int)):
+                continue
+            e = self.sessions.get(sid)
+            if e is None or e.tenant != tenant:
+                continue  # ended meanwhile
+            more = min(max(0, n - f.turns.get((tenant, sid), 0)), MAX_ADOPTED)
+            if more:
+                f.turns[(tenant, sid)] = f.turns.get((tenant, sid), 0) + more
+                self.ledger.account(tenant).running += more
+                e.running += more
 
     def _expire_fronts(self) -> list[str]:
         """(under the lock) Take back what each front silent for FRONT_LEASE held: its open

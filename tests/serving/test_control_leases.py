@@ -78,3 +78,49 @@ def test_turns_a_silent_front_said_were_running_no_longer_hold_the_session(
         control._expire_fronts()
     assert e.running_at == {}
     assert e.why_ended(time.time()) == "its lifetime ended"
+
+
+def _restarted(tmp_path: Path) -> Control:
+    """A control actor made again (what Ray's restart does): the sessions are back in its
+    directory (a live slab says what it holds), the turns it had admitted are not."""
+    c = Control(Storage(str(tmp_path / "storage")), namespace="t", slab_memory=1 << 30,
+                slab_cpus=1, save_interval=0, monitor=3600)
+    for sid in ("s-1", "s-2"):
+        c._put(_Entry(id=sid, tenant="one", memory=64, disk=8, slab="slab-x",
+                      spec={"limits": limits_to_wire(Limits(lifetime=60))}))
+    return c
+
+
+def test_a_restarted_control_counts_the_turns_a_front_says_it_admitted(
+        control: Control, tmp_path: Path) -> None:
+    """A ``max_running = 1`` tenant's turn runs through front-a when the control actor
+    restarts: the restarted actor takes the turn from front-a's next config poll, so
+    another front's turn waits until front-a ends it. Said again, it is not counted twice.
+    The control: a restarted actor that has not heard front-a yet admits a second turn
+    (what it forgot before fronts said what they hold)."""
+    assert control.turn_begin("one", "s-1", 1, None, 1, "front-a")[0] == "ok"
+    forgot = _restarted(tmp_path)
+    assert forgot.turn_begin("one", "s-2", 1, None, 1, "front-b")[0] == "ok"  # the control
+
+    c = _restarted(tmp_path)
+    c.config(0, "front-a", [["one", "s-1", 1]])
+    assert c.ledger.held("one")["running_turns"] == 1
+    assert c.turn_begin("one", "s-2", 1, None, 1, "front-b") == ["wait"]
+    c.config(0, "front-a", [["one", "s-1", 1]])  # every second: taken once
+    assert c.ledger.held("one")["running_turns"] == 1
+    c.turn_end("one", "s-1", 2, True, "front-a")
+    assert c.ledger.held("one")["running_turns"] == 0
+    assert c.turn_begin("one", "s-2", 1, None, 1, "front-b")[0] == "ok"
+
+
+def test_a_fronts_word_counts_only_what_the_actor_does_not_hold_already(
+        tmp_path: Path) -> None:
+    """Turns the restarted actor admitted itself before the front's first poll are in the
+    front's word too: only the rest are taken. A word naming a session the actor does not
+    have, or another tenant's session, or not of the shape, takes nothing."""
+    c = _restarted(tmp_path)
+    assert c.turn_begin("one", "s-1", 5, None, 1, "front-a")[0] == "ok"  # since the restart
+    c.config(0, "front-a", [["one", "s-1", 2], ["one", "s-gone", 1], ["two", "s-2", 1],
+                            ["one", "s-2", "1"], "junk"])
+    assert c.ledger.held("one")["running_turns"] == 2  # s-1's one from before, not three
+    assert c.sessions["s-2"].running == 0
