@@ -160,7 +160,8 @@ INTERNAL: dict[str, list[str]] = {
         "trim_traceback", "verify_model_file",
     ],
     "memex.serving.internal": [
-        "CONTROL_NAME", "KIT_BYTES", "Control", "DoorKit", "SlabDoors",
+        "CONTROL_NAME", "KIT_BYTES", "Admitted", "Control", "DoorKit", "Failed", "Granted",
+        "Refused", "Reply", "SlabDoors", "Wait",
     ],
     "memex.runtime_wasm.internal": [
         "CACHE_PARTS", "GUEST_NICE_ENV", "LIMIT_FIELDS", "Artifacts", "DecodeCost",

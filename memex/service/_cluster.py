@@ -46,7 +46,15 @@ from ..backends.internal import (
 from ..errors import BackendBusy, ConfigError, SandboxClosed, SandboxError
 from ..runtime_wasm import Door, GuestFile, Limits, TurnResult, TurnStatus
 from ..runtime_wasm.internal import SandboxHandle
-from ..serving.internal import CONTROL_NAME, Control, DoorKit
+from ..serving.internal import (
+    CONTROL_NAME,
+    Admitted,
+    Control,
+    DoorKit,
+    Granted,
+    Refused,
+    Reply,
+)
 from ._config import (
     ClusterConfig,
     ServiceConfig,
@@ -789,9 +797,9 @@ class ClusterService(Service):
         while True:
             out = await self.link.control.turn_begin.remote(
                 tenant.name, s.id, tenant.max_running, rate, burst, self.front_id)
-            if out[0] == "ok":
-                return out[1], out[2]
-            if out[0] == "refused":
+            if isinstance(out, Admitted):
+                return out.slab, out.notice
+            if isinstance(out, Refused):
                 raise _refusal(out)
             if waited > sb.limits.timeout:
                 raise ApiError(429, "busy", f"{tenant.name!r} runs its max_running "
@@ -841,23 +849,22 @@ def _slab_of(s: Session) -> str | None:
     return s.sandbox.slab if isinstance(s.sandbox, ClusterSandbox) else None
 
 
-def _refusal(out: list[Any]) -> ApiError:
-    _, code, message, retry = out
-    if code == "not_found":
-        return ApiError(404, "not_found", message)
-    status = 429 if code == "quota" else 503
-    return ApiError(status, code, message, headers={"Retry-After": str(retry)})
+def _refusal(out: Refused) -> ApiError:
+    if out.code == "not_found":
+        return ApiError(404, "not_found", out.message)
+    status = 429 if out.code == "quota" else 503
+    return ApiError(status, out.code, out.message,
+                    headers={"Retry-After": str(out.retry_after)})
 
 
-def _answer(out: list[Any]) -> Any:
+def _answer(out: Reply) -> Any:
     """The value of a control actor's answer; its refusal or error as the API's."""
-    if out[0] == "ok":
-        return out[1]
-    if out[0] == "refused":
+    if isinstance(out, Granted):
+        return out.value
+    if isinstance(out, Refused):
         raise _refusal(out)
-    exc = error_from_wire(out[1])
+    exc = error_from_wire(out.error)
     raise translate(exc) from exc
-
 
 
 def check_cluster(cfg: ClusterConfig) -> tuple[list[str], list[str]]:

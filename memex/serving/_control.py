@@ -59,6 +59,7 @@ from ..errors import BackendBusy, ConfigError, ImageError, MemexError
 from ..runtime_wasm import Limits
 from ..runtime_wasm.internal import DecodeCost, unpack_bounded
 from ._doorkit import DoorKit, SlabDoors
+from ._replies import Admitted, Failed, Granted, Refused, Reply, Wait
 
 __all__ = ["CONTROL_NAME", "Control", "ControlRefusal", "checkpoint_key"]
 
@@ -79,8 +80,8 @@ class ControlRefusal(Exception):
         super().__init__(message)
         self.code, self.message, self.retry_after = code, message, retry_after
 
-    def wire(self) -> list[Any]:
-        return ["refused", self.code, self.message, self.retry_after]
+    def reply(self) -> Refused:
+        return Refused(self.code, self.message, self.retry_after)
 
     def __reduce__(self) -> tuple[Any, ...]:  # it may cross Ray: rebuilt with its arguments
         return (type(self), (self.code, self.message, self.retry_after))
@@ -404,9 +405,9 @@ class Control:
 
     # ---- sessions -----------------------------------------------------------------------------
     def create(self, tenant: str, bounds: dict[str, Any], spec: dict[str, Any],
-               parent: str | None = None) -> list[Any]:
-        """A new session (its id and its entry), within the tenant's cluster-wide bounds;
-        or ``["refused", code, message, retry_after]``, or ``["err", <error wire>]``."""
+               parent: str | None = None) -> Reply:
+        """A new session's entry (:class:`Granted`), within the tenant's cluster-wide
+        bounds; else :class:`Refused` or :class:`Failed`."""
         limits = limits_from_wire(spec["limits"])
         memory, disk = limits.memory, limits.disk_bytes
         sid = "s_" + secrets.token_urlsafe(12)
@@ -434,22 +435,22 @@ class Control:
                 with self.lock:
                     self._unreserve(tenant, memory, disk)
         except ControlRefusal as refusal:
-            return refusal.wire()
+            return refusal.reply()
         except Exception as exc:  # a typed answer for the front
-            return ["err", _wire(exc)]
-        return ["ok", self._out(e)]
+            return Failed(_wire(exc))
+        return Granted(self._out(e))
 
-    def fork(self, tenant: str, bounds: dict[str, Any], sid: str) -> list[Any]:
+    def fork(self, tenant: str, bounds: dict[str, Any], sid: str) -> Reply:
         """A child of ``sid`` holding its state: in the parent's slab when it has room,
         else opened on another from the parent's save (the parent is saved first)."""
         try:
             self._tenant(tenant)
         except Exception as exc:
-            return ["err", _wire(exc)]
+            return Failed(_wire(exc))
         with self.lock:
             p = self.sessions.get(sid)
         if p is None or p.tenant != tenant or p.slab is None:
-            return ControlRefusal("not_found", f"no session {sid!r}").wire()
+            return ControlRefusal("not_found", f"no session {sid!r}").reply()
         child = "s_" + secrets.token_urlsafe(12)
         try:
             with self.lock:
@@ -501,10 +502,10 @@ class Control:
                 with self.lock:
                     self._unreserve(tenant, p.memory, p.disk)
         except ControlRefusal as refusal:
-            return refusal.wire()
+            return refusal.reply()
         except Exception as exc:
-            return ["err", _wire(exc)]
-        return ["ok", self._out(e)]
+            return Failed(_wire(exc))
+        return Granted(self._out(e))
 
     def lookup(self, tenant: str, sid: str) -> dict[str, Any] | None:
         """The session's entry (None: no such session of this tenant), at once. A session
@@ -608,27 +609,28 @@ class Control:
         return gone
 
     def turn_begin(self, tenant: str, sid: str, max_running: int | None,
-                   rate: float | None, burst: int, front: str | None = None) -> list[Any]:
-        """Admit one turn of ``sid``: ``["ok", slab, notice]`` (where it is now, and what
-        a recovery lost, said once), or ``["wait"]`` while the tenant runs
-        ``max_running`` turns across the cluster, or ``["refused", ...]`` past its rate.
+                   rate: float | None, burst: int, front: str | None = None
+                   ) -> Admitted | Wait | Refused:
+        """Admit one turn of ``sid``: :class:`Admitted` (where it is now, and what a
+        recovery lost, said once), or :class:`Wait` while the tenant runs ``max_running``
+        turns across the cluster, or :class:`Refused` past its rate.
         The turn is held under ``front``'s lease until :meth:`turn_end` (or the lease
         runs out)."""
         self._tenant(tenant)
         with self.lock:
             e = self.sessions.get(sid)
             if e is None or e.tenant != tenant:
-                return ControlRefusal("not_found", f"no session {sid!r}").wire()
+                return ControlRefusal("not_found", f"no session {sid!r}").reply()
             a = self.ledger.account(tenant)
             if max_running is not None and a.running >= max_running:
-                return ["wait"]
+                return Wait()
             if rate:
                 wait = a.take(rate, 0.0, burst)  # no token now: refused, nothing reserved
                 if wait < 0:
                     return ControlRefusal("quota", f"{tenant!r} runs at most {rate:g} turns "
                                           "per second across the cluster",
                                           retry_after=max(1, int((1 - a.tokens) / rate + 1))
-                                          ).wire()
+                                          ).reply()
             a.running += 1
             e.begun = max(e.begun, e.turns) + 1
             e.running += 1
@@ -638,7 +640,7 @@ class Control:
             e.last_used = time.time()
             self.counts["turns"] += 1
             notice, e.notice = e.notice, None
-            return ["ok", e.slab, notice]
+            return Admitted(e.slab, notice)
 
     def turn_end(self, tenant: str, sid: str, turns: int | None, admitted: bool = True,
                  front: str | None = None) -> None:
@@ -700,7 +702,7 @@ class Control:
 
     # ---- checkpoints --------------------------------------------------------------------------
     def hold(self, tenant: str, bounds: dict[str, Any], cid: str, size: int, turns: int,
-             session: str) -> list[Any]:
+             session: str) -> Granted | Refused:
         """Count a checkpoint its slab wrote (``checkpoint_key``) against the tenant; past
         ``max_memory`` it is refused and removed, past ``max_checkpoints`` the oldest goes."""
         gone: list[str] = []
@@ -727,10 +729,10 @@ class Control:
         for c in gone:
             self.storage.delete(checkpoint_key(tenant, c))
         if refusal is not None:
-            return refusal.wire()
+            return refusal.reply()
         self.storage.put(checkpoint_key(tenant, cid, "meta"), json.dumps(
             {"size": size, "turns": turns, "session": session}).encode())
-        return ["ok", cid]
+        return Granted(cid)
 
     def _expire_checkpoints(self) -> None:
         """Drop the checkpoints whose session closed ``checkpoint_ttl`` ago (and the room

@@ -19,7 +19,7 @@ pytest.importorskip("fsspec")
 from memex import Limits
 from memex.backends.internal import Storage, limits_to_wire
 from memex.serving._control import FRONT_LEASE, _Entry
-from memex.serving.internal import Control
+from memex.serving.internal import Admitted, Control, Wait
 
 
 @pytest.fixture
@@ -37,30 +37,30 @@ def _silent(c: Control, front: str) -> None:
 
 
 def test_a_silent_fronts_running_turn_is_given_back(control: Control) -> None:
-    assert control.turn_begin("one", "s-1", 1, None, 1, "front-dead")[0] == "ok"
-    assert control.turn_begin("one", "s-2", 1, None, 1, "front-live") == ["wait"]
+    assert control.turn_begin("one", "s-1", 1, None, 1, "front-dead").__class__ is Admitted
+    assert control.turn_begin("one", "s-2", 1, None, 1, "front-live") == Wait()
     control.config(0, "front-live")
     control._watch(1.0)  # the control: within its lease the turn still counts
-    assert control.turn_begin("one", "s-2", 1, None, 1, "front-live") == ["wait"]
+    assert control.turn_begin("one", "s-2", 1, None, 1, "front-live") == Wait()
     _silent(control, "front-dead")
     control.config(0, "front-live")
     control._watch(1.0)
     assert "front-dead" not in control.fronts
     assert control.ledger.held("one")["running_turns"] == 0
     assert control.sessions["s-1"].running == 0
-    assert control.turn_begin("one", "s-2", 1, None, 1, "front-live")[0] == "ok"
+    assert control.turn_begin("one", "s-2", 1, None, 1, "front-live").__class__ is Admitted
 
 
 def test_a_front_back_after_its_lease_gives_nothing_back_twice(control: Control) -> None:
     """Its late turn_end finds nothing held by it: the turn another front runs now stays
     counted (else the tenant could run two turns under max_running = 1)."""
-    assert control.turn_begin("one", "s-1", 1, None, 1, "front-a")[0] == "ok"
+    assert control.turn_begin("one", "s-1", 1, None, 1, "front-a").__class__ is Admitted
     _silent(control, "front-a")
     control._watch(1.0)
-    assert control.turn_begin("one", "s-2", 1, None, 1, "front-b")[0] == "ok"
+    assert control.turn_begin("one", "s-2", 1, None, 1, "front-b").__class__ is Admitted
     control.turn_end("one", "s-1", 3, True, "front-a")  # the cut-off front, back
     assert control.ledger.held("one")["running_turns"] == 1
-    assert control.turn_begin("one", "s-1", 1, None, 1, "front-a") == ["wait"]
+    assert control.turn_begin("one", "s-1", 1, None, 1, "front-a") == Wait()
     control.turn_end("one", "s-2", 1, True, "front-b")  # the control: a held turn ends
     assert control.ledger.held("one")["running_turns"] == 0
 
@@ -98,19 +98,20 @@ def test_a_restarted_control_counts_the_turns_a_front_says_it_admitted(
     another front's turn waits until front-a ends it. Said again, it is not counted twice.
     The control: a restarted actor that has not heard front-a yet admits a second turn
     (what it forgot before fronts said what they hold)."""
-    assert control.turn_begin("one", "s-1", 1, None, 1, "front-a")[0] == "ok"
+    assert control.turn_begin("one", "s-1", 1, None, 1, "front-a").__class__ is Admitted
     forgot = _restarted(tmp_path)
-    assert forgot.turn_begin("one", "s-2", 1, None, 1, "front-b")[0] == "ok"  # the control
+    # the control: not heard from front-a yet, it admits a second turn
+    assert forgot.turn_begin("one", "s-2", 1, None, 1, "front-b").__class__ is Admitted
 
     c = _restarted(tmp_path)
     c.config(0, "front-a", [["one", "s-1", 1]])
     assert c.ledger.held("one")["running_turns"] == 1
-    assert c.turn_begin("one", "s-2", 1, None, 1, "front-b") == ["wait"]
+    assert c.turn_begin("one", "s-2", 1, None, 1, "front-b") == Wait()
     c.config(0, "front-a", [["one", "s-1", 1]])  # every second: taken once
     assert c.ledger.held("one")["running_turns"] == 1
     c.turn_end("one", "s-1", 2, True, "front-a")
     assert c.ledger.held("one")["running_turns"] == 0
-    assert c.turn_begin("one", "s-2", 1, None, 1, "front-b")[0] == "ok"
+    assert c.turn_begin("one", "s-2", 1, None, 1, "front-b").__class__ is Admitted
 
 
 def test_a_fronts_word_counts_only_what_the_actor_does_not_hold_already(
@@ -119,7 +120,8 @@ def test_a_fronts_word_counts_only_what_the_actor_does_not_hold_already(
     front's word too: only the rest are taken. A word naming a session the actor does not
     have, or another tenant's session, or not of the shape, takes nothing."""
     c = _restarted(tmp_path)
-    assert c.turn_begin("one", "s-1", 5, None, 1, "front-a")[0] == "ok"  # since the restart
+    # admitted since the restart
+    assert c.turn_begin("one", "s-1", 5, None, 1, "front-a").__class__ is Admitted
     c.config(0, "front-a", [["one", "s-1", 2], ["one", "s-gone", 1], ["two", "s-2", 1],
                             ["one", "s-2", "1"], "junk"])
     assert c.ledger.held("one")["running_turns"] == 2  # s-1's one from before, not three

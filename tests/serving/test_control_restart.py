@@ -22,7 +22,7 @@ from memex import Limits
 from memex.backends.internal import Storage, limits_to_wire, session_key
 from memex.errors import BackendBusy
 from memex.serving._control import INDEXED_KEY, checkpoint_key, owner_key
-from memex.serving.internal import Control
+from memex.serving.internal import Control, Granted, Refused
 
 MiB = 1 << 20
 
@@ -92,11 +92,11 @@ def test_a_tenants_quota_counts_its_saved_sessions_from_its_first_request(
     c = _control(store, backfill=False)
     bounds = {"max_memory": 200 * MiB, "max_checkpoints": 8}
     out = c.hold("a", bounds, "c-2", 1 * MiB, 1, "s-a0")  # 192 + 8 + 1 > 200
-    assert out[0] == "refused" and out[1] == "quota", out
+    assert isinstance(out, Refused) and out.code == "quota", out
     assert c.ledger.held("a")["sessions"] == 3
     out = c.hold("b", {"max_memory": 200 * MiB}, "c-3", 1 * MiB, 1, "s-b0")  # the control
-    assert out[0] == "refused", out  # b holds 40 x 64 MiB
-    assert c.hold("b", {"max_memory": 4000 * MiB}, "c-3", 1 * MiB, 1, "s-b0") == ["ok", "c-3"]
+    assert isinstance(out, Refused), out  # b holds 40 x 64 MiB
+    assert c.hold("b", {"max_memory": 4000 * MiB}, "c-3", 1 * MiB, 1, "s-b0") == Granted("c-3")
 
 
 def test_the_back_fill_reads_every_tenant_and_drops_markers_without_a_record(

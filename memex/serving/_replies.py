@@ -1,0 +1,49 @@
+"""The control actor's answers to a cluster's fronts, as typed records (they cross Ray,
+which pickles them): a front matches on the type, not on a string at the head of a list.
+
+* :class:`Granted` -- done; ``value`` is what was made (a session's entry, a checkpoint id).
+* :class:`Admitted` -- a turn may start: the slab that holds the session now, and what a
+  recovery of it lost (said once).
+* :class:`Wait` -- the tenant runs its ``max_running`` turns across the cluster: ask again.
+* :class:`Refused` -- a bound or the cluster's room says no: ``code`` is ``quota`` (429),
+  ``busy`` (503) or ``not_found`` (404), with the seconds to wait before trying again.
+* :class:`Failed` -- it could not be done: the error on the wire (``error_from_wire``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Admitted", "Failed", "Granted", "Refused", "Reply", "Wait"]
+
+
+@dataclass(frozen=True, slots=True)
+class Granted:
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    slab: str | None
+    notice: dict[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    code: str
+    message: str
+    retry_after: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    error: list[Any]
+
+
+Reply = Granted | Refused | Failed
+"""What a create, a fork or a checkpoint's hold answers."""
