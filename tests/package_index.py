@@ -135,7 +135,10 @@ class PackageIndex:
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/simple"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        # its shutdown waits for the loop's next look (every poll_interval: 0.5 s unless
+        # told), twice a test for some: a short one
+        self._thread = threading.Thread(target=self.server.serve_forever,
+                                        kwargs={"poll_interval": 0.01}, daemon=True)
         self._thread.start()
 
     def fetched(self) -> list[str]:

@@ -22,7 +22,7 @@ def test_the_suite_runs_under_the_hang_guard(pytestconfig: pytest.Config) -> Non
 
 def test_a_test_hung_in_c_ends_the_run_with_its_stack(tmp_path: Path) -> None:
     """A test blocked in a C wait (a lock's acquire: no bytecode runs, so no signal handler
-    could) is ended by the guard with this project's settings (its ini, a 2 s timeout
+    could) is ended by the guard with this project's settings (its ini, a 1 s timeout
     instead of 600), its stack printed; the control: the test before it passed."""
     (tmp_path / "test_hangs.py").write_text(textwrap.dedent("""
         import threading
@@ -37,7 +37,7 @@ def test_a_test_hung_in_c_ends_the_run_with_its_stack(tmp_path: Path) -> None:
     """))
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-c",
-         str(ROOT / "pyproject.toml"), "--rootdir", str(tmp_path), "--timeout=2",
+         str(ROOT / "pyproject.toml"), "--rootdir", str(tmp_path), "--timeout=1",
          str(tmp_path / "test_hangs.py")],
         capture_output=True, text=True, timeout=120, cwd=tmp_path)
     out = run.stdout + run.stderr

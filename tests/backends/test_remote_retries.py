@@ -59,7 +59,8 @@ def busy() -> Iterator[_Busy]:
     server = _Busy(("127.0.0.1", 0), BaseHTTPRequestHandler)
     server.seen = []
     server.RequestHandlerClass = _handler(server)
-    th = threading.Thread(target=server.serve_forever, daemon=True)
+    th = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01},
+                     daemon=True)
     th.start()
     yield server
     server.shutdown()

@@ -151,7 +151,8 @@ class _Hello(BaseHTTPRequestHandler):
 @pytest.fixture
 def server() -> Iterator[ThreadingHTTPServer]:
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.01},
+                     daemon=True)
     t.start()
     yield srv
     srv.shutdown()

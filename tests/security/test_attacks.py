@@ -313,7 +313,8 @@ class _Counter(BaseHTTPRequestHandler):
 def target_server() -> Iterator[int]:
     _Counter.hits = 0
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _Counter)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.01},
+                     daemon=True)
     t.start()
     yield srv.server_address[1]
     srv.shutdown()

@@ -326,7 +326,8 @@ class _Echo(BaseHTTPRequestHandler):
 def echo_server() -> Iterator[int]:
     _Echo.seen = []
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.01},
+                     daemon=True).start()
     yield srv.server_address[1]
     srv.shutdown()
     srv.server_close()
@@ -456,7 +457,8 @@ def test_a_secret_reaches_the_guest_only_in_a_response_seen_whole(
     guest as sent."""
     _Reflect.seen = []
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _Reflect)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.01},
+                     daemon=True).start()
     port = srv.server_address[1]
     sb = _with_secret(open_sandbox, monkeypatch)
     cases = [("plain", {}), ("reason", {}), ("hname", {}), ("te", {}),

@@ -404,7 +404,8 @@ class _Hello(BaseHTTPRequestHandler):
 @pytest.fixture
 def target() -> Iterator[str]:
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.01},
+                     daemon=True).start()
     yield f"http://127.0.0.1:{srv.server_address[1]}"
     srv.shutdown()
     srv.server_close()

@@ -44,7 +44,8 @@ class _Hello(BaseHTTPRequestHandler):
 @pytest.fixture
 def target() -> Iterator[int]:
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.01},
+                     daemon=True)
     t.start()
     yield int(srv.server_address[1])
     srv.shutdown()

@@ -91,7 +91,8 @@ class _Ok(BaseHTTPRequestHandler):
 @pytest.fixture
 def target() -> Iterator[int]:
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _Ok)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.01},
+                     daemon=True).start()
     yield int(srv.server_address[1])
     srv.shutdown()
     srv.server_close()

@@ -389,7 +389,8 @@ def garbage_server() -> Iterator[tuple[str, list[bytes]]]:
     bodies: ClassVar[list[bytes]] = []
     handler = type("H", (_Garbage,), {"bodies": bodies})
     srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.01},
+                     daemon=True)
     t.start()
     try:
         yield f"http://127.0.0.1:{srv.server_address[1]}/v1", bodies

@@ -114,7 +114,8 @@ class _Server(ThreadingHTTPServer):
 
 
 def _serve(srv: _Server) -> Iterator[_Server]:
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.01},
+                     daemon=True)
     t.start()
     try:
         yield srv
