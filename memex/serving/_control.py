@@ -59,16 +59,12 @@ from ..errors import BackendBusy, ConfigError, ImageError, MemexError
 from ..runtime_wasm import Limits
 from ..runtime_wasm.internal import DecodeCost, unpack_bounded
 from ._doorkit import DoorKit, SlabDoors
+from ._leases import FRONT_LEASE, FrontLeases
 from ._replies import Admitted, Failed, Granted, Refused, Reply, Wait
 
 __all__ = ["CONTROL_NAME", "Control", "ControlRefusal", "checkpoint_key"]
 
 CONTROL_NAME = "memex-control"
-MAX_ADOPTED = 10_000
-"""At most this many running turns taken from one front's word (a front is the cluster's own,
-but its word is bounded all the same)."""
-FRONT_LEASE = 5.0
-"""Seconds a front's holds last without a word from it (it speaks every second)."""
 LOG = logging.getLogger("memex.serving")
 
 
@@ -131,16 +127,6 @@ class _Entry:
 
 
 @dataclass(eq=False)
-class _Front:
-    """A front's lease and what it holds under it."""
-
-    seen: float  # monotonic: its last word
-    turns: dict[tuple[str, str], int] = field(default_factory=dict)  # (tenant, sid) -> open
-    reported: set[str] = field(default_factory=set)  # sessions it said have turns running
-    synced: bool = False  # the admitted turns it holds were taken from its word (config)
-
-
-@dataclass(eq=False)
 class _SlabInfo:
     name: str
     handle: Any
@@ -157,7 +143,8 @@ class _SlabInfo:
 
 class Control:
     """The cluster's directory, ledger, placement and config (made remote by
-    ``memex.service``'s cluster front: ``ray.remote(Control)``, named ``CONTROL_NAME``)."""
+    ``memex.service``'s cluster front: ``ray.remote(Control)``, named ``CONTROL_NAME``); what
+    each front holds is kept by its leases (``serving._leases``), applied here."""
 
     def __init__(self, storage: Storage, *, namespace: str, slab_memory: int,
                  slab_cpus: float, save_interval: float, place_timeout: float = 60.0,
@@ -178,7 +165,8 @@ class Control:
         # memex.serving (a server's too), kept under self.lock
         self.ledger = Ledger()
         self.slabs: dict[str, _SlabInfo] = {}
-        self.fronts: dict[str, _Front] = {}  # by the id each front names itself with
+        self.leases = FrontLeases()  # what each front holds, under its lease
+        self.fronts = self.leases.fronts  # by the id each front names itself with
         self.config_text: tuple[int, str] | None = None
         self.kits: dict[str, dict[str, Any]] = {}  # tenant -> its DoorKit's wire
         self.draining: set[str] = set()
@@ -232,10 +220,12 @@ class Control:
         ``max_running`` tenants."""
         with self.lock:
             if front is not None:
-                f = self._front(front)
-                if admitted is not None and not f.synced:
-                    self._adopt(f, admitted)
-                    f.synced = True
+                self.leases.renew(front)
+                took = self.leases.adopt(front, admitted, self._of) if admitted is not None \
+                    else iter(())
+                for tenant, sid, more in took:
+                    self.ledger.account(tenant).running += more
+                    self.sessions[sid].running += more
             held, kits = self.config_text, self.kits
         return (held[0], held[1], kits) if held is not None and held[0] > known else None
 
@@ -560,42 +550,17 @@ class Control:
             self.storage.delete(owner_key(tenant, sid))  # alone is dropped when read
         return True
 
-    def _front(self, front: str) -> _Front:
-        """(under the lock) The front's record, its lease renewed."""
-        f = self.fronts.get(front)
-        if f is None:
-            f = self.fronts[front] = _Front(time.monotonic())
-        else:
-            f.seen = time.monotonic()
-        return f
-
-    def _adopt(self, f: _Front, admitted: list[list[Any]]) -> None:
-        """(under the lock) The running turns a front says this actor admitted through it,
-        those it does not count already (it admitted them since it started): counted under
-        the front's lease, ended by its turn_end as any other."""
-        for item in admitted[:MAX_ADOPTED]:
-            if not (isinstance(item, list) and len(item) == 3):
-                continue
-            tenant, sid, n = item
-            if not (isinstance(tenant, str) and isinstance(sid, str) and isinstance(n, int)):
-                continue
-            e = self.sessions.get(sid)
-            if e is None or e.tenant != tenant:
-                continue  # ended meanwhile
-            more = min(max(0, n - f.turns.get((tenant, sid), 0)), MAX_ADOPTED)
-            if more:
-                f.turns[(tenant, sid)] = f.turns.get((tenant, sid), 0) + more
-                self.ledger.account(tenant).running += more
-                e.running += more
+    def _of(self, tenant: str, sid: str) -> bool:
+        """(under the lock) Whether ``sid`` is a session of ``tenant`` in the directory."""
+        e = self.sessions.get(sid)
+        return e is not None and e.tenant == tenant
 
     def _expire_fronts(self) -> list[str]:
         """(under the lock) Take back what each front silent for FRONT_LEASE held: its open
         turns from its tenants' accounts and its sessions, and the turns it said were
         running. The fronts dropped."""
-        now = time.monotonic()
-        gone = [front for front, f in self.fronts.items() if now - f.seen > FRONT_LEASE]
-        for front in gone:
-            f = self.fronts.pop(front)
+        gone = self.leases.expire()
+        for front, f in gone:
             for (tenant, sid), n in f.turns.items():
                 a = self.ledger.account(tenant)
                 a.running = max(0, a.running - n)
@@ -606,7 +571,7 @@ class Control:
                 e = self.sessions.get(sid)
                 if e is not None:
                     e.running_at.pop(front, None)
-        return gone
+        return [front for front, _ in gone]
 
     def turn_begin(self, tenant: str, sid: str, max_running: int | None,
                    rate: float | None, burst: int, front: str | None = None
@@ -635,8 +600,7 @@ class Control:
             e.begun = max(e.begun, e.turns) + 1
             e.running += 1
             if front is not None:
-                f = self._front(front)
-                f.turns[(tenant, sid)] = f.turns.get((tenant, sid), 0) + 1
+                self.leases.hold(front, tenant, sid)
             e.last_used = time.time()
             self.counts["turns"] += 1
             notice, e.notice = e.notice, None
@@ -651,13 +615,7 @@ class Control:
         with self.lock:
             e = self.sessions.get(sid)
             if admitted and front is not None:
-                f = self._front(front)
-                held = f.turns.get((tenant, sid), 0)
-                if held > 1:
-                    f.turns[(tenant, sid)] = held - 1
-                else:
-                    f.turns.pop((tenant, sid), None)
-                admitted = held > 0
+                admitted = self.leases.release(front, tenant, sid)
             if admitted:
                 a = self.ledger.account(tenant)
                 a.running = max(0, a.running - 1)
@@ -675,7 +633,7 @@ class Control:
         about once a second, so a turn costs the control actor nothing). The running ones
         count under ``front``'s lease."""
         with self.lock:
-            f = self._front(front)
+            self.leases.renew(front)
             for sid, turns, running, last_used in uses:
                 e = self.sessions.get(sid)
                 if e is None:
@@ -686,10 +644,9 @@ class Control:
                 e.last_used = max(e.last_used, float(last_used))
                 if int(running):
                     e.running_at[front] = int(running)
-                    f.reported.add(sid)
                 else:
                     e.running_at.pop(front, None)
-                    f.reported.discard(sid)
+                self.leases.running(front, sid, bool(int(running)))
 
     def take_notice(self, sid: str) -> dict[str, Any] | None:
         """What the session's last recovery lost, said once."""

@@ -18,7 +18,8 @@ pytest.importorskip("fsspec")
 
 from memex import Limits
 from memex.backends.internal import Storage, limits_to_wire
-from memex.serving._control import FRONT_LEASE, _Entry
+from memex.serving._control import _Entry
+from memex.serving._leases import FRONT_LEASE
 from memex.serving.internal import Admitted, Control, Wait
 
 
@@ -126,3 +127,28 @@ def test_a_fronts_word_counts_only_what_the_actor_does_not_hold_already(
                             ["one", "s-2", "1"], "junk"])
     assert c.ledger.held("one")["running_turns"] == 2  # s-1's one from before, not three
     assert c.sessions["s-2"].running == 0
+
+
+def test_the_leases_alone_on_a_clock_of_their_own() -> None:
+    """The leases without a control actor: a hold is released once (a second release says
+    it was not held), a front's word is adopted once, and a front is dropped with what it
+    held only once it has been silent past FRONT_LEASE (the control: just within it, it
+    stays)."""
+    from memex.serving._leases import FrontLeases
+
+    now = [100.0]
+    leases = FrontLeases(clock=lambda: now[0])
+    leases.hold("a", "one", "s-1")
+    assert leases.release("a", "one", "s-1") is True
+    assert leases.release("a", "one", "s-1") is False  # not given back twice
+    taken = list(leases.adopt("b", [["one", "s-1", 2], ["one", "s-x", 1]],
+                              lambda _t, sid: sid == "s-1"))
+    assert taken == [("one", "s-1", 2)]
+    assert list(leases.adopt("b", [["one", "s-1", 2]], lambda _t, _s: True)) == []  # once
+    leases.running("b", "s-1", True)
+    now[0] += FRONT_LEASE  # the control: at the lease's end, still held
+    assert leases.expire() == []
+    now[0] += 0.01
+    gone = dict(leases.expire())
+    assert set(gone) == {"a", "b"} and gone["b"].turns == {("one", "s-1"): 2}
+    assert gone["b"].reported == {"s-1"} and leases.fronts == {}
