@@ -31,7 +31,7 @@ from ..runtime_wasm import GuestFile, SandboxAPI, TurnResult
 from ..runtime_wasm.internal import DecodeCost, unpack_bounded
 from ..serving import ID_PATTERN, bearer_key, describe_tools, key_matches
 from ._config import TenantConfig
-from ._http import ApiError, invalid_request, too_large
+from ._http import ApiError, actor_away, invalid_request, too_large
 from ._models import (
     API_VERSION,
     CheckpointOut,
@@ -466,6 +466,15 @@ async def _turn_message(svc: Service, key: str | None, sid: str, data: bytes) ->
                                    use_bin_type=True)
     except ApiError as exc:
         out = msgpack.packb(["error", exc.status, exc.body()], use_bin_type=True)
+    except Exception as exc:
+        # a part of the cluster restarting (the control actor the turn's slab needs, its
+        # lease run out): an answer of the turn, as /run's 503, not a socket dropped
+        away = actor_away(exc)
+        if away is None:
+            raise
+        logging.getLogger("memex.service").warning("%s", away)
+        out = msgpack.packb(["error", 503, ApiError(503, "unavailable", away).body()],
+                            use_bin_type=True)
     return out
 
 

@@ -25,7 +25,7 @@ from served import launch, loopback_cluster, tenant_table
 
 from memex import Limits, RemoteBackend
 from memex.backends import LOOPBACK_NODE
-from memex.backends.internal import Client
+from memex.backends.internal import SLAB_LEASE, Client
 from memex.errors import ServiceError
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -78,11 +78,13 @@ def kill_head(cluster: Any) -> None:
 
 def test_sessions_live_on_through_a_head_loss_with_gcs_fault_tolerance(
         tmp_path: Path, redis_server: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A session open on a worker node keeps its state and answers through a front while the
-    head is gone (or is answered 503 with Retry-After while the front's Ray waits for the
-    GCS: never a 500); once a new head is up on the same address, the same session answers
-    on, unmoved (no ``restored``), the tenant's sessions are listed, and a new session
-    opens. Positive control: the head really was lost (its GCS port refused connections)."""
+    """A session open on a worker node keeps its state through a head loss: its turns are
+    answered while its slab's lease holds, then answered 503 (never a 500, never a dropped
+    socket) until the restarted control actor renews the lease; once a new head is up on the
+    same address, the tenant's sessions are listed, the same session answers on, unmoved (no
+    ``restored``) with every turn's effect, and a new session opens. Positive controls: the
+    head really was lost (its GCS port refused connections), and past the lease a turn is
+    refused (the lease is what stops a slab that may be moved)."""
     monkeypatch.setenv("RAY_REDIS_ADDRESS", redis_server)  # GCS fault tolerance
     monkeypatch.setenv("RAY_external_storage_namespace", f"memex-{tmp_path.name}")
     gcs_port = free_port()
@@ -111,20 +113,31 @@ def test_sessions_live_on_through_a_head_loss_with_gcs_fault_tolerance(
             # the front stays in its balancer: live sessions' turns never ask the head
             with urllib.request.urlopen(f"{front.url}/readyz", timeout=30) as ready:
                 assert json.loads(ready.read()) == {"status": "ready"}
-            answered, away = 0, 0
-            for _ in range(5):  # the head is away: a turn answers, or is a 503, never a 500
+            answered = 0
+
+            def turn() -> bool:
+                """A turn while the head is away: answered, or a 503 (never a 500, never a
+                socket dropped); whether it was answered."""
+                nonlocal answered
                 try:
                     r = sb.run("kept += 1; kept")
                 except ServiceError as e:
                     assert e.status == 503, e
-                    away += 1
-                else:
-                    assert r.ok, r
-                    answered += 1
+                    return False
+                assert r.ok, r
+                answered += 1
+                return True
+
+            at_once = turn()  # answered while the slab's lease holds (the last ping < 1 s ago)
+            # past the lease nothing renewed (the control actor is gone with the head): the
+            # slab serves no longer (it cannot tell a dead control actor from one that cannot
+            # reach it and is moving its sessions), and the turn is a 503, not a dropped socket
+            time.sleep(SLAB_LEASE + 1.0)
+            assert not turn()
             began = time.monotonic()
             cluster.add_node(**HEAD, gcs_server_port=gcs_port, **LOOPBACK_NODE)
-            print(f"head away: {answered} turns answered, {away} answered 503; new head up "
-                  f"in {time.monotonic() - began:.1f}s")
+            print(f"head away: a turn at once answered: {at_once}; past the slab's lease: 503; "
+                  f"new head up in {time.monotonic() - began:.1f}s")
 
             deadline = time.monotonic() + 120
             while True:  # until the cluster lists the tenant's session again
@@ -138,6 +151,10 @@ def test_sessions_live_on_through_a_head_loss_with_gcs_fault_tolerance(
                 time.sleep(0.5)
             print(f"sessions listed again {time.monotonic() - began:.1f}s after the new head")
             assert listed == [sb.id]
+            while not turn():  # until the restarted control actor has renewed the slab's lease
+                assert time.monotonic() < deadline, "the slab did not serve again"
+                time.sleep(0.5)
+            print(f"the session answered again {time.monotonic() - began:.1f}s after the new head")
             r = sb.run("kept")
             assert r.ok and r.value == str(7 + answered), r
             assert sb.restored is None, sb.restored  # it lived on where it was
