@@ -1,6 +1,7 @@
-"""`memex eval run` against the real local model (llama.cpp on 127.0.0.1) on two questions
-of the big-outputs suite, code action space: rollouts ran, were graded and written, and the
-report reads them back. Tolerant of wrong answers: the model is small.
+"""`memex eval run` against the real local model (llama.cpp on 127.0.0.1) on one question
+of the big-outputs suite (the agent's own local test runs another), code action space: the
+rollout ran, was graded and written, and the report reads it back. Tolerant of wrong
+answers: the model is small.
 
 Skipped (with the reason) when llama-cpp-python or the model file is absent; `.ci/run`
 provides both."""
@@ -28,18 +29,18 @@ pytestmark = [pytest.mark.local_llm, pytest.mark.slow]
 
 
 @pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
-def test_two_questions_with_the_local_model(tmp_path: Path) -> None:
+def test_a_question_with_the_local_model(tmp_path: Path) -> None:
     with LocalModel(MODEL, fetch=False) as lm:
         # bounded so a slow machine ends the rollouts rather than the CI job
         run = run_eval(SUITES["big-outputs"],
                        llm=lm.client(max_reply_tokens=320, timeout=600, max_retries=0),
-                       out=tmp_path, spaces=["code"], tasks=["refund_total", "status_count"],
+                       out=tmp_path, spaces=["code"], tasks=["status_count"],
                        budget=Budget(max_turns=3, max_seconds=400),
                        aids=Aids(resample_tries=1), backend="pool")
-    assert run.ran == 2 and {r.task for r in run.results} == {"refund_total", "status_count"}
+    assert run.ran == 1 and [r.task for r in run.results] == ["status_count"]
     for r in run.results:
         assert r.end_reason in ("submitted", "max_turns", "max_seconds"), (r.end_reason, r.error)
         assert 1 <= r.turns <= 3 and r.prompt_tokens > 300 and r.completion_tokens > 0
         assert not r.correct or (r.end_reason == "submitted" and r.answer is not None)
     (row,) = summarise(load_results(tmp_path))
-    assert row.rollouts == 2 and row.correct == sum(r.correct for r in run.results)
+    assert row.rollouts == 1 and row.correct == sum(r.correct for r in run.results)
