@@ -710,16 +710,43 @@ def test_a_move_the_door_relay_found_is_said_to_the_next_turn_through_any_front(
         sb.close()
 
 
+LARGE_STORE = 10_000
+"""Saved sessions of other tenants in the store when the control actor is killed: its
+restart reads a tenant's records when that tenant asks, never the whole store (the restart
+against 100,000 records is a row of bench/control.py)."""
+
+
+def fill_store(root: Path, n: int, tenants: int = 100) -> None:
+    """``n`` saved sessions' records of ``tenants`` tenants no front knows, written as a
+    slab writes them at open, with their owners' index entries."""
+    from memex.backends.internal import limits_to_wire
+
+    spec = {"limits": limits_to_wire(Limits(memory=64 << 20)), "mounts": [], "preload": []}
+    for i in range(n):
+        sid, tenant = f"stored-{i}", f"stored-{i % tenants}"
+        (root / "sessions" / sid).mkdir(parents=True, mode=0o700)
+        (root / "sessions" / sid / "record").write_text(json.dumps(
+            {"id": sid, "tenant": tenant, "spec": spec, "turns": 2, "seq": 1, "image": None,
+             "files": None, "files_kept": True, "door": False}))
+        (root / "owners" / tenant).mkdir(parents=True, exist_ok=True, mode=0o700)
+        (root / "owners" / tenant / sid).write_bytes(b"")
+
+
 def test_a_restarted_control_actor_answers_from_the_live_slabs(rig: ClusterRig) -> None:
     """The control actor is killed (Ray restarts it) with two sessions of a ``max_sessions
-    = 2`` tenant open on live slabs. Their turns run on through the front that holds them
-    while the actor is away and after it is back, every one answered (a turn of a tenant
-    with no running or rate bound never asks it); the restarted actor takes each session's
-    entry from the slab that holds it (not moved: no ``restored``), so the tenant's bound
-    still holds (a third create is refused, 429) and a front that never saw a session finds
-    it. Last in this module: the actor's restart forgets what only it held."""
+    = 2`` tenant open on live slabs and 10,000 other saved sessions in the store. Their
+    turns run on through the front that holds them while the actor is away and after it is
+    back, every one answered (a turn of a tenant with no running or rate bound never asks
+    it), and whatever needs the actor meanwhile is answered 503, never 500; the restarted
+    actor takes each session's entry from the slab that holds it (not moved: no
+    ``restored``), so the tenant's bound still holds (a third create is refused, 429), a
+    front that never saw a session finds it, and the stored tenants' sessions are theirs
+    alone. Last in this module: the actor's restart forgets what only it held."""
     a, b = rig.fronts
     key = rig.keys["two"]
+    storage = rig.folder / "storage"
+    assert (storage / "owners-indexed").exists()  # the owners' index the fill writes into
+    fill_store(storage, LARGE_STORE)
     with backend(a, key) as ba:
         one = ba.open(limits=Limits(memory=128 << 20, timeout=20))
         two = ba.open(limits=Limits(memory=128 << 20, timeout=20))
