@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from lanes import LANE_BUDGETS, doc_scope, lane_of
+from lanes import LANE_BUDGETS, doc_scope, lane_of, uses_cluster
 from served import Served, close_test_clients, cluster_toml, loopback_cluster, start_server
 
 import memex.runtime_wasm.engine._engine as _engine
@@ -35,7 +35,7 @@ _TIMES: list[tuple[float, str, str]] = []  # (seconds, lane, test) of each test'
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         lane = lane_of(item)
-        if lane == "cluster" and not item.get_closest_marker("ray"):
+        if uses_cluster(item) and not item.get_closest_marker("ray"):
             item.add_marker(pytest.mark.ray)
         item.user_properties.append(("lane", lane))  # in the JUnit XML (tests/times.py)
 

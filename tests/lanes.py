@@ -9,9 +9,14 @@ from __future__ import annotations
 import pytest
 
 LANE_BUDGETS = {"fast": 5.0, "slow": 30.0, "cluster": 90.0, "package-index": 30.0,
-                "local-model": 300.0}
+                "local-model": 300.0, "soak": 120.0}
 """Seconds of a test's call in each lane before the end of a run names it."""
 CLUSTER_FIXTURES = frozenset({"ray_cluster", "cluster_server", "rig"})
+
+
+def uses_cluster(item: pytest.Item) -> bool:
+    """Whether the test stands on the cluster's fixtures (so it needs Ray, marked or not)."""
+    return bool(set(getattr(item, "fixturenames", ())) & CLUSTER_FIXTURES)
 
 
 def lane_of(item: pytest.Item) -> str:
@@ -19,8 +24,9 @@ def lane_of(item: pytest.Item) -> str:
         return "local-model"
     if item.get_closest_marker("pypi"):
         return "package-index"
-    if item.get_closest_marker("ray") or \
-            set(getattr(item, "fixturenames", ())) & CLUSTER_FIXTURES:
+    if item.get_closest_marker("soak"):  # runs for a set time, whatever else it uses
+        return "soak"
+    if item.get_closest_marker("ray") or uses_cluster(item):
         return "cluster"
     return "slow" if item.get_closest_marker("slow") else "fast"
 

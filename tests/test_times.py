@@ -37,3 +37,11 @@ def test_the_table_sums_each_lane_and_lists_the_slowest(tmp_path: Path) -> None:
 def test_this_test_is_in_the_fast_lane_and_says_so(request: pytest.FixtureRequest) -> None:
     assert lane_of(request.node) == "fast"
     assert ("lane", "fast") in request.node.user_properties
+
+
+def test_a_marked_soak_is_in_the_soak_lane_whatever_else_it_uses(
+        request: pytest.FixtureRequest) -> None:
+    request.node.add_marker(pytest.mark.slow)
+    assert lane_of(request.node) == "slow"  # positive control: the marker is what moves it
+    request.node.add_marker(pytest.mark.soak)
+    assert lane_of(request.node) == "soak"

@@ -59,9 +59,10 @@ def server(start: Start) -> Served:
 
 @pytest.mark.slow
 def test_one_tenants_flood_leaves_the_others_served(server: Served) -> None:
-    """72 turns at once on one session of tenant a (each 0.4 s): they wait in the event loop,
-    in order, never in the shared thread pool; tenant b creates a session and runs turns
-    while a's are still queued."""
+    """72 turns at once on one session of tenant a (each 0.25 s, 18 s in all, one after
+    another): they wait in the event loop, in order, never in the shared thread pool; tenant
+    b creates a session and runs turns while a's are still queued (b has 8 s, 32 turns of
+    a, before fewer than 40 are left)."""
     a = client_for_test(server.url, server.keys["a"])
     sid = a.create()["id"]
     done: list[float] = []
@@ -69,7 +70,7 @@ def test_one_tenants_flood_leaves_the_others_served(server: Served) -> None:
 
     def flood(i: int) -> int:
         r = httpx2.post(f"{server.url}/v1/sessions/{sid}/run", json={"code": "import time\n"
-                        "time.sleep(0.4)"}, timeout=120,
+                        "time.sleep(0.25)"}, timeout=120,
                         headers={"Authorization": f"Bearer {server.keys['a']}"})
         with lock:
             done.append(time.monotonic())
@@ -360,6 +361,7 @@ def test_a_file_is_refused_before_it_is_read_and_a_stream_costs_its_output(
 
 
 @pytest.mark.slow
+@pytest.mark.soak
 def test_a_soak_of_two_noisy_tenants_and_a_quiet_one(start: Start) -> None:
     """Two noisy tenants flood turns (over their queues: 429s) and an unauthenticated client
     sends bodies for 60 s (``MEMEX_SOAK_SECONDS`` for a longer soak); the quiet tenant's
