@@ -11,6 +11,10 @@ import pytest
 LANE_BUDGETS = {"fast": 5.0, "slow": 30.0, "cluster": 90.0, "package-index": 30.0,
                 "local-model": 300.0, "soak": 120.0}
 """Seconds of a test's call in each lane before the end of a run names it."""
+LOCAL_MODEL_START = 540.0
+"""Seconds the local-model tests let llama.cpp's server take to start (LocalModel's own
+default is 180 s): a loaded machine starts it late, not never, and a server that never
+answers still ends the test before the suite's hang guard (600 s) would."""
 CLUSTER_FIXTURES = frozenset({"ray_cluster", "cluster_server", "rig"})
 
 

@@ -8,6 +8,7 @@ import argparse
 import base64
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 from mcp.server import MCPServer
@@ -86,7 +87,10 @@ def build(many: bool) -> MCPServer:
 
     @mcp.tool()
     def slow(seconds: float) -> str:
-        """Sleeps."""
+        """Sleeps (first touching $MCP_TEST_STARTED, when set: a test waits on it rather
+        than guessing when the call began)."""
+        if os.environ.get("MCP_TEST_STARTED"):
+            Path(os.environ["MCP_TEST_STARTED"]).touch()
         time.sleep(seconds)
         return "done"
 

@@ -117,21 +117,35 @@ def test_the_turn_s_deadline_cuts_a_call_the_tool_s_timeout_would_allow() -> Non
         assert time.monotonic() - start < 3
 
 
+def _until(done: Any) -> None:
+    """Wait for ``done()`` (the suite's hang guard bounds the wait, not a guess)."""
+    while not done():
+        time.sleep(0.01)
+
+
 @pytest.mark.slow
-def test_reconnects_after_the_server_is_killed() -> None:
-    with ToolSet.from_mcp(sys.executable, args=[SERVER]) as ts, \
+def test_reconnects_after_the_server_is_killed(tmp_path: Path) -> None:
+    started = tmp_path / "started"
+    with ToolSet.from_mcp(sys.executable, args=[SERVER],
+                          env={"MCP_TEST_STARTED": str(started)}) as ts, \
             Sandbox(limits=Limits(timeout=20)) as sb, ToolHost(ts).attach(sb):
+        [conn] = ts._resources
         first = int(value(sb, "pid()") or 0)
         os.kill(first, signal.SIGKILL)
-        time.sleep(0.5)
+        _until(lambda: conn._live_now() is None)
         # the death was seen before the next call was sent: even a call that is not safe to
         # repeat goes through on a new connection
         assert value(sb, "record('a')") == "1"
         second = int(value(sb, "pid()") or 0)
         assert second != first
-        # killed while a call is in flight: that call fails clearly, the next reconnects
-        threading.Timer(0.5, os.kill, (second, signal.SIGKILL)).start()
-        kind, message = failure(sb, "slow(5)")
+        # killed while a call is in flight (once the server has begun it): that call fails
+        # clearly, the next reconnects
+        def kill_once_begun() -> None:
+            _until(started.exists)
+            os.kill(second, signal.SIGKILL)
+
+        threading.Thread(target=kill_once_begun, daemon=True).start()
+        kind, message = failure(sb, "slow(60)")
         assert kind == "ToolExecutionError" and "may or may not have run" in message
         assert value(sb, "add(20, 22)") == "42"
 
