@@ -90,15 +90,18 @@ def test_kill_9_mid_turn_restores_the_last_save_and_says_what_was_lost(tmp_path:
     wait_saved(a, sid, 2)
     failed: list[BaseException] = []
 
+    running = threading.Event()
+
     def third_turn() -> None:
-        try:
-            a.run(sid, "x = 100\nwhile True: pass")
+        try:  # streamed: its first output says it is running
+            a.run_stream(sid, "print('in', flush=True)\nx = 100\nwhile True: pass",
+                         lambda _stream, _text: running.set())
         except ServiceError as exc:
             failed.append(exc)
 
     stuck = threading.Thread(target=third_turn)
     stuck.start()
-    time.sleep(1.0)  # the third turn is running
+    assert running.wait(120), failed  # the third turn is running
     served.stop(signal.SIGKILL)
     stuck.join(60)
     assert failed, "the client whose server died mid-turn got no error"  # a ServiceError

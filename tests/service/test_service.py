@@ -500,9 +500,12 @@ def test_a_streamed_turn_is_refused_as_run_is(tmp_path: Path) -> None:
     try:
         a = client_for_test(served.url, served.keys["a"])
         one, two = a.create()["id"], a.create()["id"]
-        busy = threading.Thread(target=a.run, args=(one, "import time\ntime.sleep(3)"))
+        running = threading.Event()
+        busy = threading.Thread(target=a.run_stream, args=(
+            one, "print('in', flush=True)\nimport time\ntime.sleep(3)",
+            lambda _stream, _text: running.set()))
         busy.start()
-        time.sleep(1)
+        assert running.wait(120)  # its output says it is running
         r = raw(served, "POST", f"/v1/sessions/{two}/run", json={"code": "1"})
         s = raw(served, "POST", f"/v1/sessions/{two}/run/stream", json={"code": "1"})
         busy.join()
