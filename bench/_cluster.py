@@ -153,7 +153,7 @@ def cluster_figures(scale: int) -> None:
             init_ray(cluster.address, namespace="memex", log_to_driver=False)
             print(f"  (this driver joined on {ray.util.get_node_ip_address()}; the nodes: "
                   f"{', '.join(sorted({n['NodeManagerAddress'] for n in ray.nodes()}))})")
-            from memex.serving.internal import CONTROL_NAME
+            from memex.cluster.internal import CONTROL_NAME
             control = ray.get_actor(CONTROL_NAME, namespace="memex")
             with many.open(limits=LIM) as s:
                 s.run("1")
@@ -259,7 +259,7 @@ def _next_save(storage: Path, sid: str, after: int, timeout: float = 30.0
                ) -> tuple[int, int, float]:
     """Wait for the session's save after ``after`` (its record's ``seq``, the commit); its
     seq, the bytes it wrote (image, /tmp files, record) and when it was seen."""
-    from memex.backends.internal import session_key
+    from memex.cluster.internal import session_key
 
     record = storage / session_key(sid, "record")
     deadline = time.monotonic() + timeout

@@ -62,8 +62,7 @@ def fill(root: Path, n: int) -> None:
 def restart(root: str) -> dict[str, float]:
     """One restart against the filled folder: seconds to the actor's making, then to a
     tenant's first answer."""
-    from memex.backends.internal import Storage
-    from memex.serving.internal import Control
+    from memex.cluster.internal import Control, Storage
 
     Control._adopt_slabs = lambda self: None  # type: ignore[method-assign]  # no Ray here
     t0 = time.perf_counter()
@@ -78,9 +77,9 @@ def restart(root: str) -> dict[str, float]:
 
 def child(n: int, samples: int) -> dict[str, float]:
     from memex import Limits
-    from memex.backends.internal import Storage, limits_to_wire
-    from memex.serving._control import _Entry
-    from memex.serving.internal import Control
+    from memex.backends.internal import limits_to_wire
+    from memex.cluster._control import _Entry
+    from memex.cluster.internal import Control, Storage
 
     with tempfile.TemporaryDirectory() as tmp:
         c = Control(Storage(str(Path(tmp) / "storage")), namespace="bench", slab_memory=1 << 30,

@@ -4,7 +4,9 @@
   ``runtime_wasm``; ``host_tools`` neither ``backends`` nor ``executor``; ``serving`` (what
   the network front ends share) the runtime, backends and host tools; ``integrations`` and
   ``eval`` anything but the CLI, the service and each other; ``service`` (``memex serve``)
-  the runtime, backends, host tools and ``serving``; ``client`` only ``backends``; nothing
+  the runtime, backends, host tools, ``serving`` and ``cluster`` (the slabs, storage and
+  control actor of ``memex serve`` on Ray: the runtime, backends, host tools and
+  ``serving``); ``client`` only ``backends``; nothing
   imports the CLI;
   wasmtime only inside the runtime; guest code (every ``guest/`` folder) nothing of the host;
 * no import cycle between MemEx modules, counting imports inside functions (the way cycles
@@ -50,7 +52,7 @@ ALLOWED_PRIVATE: dict[str, dict[str, str]] = {
         "memex.runtime_wasm._awake.AWAKE": "every sandbox kept awake, for the density baseline",
     },
     "bench/control.py": {
-        "memex.serving._control._Entry": "N directory entries made without a Ray cluster",
+        "memex.cluster._control._Entry": "N directory entries made without a Ray cluster",
     },
     "tests/conftest.py": {
         "memex.runtime_wasm.engine._engine": "the tripwire that stops any test from compiling",
@@ -215,10 +217,11 @@ LAYER_RULES = {
     "serving": {"runtime_wasm", "backends", "host_tools"},
     "integrations": {"runtime_wasm", "backends", "host_tools", "executor", "serving"},
     "eval": {"runtime_wasm", "backends", "host_tools", "executor"},
-    "service": {"runtime_wasm", "backends", "host_tools", "serving"},
+    "cluster": {"runtime_wasm", "backends", "host_tools", "serving"},
+    "service": {"runtime_wasm", "backends", "host_tools", "serving", "cluster"},
     "client": {"backends"},
     "cli": {"runtime_wasm", "backends", "host_tools", "executor", "integrations", "eval",
-            "service", "serving"},
+            "service", "serving", "cluster"},
 }
 
 

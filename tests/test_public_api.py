@@ -70,10 +70,11 @@ PINNED: dict[str, list[str]] = {
         "ID_PATTERN", "Bounds", "ConnectionGuard", "DurableSession", "EdgeLimits", "FileModel",
         "Keeper", "KeyRing", "LimitsModel", "LimitsTable", "PackageGate", "Principal",
         "PrincipalTable", "QuotaExceeded", "Seconds", "SecondsOrZero", "SessionTable", "Shares",
-        "Size", "allowed_packages", "bearer_key", "check_key_hashes", "checkpoint_key",
-        "config_error", "default_running_turns", "describe_tools", "hash_key", "key_matches",
-        "limits_model", "load_tools", "read_toml", "session_fields", "unenforced",
+        "Size", "allowed_packages", "bearer_key", "check_key_hashes", "config_error",
+        "default_running_turns", "describe_tools", "hash_key", "key_matches", "limits_model",
+        "load_tools", "read_toml", "session_fields", "unenforced",
     ],
+    "memex.cluster": [],
     "memex.service": [
         "API_VERSION", "MountGrant", "ServiceConfig", "TenantConfig", "check_cluster",
         "check_config", "create_app", "drain_node", "hash_key", "load_config", "serve",
@@ -142,12 +143,17 @@ PINNED: dict[str, list[str]] = {
 
 INTERNAL: dict[str, list[str]] = {
     "memex.backends.internal": [
-        "FILES_CAP", "FILES_ENTRIES", "SLAB_LEASE", "Account", "Channel", "ChannelClosed",
+        "FILES_CAP", "FILES_ENTRIES", "HEADER", "Account", "Channel", "ChannelClosed",
         "Client", "ClientDoor", "FrameDecoder", "Ledger", "ProcessCheckpoint", "ProcessSandbox",
         "ProtocolError", "RayCheckpoint", "RaySandbox", "RemoteCheckpoint", "RemoteSandbox",
-        "Slab", "Storage", "TenantQuota", "encode_frame", "error_from_wire", "error_to_wire",
+        "TenantQuota", "answer_of", "encode_frame", "error_from_wire", "error_to_wire",
         "limits_from_wire", "limits_to_wire", "mounts_from_wire", "mounts_to_wire",
-        "result_from_wire", "result_to_wire", "session_key", "tmp_files", "tmp_files_from",
+        "result_from_wire", "result_to_wire", "tmp_files", "tmp_files_from",
+    ],
+    "memex.cluster.internal": [
+        "CONTROL_NAME", "FRONT_LEASE", "SLAB_LEASE", "Admitted", "Control", "Failed",
+        "Granted", "Refused", "Reply", "Slab", "Storage", "Wait", "checkpoint_key",
+        "session_key",
     ],
     "memex.eval.internal": [
         "EXPORT_FORMATS", "FORMATS", "GRADERS", "AuditVerdict", "EvalRun", "TaskCell",
@@ -160,8 +166,7 @@ INTERNAL: dict[str, list[str]] = {
         "trim_traceback", "verify_model_file",
     ],
     "memex.serving.internal": [
-        "CONTROL_NAME", "KIT_BYTES", "Admitted", "Control", "DoorKit", "Failed", "Granted",
-        "Refused", "Reply", "SlabDoors", "Wait",
+        "KIT_BYTES", "DoorKit", "SlabDoors",
     ],
     "memex.runtime_wasm.internal": [
         "CACHE_PARTS", "GUEST_NICE_ENV", "LIMIT_FIELDS", "Artifacts", "DecodeCost",

@@ -1,5 +1,5 @@
 """What MemEx's other layers use of the backends and an application does not: the serving
-core's ledger and accounts, the cluster's slabs and storage, the worker processes' wire
+core's ledger and accounts, the worker processes' wire
 (frames, channels, the records' wire forms), the sandbox and checkpoint classes behind each
 backend, and the HTTP client behind ``memex.client`` (its public home). Not a public surface:
 names here may change in any release. Pinned in tests/test_public_api.py (``INTERNAL``) so
@@ -8,18 +8,18 @@ that a change is still deliberate."""
 from typing import TYPE_CHECKING, Any
 
 from ._clientdoor import ClientDoor
-from ._cluster import SLAB_LEASE, Slab, session_key
 from ._ledger import Account, Ledger
 from ._pool import TenantQuota
 from ._ray import RayCheckpoint, RaySandbox
-from ._storage import Storage
 from ._subprocess import ProcessCheckpoint, ProcessSandbox
 from ._tmpfiles import FILES_CAP, FILES_ENTRIES, tmp_files, tmp_files_from
 from .worker._wire import (
+    HEADER,
     Channel,
     ChannelClosed,
     FrameDecoder,
     ProtocolError,
+    answer_of,
     encode_frame,
     error_from_wire,
     error_to_wire,
@@ -39,7 +39,7 @@ _REMOTE = ('Client', 'RemoteCheckpoint', 'RemoteSandbox')
 __all__ = [
     "FILES_CAP",
     "FILES_ENTRIES",
-    "SLAB_LEASE",
+    "HEADER",
     "Account",
     "Channel",
     "ChannelClosed",
@@ -54,9 +54,8 @@ __all__ = [
     "RaySandbox",
     "RemoteCheckpoint",
     "RemoteSandbox",
-    "Slab",
-    "Storage",
     "TenantQuota",
+    "answer_of",
     "encode_frame",
     "error_from_wire",
     "error_to_wire",
@@ -66,7 +65,6 @@ __all__ = [
     "mounts_to_wire",
     "result_from_wire",
     "result_to_wire",
-    "session_key",
     "tmp_files",
     "tmp_files_from",
 ]

@@ -1,8 +1,8 @@
 """``memex serve`` on a Ray cluster (``[cluster]`` in serve.toml; docs/scaling.md). Every front
 is a ``memex serve`` process joined to the cluster as a Ray driver; any front serves any
 session. The fronts share nothing but the cluster: the control actor
-(``memex.serving.Control``) holds the directory, the tenants' ledger and the config, and the
-sessions live in slabs (``memex.backends.internal.Slab``) that save them to the cluster's storage.
+(``memex.cluster``'s ``Control``) holds the directory, the tenants' ledger and the config, and the
+sessions live in slabs (``memex.cluster``'s slabs) that save them to the cluster's storage.
 
 A front keeps a session record per session it has served (:class:`ClusterSandbox` is its
 handle to the session's slab, :class:`RelayDoor` its door); the record is a cache: a slab that
@@ -35,7 +35,6 @@ from ..backends.internal import (
     Channel,
     ChannelClosed,
     ProtocolError,
-    Storage,
     error_from_wire,
     limits_from_wire,
     limits_to_wire,
@@ -43,18 +42,20 @@ from ..backends.internal import (
     mounts_to_wire,
     result_from_wire,
 )
-from ..errors import BackendBusy, ConfigError, SandboxClosed, SandboxError
-from ..runtime_wasm import Door, GuestFile, Limits, TurnResult, TurnStatus
-from ..runtime_wasm.internal import SandboxHandle
-from ..serving.internal import (
+from ..cluster.internal import (
     CONTROL_NAME,
     Admitted,
     Control,
-    DoorKit,
     Granted,
     Refused,
     Reply,
+    Storage,
+    checkpoint_key,
 )
+from ..errors import BackendBusy, ConfigError, SandboxClosed, SandboxError
+from ..runtime_wasm import Door, GuestFile, Limits, TurnResult, TurnStatus
+from ..runtime_wasm.internal import SandboxHandle
+from ..serving.internal import DoorKit
 from ._config import (
     ClusterConfig,
     ServiceConfig,
@@ -811,7 +812,6 @@ class ClusterService(Service):
 
     # ---- checkpoints ----------------------------------------------------------------------
     async def take_checkpoint(self, s: Session, tenant: TenantConfig) -> str:
-        from ..serving import checkpoint_key
         cid = new_checkpoint_id()
         key = checkpoint_key(tenant.name, cid)
         sb = s.sandbox
@@ -822,7 +822,6 @@ class ClusterService(Service):
         return str(_answer(out))
 
     async def restore_checkpoint(self, s: Session, tenant: TenantConfig, cid: str) -> None:
-        from ..serving import checkpoint_key
         held = await self.link.control.checkpoint.remote(tenant.name, cid)
         if held is None:
             raise ApiError(404, "not_found", f"no checkpoint {cid!r} (unknown, released, or "

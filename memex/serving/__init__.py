@@ -15,7 +15,6 @@ directory, ledger, placement and recovery across Ray nodes) and the door kits th
 tenant's tools across nodes are ``internal``."""
 
 from ._auth import KeyRing, Principal, bearer_key, check_key_hashes, hash_key, key_matches
-from ._control import checkpoint_key
 from ._durable import DurableSession, Keeper, session_fields
 from ._edge import ConnectionGuard, EdgeLimits
 from ._packages import PackageGate, allowed_packages
@@ -58,7 +57,6 @@ __all__ = [
     "allowed_packages",
     "bearer_key",
     "check_key_hashes",
-    "checkpoint_key",
     "config_error",
     "default_running_turns",
     "describe_tools",

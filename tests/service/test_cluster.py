@@ -168,7 +168,7 @@ def ask_control(rig: ClusterRig, code: str) -> list[str]:
     """The words ``code`` prints, run in a Ray driver of its own with ``ray`` imported and the
     control actor as ``control`` (asked through Ray as a front does; this process may be a
     driver of another cluster already)."""
-    head = (DRIVER + "from memex.serving.internal import CONTROL_NAME\n"
+    head = (DRIVER + "from memex.cluster.internal import CONTROL_NAME\n"
             "control = ray.get_actor(CONTROL_NAME)\n")
     out = subprocess.run([sys.executable, "-c", head + textwrap.dedent(code),
                           rig.cluster.address, "memex"],

@@ -25,7 +25,8 @@ from served import launch, loopback_cluster, tenant_table
 
 from memex import Limits, RemoteBackend
 from memex.backends import LOOPBACK_NODE
-from memex.backends.internal import SLAB_LEASE, Client
+from memex.backends.internal import Client
+from memex.cluster.internal import SLAB_LEASE
 from memex.errors import ServiceError
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]

@@ -74,7 +74,7 @@ def test_any_other_exception_goes_on_to_be_a_500() -> None:
 
 def test_try_again_from_an_actor_is_answered_from_its_cause() -> None:
     """The cluster's control actor raises BackendBusy ``unavailable`` when its storage does
-    not answer (tests/serving/test_control_restart.py); Ray raises it at the front as
+    not answer (tests/cluster/test_control_restart.py); Ray raises it at the front as
     ``RayTaskError(BackendBusy)``, which no route translates: the app answers 503 with
     Retry-After and the cause's own message (not the remote traceback). The control: a
     BackendBusy of a full queue is still a 429."""

@@ -33,6 +33,21 @@ from typing import Any
 
 import msgpack
 
+from ..backends.internal import (
+    FILES_CAP,
+    HEADER,
+    Channel,
+    ChannelClosed,
+    ClientDoor,
+    ProtocolError,
+    answer_of,
+    error_to_wire,
+    limits_from_wire,
+    mounts_from_wire,
+    result_to_wire,
+    tmp_files,
+    tmp_files_from,
+)
 from ..errors import ImageError, SandboxClosed
 from ..runtime_wasm import Sandbox
 from ..runtime_wasm.internal import (
@@ -43,20 +58,7 @@ from ..runtime_wasm.internal import (
     set_guest_nice,
     unpack_bounded,
 )
-from ._clientdoor import ClientDoor
 from ._storage import Storage
-from ._tmpfiles import FILES_CAP, tmp_files, tmp_files_from
-from .worker._wire import (
-    HEADER,
-    Channel,
-    ChannelClosed,
-    ProtocolError,
-    answer_of,
-    error_to_wire,
-    limits_from_wire,
-    mounts_from_wire,
-    result_to_wire,
-)
 
 __all__ = ["DIRECT", "RECORD_CAP", "SLAB_LEASE", "DoorServer", "Slab", "session_key"]
 

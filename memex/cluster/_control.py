@@ -1,7 +1,7 @@
 """The control actor of a ``memex serve`` cluster (docs/scaling.md): one named, detached Ray
 actor that every front asks, and the one place where the cluster's shared facts live.
 
-* **Directory.** Which slab (``backends.internal.Slab``) holds each session, so any front serves any
+* **Directory.** Which slab (``_slab.Slab``) holds each session, so any front serves any
   session: a front caches the answer and asks again when the slab says the session is not
   there (it moved, or it closed).
 * **Ledger.** Each tenant's sessions, memory, disk and held checkpoints, its running turns
@@ -46,21 +46,19 @@ from typing import Any
 import msgpack
 
 from ..backends.internal import (
-    SLAB_LEASE,
     Ledger,
-    Slab,
-    Storage,
     error_from_wire,
     error_to_wire,
     limits_from_wire,
-    session_key,
 )
 from ..errors import BackendBusy, ConfigError, ImageError, MemexError
 from ..runtime_wasm import Limits
 from ..runtime_wasm.internal import DecodeCost, unpack_bounded
-from ._doorkit import DoorKit, SlabDoors
+from ..serving.internal import DoorKit, SlabDoors
 from ._leases import FRONT_LEASE, FrontLeases
 from ._replies import Admitted, Failed, Granted, Refused, Reply, Wait
+from ._slab import SLAB_LEASE, Slab, session_key
+from ._storage import Storage
 
 __all__ = ["CONTROL_NAME", "Control", "ControlRefusal", "checkpoint_key"]
 

@@ -1,4 +1,4 @@
-"""A cluster's slab (``memex.backends.internal.Slab``) in this process, without Ray running:
+"""A cluster's slab (``memex.cluster.internal.Slab``) in this process, without Ray running:
 its direct path opens only with its secret and bounds what a stranger can make it hold, and
 a slab whose lease from the control actor ran out neither serves nor saves
 (docs/scaling.md)."""
@@ -18,16 +18,8 @@ pytest.importorskip("ray")
 pytest.importorskip("fsspec")
 
 from memex import Limits
-from memex.backends.internal import (
-    Channel,
-    ChannelClosed,
-    Slab,
-    Storage,
-    limits_to_wire,
-    mounts_to_wire,
-    session_key,
-)
-from memex.backends.worker._wire import HEADER
+from memex.backends.internal import HEADER, Channel, ChannelClosed, limits_to_wire, mounts_to_wire
+from memex.cluster.internal import Slab, Storage, session_key
 
 SID = "s_test"
 
@@ -98,7 +90,7 @@ def test_a_stranger_cannot_make_it_hold_more_than_a_hello(slab: Slab) -> None:
 
 @pytest.mark.slow
 def test_connections_that_have_not_said_the_secret_are_bounded(slab: Slab) -> None:
-    from memex.backends._cluster import MAX_UNPROVEN
+    from memex.cluster._slab import MAX_UNPROVEN
 
     idle = [connect(slab) for _ in range(MAX_UNPROVEN)]
     time.sleep(0.5)

@@ -17,10 +17,9 @@ pytest.importorskip("ray")
 pytest.importorskip("fsspec")
 
 from memex import Limits
-from memex.backends.internal import Storage, limits_to_wire
-from memex.serving._control import _Entry
-from memex.serving._leases import FRONT_LEASE
-from memex.serving.internal import Admitted, Control, Wait
+from memex.backends.internal import limits_to_wire
+from memex.cluster._control import _Entry
+from memex.cluster.internal import FRONT_LEASE, Admitted, Control, Storage, Wait
 
 
 @pytest.fixture
@@ -134,7 +133,7 @@ def test_the_leases_alone_on_a_clock_of_their_own() -> None:
     it was not held), a front's word is adopted once, and a front is dropped with what it
     held only once it has been silent past FRONT_LEASE (the control: just within it, it
     stays)."""
-    from memex.serving._leases import FrontLeases
+    from memex.cluster._leases import FrontLeases
 
     now = [100.0]
     leases = FrontLeases(clock=lambda: now[0])

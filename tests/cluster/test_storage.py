@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("fsspec")
 
-from memex.backends.internal import Storage
+from memex.cluster.internal import Storage
 from memex.errors import ConfigError, ImageError
 
 

@@ -19,10 +19,10 @@ pytest.importorskip("ray")
 pytest.importorskip("fsspec")
 
 from memex import Limits
-from memex.backends.internal import Storage, limits_to_wire, session_key
+from memex.backends.internal import limits_to_wire
+from memex.cluster._control import INDEXED_KEY, owner_key
+from memex.cluster.internal import Control, Granted, Refused, Storage, checkpoint_key, session_key
 from memex.errors import BackendBusy
-from memex.serving._control import INDEXED_KEY, checkpoint_key, owner_key
-from memex.serving.internal import Control, Granted, Refused
 
 MiB = 1 << 20
 
