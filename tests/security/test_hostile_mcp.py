@@ -172,7 +172,8 @@ def test_calls_sent_at_once_run_in_the_order_they_arrived() -> None:
 async def _call(url: str, token: str, tool: str, **args: Any) -> CallToolResult:
     """One tool call by a client holding ``token`` (the stateless protocol: a call naming
     no session starts one)."""
-    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}) as h, \
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"},
+                                  timeout=None) as h, \
             Client(streamable_http_client(url, http_client=h)) as client:
         result: CallToolResult = await client.call_tool(tool, args)
         return result

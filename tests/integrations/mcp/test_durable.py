@@ -39,7 +39,8 @@ def _start(state: Path, *args: str) -> tuple[subprocess.Popen[str], str]:
 
 def _call(url: str, tool: str, token: str = "tok-a", **args: Any) -> CallToolResult:
     async def go() -> CallToolResult:
-        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}) as h, \
+        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"},
+                                      timeout=None) as h, \
                 Client(streamable_http_client(url, http_client=h)) as client:
             result: CallToolResult = await client.call_tool(tool, args)
             return result

@@ -62,7 +62,8 @@ def test_a_named_principal_gets_its_own_bounds_and_others_the_per_token_ones(
 
 def _call(url: str, key: str) -> CallToolResult | int:
     async def go() -> CallToolResult:
-        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"}) as h, \
+        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"},
+                                      timeout=None) as h, \
                 Client(streamable_http_client(url, http_client=h)) as client:
             r: CallToolResult = await client.call_tool("run_python", {"code": "6 * 7"})
             return r

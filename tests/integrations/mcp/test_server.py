@@ -415,7 +415,8 @@ def _http_server(*args: str) -> Iterator[tuple[str, subprocess.Popen[str]]]:
 
 @asynccontextmanager
 async def http(url: str, token: str = TOKEN, mode: Any = "auto") -> AsyncIterator[Client]:
-    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}) as h, \
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"},
+                                  timeout=None) as h, \
             Client(streamable_http_client(url, http_client=h), mode=mode) as client:
         yield client
 
@@ -493,7 +494,8 @@ def test_a_client_that_disconnects_mid_call_leaves_a_working_server(
         from mcp import Client
         from mcp.client.streamable_http import streamable_http_client
         async def main():
-            async with httpx2.AsyncClient(headers={{"Authorization": "Bearer {TOKEN}"}}) as h, \\
+            async with httpx2.AsyncClient(headers={{"Authorization": "Bearer {TOKEN}"}},
+                                          timeout=None) as h, \\
                     Client(streamable_http_client({url!r}, http_client=h)) as c:
                 print("calling", flush=True)
                 await c.call_tool("run_python", {{"code": "while True: kept = 'no'",
