@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -168,12 +169,20 @@ def ask_control(rig: ClusterRig, code: str) -> list[str]:
     """The words ``code`` prints, run in a Ray driver of its own with ``ray`` imported and the
     control actor as ``control`` (asked through Ray as a front does; this process may be a
     driver of another cluster already)."""
-    head = (DRIVER + "from memex.cluster.internal import CONTROL_NAME\n"
+    # what ``code`` prints goes to a file of its own: the driver's stdout also gets what Ray
+    # says to every driver (a "(raylet) The node ... has been marked dead" after an earlier
+    # test killed a node)
+    head = (DRIVER + "import builtins, functools\n"
+            "print = functools.partial(builtins.print, file=open(sys.argv[3], 'w'), "
+            "flush=True)\n"
+            "from memex.cluster.internal import CONTROL_NAME\n"
             "control = ray.get_actor(CONTROL_NAME)\n")
-    out = subprocess.run([sys.executable, "-c", head + textwrap.dedent(code),
-                          rig.cluster.address, "memex"],
-                         capture_output=True, text=True, timeout=120, check=True)
-    return out.stdout.split()
+    with tempfile.TemporaryDirectory() as tmp:
+        said = Path(tmp) / "said"
+        subprocess.run([sys.executable, "-c", head + textwrap.dedent(code),
+                        rig.cluster.address, "memex", str(said)],
+                       capture_output=True, text=True, timeout=120, check=True)
+        return said.read_text().split()
 
 
 def get(front: Served, path: str, key: str) -> Any:
