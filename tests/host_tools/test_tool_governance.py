@@ -37,6 +37,11 @@ def sleepy(secs: float) -> str:
     return "awake"
 
 
+NEST = "def nest(k):\n    v = 1\n    for _ in range(k):\n        v = [v]\n    return v\n"
+"""A list nested ``k`` deep, defined by each test that uses it: a test may run on another
+worker than the one before it, each with its own module sandbox."""
+
+
 def kinds(sb: Sandbox, guest_eval: Eval, code: str) -> list[str]:
     """Outcome kinds ('ok' or the error kind) of the tcall expressions in ``code`` (a list)."""
     return [r[0] if r[0] == "ok" else r[1]["kind"] for r in guest_eval(sb, code)]
@@ -65,12 +70,7 @@ def test_budget_per_sandbox(tool_sandbox: Sandbox, serve: Serve, guest_eval: Eva
 def test_depth_and_bytes_bounds(tool_sandbox: Sandbox, serve: Serve, guest_eval: Eval) -> None:
     host = serve([echo], budget=ToolBudget(max_depth=8, max_argument_bytes=1000))
     assert kinds(tool_sandbox, guest_eval, (
-        "def nest(k):\n"
-        "    v = 1\n"
-        "    for _ in range(k):\n"
-        "        v = [v]\n"
-        "    return v\n"
-        "[tcall('echo', {'value': nest(7)}), tcall('echo', {'value': nest(8)}),"
+        NEST + "[tcall('echo', {'value': nest(7)}), tcall('echo', {'value': nest(8)}),"
         " tcall('echo', {'value': ext(7, [nest(7)])}), tcall('echo', {'value': 'x' * 2000})]"
     )) == ["ok", "too_deep", "too_deep", "too_large"]
     assert host.calls[-1].request_bytes > 2000
@@ -80,8 +80,8 @@ def test_default_depth_bound_is_64(tool_sandbox: Sandbox, serve: Serve,
                                    guest_eval: Eval) -> None:
     serve([echo])
     assert kinds(tool_sandbox, guest_eval,
-                 "[tcall('echo', {'value': nest(63)}), tcall('echo', {'value': nest(64)})]"
-                 ) == ["ok", "too_deep"]
+                 NEST + "[tcall('echo', {'value': nest(63)}), "
+                 "tcall('echo', {'value': nest(64)})]") == ["ok", "too_deep"]
 
 
 def test_gate_approves_denies_and_rewrites(tool_sandbox: Sandbox, serve: Serve,
