@@ -74,6 +74,12 @@ IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
 """The methods a refused call is retried for: doing them twice is doing them once."""
 MAX_RETRY_WAIT = 30.0
 """The longest one wait a Retry-After may ask of the client; longer, the error is raised."""
+KEEPALIVE_EXPIRY = 2.0
+"""Seconds an idle pooled connection is kept for the next call: less than the server's own
+idle keep-alive (memex serve's ``keep_alive_timeout``, 5 s by default), so the client never
+sends a call on a connection the server is closing as idle at that moment (httpx keeps one 5
+s as well: a POST that met the server's close was answered "Server disconnected without
+sending a response", and a POST is not retried)."""
 
 
 class Client:
@@ -106,7 +112,8 @@ class Client:
         self.api_key = api_key
         self.timeout = timeout
         self._http = httpx2.Client(base_url=self.url, timeout=timeout,
-                                   headers={"Authorization": f"Bearer {api_key}"})
+                                   headers={"Authorization": f"Bearer {api_key}"},
+                                   limits=httpx2.Limits(keepalive_expiry=KEEPALIVE_EXPIRY))
 
     def close(self) -> None:
         self._http.close()

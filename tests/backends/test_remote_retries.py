@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -109,3 +110,33 @@ def test_a_wait_past_the_bound_or_no_retry_after_is_answered_at_once(busy: _Busy
     assert busy.seen == ["GET"]
     with pytest.raises(ConfigError):
         _client(busy, retries=-1)
+
+
+def test_an_idle_connection_is_not_reused_past_the_clients_keepalive(
+        busy: _Busy, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The client drops a pooled connection idle for KEEPALIVE_EXPIRY, which is below memex
+    serve's own idle keep-alive: a call is never sent on a connection the server is closing
+    as idle at that moment (a POST that met that close failed, and is not retried)."""
+    from memex.backends import _remote
+    from memex.serving import EdgeLimits
+
+    assert EdgeLimits().keep_alive_timeout > _remote.KEEPALIVE_EXPIRY
+    monkeypatch.setattr(_remote, "KEEPALIVE_EXPIRY", 0.2)
+    connections = []
+    plain = busy.RequestHandlerClass
+
+    class KeepAlive(plain):  # type: ignore[misc, valid-type]
+        protocol_version = "HTTP/1.1"  # keeps the connection open between calls
+
+        def setup(self) -> None:
+            connections.append(self.client_address)
+            super().setup()
+
+    busy.RequestHandlerClass = KeepAlive
+    with _client(busy) as c:
+        c.create()
+        c.create()
+        assert len(connections) == 1  # control: back to back, one connection kept
+        time.sleep(0.3)  # idle past the client's keep-alive
+        c.create()
+        assert len(connections) == 2
