@@ -8,6 +8,10 @@ that builds it, and ``compile_module`` is replaced by a tripwire for the whole s
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -31,27 +35,59 @@ DEFAULT_TIMEOUT = 10.0
 _TIMES: list[tuple[float, str, str]] = []  # (seconds, lane, test) of each test's call
 
 
+# The node ids of the tests that use Ray, written by each worker as it collects and read by
+# the controller's scheduler (which sees node ids, not markers or fixtures): the file's path
+# is set by the controller before it starts the workers, which inherit its environment.
+RAY_TESTS_FILE = "MEMEX_RAY_TESTS_FILE"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None):
+        folder = tempfile.mkdtemp(prefix="memex-units-")
+        config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+        os.environ[RAY_TESTS_FILE] = os.path.join(folder, "ray-tests.json")
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    ray_tests = []
     for item in items:
         lane = lane_of(item)
         if uses_cluster(item) and not item.get_closest_marker("ray"):
             item.add_marker(pytest.mark.ray)
+        if item.get_closest_marker("ray"):
+            ray_tests.append(item.nodeid)
         item.user_properties.append(("lane", lane))  # in the JUnit XML (tests/times.py)
+    path = os.environ.get(RAY_TESTS_FILE)
+    if path and hasattr(config, "workerinput"):  # each worker writes the same list, whole
+        part = f"{path}.{config.workerinput['workerid']}"
+        with open(part, "w") as f:
+            json.dump(ray_tests, f)
+        os.replace(part, path)
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """xdist's ``load`` scheduling, but a document's blocks go to one worker in order. (Its
-    own ``--dist loadgroup`` groups nothing under pytest 9: it marks a group by renaming
+    """xdist's ``load`` scheduling, but a document's blocks go to one worker in order, and
+    the tests that use Ray go to one worker (``lanes.doc_scope``). (Its own ``--dist
+    loadgroup`` groups nothing under pytest 9: it marks a group by renaming
     ``item._nodeid``, which pytest 9 no longer reads, so a document's blocks were spread over
     both workers and a skipped excerpt ran on the worker that missed its directive.)"""
     from xdist.scheduler import LoadScopeScheduling
 
-    class DocumentsTogether(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return doc_scope(nodeid)
+    class Units(LoadScopeScheduling):
+        ray_tests: frozenset[str] | None = None
 
-    return DocumentsTogether(config, log)
+        def _split_scope(self, nodeid: str) -> str:
+            if self.ray_tests is None:  # read once the workers have collected
+                path = os.environ.get(RAY_TESTS_FILE)
+                try:
+                    with open(path or "") as f:
+                        self.ray_tests = frozenset(json.load(f))
+                except FileNotFoundError:
+                    self.ray_tests = frozenset()
+            return doc_scope(nodeid, self.ray_tests)
+
+    return Units(config, log)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

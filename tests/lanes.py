@@ -39,10 +39,19 @@ DOC_BLOCKS = "tests/test_docs.py::test_the_docs_python_runs["
 """The node ids of the docs' blocks: ``...[<document>:<line>]``."""
 
 
-def doc_scope(nodeid: str) -> str:
+RAY_UNIT = "tests that use Ray"
+"""The unit of work every test that uses Ray goes to a worker in."""
+
+
+def doc_scope(nodeid: str, ray_tests: frozenset[str] = frozenset()) -> str:
     """The unit of work a test goes to a worker in: one document's blocks together (a block
     may use names an earlier one defined, and a ``skip: next`` directive is an example that
-    must run just before the block it skips, in the same process); any other test alone."""
+    must run just before the block it skips, in the same process); every test that uses Ray
+    (``ray_tests``: marked ``ray`` or on the cluster's fixtures) together, so one worker
+    starts the session's Ray cluster, its front and a Ray backend, not each worker its own
+    (two Ray clusters on two cores slow every test beside them); any other test alone."""
     if nodeid.startswith(DOC_BLOCKS):
         return nodeid.rsplit(":", 1)[0]
+    if nodeid in ray_tests:
+        return RAY_UNIT
     return nodeid

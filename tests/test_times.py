@@ -3,6 +3,9 @@ and the lane tests/conftest.py gives each test."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -45,3 +48,29 @@ def test_a_marked_soak_is_in_the_soak_lane_whatever_else_it_uses(
     assert lane_of(request.node) == "slow"  # positive control: the marker is what moves it
     request.node.add_marker(pytest.mark.soak)
     assert lane_of(request.node) == "soak"
+
+
+def _probe(tmp_path: Path, **env: str) -> dict[str, str]:
+    """Run tests/units_probe.py on two workers: which worker ran each of its tests."""
+    out = tmp_path / ("control" if env else "run")
+    out.mkdir()
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider",
+         "--timeout=120", str(Path(__file__).parent / "units_probe.py")],
+        cwd=Path(__file__).parent.parent, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "MEMEX_PROBE_OUT": str(out), **env})
+    assert run.returncode == 0, run.stdout + run.stderr
+    return {p.name: p.read_text() for p in out.iterdir()}
+
+
+@pytest.mark.slow
+def test_the_tests_that_use_ray_run_on_one_worker(tmp_path: Path) -> None:
+    """conftest's scheduler sends every test marked ``ray`` (or on the cluster's fixtures,
+    which marks it) to one worker, so one worker starts the session's Ray cluster; the
+    control: the same tests without the marker go to both workers."""
+    ran = _probe(tmp_path)
+    assert len(ran) == 6
+    assert len({ran[f"ray_{i}"] for i in (1, 2, 3)}) == 1
+    control = _probe(tmp_path, MEMEX_PROBE_UNMARKED="1")
+    assert len(control) == 6
+    assert len({control[f"ray_{i}"] for i in (1, 2, 3)}) == 2

@@ -36,14 +36,16 @@ def specs(tmp_path_factory: pytest.TempPathFactory) -> KernelSpecManager:
     # suite running beside it), which the nbclient test's first cell does
     install_kernelspec("memex-test", prefix=str(prefix), timeout=20, memory=256 << 20,
                        mounts=[f"{data}:/data"])
+    # the limits test's: a time limit it waits out, with cells of microseconds beside it
+    install_kernelspec("memex-limits", prefix=str(prefix), timeout=3, memory=256 << 20,
+                       mounts=[f"{data}:/data"])
     ksm = KernelSpecManager()
     ksm.kernel_dirs = [str(prefix / "share" / "jupyter" / "kernels")]
     return ksm
 
 
-@pytest.fixture(scope="module")
-def kernel(specs: KernelSpecManager) -> Iterator[tuple[KernelManager, Any]]:
-    km = KernelManager(kernel_name="memex-test", kernel_spec_manager=specs)
+def _started(specs: KernelSpecManager, name: str) -> Iterator[tuple[KernelManager, Any]]:
+    km = KernelManager(kernel_name=name, kernel_spec_manager=specs)
     km.start_kernel()
     kc = km.client()
     kc.start_channels()
@@ -51,6 +53,16 @@ def kernel(specs: KernelSpecManager) -> Iterator[tuple[KernelManager, Any]]:
     yield km, kc
     kc.stop_channels()
     km.shutdown_kernel(now=False)
+
+
+@pytest.fixture(scope="module")
+def kernel(specs: KernelSpecManager) -> Iterator[tuple[KernelManager, Any]]:
+    yield from _started(specs, "memex-test")
+
+
+@pytest.fixture
+def limits_kernel(specs: KernelSpecManager) -> Iterator[tuple[KernelManager, Any]]:
+    yield from _started(specs, "memex-limits")
 
 
 def printed(msgs: list[dict[str, Any]]) -> str:
@@ -138,10 +150,12 @@ def test_interrupt_cancels_the_cell_and_keeps_the_session(
 
 
 @pytest.mark.slow
-def test_limits_from_the_kernelspec(kernel: tuple[KernelManager, Any]) -> None:
-    _, kc = kernel
+def test_limits_from_the_kernelspec(limits_kernel: tuple[KernelManager, Any]) -> None:
+    _, kc = limits_kernel
+    started = time.monotonic()
     reply, _ = run(kc, "while True: pass")
     assert reply["ename"] == "MemexLimit" and "time limit" in reply["evalue"]
+    assert time.monotonic() - started >= 3  # the kernelspec's limit, not another's
     reply, _ = run(kc, "hog = bytearray(1 << 30)")  # the kernelspec caps memory at 256 MiB
     assert reply["ename"] == "MemoryError"
     reply, _ = run(kc, "open('/data/new.txt', 'w')")  # the mount is read-only
