@@ -55,6 +55,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         lane = lane_of(item)
         if uses_cluster(item) and not item.get_closest_marker("ray"):
             item.add_marker(pytest.mark.ray)
+        if lane == "slow" and not item.get_closest_marker("slow"):  # on a server's fixture
+            item.add_marker(pytest.mark.slow)
         if item.get_closest_marker("ray"):
             ray_tests.append(item.nodeid)
         item.user_properties.append(("lane", lane))  # in the JUnit XML (tests/times.py)
@@ -175,13 +177,17 @@ def shared_sandbox() -> Iterator[Sandbox]:
 # ``open_sandbox`` opens sandboxes on it that are closed when the test ends.
 # Backends are made once per session (starting worker processes or a Ray cluster is the slow
 # part) and closed at its end; a test that needs a backend of its own (fault tests) builds one.
+# The fast lane runs the contract on the in-process and subprocess backends (one sandbox in
+# this process, one in a worker process of its own); the pool, a server and Ray are the full
+# run's (marked slow or ray: their processes and servers are what makes a lane slow).
 BACKEND_KINDS = [
     "inprocess",
     "subprocess",
-    "pool",
+    pytest.param("pool", marks=pytest.mark.slow),
     pytest.param("ray", marks=[pytest.mark.ray, pytest.mark.skipif(
         not HAVE_RAY, reason="Ray is not installed (pip install 'memex[ray]')")]),
-    "remote",  # a real `memex serve` on 127.0.0.1 (the memex_server fixture)
+    # a real `memex serve` on 127.0.0.1 (the memex_server fixture)
+    pytest.param("remote", marks=pytest.mark.slow),
     # a front of `memex serve` on a real Ray cluster on 127.0.0.1 (the cluster_server fixture)
     pytest.param("cluster", marks=[pytest.mark.ray, pytest.mark.skipif(
         not HAVE_RAY, reason="Ray is not installed (pip install 'memex[cluster]')")]),

@@ -1,7 +1,8 @@
 """Each test's lane and its budget (tests/conftest.py applies them; tests/times.py reports
 them). A test's lane follows from what it uses, its markers and fixtures: a test on the
 cluster's fixtures is in the cluster lane (and marked ``ray``, so ``-m "not ray"`` leaves it
-out) even if its author forgot the marker. Budgets are reported at the end of a run, never
+out) even if its author forgot the marker, and a test on the session's ``memex serve`` is in
+the slow lane (and marked ``slow``). Budgets are reported at the end of a run, never
 failed (speed is bench/'s job): a test over its lane's is one to speed up, split or move."""
 
 from __future__ import annotations
@@ -16,11 +17,20 @@ LOCAL_MODEL_START = 540.0
 default is 180 s): a loaded machine starts it late, not never, and a server that never
 answers still ends the test before the suite's hang guard (600 s) would."""
 CLUSTER_FIXTURES = frozenset({"ray_cluster", "cluster_server", "rig"})
+SERVER_FIXTURES = frozenset({"memex_server"})
+"""Fixtures that run a server in processes of its own (the session's ``memex serve``): a test
+on one is in the slow lane (and marked ``slow``), as the pool and remote backends are."""
 
 
 def uses_cluster(item: pytest.Item) -> bool:
     """Whether the test stands on the cluster's fixtures (so it needs Ray, marked or not)."""
     return bool(set(getattr(item, "fixturenames", ())) & CLUSTER_FIXTURES)
+
+
+def uses_server(item: pytest.Item) -> bool:
+    """Whether the test stands on a server of its own processes (so it is slow, marked or
+    not)."""
+    return bool(set(getattr(item, "fixturenames", ())) & SERVER_FIXTURES)
 
 
 def lane_of(item: pytest.Item) -> str:
@@ -32,7 +42,7 @@ def lane_of(item: pytest.Item) -> str:
         return "soak"
     if item.get_closest_marker("ray") or uses_cluster(item):
         return "cluster"
-    return "slow" if item.get_closest_marker("slow") else "fast"
+    return "slow" if item.get_closest_marker("slow") or uses_server(item) else "fast"
 
 
 DOC_BLOCKS = "tests/test_docs.py::test_the_docs_python_runs["

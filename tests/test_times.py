@@ -50,6 +50,23 @@ def test_a_marked_soak_is_in_the_soak_lane_whatever_else_it_uses(
     assert lane_of(request.node) == "soak"
 
 
+class _Item:
+    """What lane_of reads of a collected test: its fixtures and markers."""
+
+    def __init__(self, fixtures: set[str], markers: frozenset[str] = frozenset()) -> None:
+        self.fixturenames, self.markers = sorted(fixtures), markers
+
+    def get_closest_marker(self, name: str) -> object:
+        return name if name in self.markers else None
+
+
+def test_a_test_on_a_server_or_the_cluster_is_in_its_lane_unmarked() -> None:
+    assert lane_of(_Item({"tmp_path"})) == "fast"  # the control
+    assert lane_of(_Item({"tmp_path", "memex_server"})) == "slow"
+    assert lane_of(_Item({"cluster_server"})) == "cluster"
+    assert lane_of(_Item({"memex_server"}, {"soak"})) == "soak"
+
+
 def _probe(tmp_path: Path, **env: str) -> dict[str, str]:
     """Run tests/units_probe.py on two workers: which worker ran each of its tests."""
     out = tmp_path / ("control" if env else "run")

@@ -345,13 +345,18 @@ def test_a_file_is_refused_before_it_is_read_and_a_stream_costs_its_output(
         host, port = served.url.rsplit("//", 1)[1].split(":")
         body = json.dumps({"code": "import sys\nfor _ in range(300000):\n"
                            "    sys.stdout.write('x'); sys.stdout.flush()\n'done'"}).encode()
+        turns = a.session(sid)["turns"]
         with socket.create_connection((host, int(port)), timeout=60) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             s.sendall(f"POST /v1/sessions/{sid}/run/stream HTTP/1.1\r\nHost: x\r\n"
                       f"Authorization: Bearer {served.keys['a']}\r\n"
                       f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
                       .encode() + body)
-            time.sleep(8)  # the turn runs while nothing is read
+            # the turn runs to its end while nothing is read (the server keeps what it wrote)
+            deadline = time.monotonic() + 120
+            while a.session(sid)["turns"] == turns:
+                assert time.monotonic() < deadline, "the unread streamed turn never ended"
+                time.sleep(0.05)
             grew = _hwm(served) - before
         assert grew < 40 << 20, grew
         # positive control: a reader gets all of it, and the session goes on
