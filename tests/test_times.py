@@ -67,8 +67,9 @@ def test_a_test_on_a_server_or_the_cluster_is_in_its_lane_unmarked() -> None:
     assert lane_of(_Item({"memex_server"}, {"soak"})) == "soak"
 
 
-def _probe(tmp_path: Path, **env: str) -> dict[str, str]:
-    """Run tests/units_probe.py on two workers: which worker ran each of its tests."""
+def _probe(tmp_path: Path, **env: str) -> list[tuple[str, str]]:
+    """Run tests/units_probe.py on two workers: (worker, what) of each test and of its stand-in
+    Ray cluster's start and end, in the order each worker did them."""
     out = tmp_path / ("control" if env else "run")
     out.mkdir()
     run = subprocess.run(
@@ -77,17 +78,24 @@ def _probe(tmp_path: Path, **env: str) -> dict[str, str]:
         cwd=Path(__file__).parent.parent, capture_output=True, text=True, timeout=300,
         env={**os.environ, "MEMEX_PROBE_OUT": str(out), **env})
     assert run.returncode == 0, run.stdout + run.stderr
-    return {p.name: p.read_text() for p in out.iterdir()}
+    return [(w, what) for w, what in
+            (line.split(" ", 1) for line in (out / "log").read_text().splitlines())]
 
 
 @pytest.mark.slow
-def test_the_tests_that_use_ray_run_on_one_worker(tmp_path: Path) -> None:
+def test_the_tests_that_use_ray_run_on_one_worker_which_then_ends_ray(tmp_path: Path) -> None:
     """conftest's scheduler sends every test marked ``ray`` (or on the cluster's fixtures,
-    which marks it) to one worker, so one worker starts the session's Ray cluster; the
-    control: the same tests without the marker go to both workers."""
-    ran = _probe(tmp_path)
-    assert len(ran) == 6
-    assert len({ran[f"ray_{i}"] for i in (1, 2, 3)}) == 1
-    control = _probe(tmp_path, MEMEX_PROBE_UNMARKED="1")
-    assert len(control) == 6
+    which marks it) to one worker, so one worker starts the session's Ray cluster, and that
+    worker ends it after the last of them, before its next test; the control: the same tests
+    without the marker go to both workers."""
+    log = _probe(tmp_path)
+    ran = dict((what, w) for w, what in log)
+    assert len(ran) == 3 + 6 + 2
+    ray = {ran[f"ray_{i}"] for i in (1, 2, 3)}
+    assert len(ray) == 1
+    mine = [what for w, what in log if w in ray]
+    assert mine[:5] == ["cluster up", "ray_1", "ray_2", "ray_3", "cluster down"], mine
+    assert len(mine) > 5  # the cluster ended before a test after it, not with the session
+    control = dict((what, w) for w, what in _probe(tmp_path, MEMEX_PROBE_UNMARKED="1"))
+    assert len(control) == 3 + 6
     assert len({control[f"ray_{i}"] for i in (1, 2, 3)}) == 2
