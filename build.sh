@@ -202,7 +202,9 @@ case "${1:-setup}" in
         dev_ready
         # two workers (pytest-xdist): the fast lane waits on guests and servers more than it
         # computes (on a 2-core machine: 157 s on two workers, 277 s on one)
-        "$VENV/bin/python" -m pytest -q -n 2 \
+        # a quarter of each property test's examples, derandomized (tests/lanes.py)
+        MEMEX_HYPOTHESIS_PROFILE="${MEMEX_HYPOTHESIS_PROFILE:-quick}" \
+            "$VENV/bin/python" -m pytest -q -n 2 \
             -m "not slow and not local_llm and not ray and not pypi" --durations=10 "${@:2}"
         ;;
     check)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from lanes import LANE_BUDGETS, doc_scope, lane_of, uses_cluster
+from lanes import LANE_BUDGETS, doc_scope, lane_of, load_hypothesis_profile, uses_cluster
 from served import Served, close_test_clients, cluster_toml, loopback_cluster, start_server
 
 import memex.runtime_wasm.engine._engine as _engine
@@ -26,6 +26,7 @@ from memex.backends import Backend, get_backend
 from memex.runtime_wasm import SandboxAPI
 
 HAVE_RAY = importlib.util.find_spec("ray") is not None
+HYPOTHESIS_PROFILE = load_hypothesis_profile()  # before a test module makes its settings
 
 # Short per-turn deadline for ordinary tests: a hung guest fails a test in seconds, not 30 s.
 DEFAULT_TIMEOUT = 10.0

@@ -7,6 +7,8 @@ failed (speed is bench/'s job): a test over its lane's is one to speed up, split
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 LANE_BUDGETS = {"fast": 5.0, "slow": 30.0, "cluster": 90.0, "package-index": 30.0,
@@ -43,6 +45,37 @@ def lane_of(item: pytest.Item) -> str:
     if item.get_closest_marker("ray") or uses_cluster(item):
         return "cluster"
     return "slow" if item.get_closest_marker("slow") or uses_server(item) else "fast"
+
+
+HYPOTHESIS_PROFILES = {"full": 100, "quick": 25}
+"""Each run's Hypothesis profile (``MEMEX_HYPOTHESIS_PROFILE``: ``./build.sh quick`` loads
+``quick``, every other run ``full``) and its ``max_examples``, the scale of each test's own
+number of examples (:func:`examples`): a quick run tries a quarter of what the full run
+does, derandomized (the fast lane finds the same examples every run); the full run tries
+each test's number as written, with Hypothesis' own randomness and database."""
+PROFILE_VARIABLE = "MEMEX_HYPOTHESIS_PROFILE"
+
+
+def load_hypothesis_profile() -> str:
+    """Register the profiles and load the run's (tests/conftest.py, before any test module
+    makes its settings): its name."""
+    from hypothesis import settings
+
+    for name, most in HYPOTHESIS_PROFILES.items():
+        settings.register_profile(name, max_examples=most, derandomize=name == "quick")
+    name = os.environ.get(PROFILE_VARIABLE) or "full"
+    if name not in HYPOTHESIS_PROFILES:
+        raise pytest.UsageError(f"{PROFILE_VARIABLE}={name!r}: one of "
+                                f"{', '.join(HYPOTHESIS_PROFILES)}")
+    settings.load_profile(name)
+    return name
+
+
+def examples(n: int) -> int:
+    """A test's ``n`` examples in the loaded profile (``n`` in ``full``)."""
+    from hypothesis import settings
+
+    return max(1, n * settings.default.max_examples // HYPOTHESIS_PROFILES["full"])
 
 
 DOC_BLOCKS = "tests/test_docs.py::test_the_docs_python_runs["

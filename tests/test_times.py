@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from lanes import lane_of
+from hypothesis import settings
+from lanes import HYPOTHESIS_PROFILES, PROFILE_VARIABLE, examples, lane_of
 from times import read, render
 
 XML = """<?xml version="1.0" encoding="utf-8"?>
@@ -48,6 +49,18 @@ def test_a_marked_soak_is_in_the_soak_lane_whatever_else_it_uses(
     assert lane_of(request.node) == "slow"  # positive control: the marker is what moves it
     request.node.add_marker(pytest.mark.soak)
     assert lane_of(request.node) == "soak"
+
+
+def test_a_property_tests_examples_follow_the_runs_hypothesis_profile() -> None:
+    loaded = os.environ.get(PROFILE_VARIABLE) or "full"
+    assert settings.default.max_examples == HYPOTHESIS_PROFILES[loaded]  # conftest loaded it
+    try:
+        settings.load_profile("full")
+        assert examples(300) == 300 and not settings.default.derandomize
+        settings.load_profile("quick")
+        assert examples(300) == 75 and examples(2) == 1 and settings.default.derandomize
+    finally:
+        settings.load_profile(loaded)
 
 
 class _Item:

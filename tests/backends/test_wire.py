@@ -14,6 +14,7 @@ import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from lanes import examples
 
 from memex import ConfigError, GuestFileError, Limits, Mount, Sandbox, SandboxClosed
 from memex.backends.internal import (
@@ -56,7 +57,7 @@ messages = st.tuples(st.text(min_size=1, max_size=10), st.lists(values, max_size
 # ---- frames -------------------------------------------------------------------------------------
 @pytest.mark.slow
 @given(st.lists(messages, min_size=1, max_size=5), st.data())
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 def test_frames_survive_any_split(msgs: list[list[Any]], data: st.DataObject) -> None:
     blob = b"".join(encode_frame(m) for m in msgs)
     cuts = sorted(data.draw(st.lists(st.integers(0, len(blob)), max_size=6)))
@@ -73,7 +74,7 @@ def test_frames_survive_any_split(msgs: list[list[Any]], data: st.DataObject) ->
 
 
 @given(st.binary(max_size=200))
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 def test_garbage_is_a_protocol_error_or_incomplete(blob: bytes) -> None:
     dec = FrameDecoder()
     dec.feed(blob)
@@ -281,7 +282,7 @@ def test_checkpoint_bytes_round_trip(state_sandbox: Sandbox) -> None:
 
 
 @given(st.data())
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 def test_corrupt_checkpoint_bytes_are_image_errors(state_blob: bytes, data: st.DataObject
                                                    ) -> None:
     blob = bytearray(state_blob)

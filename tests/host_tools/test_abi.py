@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from lanes import examples
 
 from memex import Door, Limits, Sandbox, TurnStatus
 from memex.host_tools import ToolHost, tool
@@ -129,7 +130,7 @@ def test_record_wire_form() -> None:
         b"\x92\xa7Place_2")
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.one_of(
     st.binary(max_size=64),
     st.sampled_from([CALL, UNKNOWN, BATCH]).flatmap(

@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from lanes import examples
 from pydantic import BaseModel
 
 from memex.host_tools._codec import (
@@ -31,7 +32,7 @@ from memex.host_tools._codec import (
     unpackb,
 )
 
-SETTINGS = settings(max_examples=150, deadline=None,
+SETTINGS = settings(max_examples=examples(150), deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
 
 

@@ -12,6 +12,7 @@ import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from lanes import examples
 
 from memex import ConfigError, Door, Limits, Sandbox, TurnStatus
 
@@ -344,14 +345,14 @@ def _check_reply(reply: object) -> dict[str, Any]:
     return decoded
 
 
-@settings(max_examples=300, deadline=None, database=None,
+@settings(max_examples=examples(300), deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(max_size=512))
 def test_dispatch_random_bytes_never_raises(frame: bytes) -> None:
     _check_reply(FUZZ_DOOR.dispatch(frame))
 
 
-@settings(max_examples=150, deadline=None, database=None,
+@settings(max_examples=examples(150), deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow])
 @pytest.mark.slow
 @given(frames)
@@ -373,7 +374,7 @@ def test_dispatch_valid_frames_always_reply(req: dict[str, Any]) -> None:
         assert decoded["error"]["kind"] == "unknown_op"
 
 
-@settings(max_examples=200, deadline=None, database=None,
+@settings(max_examples=examples(200), deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow])
 @pytest.mark.slow
 @given(frames, st.data())

@@ -13,6 +13,7 @@ import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from lanes import examples
 
 from memex import Door, DoorError, Limits, MemexError, Sandbox, TurnStatus
 
@@ -143,7 +144,7 @@ _EXTRA = st.recursive(
 )
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(kind=st.text(min_size=1, max_size=64), message=st.text(max_size=300),
        extra=st.dictionaries(st.text(min_size=1, max_size=8).filter(
            lambda k: k not in ("kind", "message")), _EXTRA, max_size=5))

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from lanes import examples
 from package_index import PackageIndex, build_wheel, package_index
 
 from memex.errors import ConfigError, PackageError
@@ -203,7 +204,7 @@ def test_a_preload_imports_a_package_into_the_warm_image(index: PackageIndex, ar
 
 
 # ---- the parsers: any input gives an answer or ConfigError -----------------------------------
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.text(max_size=3000) | st.builds(
     lambda a, b: f"{a}\n# /// script\n{b}\n# ///\n", st.text(max_size=200),
     st.text(max_size=500)))
@@ -220,14 +221,14 @@ NAME = st.from_regex(r"[a-z][a-z0-9-]{0,20}[a-z0-9](==[0-9]{1,3}(\.[0-9]{1,3}){0
 
 
 @pytest.mark.slow
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(NAME, max_size=8), st.text(alphabet="abc xyz=()'\n", max_size=300))
 def test_a_script_block_round_trips(deps: list[str], body: str) -> None:
     code = "# /// script\n# dependencies = " + json.dumps(deps) + "\n# ///\n" + body
     assert script_dependencies(code) == deps
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(st.text(max_size=60), max_size=4))
 def test_a_requirement_is_parsed_or_refused(reqs: list[str]) -> None:
     try:

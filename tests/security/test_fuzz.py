@@ -21,6 +21,7 @@ import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from lanes import examples
 
 from memex import Door, MemexError, Sandbox
 from memex.backends.internal import (
@@ -36,7 +37,7 @@ from memex.host_tools import DecodeError, EgressPolicy, ToolHost, decode
 from memex.runtime_wasm.internal import checkpoint_from_fds
 
 SEEDS = Path(__file__).resolve().parent / "seeds"
-EXAMPLES = int(os.environ.get("MEMEX_FUZZ_EXAMPLES", "150"))
+EXAMPLES = int(os.environ.get("MEMEX_FUZZ_EXAMPLES") or examples(150))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 

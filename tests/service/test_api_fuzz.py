@@ -14,8 +14,9 @@ import httpx2
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from lanes import examples
 
-EXAMPLES = int(os.environ.get("MEMEX_FUZZ_EXAMPLES", "100"))
+EXAMPLES = int(os.environ.get("MEMEX_FUZZ_EXAMPLES") or examples(100))
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70),
                     st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=40))

@@ -18,6 +18,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
+from lanes import examples
 from schemathesis import GenerationMode
 from served import Served, start_server
 
@@ -108,7 +109,7 @@ def test_the_documents_limits_bounds_are_the_runtimes() -> None:
                 Limits(**{field: bad})
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(st.text(alphabet="/.a\x00b", max_size=12) | st.text(max_size=40))
 def test_the_documents_guest_path_pattern_is_the_servers_check(path: str) -> None:
     """The pattern the document gives a mount's guest path admits exactly what the server's
@@ -125,7 +126,7 @@ def test_the_documents_guest_path_pattern_is_the_servers_check(path: str) -> Non
     assert bool(re.fullmatch(GUEST_PATH, path)) == accepted, path
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(st.from_regex(REQUIREMENT, fullmatch=True).filter(lambda s: len(s) <= 200))
 def test_every_requirement_the_document_admits_is_one_the_server_reads(text: str) -> None:
     """The pattern the document gives a package requirement is a subset of what the

@@ -13,6 +13,7 @@ import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from lanes import examples
 from served import Served, client_for_test, start_server
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import ClientConnection, connect
@@ -165,7 +166,7 @@ def fuzz_socket(memex_server: Served) -> Iterator[ClientConnection]:
         a.close_session(sid)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(message=messages)
 def test_any_message_gets_a_typed_answer(fuzz_socket: ClientConnection, message: bytes
                                          ) -> None:

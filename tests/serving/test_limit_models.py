@@ -13,6 +13,7 @@ import jsonschema
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from lanes import examples
 from pydantic import BaseModel, ValidationError
 
 from memex.errors import ConfigError
@@ -96,7 +97,7 @@ def test_the_wire_model_states_limits_range(f: LimitField) -> None:
     assert not any(_wire_accepts(f.name, v) for v in outside)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.sampled_from(LIMIT_FIELDS),
        st.integers(-(1 << 63), 1 << 63) | st.floats(allow_nan=False, allow_infinity=True))
 def test_wire_and_limits_agree_on_any_number(f: LimitField, value: float) -> None:

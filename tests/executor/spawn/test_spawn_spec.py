@@ -11,6 +11,7 @@ import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from lanes import examples
 from pydantic import BaseModel
 
 from memex.executor import Budget, Trajectory
@@ -70,7 +71,7 @@ keys = st.sampled_from(["task", "inputs", "submit", "tools", "model", "limits", 
 
 
 @pytest.mark.slow
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.dictionaries(keys, values, max_size=6) | values)
 def test_any_request_is_a_spec_or_a_clear_refusal(spec: Any) -> None:
     try:

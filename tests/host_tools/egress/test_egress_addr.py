@@ -9,6 +9,7 @@ import ipaddress
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from lanes import examples
 
 from memex.host_tools.egress import BadURL, parse_url
 from memex.host_tools.egress._addr import (  # the parser's internals
@@ -59,7 +60,7 @@ def test_special_addresses_cover_what_python_calls_non_global(
 
 
 @given(st.text(max_size=80))
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 def test_parser_is_total(text: str) -> None:
     for url in (text, f"http://{text}", f"https://example.com/{text}"):
         try:
@@ -75,7 +76,7 @@ _path_part = st.text(alphabet="abc/.%2e%2E?#&=~ \\ü", max_size=30)
 
 @given(st.sampled_from(["http", "https", "HTTP"]), _host_part,
        st.one_of(st.none(), st.integers(0, 70000)), _path_part)
-@settings(max_examples=400)
+@settings(max_examples=examples(400))
 def test_normal_form_is_a_fixed_point(scheme: str, host: str, port: int | None,
                                       path: str) -> None:
     url = f"{scheme}://{host}" + (f":{port}" if port is not None else "") + "/" + path

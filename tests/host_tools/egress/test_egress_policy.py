@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from lanes import examples
 
 from memex.errors import ConfigError, PolicyError
 from memex.host_tools import EgressLimits, EgressPolicy, EgressRule, EgressSecret
@@ -163,7 +164,7 @@ url_st = st.sampled_from(["http://a.test/x", "http://b.a.test/y", "http://c.test
 
 @given(st.lists(rule_st, max_size=8), url_st, st.sampled_from(["GET", "POST"]),
        st.randoms(use_true_random=False))
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 def test_rule_order_never_changes_whether_a_request_is_allowed(
         rules: list[dict[str, Any]], url: str, method: str, rnd: random.Random) -> None:
     p = policy(*rules)
@@ -174,7 +175,7 @@ def test_rule_order_never_changes_whether_a_request_is_allowed(
 
 @given(st.lists(rule_st, min_size=1, max_size=12), url_st, st.sampled_from(["GET", "POST"]),
        st.sampled_from([None, ["10.1.1.1"], ["127.0.0.1", "10.2.2.2"], ["93.184.216.34"]]))
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 def test_the_index_finds_every_rule_that_can_decide(
         rules: list[dict[str, Any]], url: str, method: str, addresses: list[str] | None) -> None:
     p = policy(*rules)

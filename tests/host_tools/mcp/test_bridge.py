@@ -20,6 +20,7 @@ import jsonschema
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from lanes import examples
 
 from memex import Limits, Sandbox, ToolHost, ToolSet, TurnStatus
 from memex.errors import ConfigError, MCPServerError
@@ -226,7 +227,7 @@ def test_over_streamable_http(http_server: str) -> None:
             "[3, 7]"
 
 
-@settings(max_examples=40, deadline=None,
+@settings(max_examples=examples(40), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.dictionaries(st.sampled_from(["city", "days", "other"]),
                        st.one_of(st.none(), st.booleans(), st.integers(-10, 10),

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from lanes import examples
 
 from memex.integrations.mcp._stdio import OVERLONG, Lines
 
@@ -42,7 +43,7 @@ line_bytes = st.binary(max_size=3 * LIMIT).filter(lambda b: b"\n" not in b) | \
     st.text(max_size=40).map(lambda t: t.replace("\n", " ").encode())
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(lines=st.lists(line_bytes, min_size=1, max_size=8), last_newline=st.booleans(),
        cuts=st.lists(st.integers(min_value=0, max_value=2000), max_size=12))
 def test_lines_come_out_whole_whatever_the_chunks(lines: list[bytes], last_newline: bool,
