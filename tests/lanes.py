@@ -52,7 +52,8 @@ HYPOTHESIS_PROFILES = {"full": 100, "quick": 25}
 ``quick``, every other run ``full``) and its ``max_examples``, the scale of each test's own
 number of examples (:func:`examples`): a quick run tries a quarter of what the full run
 does, derandomized (the fast lane finds the same examples every run); the full run tries
-each test's number as written, with Hypothesis' own randomness and database."""
+each test's number as written, otherwise as Hypothesis' own default (on CI its ``ci``
+profile: derandomized, no database)."""
 PROFILE_VARIABLE = "MEMEX_HYPOTHESIS_PROFILE"
 
 
@@ -61,8 +62,10 @@ def load_hypothesis_profile() -> str:
     makes its settings): its name."""
     from hypothesis import settings
 
+    base = settings.default  # Hypothesis' own: its "ci" profile on CI (derandomized, no database)
     for name, most in HYPOTHESIS_PROFILES.items():
-        settings.register_profile(name, max_examples=most, derandomize=name == "quick")
+        settings.register_profile(name, parent=base, max_examples=most,
+                                  derandomize=name == "quick" or base.derandomize)
     name = os.environ.get(PROFILE_VARIABLE) or "full"
     if name not in HYPOTHESIS_PROFILES:
         raise pytest.UsageError(f"{PROFILE_VARIABLE}={name!r}: one of "
