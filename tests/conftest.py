@@ -16,7 +16,14 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from lanes import LANE_BUDGETS, doc_scope, lane_of, load_hypothesis_profile, uses_cluster
+from lanes import (
+    HANG_GUARDS,
+    LANE_BUDGETS,
+    doc_scope,
+    lane_of,
+    load_hypothesis_profile,
+    uses_cluster,
+)
 from served import Served, close_test_clients, cluster_toml, loopback_cluster, start_server
 
 import memex.runtime_wasm.engine._engine as _engine
@@ -58,6 +65,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.ray)
         if lane == "slow" and not item.get_closest_marker("slow"):  # on a server's fixture
             item.add_marker(pytest.mark.slow)
+        if lane in HANG_GUARDS and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(HANG_GUARDS[lane]))
         if item.get_closest_marker("ray"):
             ray_tests.append(item.nodeid)
         item.user_properties.append(("lane", lane))  # in the JUnit XML (tests/times.py)

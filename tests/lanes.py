@@ -16,8 +16,17 @@ LANE_BUDGETS = {"fast": 5.0, "slow": 30.0, "cluster": 90.0, "package-index": 30.
 """Seconds of a test's call in each lane before the end of a run names it."""
 LOCAL_MODEL_START = 540.0
 """Seconds the local-model tests let llama.cpp's server take to start (LocalModel's own
-default is 180 s): a loaded machine starts it late, not never, and a server that never
-answers still ends the test before the suite's hang guard (600 s) would."""
+default is 180 s): a loaded machine starts it late, not never."""
+LOCAL_MODEL_ROLLOUT = 600.0
+"""Seconds a local-model test's rollout may start model calls for (its Budget)."""
+LOCAL_MODEL_CALL = 600.0
+"""Seconds one model call of a local-model test may take (its client's timeout)."""
+HANG_GUARDS = {"local-model": LOCAL_MODEL_START + LOCAL_MODEL_ROLLOUT + LOCAL_MODEL_CALL + 60}
+"""A lane's hang guard where the suite's (pyproject's ``timeout``, 600 s) is shorter than
+what its tests' own bounds allow: a local-model test bounds its server's start, its rollout
+and the call in flight when the rollout's time ends, and on a loaded machine (two busy
+loops beside the suite) it ran past 600 s, when the guard ended its worker process as a
+hang. A test's own ``timeout`` marker still wins."""
 CLUSTER_FIXTURES = frozenset({"ray_cluster", "cluster_server", "rig"})
 SERVER_FIXTURES = frozenset({"memex_server"})
 """Fixtures that run a server in processes of its own (the session's ``memex serve``): a test

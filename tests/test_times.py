@@ -10,7 +10,16 @@ from pathlib import Path
 
 import pytest
 from hypothesis import settings
-from lanes import HYPOTHESIS_PROFILES, PROFILE_VARIABLE, examples, lane_of
+from lanes import (
+    HANG_GUARDS,
+    HYPOTHESIS_PROFILES,
+    LOCAL_MODEL_CALL,
+    LOCAL_MODEL_ROLLOUT,
+    LOCAL_MODEL_START,
+    PROFILE_VARIABLE,
+    examples,
+    lane_of,
+)
 from times import read, render
 
 XML = """<?xml version="1.0" encoding="utf-8"?>
@@ -41,6 +50,7 @@ def test_the_table_sums_each_lane_and_lists_the_slowest(tmp_path: Path) -> None:
 def test_this_test_is_in_the_fast_lane_and_says_so(request: pytest.FixtureRequest) -> None:
     assert lane_of(request.node) == "fast"
     assert ("lane", "fast") in request.node.user_properties
+    assert request.node.get_closest_marker("timeout") is None  # the suite's guard, 600 s
 
 
 def test_a_marked_soak_is_in_the_soak_lane_whatever_else_it_uses(
@@ -61,6 +71,17 @@ def test_a_property_tests_examples_follow_the_runs_hypothesis_profile() -> None:
         assert examples(300) == 75 and examples(2) == 1 and settings.default.derandomize
     finally:
         settings.load_profile(loaded)
+
+
+@pytest.mark.local_llm
+def test_the_local_model_lane_has_a_hang_guard_past_its_tests_own_bounds(
+        request: pytest.FixtureRequest) -> None:
+    """conftest gives the lane's tests its guard (the suite's 600 s ended a worker running a
+    local-model test on a loaded machine, within that test's own bounds)."""
+    assert lane_of(request.node) == "local-model"
+    guard = request.node.get_closest_marker("timeout").args[0]
+    assert guard == HANG_GUARDS["local-model"] > \
+        LOCAL_MODEL_START + LOCAL_MODEL_ROLLOUT + LOCAL_MODEL_CALL
 
 
 class _Item:

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
-from lanes import LOCAL_MODEL_START
+from lanes import LOCAL_MODEL_CALL, LOCAL_MODEL_ROLLOUT, LOCAL_MODEL_START
 
 from memex.eval import SUITES, load_results, run_eval, summarise
 from memex.executor import Aids, Budget
@@ -34,9 +34,10 @@ def test_a_question_with_the_local_model(tmp_path: Path) -> None:
     with LocalModel(MODEL, fetch=False, startup_timeout=LOCAL_MODEL_START) as lm:
         # bounded so a slow machine ends the rollouts rather than the CI job
         run = run_eval(SUITES["big-outputs"],
-                       llm=lm.client(max_reply_tokens=320, timeout=600, max_retries=0),
+                       llm=lm.client(max_reply_tokens=320, timeout=LOCAL_MODEL_CALL,
+                                     max_retries=0),
                        out=tmp_path, spaces=["code"], tasks=["status_count"],
-                       budget=Budget(max_turns=3, max_seconds=400),
+                       budget=Budget(max_turns=3, max_seconds=LOCAL_MODEL_ROLLOUT),
                        aids=Aids(resample_tries=1), backend="pool")
     assert run.ran == 1 and [r.task for r in run.results] == ["status_count"]
     for r in run.results:

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 import pytest
-from lanes import LOCAL_MODEL_START
+from lanes import LOCAL_MODEL_CALL, LOCAL_MODEL_ROLLOUT, LOCAL_MODEL_START
 
 from memex.eval import SUITES, grade
 from memex.executor import Aids, Budget, Hooks, MemexAgent, SandboxSpec, load_trajectories
@@ -40,10 +40,11 @@ def test_the_demos_task_with_the_local_model(tmp_path: Path) -> None:
         # Bounded so a slow machine ends the rollout rather than the CI job: at most three
         # turns (a reply repeating an earlier one is asked again once), no model call started
         # after 10 minutes, each at most 10 minutes (an idle 2-core machine answers in 5-20 s).
-        agent = MemexAgent(model=lm.client(max_reply_tokens=320, timeout=600, max_retries=0),
+        agent = MemexAgent(model=lm.client(max_reply_tokens=320, timeout=LOCAL_MODEL_CALL,
+                                            max_retries=0),
                            tools=ws.tools, submit=task.answer,
                            sandbox=SandboxSpec(limits=Limits(timeout=60), preload=ws.preload),
-                           budget=Budget(max_turns=3, max_seconds=600),
+                           budget=Budget(max_turns=3, max_seconds=LOCAL_MODEL_ROLLOUT),
                            aids=Aids(resample_tries=1),
                            hooks=Hooks(trajectory_path=str(path)))
         r = agent.run(task.question)
