@@ -19,9 +19,9 @@ import pytest
 from lanes import (
     HANG_GUARDS,
     LANE_BUDGETS,
-    doc_scope,
     lane_of,
     load_hypothesis_profile,
+    unit_of,
     uses_cluster,
 )
 from served import Served, close_test_clients, cluster_toml, loopback_cluster, start_server
@@ -33,7 +33,7 @@ from memex.backends import Backend, get_backend
 from memex.runtime_wasm import SandboxAPI
 
 HAVE_RAY = importlib.util.find_spec("ray") is not None
-HYPOTHESIS_PROFILE = load_hypothesis_profile()  # before a test module makes its settings
+load_hypothesis_profile()  # before a test module makes its settings
 
 # Short per-turn deadline for ordinary tests: a hung guest fails a test in seconds, not 30 s.
 DEFAULT_TIMEOUT = 10.0
@@ -97,7 +97,7 @@ def _end_ray_fixtures(item: pytest.Item) -> None:
     backends = manager.getfixturedefs("_session_backends", item)
     made = backends[-1].cached_result if backends else None
     if made is not None and isinstance(made[0], dict):  # (value, key, exception)
-        for kind in ("cluster", "ray"):
+        for kind in RAY_BACKENDS:
             b = made[0].pop(kind, None)
             if b is not None:
                 b.close()
@@ -109,7 +109,7 @@ def _end_ray_fixtures(item: pytest.Item) -> None:
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """xdist's ``load`` scheduling, but a document's blocks go to one worker in order, and
-    the tests that use Ray go to one worker (``lanes.doc_scope``). (Its own ``--dist
+    the tests that use Ray go to one worker (``lanes.unit_of``). (Its own ``--dist
     loadgroup`` groups nothing under pytest 9: it marks a group by renaming
     ``item._nodeid``, which pytest 9 no longer reads, so a document's blocks were spread over
     both workers and a skipped excerpt ran on the worker that missed its directive.)"""
@@ -126,7 +126,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
                         self.ray_tests = frozenset(json.load(f))
                 except FileNotFoundError:
                     self.ray_tests = frozenset()
-            return doc_scope(nodeid, self.ray_tests)
+            return unit_of(nodeid, self.ray_tests)
 
     return Units(config, log)
 
@@ -231,6 +231,10 @@ BACKEND_KINDS = [
     pytest.param("cluster", marks=[pytest.mark.ray, pytest.mark.skipif(
         not HAVE_RAY, reason="Ray is not installed (pip install 'memex[cluster]')")]),
 ]
+
+RAY_BACKENDS = tuple(p.values[0] for p in BACKEND_KINDS
+                     if not isinstance(p, str) and any(m.name == "ray" for m in p.marks))
+"""The backends of BACKEND_KINDS that hold Ray (ended with the Ray fixtures)."""
 
 # Small but real settings: one or two workers (the machine has two cores).
 BACKEND_OPTIONS: dict[str, dict[str, Any]] = {

@@ -98,7 +98,7 @@ RAY_UNIT = "tests that use Ray"
 """The unit of work every test that uses Ray goes to a worker in."""
 
 
-def doc_scope(nodeid: str, ray_tests: frozenset[str] = frozenset()) -> str:
+def unit_of(nodeid: str, ray_tests: frozenset[str] = frozenset()) -> str:
     """The unit of work a test goes to a worker in: one document's blocks together (a block
     may use names an earlier one defined, and a ``skip: next`` directive is an example that
     must run just before the block it skips, in the same process); every test that uses Ray

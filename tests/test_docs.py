@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from lanes import doc_scope
+from lanes import unit_of
 from sybil import Example, Sybil
 from sybil.parsers.markdown import PythonCodeBlockParser, SkipParser
 
@@ -81,9 +81,9 @@ def test_a_documents_blocks_are_one_unit_of_work() -> None:
     would otherwise land on different workers. The control: other tests stay units of their
     own, and two documents are two units."""
     ids = [f"tests/test_docs.py::test_the_docs_python_runs[{c.id}]" for c in _cases()]
-    readme = {doc_scope(i) for i in ids if "[README.md:" in i}
+    readme = {unit_of(i) for i in ids if "[README.md:" in i}
     assert len(readme) == 1
-    assert len({doc_scope(i) for i in ids}) == sum(1 for p in DOCS if _examples(p)) > 5
+    assert len({unit_of(i) for i in ids}) == sum(1 for p in DOCS if _examples(p)) > 5
     other = ["tests/test_docs.py::test_every_block_runs_or_says_why_not",
              "tests/test_layering.py::test_layers_import_only_downwards"]
-    assert [doc_scope(i) for i in other] == other
+    assert [unit_of(i) for i in other] == other
