@@ -128,6 +128,31 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
                     self.ray_tests = frozenset()
             return unit_of(nodeid, self.ray_tests)
 
+        def remove_node(self, node: Any) -> str | None:
+            """A worker that died (a hang guard's timeout ends its process): its unfinished
+            units go back to the queue, less the test it died in, which xdist reports failed
+            and is not run again (as xdist's ``load`` scheduling does: a retry would hide a
+            flake and pay a hang twice). xdist's own keeps every unit the worker was ever
+            sent, finished ones too, and puts them all back: a worker then sent a finished
+            unit is sent no test, finishes none, and so is never sent another: the run
+            hung on the surviving worker with the replacement idle (found by a CPU-hog run;
+            tests/test_times.py checks it)."""
+            workload = self.assigned_work.pop(node)
+            unfinished = {scope: unit for scope, unit in workload.items()
+                          if not all(unit.values())}
+            if not unfinished:
+                return None
+            crashed: str = next(nodeid for unit in unfinished.values()
+                           for nodeid, done in unit.items() if not done)
+            for unit in unfinished.values():
+                if crashed in unit:
+                    unit[crashed] = True
+            self.workqueue.update((scope, unit) for scope, unit in unfinished.items()
+                                  if not all(unit.values()))
+            for other in self.assigned_work:
+                self._reschedule(other)
+            return crashed
+
     return Units(config, log)
 
 

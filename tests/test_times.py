@@ -101,19 +101,19 @@ def test_a_test_on_a_server_or_the_cluster_is_in_its_lane_unmarked() -> None:
     assert lane_of(_Item({"memex_server"}, {"soak"})) == "soak"
 
 
-def _probe(tmp_path: Path, **env: str) -> list[tuple[str, str]]:
+def _probe(tmp_path: Path, returncode: int = 0, **env: str) -> tuple[list[tuple[str, str]], str]:
     """Run tests/units_probe.py on two workers: (worker, what) of each test and of its stand-in
-    Ray cluster's start and end, in the order each worker did them."""
-    out = tmp_path / ("control" if env else "run")
+    Ray cluster's start and end, in the order each worker did them; and pytest's output."""
+    out = tmp_path / ("-".join(sorted(env)) or "run")
     out.mkdir()
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider",
          "--timeout=120", str(Path(__file__).parent / "units_probe.py")],
         cwd=Path(__file__).parent.parent, capture_output=True, text=True, timeout=300,
         env={**os.environ, "MEMEX_PROBE_OUT": str(out), **env})
-    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.returncode == returncode, run.stdout + run.stderr
     return [(w, what) for w, what in
-            (line.split(" ", 1) for line in (out / "log").read_text().splitlines())]
+            (line.split(" ", 1) for line in (out / "log").read_text().splitlines())], run.stdout
 
 
 @pytest.mark.slow
@@ -122,14 +122,28 @@ def test_the_tests_that_use_ray_run_on_one_worker_which_then_ends_ray(tmp_path: 
     which marks it) to one worker, so one worker starts the session's Ray cluster, and that
     worker ends it after the last of them, before its next test; the control: the same tests
     without the marker go to both workers."""
-    log = _probe(tmp_path)
+    log, _ = _probe(tmp_path)
     ran = dict((what, w) for w, what in log)
-    assert len(ran) == 3 + 6 + 2
+    assert len(ran) == 3 + 6 + 1 + 2
     ray = {ran[f"ray_{i}"] for i in (1, 2, 3)}
     assert len(ray) == 1
     mine = [what for w, what in log if w in ray]
     assert mine[:5] == ["cluster up", "ray_1", "ray_2", "ray_3", "cluster down"], mine
     assert len(mine) > 5  # the cluster ended before a test after it, not with the session
-    control = dict((what, w) for w, what in _probe(tmp_path, MEMEX_PROBE_UNMARKED="1"))
-    assert len(control) == 3 + 6
+    control = dict((what, w) for w, what in _probe(tmp_path, MEMEX_PROBE_UNMARKED="1")[0])
+    assert len(control) == 3 + 6 + 1
     assert len({control[f"ray_{i}"] for i in (1, 2, 3)}) == 2
+
+
+@pytest.mark.slow
+def test_a_worker_that_dies_fails_its_test_and_the_rest_still_run(tmp_path: Path) -> None:
+    """A worker ended mid-run (as the hang guard's timeout ends one) fails the test it was in,
+    once, and every other test still runs, once: the run ends. Under xdist's own
+    ``remove_node`` the finished units of the dead worker went back to the queue and the run
+    never ended (the probe hit its timeout: checked)."""
+    log, out = _probe(tmp_path, returncode=1, MEMEX_PROBE_UNMARKED="1", MEMEX_PROBE_CRASH="1")
+    ran = [what for _, what in log]
+    assert sorted(ran) == sorted([f"ray_{i}" for i in (1, 2, 3)]
+                                 + [f"other_{n}" for n in range(6)]), ran
+    assert "crashed while running 'tests/units_probe.py::test_crash'" in out, out
+    assert "1 failed, 9 passed" in out, out

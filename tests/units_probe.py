@@ -2,7 +2,9 @@
 two workers to see which worker ran each of its tests, and when the session's Ray cluster
 (here a stand-in of the same name) was started and ended. Its first three tests use that
 fixture, which marks them ``ray``, unless ``MEMEX_PROBE_UNMARKED`` is set: the control, in
-which they use nothing and are marked ``slow``, a marker that groups nothing."""
+which they use nothing and are marked ``slow``, a marker that groups nothing. With
+``MEMEX_PROBE_CRASH`` set, its last test ends its worker's process (as a hang guard's timeout
+does) once that worker has finished a test."""
 
 from __future__ import annotations
 
@@ -57,3 +59,18 @@ def test_other(n: int) -> None:
             assert time.monotonic() < deadline, "the last Ray test never ran"
             time.sleep(0.01)
     _record(f"other_{n}")
+
+
+def test_crash() -> None:
+    """Under ``MEMEX_PROBE_CRASH``: ends its worker, which has finished a test by then (the
+    last unit is sent to a worker as it finishes one); run again, it would say so."""
+    if os.environ.get("MEMEX_PROBE_CRASH"):
+        log = Path(os.environ["MEMEX_PROBE_OUT"], "log")
+        me = os.environ["PYTEST_XDIST_WORKER"]
+        if log.exists() and (Path(os.environ["MEMEX_PROBE_OUT"], "crashed")).exists():
+            _record("crash run again")
+            return
+        assert any(line.startswith(f"{me} ") for line in log.read_text().splitlines())
+        Path(os.environ["MEMEX_PROBE_OUT"], "crashed").touch()
+        os._exit(1)
+    _record("crash")
