@@ -161,14 +161,17 @@ def test_fork_of_a_fork_of_a_delta_chain_is_independent(
 @pytest.mark.slow
 def test_growth_between_checkpoints(make_sandbox: MakeSandbox, tracking: str) -> None:
     """Memory grown by a turn is not watched yet: its pages must land in the next image."""
-    sb = make_sandbox(limits=Limits(timeout=2))
-    sb.run(SETUP)
+    # the loop below is ended by its own 2 s deadline; the other turns have the sandbox's
+    # (hashing 64 MiB took past 2 s beside a CPU hog, and ``want`` was then None)
+    sb = make_sandbox(limits=Limits(timeout=120))
+    assert sb.run(SETUP).ok
     before = sb.memory_bytes
     assert sb.run("big = bytearray(range(256)) * (64 << 12)\nbig[-1] = 7").ok  # 64 MiB
     assert sb.memory_bytes > before
-    sb.run("big[12345] = 99")
+    assert sb.run("big[12345] = 99").ok
     want = sb.run("hashlib.sha256(big).hexdigest()").value
-    assert sb.run("big[:] = bytes(len(big))\nwhile True:\n    pass").rolled_back
+    assert want is not None
+    assert sb.run("big[:] = bytes(len(big))\nwhile True:\n    pass", timeout=2).rolled_back
     assert sb.run("hashlib.sha256(big).hexdigest()").value == want
     cp = sb.checkpoint()
     fork = sb.fork()

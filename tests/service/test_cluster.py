@@ -363,8 +363,10 @@ def test_sessions_end_by_their_ttl_across_the_cluster(rig: ClusterRig) -> None:
     a, b = rig.fronts
     with backend(a, rig.keys["small"]) as ba, backend(b, rig.keys["small"]) as bb:
         short = ba.open(limits=Limits(memory=128 << 20, timeout=20, lifetime=2))
-        idle = bb.open(limits=Limits(memory=128 << 20, timeout=20, idle_timeout=2))
         kept = ba.open(limits=Limits(memory=128 << 20, timeout=20))
+        # opened last, its turn at once: its idle clock runs from the open (opened before
+        # `kept`, beside a CPU hog, it was idle 2 s before this turn came and was ended)
+        idle = bb.open(limits=Limits(memory=128 << 20, timeout=20, idle_timeout=2))
         busy = idle.run("import time; time.sleep(3.5); 'done'")  # longer than its timeout
         assert busy.value == "'done'", busy  # a running turn is not idle: left to finish
         deadline = time.monotonic() + 10
@@ -571,11 +573,13 @@ def test_a_slab_answers_only_a_front_that_knows_its_secret(rig: ClusterRig) -> N
         call = ["call", 1, "run", [sb.id, "x = 'ran'", None, None]]
 
         def exchange(first: list[Any]) -> list[Any]:
-            ch = Channel(socket.create_connection(endpoint, timeout=10))
+            # 60 s bounds a hang: each exchange ends on the slab's answer or its close (a
+            # 10 s bound timed out beside a CPU hog, the slab's guests running at nice 15)
+            ch = Channel(socket.create_connection(endpoint, timeout=60))
             try:
                 ch.send(first)
                 ch.send(call)
-                return [ch.recv(10)[0] for _ in range(3)]
+                return [ch.recv(60)[0] for _ in range(3)]
             finally:
                 ch.close()
 

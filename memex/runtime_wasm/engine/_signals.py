@@ -72,9 +72,12 @@ def _library_of(address: int) -> str:
 
 def _rays(address: int) -> bool:
     """Whether a displacing handler is Ray's (its core worker's crash reporter), or the
-    default action Ray's shutdown leaves once Ray's was seen here."""
+    default action Ray's shutdown leaves: once Ray's was seen here, or when Ray's core worker
+    was loaded in this process at all (started before MemEx's first engine, Ray's handler
+    was below wasmtime's and never seen; its shutdown still puts back what it found, the
+    default action, over wasmtime's)."""
     if address == 0:
-        return _RAY_SEEN[0]
+        return _RAY_SEEN[0] or "ray._raylet" in sys.modules
     path = _library_of(address)
     return os.path.basename(path).startswith("_raylet") and "/ray/" in path
 
