@@ -17,6 +17,11 @@ LANE_BUDGETS = {"fast": 5.0, "slow": 30.0, "cluster": 90.0, "package-index": 30.
 LOCAL_MODEL_START = 540.0
 """Seconds the local-model tests let llama.cpp's server take to start (LocalModel's own
 default is 180 s): a loaded machine starts it late, not never."""
+LOCAL_MODEL_THREADS = 1
+"""llama.cpp threads for the local-model tests, which share the machine with the other
+worker's tests: one answered a 630-token prompt in 11.5 s on the quiet 2-core machine (two:
+11.1 s) and in 27.5 s beside two busy loops (two: 75.1 s, their barrier waiting on each
+other; beside the full run and the loops one call of two threads passed 600 s)."""
 LOCAL_MODEL_ROLLOUT = 600.0
 """Seconds a local-model test's rollout may start model calls for (its Budget)."""
 LOCAL_MODEL_CALL = 600.0

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
-from lanes import LOCAL_MODEL_CALL, LOCAL_MODEL_ROLLOUT, LOCAL_MODEL_START
+from lanes import LOCAL_MODEL_CALL, LOCAL_MODEL_ROLLOUT, LOCAL_MODEL_START, LOCAL_MODEL_THREADS
 
 from memex.eval import SUITES, load_results, run_eval, summarise
 from memex.executor import Aids, Budget
@@ -31,7 +31,8 @@ pytestmark = [pytest.mark.local_llm, pytest.mark.slow]
 
 @pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
 def test_a_question_with_the_local_model(tmp_path: Path) -> None:
-    with LocalModel(MODEL, fetch=False, startup_timeout=LOCAL_MODEL_START) as lm:
+    with LocalModel(MODEL, fetch=False, startup_timeout=LOCAL_MODEL_START,
+                    n_threads=LOCAL_MODEL_THREADS) as lm:
         # bounded so a slow machine ends the rollouts rather than the CI job
         run = run_eval(SUITES["big-outputs"],
                        llm=lm.client(max_reply_tokens=320, timeout=LOCAL_MODEL_CALL,

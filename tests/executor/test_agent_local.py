@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 import pytest
-from lanes import LOCAL_MODEL_CALL, LOCAL_MODEL_ROLLOUT, LOCAL_MODEL_START
+from lanes import LOCAL_MODEL_CALL, LOCAL_MODEL_ROLLOUT, LOCAL_MODEL_START, LOCAL_MODEL_THREADS
 
 from memex.eval import SUITES, grade
 from memex.executor import Aids, Budget, Hooks, MemexAgent, SandboxSpec, load_trajectories
@@ -36,7 +36,8 @@ def test_the_demos_task_with_the_local_model(tmp_path: Path) -> None:
     ws = SUITES["big-outputs"].build(0, tmp_path / "ws")
     [task] = [t for t in ws.tasks if t.id == "refund_total"]
     path = tmp_path / "t.jsonl"
-    with LocalModel(MODEL, fetch=False, startup_timeout=LOCAL_MODEL_START) as lm:
+    with LocalModel(MODEL, fetch=False, startup_timeout=LOCAL_MODEL_START,
+                    n_threads=LOCAL_MODEL_THREADS) as lm:
         # Bounded so a slow machine ends the rollout rather than the CI job: at most three
         # turns (a reply repeating an earlier one is asked again once), no model call started
         # after 10 minutes, each at most 10 minutes (an idle 2-core machine answers in 5-20 s).

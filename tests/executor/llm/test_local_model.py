@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from lanes import LOCAL_MODEL_START
+from lanes import LOCAL_MODEL_START, LOCAL_MODEL_THREADS
 
 from memex.errors import ConfigError, LocalModelError, ModelFileError, SetupError
 from memex.executor.internal import (
@@ -433,7 +433,8 @@ def _real_model() -> str:
 @pytest.mark.local_llm
 def test_real_local_model_answers_through_llm_client() -> None:
     key = _real_model()
-    with LocalModel(key, fetch=False, startup_timeout=LOCAL_MODEL_START) as lm, \
+    with LocalModel(key, fetch=False, startup_timeout=LOCAL_MODEL_START,
+                    n_threads=LOCAL_MODEL_THREADS) as lm, \
             lm.client(max_reply_tokens=12) as client:
         msgs = [{"role": "user", "content": "Reply with one word: hello"}]
         r = client.complete(msgs)
