@@ -24,7 +24,15 @@ from lanes import (
     unit_of,
     uses_cluster,
 )
-from served import Served, close_test_clients, cluster_toml, loopback_cluster, start_server
+from served import (
+    LAUNCHED,
+    Served,
+    close_test_clients,
+    cluster_toml,
+    loopback_cluster,
+    start_server,
+    stop_launched_since,
+)
 
 import memex.runtime_wasm.engine._engine as _engine
 import memex.runtime_wasm.internal as rw
@@ -180,6 +188,18 @@ def _test_clients() -> Iterator[None]:
     """The test's clients (served.client_for_test) closed when it ends."""
     yield
     close_test_clients()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """A server the test's body launched and left running (it failed before its own stop)
+    is stopped as the body ends, not left to the rest of the run (fixtures, set up before
+    and torn down after the body, stop their own)."""
+    count = len(LAUNCHED)
+    try:
+        return (yield)
+    finally:
+        stop_launched_since(count)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -130,6 +130,25 @@ def start_server(folder: Path, tenants: dict[str, str], server: str = "", port: 
     return launch(config, keys)
 
 
+LAUNCHED: list[subprocess.Popen[bytes]] = []
+"""Every `memex serve` launched in this process: conftest stops those a test's body started
+and left running (a test that failed before its own stop left its server and its workers
+behind for the rest of the run, found after a run with failures). Fixtures stop their own."""
+
+
+def stop_launched_since(count: int) -> None:
+    """Stop (SIGTERM, then SIGKILL) those of the servers launched after the first ``count``
+    that still run."""
+    for proc in LAUNCHED[count:]:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(30)
+
+
 def launch(config: Path, keys: dict[str, str]) -> Served:
     """Run `memex serve --config config` (again, for a restart) and wait for its URL."""
     log = config.with_name(f"serve-{time.monotonic_ns()}.log")
@@ -137,6 +156,7 @@ def launch(config: Path, keys: dict[str, str]) -> Served:
         proc = subprocess.Popen([sys.executable, "-m", "memex", "serve", "--config",
                                  str(config)], stdout=out, stderr=out,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    LAUNCHED.append(proc)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         found = re.search(r"serving (http://127\.0\.0\.1:\d+)", log.read_text())
