@@ -58,14 +58,7 @@ class Served:
         return log
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(30)
-        return self.proc.returncode
+        return _end(self.proc, sig)
 
 
 def loopback_cluster(head: dict[str, Any] | None = None, *nodes: dict[str, Any]) -> Any:
@@ -136,17 +129,22 @@ and left running (a test that failed before its own stop left its server and its
 behind for the rest of the run, found after a run with failures). Fixtures stop their own."""
 
 
+def _end(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> int:
+    """Send ``sig`` to a server still running, SIGKILL it if it has not ended in 60 s."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(30)
+    return proc.returncode
+
+
 def stop_launched_since(count: int) -> None:
-    """Stop (SIGTERM, then SIGKILL) those of the servers launched after the first ``count``
-    that still run."""
+    """Stop those of the servers launched after the first ``count`` that still run."""
     for proc in LAUNCHED[count:]:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(30)
+        _end(proc)
 
 
 def launch(config: Path, keys: dict[str, str]) -> Served:

@@ -65,12 +65,12 @@ def test_crash() -> None:
     """Under ``MEMEX_PROBE_CRASH``: ends its worker, which has finished a test by then (the
     last unit is sent to a worker as it finishes one); run again, it would say so."""
     if os.environ.get("MEMEX_PROBE_CRASH"):
-        log = Path(os.environ["MEMEX_PROBE_OUT"], "log")
-        me = os.environ["PYTEST_XDIST_WORKER"]
-        if log.exists() and (Path(os.environ["MEMEX_PROBE_OUT"], "crashed")).exists():
+        out = Path(os.environ["MEMEX_PROBE_OUT"])
+        if (out / "crashed").exists():
             _record("crash run again")
             return
-        assert any(line.startswith(f"{me} ") for line in log.read_text().splitlines())
-        Path(os.environ["MEMEX_PROBE_OUT"], "crashed").touch()
+        me = os.environ["PYTEST_XDIST_WORKER"]
+        assert any(line.startswith(f"{me} ") for line in (out / "log").read_text().splitlines())
+        (out / "crashed").touch()
         os._exit(1)
     _record("crash")
