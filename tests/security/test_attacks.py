@@ -271,7 +271,8 @@ def test_forged_and_malformed_door_frames(open_sandbox: OpenSandbox, name: str) 
         assert r.status in (TurnStatus.OK, TurnStatus.EXIT, TurnStatus.ERROR), r
         assert r.trap is None, r
         _usable(sb)
-        assert sb.run("echo(1)").value == "'int'"
+        r = sb.run("echo(1)")
+        assert r.value == "'int'", (r.exception, r.stderr)
 
 
 def test_concurrent_callers_are_serialised_not_interleaved(open_sandbox: OpenSandbox) -> None:
