@@ -8,7 +8,7 @@ an empty door answers them (``unknown_op``).
 
 Messages are msgpack arrays in binary WebSocket messages::
 
-    server -> client  ["ready"]                              (once, when attached)
+    server -> client  ["ready"]              (once, when the guest's calls reach this connection)
     server -> client  ["door", seq, seconds_left | None, frame, turn_key | None]
     client -> server  ["door_reply", seq, "ok", frame]
     client -> server  ["door_reply", seq, "killed", limit, detail]
@@ -120,6 +120,13 @@ class ClientDoor(Door):
             self._busy[self._token] = 0
             self._joined.notify_all()
             return self._token
+
+    async def joined(self, token: int) -> bool:
+        """True once calls are routed to connection ``token``: here at once (:meth:`attach`
+        routes to it before it returns). A door whose guest is elsewhere (the cluster's
+        relay) answers once its far end routes to the connection, so the client is told
+        ``ready`` only when its tools can be called."""
+        return token in self._conns
 
     def detach(self, token: int, why: str = "the client disconnected during a tool call") -> None:
         """Stop routing to a connection; the calls waiting on it fail (``cancelled``)."""

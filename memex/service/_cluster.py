@@ -77,6 +77,9 @@ CONFIG_POLL = 1.0
 refused on every front within about this, plus the time to notice the file changed)."""
 RELAY_WAIT = 2.0
 """Seconds the door relay waits on a slab's answer before it asks where the session is."""
+JOIN_WAIT = 30.0
+"""Seconds a client's new door connection waits for the session's slab to route calls to it
+before it is closed (1013, try again) rather than told ``ready``."""
 CONNECT_TIMEOUT = 5.0
 """Seconds to open a socket to a slab (a node gone without a word is found out by this)."""
 RUNNING_POLL = (0.002, 0.05)
@@ -411,6 +414,7 @@ class RelayDoor(Door):
         super().__init__()
         self.sb = sandbox
         self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._joined: dict[int, asyncio.Event] = {}
         self._next = 0
 
     @property
@@ -420,10 +424,29 @@ class RelayDoor(Door):
     def attach(self, send: Callable[[bytes], Any], loop: asyncio.AbstractEventLoop) -> int:
         self._next += 1
         token = self._next
-        self._tasks[token] = loop.create_task(self._relay(send))
+        self._joined[token] = joined = asyncio.Event()
+        self._tasks[token] = loop.create_task(self._relay(send, joined))
         return token
 
-    async def _relay(self, send: Callable[[bytes], Any]) -> None:
+    async def joined(self, token: int) -> bool:
+        """True once the session's slab routes calls to this connection (its relay attached
+        there): the guest's calls go through the slab's door, which answers a call as an
+        empty door while no connection was ever attached there, so a client told ``ready``
+        before that had its first tool call answered ``unknown tool`` (the turns reach the
+        slab by another path than the relay's attach, and could overtake it). False if the
+        relay ended first (the session did) or did not attach within ``JOIN_WAIT``."""
+        event, task = self._joined.get(token), self._tasks.get(token)
+        if event is None or task is None:
+            return False
+        waiter = asyncio.ensure_future(event.wait())
+        try:
+            await asyncio.wait({waiter, task}, timeout=JOIN_WAIT,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        return event.is_set()
+
+    async def _relay(self, send: Callable[[bytes], Any], joined: asyncio.Event) -> None:
         """Pull the session's door frames from its slab and send them to the client, for as
         long as the connection lasts; when the slab stops answering (the session moved, its
         node was lost), find where the session is now and go on there. Every wait on the
@@ -438,6 +461,7 @@ class RelayDoor(Door):
                                                  RELAY_WAIT)
                     if out[0] == "ok":
                         slab_token = out[1]
+                        joined.set()
                     while slab_token is not None:
                         got = await asyncio.wait_for(
                             link.slab(slab).door_pull.remote(sb.sid, slab_token, 1.0),
@@ -475,6 +499,7 @@ class RelayDoor(Door):
         return True
 
     def detach(self, token: int) -> None:
+        self._joined.pop(token, None)
         task = self._tasks.pop(token, None)
         if task is not None:
             task.cancel()

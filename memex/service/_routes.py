@@ -518,6 +518,10 @@ async def _door(ws: WebSocket, svc: Service, key: str | None, name: str, s: Sess
     token = s.door.attach(send, asyncio.get_running_loop())
     watch = asyncio.ensure_future(_while_valid(keys, ws))
     try:
+        if not await s.door.joined(token):  # its calls would not reach this client yet
+            with contextlib.suppress(Exception):
+                await ws.close(code=1013)  # try again later
+            return
         await ws.send_bytes(b"\x91\xa5ready")  # msgpack ["ready"]
         while True:
             data = await ws.receive_bytes()

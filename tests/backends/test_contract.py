@@ -422,6 +422,20 @@ def test_raw_door_frames(open_sandbox: OpenSandbox) -> None:
     assert [c.op for c in door.calls] == ["echo", None]
 
 
+def test_a_door_answers_the_first_turn_of_every_new_session(open_sandbox: OpenSandbox) -> None:
+    """A session's first turn reaches the handlers its door had when it opened: a remote
+    client is told its door is ready only once the guest's calls are routed to it (the
+    cluster's slab answered a first call as an empty door, ``unknown tool``, when the turn
+    overtook the relay's attach there)."""
+    door = Door()
+    door.register("ping", lambda i: i)
+    for i in range(12):
+        sb = open_sandbox(door=door)
+        r = sb.run(f"import memex_guest\nmemex_guest.call('ping', {i})")
+        assert r.value == str(i), (i, r.exception)
+        sb.close()
+
+
 def test_disk_caps_and_counts_are_the_same_on_every_backend(open_sandbox: OpenSandbox) -> None:
     sb = open_sandbox(limits=Limits(timeout=10, disk_bytes=1 << 20, disk_files=5,
                                     open_files=24))
