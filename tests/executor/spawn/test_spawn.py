@@ -407,17 +407,24 @@ def test_waits_end_before_the_block_deadline() -> None:
     code = ("h = spawn_agent('takes a while', submit=int)\n"
             "try:\n    h.result(timeout=0.2)\nexcept TimeoutError as e:\n    print('T1', e)\n"
             "h.result()")
+    released = threading.Event()
 
     def root(turn: int, req: dict[str, Any]) -> str:
         if turn == 0:
             return py(code)
+        released.set()  # the first block has ended: the sub-agent may finish now
         if "\n9" in str(req["messages"][-1]["content"]):  # the answer was printed
             return py("submit(total=h.result(), label='w')")
         return py("print(h.result())")
 
-    nap = py("import time\ntime.sleep(1.5)")
-    r, _ = run_tree({"root": root, "takes a while": [nap, nap, py("submit(9)")]},
-                    sandbox=SandboxSpec(limits=Limits(timeout=2)), submit=Answer)
+    def takes_a_while(turn: int, req: dict[str, Any]) -> str:
+        assert released.wait(25), "the root's first block never ended"  # its model: 30 s
+        return py("submit(9)")
+
+    # a block of 5 s: at 2 s, beside a CPU hog the block was killed at its limit before its
+    # wait gave up (the sub-agent's sandbox opens and its first reply comes beside it)
+    r, _ = run_tree({"root": root, "takes a while": takes_a_while},
+                    sandbox=SandboxSpec(limits=Limits(timeout=5)), submit=Answer)
     first = r.trajectory.steps[0]
     assert "T1 sub-agent(s) 1 did not finish within 0.2s" in first.observation
     assert first.status == "error" and first.error == "TimeoutError"  # not killed
