@@ -147,3 +147,14 @@ def test_a_worker_that_dies_fails_its_test_and_the_rest_still_run(tmp_path: Path
                                  + [f"other_{n}" for n in range(6)]), ran
     assert "crashed while running 'tests/units_probe.py::test_crash'" in out, out
     assert "1 failed, 9 passed" in out, out
+
+
+def test_each_worker_leads_a_session_of_its_own() -> None:
+    """conftest puts each xdist worker in a session of its own (``_own_session``), so the
+    nice steps its servers' guests run below their server count inside that session's
+    scheduling group, not against the processes of the session that started pytest; the
+    control: the controller that started the worker is still in another session."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        pytest.skip("a property of pytest-xdist's workers (./build.sh test and quick use two)")
+    assert os.getsid(0) == os.getpid()
+    assert os.getsid(os.getppid()) != os.getpid()
