@@ -75,9 +75,10 @@ def _own_session() -> None:
     Under Linux's autogroup scheduling a session is one scheduling group and nice counts only
     inside it; in the session of whatever started pytest, those guests were instead ranked
     below every other process there: the other worker's tests, or a CPU hog started beside
-    the run, which left them a few percent of a core (cluster turns past their 10 s deadline
-    beside two busy loops: tests/security/test_attacks.py on the cluster, 3 of 4 failed; in
-    their own session: passed). A worker already leading its process group stays where it is.
+    the run (nice 10 weighs about a tenth of nice 0). Beside two busy loops, 4 cluster tests
+    of tests/security/test_attacks.py: 3 failed past their 10 s deadline in the shared
+    session, 4 passed in their own. A worker already leading its process group stays where
+    it is (setsid refuses a group leader).
     """
     with contextlib.suppress(PermissionError):
         os.setsid()
