@@ -984,6 +984,36 @@ def bench_disk(q: bool) -> None:
         add("disk", f"{what}, quotas off (baseline)", b)
 
 
+_OUTPUT_CELLS = (("20,000 flushed lines",
+                  "import sys\nfor i in range(20000):\n    print(i, flush=True)"),
+                 ("8 MiB to stdout in 64 KiB writes",
+                  "import os\nb = b'x' * 65536\nfor _ in range(128):\n    os.write(1, b)"),
+                 ("one print", "print(1)"))
+
+
+def bench_output(q: bool) -> None:
+    """What the guest's stdout costs per turn (wall, host included): written to its sink on
+    the guest's own thread (the ``fd_write`` shadow), against the engine's own stream, which
+    hands each write to a thread of its async runtime and waits for it (the baseline: what
+    MemEx did before, kept for instances made without the file shadows)."""
+    n = 5 if q else 11
+    limits = Limits(timeout=120, stdout_bytes=64 << 20)
+    with Sandbox(limits=limits, rollback=False) as on, \
+            Sandbox(limits=limits, rollback=False, _guard_files=False) as off:
+        for what, code in _OUTPUT_CELLS:
+            on.run(code), off.run(code)
+            a, b = [], []
+            for i in range(n):  # interleaved, each first in turn
+                for sb, into in ((on, a), (off, b)) if i % 2 == 0 else ((off, b), (on, a)):
+                    t = time.perf_counter()
+                    r = sb.run(code)
+                    into.append(time.perf_counter() - t)
+                    assert r.ok and not r.truncated, r
+            ma, mb = statistics.median(a), statistics.median(b)
+            add("output", f"{what}, guest thread", a, f"{mb / ma:.1f}x faster than the baseline")
+            add("output", f"{what}, engine's stream (baseline)", b)
+
+
 # ---- hostile guests (SECURITY.md, the runtime's own bookkeeping) -------------------------------
 def _allocated(paths: list[Path], skip: set[tuple[int, int]]) -> int:
     """Bytes of disk the regular files under ``paths`` hold, each inode once, leaving out the
@@ -1128,6 +1158,7 @@ def main() -> None:
         ("memex", "turns", bench_turns),
         ("memex", "door", bench_door),
         ("disk", "disk", bench_disk),
+        ("output", "output", bench_output),
         ("hostile", "hostile", bench_hostile),
         ("images", "images", bench_images),
         ("images", "incremental", bench_incremental),

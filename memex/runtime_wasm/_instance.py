@@ -149,7 +149,8 @@ class Instance:
                               stderr=_ffi.output_callback(self._out_keys[1]))
             self.files = GuestFiles(disk if disk is not None else _unlimited(), spec.preopens,
                                     lambda: self._mem,
-                                    lambda: _ffi.wasi_calls(eng, ctx, self.memory), ctx)
+                                    lambda: _ffi.wasi_calls(eng, ctx, self.memory), ctx,
+                                    stdio={1: self.stdout.write, 2: self.stderr.write})
             for name in _ffi.WASI_FILE_IMPORTS:  # the trampolines look them up by name
                 setattr(self, name, getattr(self.files, name))
             _ffi.bind_target(ctx, self)

@@ -257,7 +257,6 @@ def leave(prev: HostTarget | None) -> None:
 
 
 _CALLBACK = ctypes.CFUNCTYPE(_c_size_t, _c_void_p, _c_void_p, _c_void_p, _c_size_t)
-_FINALIZER = ctypes.CFUNCTYPE(None, _c_void_p)
 _P4 = struct.Struct("<I12xI12xI12xI12x")  # four i32 slots of wasmtime_val_raw_t
 _CLOCK_ARGS = struct.Struct("<I12xQ8xI12x")  # (i32, i64, i32)
 _I32 = struct.Struct("<i")
@@ -334,13 +333,6 @@ _IMPORTS = (
 _CALLBACKS = [_trampoline(method, unpack) for _, _, method, unpack, _ in _IMPORTS]
 
 
-def _finalize_nothing(_data: int | None) -> None:
-    return None
-
-
-_no_finalizer = _FINALIZER(_finalize_nothing)
-
-
 # ---- epoch deadlines ------------------------------------------------------------------------
 # wasmtime_error_t *cb(wasmtime_context_t *, void *env, uint64_t *delta, uint8_t *kind)
 _EPOCH_CALLBACK = ctypes.CFUNCTYPE(_c_size_t, _c_void_p, _c_void_p, _c_void_p, _c_void_p)
@@ -411,8 +403,7 @@ def instance_pre(engine: int, module: int, *, guard_files: bool = True) -> int:
             mb, nb = mod.encode(), name.encode()
             try:
                 err = _define_unchecked(linker, mb, len(mb), nb, len(nb), ty,
-                                        ctypes.cast(cb, _c_void_p).value, None,
-                                        ctypes.cast(_no_finalizer, _c_void_p).value)
+                                        ctypes.cast(cb, _c_void_p).value, None, None)
             finally:
                 _capi.functype_delete(ty)
             if err:
@@ -528,8 +519,11 @@ def release_output_keys(keys: tuple[int, ...]) -> None:
 
 def output_callback(key: int) -> tuple[int, int, int]:
     """(callback, data, finalizer) addresses for ``_capi.wasi_config``'s stdout or stderr:
-    the guest's writes go to the sink registered under ``key``."""
+    the guest's writes go to the sink registered under ``key``. No finalizer: the engine
+    calls it where its stream is dropped, on a thread of its async runtime, and a Python
+    callback there aborts the process if the interpreter is finalizing (the guest's writes
+    reach their sinks on the guest's own thread, through the ``fd_write`` shadow of
+    ``files``; this callback serves only instances made without the file shadows)."""
     cb = ctypes.cast(_output, _c_void_p).value
-    fin = ctypes.cast(_no_finalizer, _c_void_p).value
-    assert cb is not None and fin is not None
-    return cb, key, fin
+    assert cb is not None
+    return cb, key, 0

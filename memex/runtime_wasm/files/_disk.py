@@ -52,7 +52,7 @@ import os
 import stat
 import struct
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..engine._ffi import MemoryRef, WasiCall
@@ -84,6 +84,14 @@ _WASI_DIR, _WASI_FILE = 3, 4  # filetypes
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _IOVEC = struct.Struct("<II")
+IOV_MAX = 1024
+"""Buffers one write may gather, at most (wasi-libc's ``IOV_MAX``; more is ``EINVAL``, as in
+POSIX ``writev``): the host reads the list before the data, and never a longer one."""
+STDIO_WRITE_MAX = 1 << 20
+"""Bytes one write to the guest's stdout or stderr hands over, at most; a longer write is a
+short one (the C library and CPython's buffered streams write the rest), so a guest's list of
+buffers naming one megabyte ten thousand times costs the host a megabyte, not ten gigabytes."""
+_STDIO_PIECE = 1 << 16  # bytes copied out of the guest's memory at a time
 _FILESTAT = struct.Struct("<QQB7xQQQQQ")  # dev ino type nlink size atim mtim ctim
 FIRST_PREOPEN_FD = 3  # WASI numbers the preopened folders 3, 4, ... in the order given
 _PATH_FLAGS = os.O_PATH | os.O_CLOEXEC
@@ -399,8 +407,16 @@ class GuestFiles:
 
     def __init__(self, use: DiskUse, preopens: Sequence[tuple[str, str, bool]],
                  mem: Callable[[], MemoryRef], calls: Callable[[], dict[str, WasiCall]],
-                 ctx: int) -> None:
+                 ctx: int, stdio: Mapping[int, Callable[[bytes], object]] | None = None) -> None:
+        """``stdio``: the sinks of the guest's standard streams, by descriptor (1 and 2). A
+        write to one is handed to its sink here, on the thread running the guest. The
+        engine's own stdout would hand it to a callback on a thread of its async runtime, a
+        thread Python does not know: a Python callback there, run while the interpreter
+        finalizes, ends that thread with a forced unwind, which Rust turns into an abort of
+        the whole process (seen at the exit of a script whose last sandbox had just
+        closed)."""
         self.use = use
+        self.stdio: dict[int, Callable[[bytes], object]] = dict(stdio or {})
         self.ledger = use.ledger
         self._mem = mem
         self._calls_fn = calls
@@ -743,6 +759,7 @@ class GuestFiles:
         r = self._orig("fd_close", fd)
         if r == 0:
             self._release(fd)
+            self.stdio.pop(fd, None)
         return r
 
     def fd_renumber(self, fd: int, to: int) -> int:
@@ -752,6 +769,10 @@ class GuestFiles:
             moved = self.fds.pop(fd, None)
             if moved is not None:
                 self.fds[to] = moved
+            self.stdio.pop(to, None)
+            sink = self.stdio.pop(fd, None)
+            if sink is not None:
+                self.stdio[to] = sink
         return r
 
     def fd_fdstat_set_flags(self, fd: int, flags: int) -> int:
@@ -768,6 +789,11 @@ class GuestFiles:
             else None
 
     def fd_write(self, fd: int, iovs: int, n_iovs: int, nwritten: int) -> int:
+        if n_iovs > IOV_MAX:
+            return EINVAL
+        sink = self.stdio.get(fd)
+        if sink is not None:
+            return self._write_stdio(sink, iovs, n_iovs, nwritten)
         entry = self._file(fd)
         if entry is None or n_iovs <= 0:
             return self._orig("fd_write", fd, iovs, n_iovs, nwritten)
@@ -783,7 +809,37 @@ class GuestFiles:
         return self._write(entry, fd, pos, total, iovs, nwritten,
                            lambda: self._orig("fd_write", fd, iovs, n_iovs, nwritten))
 
+    def _write_stdio(self, sink: Callable[[bytes], object], iovs: int, n_iovs: int,
+                     nwritten: int) -> int:
+        """A write to stdout or stderr: the buffers in order, up to :data:`STDIO_WRITE_MAX`
+        bytes (the rest is left to the guest's next write), copied out a piece at a time."""
+        mem = self._mem()
+        raw = mem.read(iovs, 8 * max(n_iovs, 0))
+        if raw is None or mem.read(nwritten, 4) is None:
+            return EFAULT
+        bufs = list(_IOVEC.iter_unpack(raw))
+        if any(mem.read(ptr + ln, 0) is None for ptr, ln in bufs):
+            return EFAULT  # every buffer is checked before any is written, as the engine does
+        done = 0
+        for ptr, ln in bufs:
+            ln = min(ln, STDIO_WRITE_MAX - done)
+            for at in range(ptr, ptr + ln, _STDIO_PIECE):
+                piece = mem.read(at, min(_STDIO_PIECE, ptr + ln - at))
+                if piece is None:  # the memory cannot shrink; kept for the type checker
+                    return EFAULT
+                try:
+                    sink(piece)
+                except Exception:
+                    return EIO  # as the engine's stream answers a callback that failed
+            done += ln
+            if done >= STDIO_WRITE_MAX:
+                break
+        mem.write(nwritten, _U32.pack(done))
+        return 0
+
     def fd_pwrite(self, fd: int, iovs: int, n_iovs: int, offset: int, nwritten: int) -> int:
+        if n_iovs > IOV_MAX:
+            return EINVAL
         entry = self._file(fd)
         if entry is None or n_iovs <= 0:
             return self._orig("fd_pwrite", fd, iovs, n_iovs, offset, nwritten)
