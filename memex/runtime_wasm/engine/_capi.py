@@ -370,7 +370,9 @@ def wasi_config(ctx: int, *, argv: Sequence[str], env: Sequence[tuple[str, str]]
     """Give the store ``ctx`` its WASI context: ``argv``, ``env``, directories (host path,
     guest path, writable) and the two output callbacks, each as the addresses of a
     ``ssize_t (*)(void *data, const unsigned char *buf, size_t n)``, its data and a
-    finalizer of the data. No stdin: the guest reads end-of-file."""
+    finalizer of the data (0 for none). The engine calls both on threads of its own async
+    runtime, which Python did not start (see ``_ffi.output_callback``). No stdin: the guest
+    reads end-of-file."""
     cfg = _wasi_new()
     try:
         ok = _wasi_argv(cfg, len(argv), _strings(argv)) and _wasi_env(
