@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 import struct
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from memex import Checkpoint, ConfigError, ImageError, Limits, Mount, Sandbox, TurnStatus
+from memex.runtime_wasm.images._dirty import PAGE
+from memex.runtime_wasm.images._image import _extents, _read_extents
 
 MakeSandbox = Callable[..., Sandbox]
 HEADER = struct.Struct("<8sII")  # magic, format version, header length
@@ -324,3 +329,45 @@ def test_a_refused_restore_leaves_the_sandbox_as_it_was(make_sandbox: MakeSandbo
     assert small.run("mark").value == "'later'"
     small.restore(fits)
     assert small.run("mark").value == "'small'"
+
+
+# ---- restoring a delta's pages (images/_image.py, _read_extents) ---------------------------
+def _page_file(pages: int) -> int:
+    """A memfd of ``pages`` host pages, page i filled with the byte i % 251 + 1."""
+    fd = os.memfd_create("pages")
+    os.write(fd, b"".join(bytes([i % 251 + 1]) * PAGE for i in range(pages)))
+    return fd
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 63), min_size=1, max_size=40, unique=True))
+def test_a_deltas_pages_land_where_they_belong(pages: list[int]) -> None:
+    """Pages stored in the file in page order (as a delta stores them) land at their memory
+    pages, whatever the runs on either side; nothing else is written."""
+    where = sorted(pages)
+    fd = _page_file(len(where))
+    try:
+        memory = bytearray(PAGE * 64)
+        _read_extents(fd, memoryview(memory), _extents({p: i * PAGE
+                                                       for i, p in enumerate(where)}))
+        for rank, p in enumerate(where):
+            assert memory[p * PAGE] == memory[(p + 1) * PAGE - 1] == rank % 251 + 1
+        assert sum(1 for i in range(0, len(memory), PAGE) if memory[i]) == len(where)
+    finally:
+        os.close(fd)
+
+
+def test_many_scattered_pages_and_a_page_past_the_size() -> None:
+    n = 1500  # every other page: 1,500 pieces contiguous in the file, past one call's 1,024
+    fd = _page_file(n)
+    try:
+        memory = bytearray(PAGE * 2 * n)
+        _read_extents(fd, memoryview(memory), _extents({2 * i: i * PAGE for i in range(n)}))
+        assert all(memory[2 * i * PAGE] == i % 251 + 1 and memory[(2 * i + 1) * PAGE] == 0
+                   for i in range(n))
+        small = bytearray(PAGE * 3)  # a hostile image: a page past the memory's size
+        with pytest.raises(ImageError, match="past its size"):
+            _read_extents(fd, memoryview(small), _extents({0: 0, 3: PAGE}))
+        assert small == bytearray(len(small))  # checked before anything was read
+    finally:
+        os.close(fd)

@@ -430,11 +430,12 @@ class MemoryImage:
                 mapped = root.size
             for off, n in root._hot:
                 _libc.madvise(dst + off, n, _MADV_POPULATE_WRITE)  # unsupported: no harm
-        for layer in chain[1:]:
-            assert layer._pages is not None
-            if layer is not pending:
-                for page, at, n in _extents(layer._pages):
-                    _read_into(layer._fd, dst + page * _PAGE, at, n)
+        deltas = [layer for layer in chain[1:] if layer is not pending]
+        if deltas:
+            memory = memoryview((ctypes.c_char * self.size).from_address(dst)).cast("B")
+            for layer in deltas:
+                assert layer._pages is not None
+                _read_extents(layer._fd, memory, _extents(layer._pages))
         if pending is not None:
             pending._write_runs_into(dst)
             pending._written_into = True
@@ -634,6 +635,43 @@ def _copy_file(src: int, at: int, dst: int, n: int) -> None:
             raise ImageError("short read copying a memory image")
         os.pwrite(dst, data, off)
         off += len(data)
+
+
+_IOV_MAX = 1024  # pieces one preadv fills at most (Linux's UIO_MAXIOV)
+
+
+def _read_extents(fd: int, memory: memoryview, extents: Sequence[tuple[int, int, int]]
+                  ) -> None:
+    """The (first page, file offset, bytes) ``extents`` of ``fd`` read into ``memory``: one
+    ``preadv`` per stretch contiguous in the file (a delta's pages lie in the file in page
+    order, so mostly one call a layer), not one call per stretch of memory. A fork of a
+    session whose last turn wrote 0.6 MiB in 91 stretches made 91 calls, each with its own
+    view of the memory, and those were most of the fork's time."""
+    i, count = 0, len(extents)
+    while i < count:
+        page, start, n = extents[i]
+        pieces: list[tuple[int, int]] = [(page * _PAGE, n)]
+        end = start + n
+        i += 1
+        while i < count and len(pieces) < _IOV_MAX and extents[i][1] == end:
+            page, _, n = extents[i]
+            pieces.append((page * _PAGE, n))
+            end += n
+            i += 1
+        if any(off + n > len(memory) for off, n in pieces):
+            raise ImageError("a memory image's page lies past its size")
+        done = os.preadv(fd, [memory[off:off + n] for off, n in pieces], start)
+        for off, n in pieces:  # a short read (rare): the rest piece by piece
+            if done < n:
+                rest = memory[off + done:off + n]
+                at = start + done
+                while len(rest):
+                    k = os.preadv(fd, [rest], at)
+                    if k <= 0:
+                        raise ImageError("short read restoring a memory image")
+                    rest, at = rest[k:], at + k
+            start += n
+            done = max(0, done - n)
 
 
 def _read_into(fd: int, addr: int, at: int, n: int) -> None:
