@@ -90,7 +90,7 @@ POSIX ``writev``): the host reads the list before the data, and never a longer o
 STDIO_WRITE_MAX = 1 << 20
 """Bytes one write to the guest's stdout or stderr hands over, at most; a longer write is a
 short one (the C library and CPython's buffered streams write the rest), so a guest's list of
-buffers naming one megabyte ten thousand times costs the host a megabyte, not ten gigabytes."""
+buffers naming one megabyte a thousand times costs the host a megabyte, not a gigabyte."""
 _STDIO_PIECE = 1 << 16  # bytes copied out of the guest's memory at a time
 _FILESTAT = struct.Struct("<QQB7xQQQQQ")  # dev ino type nlink size atim mtim ctim
 FIRST_PREOPEN_FD = 3  # WASI numbers the preopened folders 3, 4, ... in the order given
@@ -819,7 +819,7 @@ class GuestFiles:
             return EFAULT
         bufs = list(_IOVEC.iter_unpack(raw))
         if any(mem.read(ptr + ln, 0) is None for ptr, ln in bufs):
-            return EFAULT  # every buffer is checked before any is written, as the engine does
+            return EFAULT  # every buffer is checked before any is handed over
         done = 0
         for ptr, ln in bufs:
             ln = min(ln, STDIO_WRITE_MAX - done)
