@@ -87,10 +87,11 @@ _IOVEC = struct.Struct("<II")
 IOV_MAX = 1024
 """Buffers one write may gather, at most (wasi-libc's ``IOV_MAX``; more is ``EINVAL``, as in
 POSIX ``writev``): the host reads the list before the data, and never a longer one."""
-STDIO_WRITE_MAX = 1 << 20
-"""Bytes one write to the guest's stdout or stderr hands over, at most; a longer write is a
-short one (the C library and CPython's buffered streams write the rest), so a guest's list of
-buffers naming one megabyte a thousand times costs the host a megabyte, not a gigabyte."""
+STDIO_WRITE_MAX = 16 << 20
+"""Bytes one write to the guest's stdout or stderr hands over, at most (past the output caps
+a sandbox usually has, so a plain ``os.write`` is whole); a longer write is a short one (the
+C library and CPython's buffered streams write the rest), so a guest's list of buffers
+naming its whole memory a thousand times costs the host 16 MiB, not a thousand memories."""
 _STDIO_PIECE = 1 << 16  # bytes copied out of the guest's memory at a time
 _FILESTAT = struct.Struct("<QQB7xQQQQQ")  # dev ino type nlink size atim mtim ctim
 FIRST_PREOPEN_FD = 3  # WASI numbers the preopened folders 3, 4, ... in the order given
