@@ -67,8 +67,8 @@ PINNED: dict[str, list[str]] = {
         "Client", "RemoteBackend", "RemoteCheckpoint", "RemoteSandbox",
     ],
     "memex.serving": [
-        "ID_PATTERN", "Bounds", "ConnectionGuard", "DurableSession", "EdgeLimits", "FileModel",
-        "Keeper", "KeyRing", "LimitsModel", "LimitsTable", "PackageGate", "Principal",
+        "ID_PATTERN", "Bounds", "ConnectionGuard", "DurableSession", "EdgeLimits", "EdgeTable",
+        "FileModel", "Keeper", "KeyRing", "LimitsModel", "LimitsTable", "PackageGate", "Principal",
         "PrincipalTable", "QuotaExceeded", "Seconds", "SecondsOrZero", "SessionTable", "Shares",
         "Size", "allowed_packages", "bearer_key", "check_key_hashes", "config_error",
         "default_running_turns", "describe_tools", "hash_key", "key_matches", "limits_model",

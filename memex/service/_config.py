@@ -34,7 +34,7 @@ from ..runtime_wasm import SANDBOX_LIMITS, Limits
 from ..runtime_wasm.internal import size_text
 from ..serving import (
     Bounds,
-    EdgeLimits,
+    EdgeTable,
     FileModel,
     KeyRing,
     PrincipalTable,
@@ -120,7 +120,7 @@ def _local_path(value: Any, info: ValidationInfo) -> Any:
 LocalPath = Annotated[Path, BeforeValidator(_local_path)]
 
 
-class ServerTable(FileModel):
+class ServerTable(EdgeTable):
     """``[server]``: the server's settings and its connection edge's (each documented in
     docs/service.md)."""
 
@@ -150,13 +150,6 @@ class ServerTable(FileModel):
     checkpoint_ttl: SecondsOrZero = 600.0  # a closed session's checkpoints still held
     metrics_keys: tuple[str, ...] = ()  # key hashes /metrics asks for
     metrics_public: bool = False  # /metrics open to anyone (it names every tenant)
-    max_connections: int | None = Field(default=None, ge=0)
-    max_pending: int | None = Field(default=None, gt=0)
-    max_pending_per_peer: int | None = Field(default=None, gt=0)
-    header_timeout: Seconds | None = None
-    body_timeout: Seconds | None = None
-    max_header_bytes: Size | None = Field(default=None, gt=0)
-    keep_alive_timeout: Seconds | None = None
 
     @field_validator("preload", "metrics_keys", mode="before")
     @classmethod
@@ -193,12 +186,6 @@ class ServiceConfig(ServerTable):
     tenants: dict[str, TenantConfig] = Field(default_factory=dict)
     path: Path | None = None
 
-    @property
-    def edge(self) -> EdgeLimits:
-        """The connection edge's settings (``memex.serving``'s guard): those set here."""
-        return EdgeLimits(**{k: getattr(self, k) for k in _EDGE_KEYS
-                             if getattr(self, k) is not None})
-
 
 class _ServeFile(FileModel):
     server: ServerTable = Field(default_factory=ServerTable)
@@ -211,8 +198,6 @@ _BACKEND_ONLY = {"warm": ("pool",), "max_sandboxes": ("pool",), "preload": ("poo
 """[server] keys that only some backends use."""
 _SERVER_ALL = frozenset(ServerTable.model_fields) - frozenset(_BACKEND_ONLY)
 
-_EDGE_KEYS = ("max_connections", "max_pending", "max_pending_per_peer", "header_timeout",
-              "body_timeout", "max_header_bytes", "keep_alive_timeout")
 
 
 def _tenant(name: str, t: PrincipalTable, base: Path, kit: DoorKit | None = None

@@ -2,7 +2,8 @@
 authentication (``KeyRing`` of ``Principal``s: keys kept hashed, compared in constant
 time, ``hash_key``, ``bearer_key``); the connection
 edge that bounds what a client can hold of a server before any application code runs
-(``ConnectionGuard``, ``EdgeLimits``), and the session core: one table of sessions and held
+(``ConnectionGuard``, ``EdgeLimits``, and ``EdgeTable``, its keys in a config file), and
+the session core: one table of sessions and held
 checkpoints per owner with its bounds (``SessionTable``, ``Bounds``, ``CoreSession``), the
 fair shares that admit each operation in the event loop (``Shares``), and the keeper that
 saves sessions to SQLite, evicts idle ones and brings them back after a restart
@@ -16,7 +17,7 @@ tenant's tools across nodes are ``internal``."""
 
 from ._auth import KeyRing, Principal, bearer_key, check_key_hashes, hash_key, key_matches
 from ._durable import DurableSession, Keeper, session_fields
-from ._edge import ConnectionGuard, EdgeLimits
+from ._edge import ConnectionGuard, EdgeLimits, EdgeTable
 from ._packages import PackageGate, allowed_packages
 from ._policy import PrincipalTable, unenforced
 from ._settings import (
@@ -40,6 +41,7 @@ __all__ = [
     "ConnectionGuard",
     "DurableSession",
     "EdgeLimits",
+    "EdgeTable",
     "FileModel",
     "Keeper",
     "KeyRing",

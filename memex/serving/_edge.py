@@ -31,9 +31,12 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import Field
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-__all__ = ["ConnectionGuard", "EdgeLimits"]
+from ._settings import FileModel, Seconds, Size
+
+__all__ = ["ConnectionGuard", "EdgeLimits", "EdgeTable"]
 
 
 def _default_max_connections() -> int:
@@ -62,6 +65,25 @@ class EdgeLimits:
     def connections(self) -> int:
         return self.max_connections if self.max_connections > 0 else \
             _default_max_connections()
+
+
+class EdgeTable(FileModel):
+    """The edge's keys in a config file (serve.toml's ``[server]``, the MCP config's
+    ``[http]``): each unset key keeps :class:`EdgeLimits`' default, the one home of them."""
+
+    max_connections: int | None = Field(default=None, ge=0)
+    max_pending: int | None = Field(default=None, gt=0)
+    max_pending_per_peer: int | None = Field(default=None, gt=0)
+    header_timeout: Seconds | None = None
+    body_timeout: Seconds | None = None
+    max_header_bytes: Size | None = Field(default=None, gt=0)
+    keep_alive_timeout: Seconds | None = None
+
+    @property
+    def edge(self) -> EdgeLimits:
+        """The connection edge's settings: those set here, the defaults for the rest."""
+        return EdgeLimits(**{k: getattr(self, k) for k in EdgeTable.model_fields
+                             if getattr(self, k) is not None})
 
 
 class ConnectionGuard:

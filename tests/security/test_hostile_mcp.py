@@ -62,9 +62,15 @@ def test_http_without_a_token_refuses_to_start(args: tuple[str, ...], why: str) 
         p.kill()
 
 
+HEADER_TIMEOUT = 2.0  # the no-auth server's [http] header_timeout (default 10 s)
+
+
 @pytest.fixture(scope="module")
-def no_auth() -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    p = _start("--no-auth", "--timeout", "20")
+def no_auth(tmp_path_factory: pytest.TempPathFactory
+            ) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    config = tmp_path_factory.mktemp("mcp") / "mcp.toml"
+    config.write_text(f"[http]\nheader_timeout = {HEADER_TIMEOUT}\n")
+    p = _start("--no-auth", "--timeout", "20", "--config", str(config))
     try:
         url = _url(p)
         yield url, p
@@ -93,7 +99,8 @@ def test_no_auth_on_loopback_serves_and_says_so(no_auth: tuple[str, subprocess.P
 def test_the_mcp_servers_connections_are_guarded(no_auth: tuple[str, subprocess.Popen[str]]
                                                  ) -> None:
     """Half-open connections are evicted (at most 32 pending per address) and closed at
-    the header timeout; a real client is served meanwhile."""
+    the header timeout the config's ``[http]`` table sets; a real client is served
+    meanwhile."""
     url, _ = no_auth
     host, port = url.split("//", 1)[1].split("/", 1)[0].split(":")
     held = []
@@ -106,11 +113,15 @@ def test_the_mcp_servers_connections_are_guarded(no_auth: tuple[str, subprocess.
                                      "clientInfo": {"name": "t", "version": "1"}})
         assert r.status_code == 200
         closed = 0
+        # still open at the default's 10 s would be a timeout here: the setting not taken
         for s in held:
-            s.settimeout(15)
+            s.settimeout(3 * HEADER_TIMEOUT)
             try:
                 closed += s.recv(1024) == b""
-            except OSError:
+            except TimeoutError:
+                pytest.fail(f"a half-open connection outlived the {HEADER_TIMEOUT} s header "
+                            "timeout of [http]")
+            except OSError:  # reset by the server: closed too
                 closed += 1
         assert closed == len(held)
     finally:

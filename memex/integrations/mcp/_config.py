@@ -16,6 +16,7 @@ from pydantic import Field, ValidationError, model_validator
 from ...runtime_wasm import SANDBOX_LIMITS, Limits, Mount
 from ...serving import (
     Bounds,
+    EdgeTable,
     FileModel,
     LimitsModel,
     PrincipalTable,
@@ -143,7 +144,7 @@ class Own:
     rate: float | None
 
 
-class HttpConfig(FileModel):
+class HttpConfig(EdgeTable):
     host: str = "127.0.0.1"
     port: int = Field(default=8765, ge=0, le=65535)
     token_env: str | None = Field(default=None, description="environment variable holding "

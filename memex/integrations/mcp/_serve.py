@@ -29,7 +29,7 @@ from pydantic import ValidationError
 from ...errors import ConfigError
 from ...host_tools import Tool, ToolSet
 from ...runtime_wasm.internal import cancel_resolutions
-from ...serving import ConnectionGuard, EdgeLimits, KeyRing, Principal, hash_key
+from ...serving import ConnectionGuard, KeyRing, Principal, hash_key
 from ._config import McpConfig
 from ._server import PRINCIPAL, build_server, principal_of
 from ._sessions import Sessions
@@ -369,7 +369,7 @@ def serve(config: McpConfig, *, ready: Callable[[str], None] | None = None,
         if ring is not None:
             app = BearerAuth(app, ring)
         app = FieldValues(app)
-        guard = ConnectionGuard(EdgeLimits())
+        guard = ConnectionGuard(config.http.edge)
         uv = _Uvicorn(uvicorn.Config(app, host=config.http.host, port=config.http.port,
                                      log_level="warning", lifespan="on", **guard.config()))
 

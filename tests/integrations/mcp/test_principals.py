@@ -127,3 +127,19 @@ def test_sighup_takes_a_rotated_key_and_new_bounds(tmp_path: Path) -> None:
     finally:
         p.terminate()
         assert p.wait(30) == 0
+
+
+def test_the_http_table_sets_the_connection_edge(tmp_path: Path) -> None:
+    """``[http]`` takes serve's ``[server]`` edge keys (one declaration of them): what is set
+    is taken, the rest keep the edge's defaults, and a bad value names its key."""
+    from memex import ConfigError
+    from memex.serving import EdgeLimits
+
+    f = tmp_path / "mcp.toml"
+    f.write_text('[http]\nheader_timeout = "1500ms"\nmax_pending_per_peer = 4\n')
+    edge = load_config(f).http.edge
+    assert (edge.header_timeout, edge.max_pending_per_peer) == (1.5, 4)
+    assert edge.body_timeout == EdgeLimits().body_timeout
+    f.write_text("[http]\nmax_pending = 0\n")
+    with pytest.raises(ConfigError, match=r"mcp.toml: http.max_pending: "):
+        load_config(f)
