@@ -369,5 +369,7 @@ def test_many_scattered_pages_and_a_page_past_the_size() -> None:
         with pytest.raises(ImageError, match="past its size"):
             _read_extents(fd, memoryview(small), _extents({0: 0, 3: PAGE}))
         assert small == bytearray(len(small))  # checked before anything was read
+        with pytest.raises(ImageError, match="short read"):  # a file cut short: no hang
+            _read_extents(fd, memoryview(memory), _extents({0: (n - 1) * PAGE, 1: n * PAGE}))
     finally:
         os.close(fd)

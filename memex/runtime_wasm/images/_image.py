@@ -663,20 +663,18 @@ def _read_extents(fd: int, memory: memoryview, extents: Sequence[tuple[int, int,
         done = os.preadv(fd, [memory[off:off + n] for off, n in pieces], start)
         for off, n in pieces:  # a short read (rare): the rest piece by piece
             if done < n:
-                rest = memory[off + done:off + n]
-                at = start + done
-                while len(rest):
-                    k = os.preadv(fd, [rest], at)
-                    if k <= 0:
-                        raise ImageError("short read restoring a memory image")
-                    rest, at = rest[k:], at + k
+                _read_whole(fd, memory[off + done:off + n], start + done)
             start += n
             done = max(0, done - n)
 
 
 def _read_into(fd: int, addr: int, at: int, n: int) -> None:
-    target = memoryview((ctypes.c_char * n).from_address(addr)).cast("B")
-    done = 0
+    _read_whole(fd, memoryview((ctypes.c_char * n).from_address(addr)).cast("B"), at)
+
+
+def _read_whole(fd: int, target: memoryview, at: int) -> None:
+    """``target`` filled from ``fd`` at ``at``, over as many reads as the kernel takes."""
+    done, n = 0, len(target)
     while done < n:
         k = os.preadv(fd, [target[done:]], at + done)
         if k <= 0:
