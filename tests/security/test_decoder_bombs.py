@@ -8,6 +8,7 @@ objects included); each has a positive control, a real input of the same kind de
 
 from __future__ import annotations
 
+import functools
 import json
 import struct
 import tracemalloc
@@ -54,7 +55,11 @@ def _zeros_stream(n: int) -> bytes:
     return b"".join(parts) + c.flush()
 
 
-BOMB = _zeros_stream(512 * MiB)  # ~500 KiB that inflate to 512 MiB
+@functools.cache
+def _bomb() -> bytes:
+    """~500 KiB that inflate to 512 MiB: made when a test first asks (1.5 s of compressing,
+    which every worker paid at collection as a module constant)."""
+    return _zeros_stream(512 * MiB)
 
 
 def _blob(chunks: list[tuple[int, bytes]], size: int = 64 * MiB) -> bytes:
@@ -65,8 +70,9 @@ def _blob(chunks: list[tuple[int, bytes]], size: int = 64 * MiB) -> bytes:
 
 
 def test_a_checkpoint_blob_bomb_is_refused_before_it_inflates() -> None:
-    assert len(BOMB) < 600 << 10
-    out, peak = _peak(lambda: checkpoint_from_bytes(_blob([(0, BOMB)])))
+    bomb = _bomb()
+    assert len(bomb) < 600 << 10
+    out, peak = _peak(lambda: checkpoint_from_bytes(_blob([(0, bomb)])))
     assert isinstance(out, ImageError) and "expands past" in str(out), out
     assert peak < 8 * MiB, peak
     # many small chunks at one offset would each inflate to 1 MiB: refused as out of order
@@ -106,7 +112,7 @@ def test_an_image_file_bomb_is_refused_before_it_inflates(
     sha = json.loads(good.read_bytes()[16:16 + struct.unpack_from("<I", good.read_bytes(), 12)[
         0]])["binary_sha256"]
     bad = tmp_path / "bomb.img"
-    _v2_file(bad, [(0, BOMB)], sha)
+    _v2_file(bad, [(0, _bomb())], sha)
     out, peak = _peak(lambda: Sandbox.load(bad))
     assert isinstance(out, ImageError) and "expands past" in str(out), out
     assert peak < 8 * MiB, peak
