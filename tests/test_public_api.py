@@ -174,9 +174,9 @@ INTERNAL: dict[str, list[str]] = {
         "cache_report", "cancel_resolutions", "checked_requirements", "checkpoint_from_bytes",
         "checkpoint_from_fds", "checkpoint_to_bytes", "checkpoint_to_fds", "clean_cache",
         "compile_module", "find_artifacts", "fork_count", "fork_each", "guest_nice",
-        "load_module", "module_path", "open_from_checkpoint", "parse_seconds", "parse_size",
-        "private_dir", "remove_tree", "retry_after", "scratch_dir", "script_dependencies",
-        "set_guest_nice", "size_text", "state_dir", "unpack_bounded",
+        "http_tls", "load_module", "module_path", "open_from_checkpoint", "parse_seconds",
+        "parse_size", "private_dir", "remove_tree", "retry_after", "scratch_dir",
+        "script_dependencies", "set_guest_nice", "size_text", "state_dir", "unpack_bounded",
     ],
 }
 """What MemEx's own layers use of each other and an application does not (each layer's

@@ -44,6 +44,7 @@ from ..runtime_wasm.internal import (
     DecodeCost,
     SandboxHandle,
     fork_count,
+    http_tls,
     retry_after,
     unpack_bounded,
 )
@@ -111,7 +112,7 @@ class Client:
         self.url = url.rstrip("/")
         self.api_key = api_key
         self.timeout = timeout
-        self._http = httpx2.Client(base_url=self.url, timeout=timeout,
+        self._http = httpx2.Client(base_url=self.url, timeout=timeout, verify=http_tls(),
                                    headers={"Authorization": f"Bearer {api_key}"},
                                    limits=httpx2.Limits(keepalive_expiry=KEEPALIVE_EXPIRY))
 

@@ -40,6 +40,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from ..errors import ConfigError, MCPServerError
+from ..runtime_wasm.internal import http_tls
 from ._mcp_content import McpAudio, McpImage, McpResource, McpResourceLink
 from ._params import ReturnInvalid
 from ._schema import schema_type, validator_errors, validator_for
@@ -151,7 +152,8 @@ class McpConnection:
                 assert self._url is not None
                 timeout = httpx2.Timeout(30, read=None)  # a call's bound is the tool's
                 http = await stack.enter_async_context(
-                    httpx2.AsyncClient(headers=self._headers, timeout=timeout))
+                    httpx2.AsyncClient(headers=self._headers, timeout=timeout,
+                                       verify=http_tls()))
                 transport = streamable_http_client(self._url, http_client=http)
             yield await stack.enter_async_context(Client(_watched(transport, ended)))
 

@@ -1,9 +1,10 @@
 """What MemEx's other layers use of the runtime and an application does not: the checkpoint
 transfer functions the backends move a guest between processes with, the door's thread pool,
 the guests' CPU priority, the package resolver's checks, the cache's and state folder's file
-helpers, the bounded msgpack decoder and the one grammar of sizes and durations
-(``parse_size``, ``parse_seconds``, ``size_text``, ``retry_after``) that every config reader
-uses. Not a public surface: names here may change in any release. They are pinned in
+helpers, the bounded msgpack decoder, the one TLS context every HTTP client shares
+(``http_tls``) and the one grammar of sizes and durations (``parse_size``,
+``parse_seconds``, ``size_text``, ``retry_after``) that every config reader uses. Not a
+public surface: names here may change in any release. They are pinned in
 tests/test_public_api.py (``INTERNAL``) so that a change is still deliberate."""
 
 from ._bounded import DecodeCost, unpack_bounded
@@ -12,6 +13,7 @@ from ._handle import SandboxHandle
 from ._packages import cancel_resolutions, checked_requirements, script_dependencies
 from ._protocol import fork_count, fork_each
 from ._records import LIMIT_FIELDS, LimitField
+from ._tls import http_tls
 from ._transfer import (
     checkpoint_from_bytes,
     checkpoint_from_fds,
@@ -53,6 +55,7 @@ __all__ = [
     "fork_count",
     "fork_each",
     "guest_nice",
+    "http_tls",
     "load_module",
     "module_path",
     "open_from_checkpoint",

@@ -24,7 +24,7 @@ import httpx2
 import openai
 
 from ...errors import ConfigError, LLMConnectionError, LLMError, LLMResponseError, LLMTimeoutError
-from ...runtime_wasm.internal import retry_after
+from ...runtime_wasm.internal import http_tls, retry_after
 
 __all__ = [
     "DEFAULT_PRICES",
@@ -233,8 +233,9 @@ class LLMClient:
         if self._closed:
             raise ConfigError("this LLMClient is closed")
         if self._client is None:
-            self._client = openai.OpenAI(api_key=self._api_key, base_url=self.base_url,
-                                         timeout=self.timeout, max_retries=0)
+            self._client = openai.OpenAI(
+                api_key=self._api_key, base_url=self.base_url, timeout=self.timeout,
+                max_retries=0, http_client=openai.DefaultHttpxClient(verify=http_tls()))
         return self._client
 
     def close(self) -> None:
@@ -399,8 +400,10 @@ class LLMClient:
         kw = self._kwargs(messages, tools=tools, tool_choice=tool_choice, stop=stop,
                           temperature=temperature, max_reply_tokens=max_reply_tokens, seed=seed,
                           extra_body=extra_body)
-        async with openai.AsyncOpenAI(api_key=self._api_key, base_url=self.base_url,
-                                      timeout=self.timeout, max_retries=0) as client:
+        async with openai.AsyncOpenAI(
+                api_key=self._api_key, base_url=self.base_url, timeout=self.timeout,
+                max_retries=0, http_client=openai.DefaultAsyncHttpxClient(verify=http_tls()),
+        ) as client:
             resp, attempts, latency = await self._aretrying(
                 lambda: client.chat.completions.create(**kw))
         return self._completion(resp, attempts, latency)

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ...errors import PackageError
+from .._tls import index_tls
 
 __all__ = ["DEFAULT_INDEX", "Index", "IndexFile", "cancel_all", "configured_indexes",
            "redact"]
@@ -227,12 +228,8 @@ class Index:
             if p.username is not None and p.hostname:
                 self._creds[p.hostname] = (urllib.parse.unquote(p.username),
                                            urllib.parse.unquote(p.password or ""))
-        cert = _cert()
-        import ssl
-
-        ctx = ssl.create_default_context(cafile=cert) if cert else ssl.create_default_context()
         self._opener = urllib.request.build_opener(
-            urllib.request.HTTPSHandler(context=ctx), _Redirects())
+            urllib.request.HTTPSHandler(context=index_tls(_cert())), _Redirects())
 
     def __enter__(self) -> Index:
         with _ALL_LOCK:
