@@ -33,7 +33,14 @@ from ._bounded import json_loads
 from ._output import StreamCapture
 from .engine import _capi, _ffi, _signals
 from .engine._capi import EXTERN_FUNC, EXTERN_MEMORY, TrapCode, WasmError
-from .engine._engine import TICK_SECONDS, LoadedModule, engine, ticks_for
+from .engine._engine import (
+    TICK_SECONDS,
+    LoadedModule,
+    engine,
+    ticks_for,
+    turn_ended,
+    turn_started,
+)
 from .files._disk import DiskLedger, DiskUse, GuestFiles
 
 __all__ = ["DoorFn", "GuestKilled", "Instance", "InstanceSpec", "TurnOutcome"]
@@ -217,6 +224,7 @@ class Instance:
         budget = fuel if fuel is not None else (1 << 62)
         metered = self._metered
         prev = _ffi.enter(self)
+        turn_started()  # the epoch ticker ticks while a guest runs (engine._engine)
         try:
             if metered:
                 _ffi.set_fuel(ctx, budget)
@@ -231,6 +239,7 @@ class Instance:
             self.alive = False
             self._trapped(out, exc, self._budget)
         finally:
+            turn_ended()
             _ffi.leave(prev)
             self.pending = None
             if metered:

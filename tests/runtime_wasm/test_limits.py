@@ -39,6 +39,28 @@ def test_infinite_loop_hits_deadline_and_rolls_back(make_sandbox: MakeSandbox) -
     assert after.value == "(1, ['a'])"
 
 
+def test_the_epoch_ticker_ticks_only_while_a_guest_runs() -> None:
+    """The deadline's clock (the engine's epoch, ticked every 5 ms by one thread) ticks while
+    a turn runs and stands still while the process's guests are idle: an idle process with
+    sandboxes woke 200 times a second for nothing (~11 ms of CPU a second). A CPU-bound
+    turn after an idle spell still meets its deadline."""
+    from memex.runtime_wasm.engine import _engine
+
+    with Sandbox(limits=Limits(timeout=0.3)) as sb:
+        before = _engine._TICKS
+        assert sb.run("import time; time.sleep(0.2)").ok  # a turn: the ticker runs
+        during = _engine._TICKS - before
+        assert during > 0  # the positive control
+        assert _engine._RUNNING == 0  # no guest of this process runs (none left by a test)
+        idle_from = _engine._TICKS
+        time.sleep(0.3)  # idle longer than that turn: no tick at all
+        assert _engine._TICKS - idle_from <= 1  # at most the one under way as the turn ended
+        assert _engine._RUNNING == 0
+        r = sb.run("while True: pass")
+        assert r.status is TurnStatus.KILLED and r.limit == "deadline", r
+        assert sb.run("1 + 1").value == "2"
+
+
 @pytest.mark.slow
 def test_deadline_keeps_output_written_before_the_kill(make_sandbox: MakeSandbox) -> None:
     sb = make_sandbox(limits=Limits(timeout=DEADLINE))
