@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.metadata
 import re
 import sys
@@ -128,9 +129,12 @@ def _targets(path: Path, node: ast.Import | ast.ImportFrom) -> list[str]:
     return [f"{mod}.{a.name}" for a in node.names]
 
 
-def _imports(path: Path) -> list[str]:
+@functools.cache
+def _imports(path: Path) -> tuple[str, ...]:
+    """What the file at ``path`` imports (parsed once per run: five tests walk every
+    module's imports)."""
     tree = ast.parse(path.read_text(), str(path))
-    return [t for node in _import_nodes(tree) for t in _targets(path, node)]
+    return tuple(t for node in _import_nodes(tree) for t in _targets(path, node))
 
 
 def _module_of(target: str) -> str | None:
@@ -412,7 +416,7 @@ def _private_owner(target: str) -> str | None:
     return None
 
 
-def _private_reach(importer: str, targets: list[str]) -> list[str]:
+def _private_reach(importer: str, targets: tuple[str, ...]) -> list[str]:
     bad = []
     for target in targets:
         if target.split(".")[0] != "memex":
