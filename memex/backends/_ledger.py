@@ -65,6 +65,7 @@ class Account:
     rate: float | None = None
     tokens: float = 0.0
     stamp: float = 0.0
+    refill_from: float | None = None  # its ledger's (see Ledger): a new bucket's start
     # connections (the server's WebSockets)
     sockets: int = 0
     # package resolutions (PackageGate)
@@ -92,8 +93,11 @@ class Account:
         when that would be more than ``most`` (nothing reserved)."""
         burst = max(1.0, float(int(rate))) if burst is None else float(burst)
         now = time.monotonic()
-        if self.rate != rate:  # a new or reloaded bound: a full bucket
-            self.rate, self.tokens, self.stamp = rate, burst, now
+        if self.rate != rate:  # a new or reloaded bound: a full bucket, or one filling
+            # since the ledger's refill_from (a ledger that may have had a predecessor)
+            full = burst if self.refill_from is None else \
+                min(burst, max(0.0, now - self.refill_from) * rate)
+            self.rate, self.tokens, self.stamp = rate, full, now
         self.tokens = min(burst, self.tokens + (now - self.stamp) * rate)
         self.stamp = now
         wait = 0.0 if self.tokens >= 1.0 else (1.0 - self.tokens) / rate
@@ -108,6 +112,11 @@ class Ledger:
 
     def __init__(self, *, tenant_threads: int = 16) -> None:
         self.tenant_threads = tenant_threads
+        # None: a principal's first rate bucket starts full. Else the monotonic time its
+        # buckets fill from, empty then: a ledger that takes over from one that may have
+        # emptied them (a restarted cluster control actor), so that a restart never hands
+        # a principal a second burst (its turns stay within burst + rate x seconds across)
+        self.refill_from: float | None = None
         self._lock = threading.Lock()
         self._accounts: dict[str, Account] = {}
 
@@ -118,7 +127,8 @@ class Ledger:
             with self._lock:
                 a = self._accounts.get(name)
                 if a is None:
-                    a = self._accounts[name] = Account(name, self.tenant_threads)
+                    a = self._accounts[name] = Account(name, self.tenant_threads,
+                                                       refill_from=self.refill_from)
         return a
 
     def find(self, name: str) -> Account | None:

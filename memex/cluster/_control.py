@@ -25,6 +25,10 @@ actor that every front asks, and the one place where the cluster's shared facts 
   second, which renews its lease. A front silent for :data:`FRONT_LEASE` seconds (killed,
   cut off) loses them: its tenants' running turns come back and its sessions may end by
   their limits, with no word from it. A front that comes back after that ends nothing twice.
+* **Rates across a restart.** A tenant's rate bucket lives here, in memory: a restarted
+  actor (one that finds a published config) fills each bucket from its own start, empty
+  then, so the turns a tenant is admitted stay within its burst plus its rate times the
+  seconds, across the restart (a fresh bucket would hand it a second burst).
 * **Config.** The serve.toml every front serves (keys rotate through it): the newest text a
   front published, pulled by every front each second, with its tenants' operator tools and
   egress policies as data (``DoorKit``), handed to the slab that opens a session; kept in
@@ -182,6 +186,10 @@ class Control:
         self.indexed = threading.Event()
         self.loaded = threading.Event()
         self._load_config()
+        if self.config_text is not None:  # a predecessor's (this actor was restarted, or
+            # the cluster): its rate buckets are gone, and may have been empty; each fills
+            # from now (Ledger.refill_from), never a fresh burst on top of the last
+            self.ledger.refill_from = time.monotonic()
         self._adopt_slabs()
         if not backfill:  # the caller's word: a store already indexed, read on demand only
             self.indexed.set()

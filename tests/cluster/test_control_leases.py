@@ -19,7 +19,7 @@ pytest.importorskip("fsspec")
 from memex import Limits
 from memex.backends.internal import limits_to_wire
 from memex.cluster._control import _Entry
-from memex.cluster.internal import FRONT_LEASE, Admitted, Control, Storage, Wait
+from memex.cluster.internal import FRONT_LEASE, Admitted, Control, Refused, Storage, Wait
 
 
 @pytest.fixture
@@ -151,3 +151,27 @@ def test_the_leases_alone_on_a_clock_of_their_own() -> None:
     gone = dict(leases.expire())
     assert set(gone) == {"a", "b"} and gone["b"].turns == {("one", "s-1"): 2}
     assert gone["b"].reported == {"s-1"} and leases.fronts == {}
+
+
+def test_a_restarted_control_fills_rate_buckets_from_its_start_not_full(
+        tmp_path: Path) -> None:
+    """A tenant of 2 turns a second (burst 2) spends its burst; the control actor restarts
+    (a config was published: it had a predecessor): the tenant's next turn is refused
+    (429 with Retry-After) rather than given a second burst, and the bucket fills from the
+    restart at the tenant's rate. The control: a control actor with no predecessor (no
+    config in its storage) admits a tenant's first turns at once."""
+    c = _restarted(tmp_path)
+    assert c.turn_begin("one", "s-1", None, 2.0, 2, "front-a").__class__ is Admitted
+    second = c.turn_begin("one", "s-1", None, 2.0, 2, "front-a")
+    assert second.__class__ is Admitted  # a full bucket of 2: the positive control
+    assert c.turn_begin("one", "s-1", None, 2.0, 2, "front-a").__class__ is Refused
+    c.publish(1, "[server]\n")  # what every front does as it joins
+
+    restarted = _restarted(tmp_path)
+    started = time.monotonic()
+    refused = restarted.turn_begin("one", "s-2", None, 2.0, 2, "front-b")
+    assert isinstance(refused, Refused) and refused.code == "quota", refused
+    assert refused.retry_after >= 1
+    while restarted.turn_begin("one", "s-2", None, 2.0, 2, "front-b").__class__ is Refused:
+        time.sleep(0.05)  # bounded by the suite's hang guard; the bucket fills at 2 a second
+    assert time.monotonic() - started >= 0.5 - 0.05  # one token at 2 a second: half a second
