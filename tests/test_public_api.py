@@ -151,9 +151,9 @@ INTERNAL: dict[str, list[str]] = {
         "result_from_wire", "result_to_wire", "tmp_files", "tmp_files_from",
     ],
     "memex.cluster.internal": [
-        "CONTROL_NAME", "FRONT_LEASE", "SLAB_LEASE", "Admitted", "Control", "Failed",
-        "Granted", "Refused", "Reply", "Slab", "Storage", "Wait", "checkpoint_key",
-        "session_key",
+        "CONTROL_NAME", "FRONT_LEASE", "SLAB_LEASE", "TOKEN_LEASE", "Admitted", "Control",
+        "Failed", "Granted", "Refused", "Reply", "Slab", "Storage", "Tokens", "Wait",
+        "checkpoint_key", "session_key",
     ],
     "memex.eval.internal": [
         "EXPORT_FORMATS", "FORMATS", "GRADERS", "AuditVerdict", "EvalRun", "TaskCell",

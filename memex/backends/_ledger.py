@@ -91,6 +91,31 @@ class Account:
         """A turn's token of ``rate`` turns a second (a bucket of ``burst`` tokens, by
         default ``max(1, int(rate))``): the seconds to wait for it (it is reserved), or -1
         when that would be more than ``most`` (nothing reserved)."""
+        self._refill(rate, burst)
+        wait = 0.0 if self.tokens >= 1.0 else (1.0 - self.tokens) / rate
+        if wait > most:
+            return -1.0
+        self.tokens -= 1.0
+        return wait
+
+    def take_up_to(self, rate: float, burst: float, want: int) -> int:
+        """Up to ``want`` whole tokens of the bucket, taken now (none to wait for): how
+        many, 0 when it has none (a cluster front's batch, which it spends itself)."""
+        self._refill(rate, burst)
+        n = max(0, min(int(want), int(self.tokens)))
+        self.tokens -= n
+        return n
+
+    def give_back(self, rate: float, burst: float, n: int) -> None:
+        """Tokens taken and not spent (a front's batch it did not use in time), back in the
+        bucket, never past ``burst``; dropped when the bound changed since they were taken
+        (a reloaded rate has a bucket of its own)."""
+        if self.rate != rate:
+            return
+        self._refill(rate, burst)
+        self.tokens = min(float(burst), self.tokens + max(0, int(n)))
+
+    def _refill(self, rate: float, burst: float | None) -> None:
         burst = max(1.0, float(int(rate))) if burst is None else float(burst)
         now = time.monotonic()
         if self.rate != rate:  # a new or reloaded bound: a full bucket, or one filling
@@ -100,11 +125,6 @@ class Account:
             self.rate, self.tokens, self.stamp = rate, full, now
         self.tokens = min(burst, self.tokens + (now - self.stamp) * rate)
         self.stamp = now
-        wait = 0.0 if self.tokens >= 1.0 else (1.0 - self.tokens) / rate
-        if wait > most:
-            return -1.0
-        self.tokens -= 1.0
-        return wait
 
 
 class Ledger:

@@ -60,11 +60,11 @@ from ..runtime_wasm import Limits
 from ..runtime_wasm.internal import DecodeCost, unpack_bounded
 from ..serving.internal import DoorKit, SlabDoors
 from ._leases import FRONT_LEASE, FrontLeases
-from ._replies import Admitted, Failed, Granted, Refused, Reply, Wait
+from ._replies import Admitted, Failed, Granted, Refused, Reply, Tokens, Wait
 from ._slab import SLAB_LEASE, Slab, session_key
 from ._storage import Storage
 
-__all__ = ["CONTROL_NAME", "Control", "ControlRefusal", "checkpoint_key"]
+__all__ = ["CONTROL_NAME", "TOKEN_LEASE", "Control", "ControlRefusal", "checkpoint_key"]
 
 CONTROL_NAME = "memex-control"
 LOG = logging.getLogger("memex.serving")
@@ -173,7 +173,8 @@ class Control:
         self.kits: dict[str, dict[str, Any]] = {}  # tenant -> its DoorKit's wire
         self.draining: set[str] = set()
         self.suspect: dict[str, float] = {}  # node -> when a slab of it was lost (monotonic)
-        self.counts = {"lookups": 0, "turns": 0, "creates": 0, "recoveries": 0}
+        self.counts = {"lookups": 0, "turns": 0, "creates": 0, "recoveries": 0,
+                       "token_batches": 0}
         self._remote_slab = ray.remote(Slab)
         self._recoveries = concurrent.futures.ThreadPoolExecutor(
             RECOVERY_THREADS, thread_name_prefix="memex-control-recover")
@@ -611,6 +612,36 @@ class Control:
             self.counts["turns"] += 1
             notice, e.notice = e.notice, None
             return Admitted(e.slab, notice)
+
+    def take_tokens(self, tenant: str, rate: float, burst: int, want: int,
+                    returned: int = 0) -> Tokens | Refused:
+        """Up to ``want`` of the tenant's rate tokens, taken from its bucket now, for a
+        front to admit that many turns of a tenant with a rate and no ``max_running`` by
+        itself (within :data:`TOKEN_LEASE` seconds, then it gives back what it did not
+        spend: ``returned``, put back first, or :meth:`give_back_tokens`): a tenant's turns
+        within its rate then ask this actor once a batch per front, not once a turn. Every
+        token comes out of the one bucket, so the tenant's turns across the fronts stay
+        within its burst plus its rate times the seconds."""
+        self._tenant(tenant)
+        want = max(1, min(int(want), int(burst), MAX_TOKENS))
+        with self.lock:
+            a = self.ledger.account(tenant)
+            if returned:
+                a.give_back(rate, burst, min(max(0, int(returned)), MAX_TOKENS))
+            n = a.take_up_to(rate, burst, want)
+            if n == 0:
+                return ControlRefusal("quota", f"{tenant!r} runs at most {rate:g} turns per "
+                                      "second across the cluster",
+                                      retry_after=max(1, int((1 - a.tokens) / rate + 1))
+                                      ).reply()
+            self.counts["token_batches"] += 1
+            return Tokens(n)
+
+    def give_back_tokens(self, tenant: str, rate: float, burst: int, n: int) -> None:
+        """Tokens a front took and did not spend within its lease, back in the bucket."""
+        with self.lock:
+            self.ledger.account(tenant).give_back(rate, burst, min(max(0, int(n)),
+                                                                    MAX_TOKENS))
 
     def turn_end(self, tenant: str, sid: str, turns: int | None, admitted: bool = True,
                  front: str | None = None) -> None:
@@ -1105,6 +1136,12 @@ NODE_LABEL = "ray.io/node-id"
 SUSPECT_FOR = 60.0
 """Seconds a node that lost a slab takes no new one while other nodes can (Ray marks a dead
 machine dead only after missed heartbeats; a slab that died alone clears it this soon)."""
+
+TOKEN_LEASE = 1.0
+"""Seconds a front may spend a batch of rate tokens (:meth:`Control.take_tokens`) before it
+gives back what it did not spend."""
+MAX_TOKENS = 10_000
+"""At most this many tokens in one batch or one give-back (a front's word is bounded)."""
 
 RECOVERY_THREADS = 8
 """Sessions opened elsewhere at once after their slab was lost (each waits out the lost

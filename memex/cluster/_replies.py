@@ -5,6 +5,7 @@ which pickles them): a front matches on the type, not on a string at the head of
 * :class:`Admitted` -- a turn may start: the slab that holds the session now, and what a
   recovery of it lost (said once).
 * :class:`Wait` -- the tenant runs its ``max_running`` turns across the cluster: ask again.
+* :class:`Tokens` -- a batch of a tenant's rate tokens for a front to spend itself.
 * :class:`Refused` -- a bound or the cluster's room says no: ``code`` is ``quota`` (429),
   ``busy`` (503) or ``not_found`` (404), with the seconds to wait before trying again.
 * :class:`Failed` -- it could not be done: the error on the wire (``error_from_wire``)."""
@@ -14,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Admitted", "Failed", "Granted", "Refused", "Reply", "Wait"]
+__all__ = ["Admitted", "Failed", "Granted", "Refused", "Reply", "Tokens", "Wait"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +32,11 @@ class Admitted:
 @dataclass(frozen=True, slots=True)
 class Wait:
     pass
+
+
+@dataclass(frozen=True, slots=True)
+class Tokens:
+    n: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ pytest.importorskip("fsspec")
 from memex import Limits
 from memex.backends.internal import limits_to_wire
 from memex.cluster._control import _Entry
-from memex.cluster.internal import FRONT_LEASE, Admitted, Control, Refused, Storage, Wait
+from memex.cluster.internal import FRONT_LEASE, Admitted, Control, Refused, Storage, Tokens, Wait
 
 
 @pytest.fixture
@@ -175,3 +175,25 @@ def test_a_restarted_control_fills_rate_buckets_from_its_start_not_full(
     while restarted.turn_begin("one", "s-2", None, 2.0, 2, "front-b").__class__ is Refused:
         time.sleep(0.05)  # bounded by the suite's hang guard; the bucket fills at 2 a second
     assert time.monotonic() - started >= 0.5 - 0.05  # one token at 2 a second: half a second
+
+
+def test_rate_tokens_are_taken_in_batches_from_the_one_bucket(tmp_path: Path) -> None:
+    """A front takes a tenant's rate tokens in batches (a tenant with a rate and no
+    ``max_running``): each batch comes out of the one bucket (burst 4, at a rate slow enough
+    that nothing refills during the test), so two fronts' batches never add up to more; a
+    batch is never more than the burst; an empty bucket is a 429 with Retry-After; tokens a
+    front did not spend go back first when it asks again, and tokens taken under another
+    bound (a reloaded rate) are dropped, not added."""
+    c = _restarted(tmp_path)
+    rate = 0.001
+    assert c.take_tokens("one", rate, 4, 3) == Tokens(3)  # front-a
+    assert c.take_tokens("one", rate, 4, 3) == Tokens(1)  # front-b: what is left
+    refused = c.take_tokens("one", rate, 4, 1)
+    assert isinstance(refused, Refused) and refused.code == "quota", refused
+    assert refused.retry_after >= 1
+    assert c.take_tokens("one", rate, 4, 5, returned=2) == Tokens(2)  # 2 unspent, back first
+    c.give_back_tokens("one", 0.002, 4, 3)  # taken under another bound: dropped
+    assert isinstance(c.take_tokens("one", rate, 4, 1), Refused)
+    c.give_back_tokens("one", rate, 4, 9)  # never past the burst
+    assert c.take_tokens("one", rate, 4, 100) == Tokens(4)
+    assert c.stats()["counts"]["token_batches"] == 4  # the batches granted

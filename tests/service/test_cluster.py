@@ -104,7 +104,8 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterRig]:
     keys = {"a": "key-a-" + "x" * 20, "small": "key-small-" + "y" * 20,
             "one": "key-one-" + "w" * 20, "gone": "key-gone-" + "z" * 20,
             "ops": "key-ops-" + "v" * 20, "pkg": "key-pkg-" + "u" * 20,
-            "two": "key-two-" + "t" * 20}
+            "two": "key-two-" + "t" * 20, "rated": "key-rated-" + "r" * 20,
+            "lots": "key-lots-" + "l" * 20}
     tenants = {"a": "max_sessions = 50\n[tenants.a.ceiling]\nmemory = 536870912\n",
                "small": "max_sessions = 3\n[tenants.small.ceiling]\nmemory = 268435456\n",
                "one": "max_running = 1\n[tenants.one.ceiling]\nmemory = 268435456\n",
@@ -113,7 +114,11 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterRig]:
                "pkg": 'packages = ["memexclu-dep", "memexclu-evil", "memexevil"]\n'
                       '[tenants.pkg.ceiling]\nmemory = 268435456\n',
                "two": "max_sessions = 2\n[tenants.two.ceiling]\nmemory = 268435456\n",
-               "gone": "max_sessions = 5\n[tenants.gone.ceiling]\nmemory = 268435456\n"}
+               "gone": "max_sessions = 5\n[tenants.gone.ceiling]\nmemory = 268435456\n",
+               "rated": "turns_per_second = 2\n[tenants.rated.ceiling]\n"
+                        "memory = 268435456\n",
+               "lots": "turns_per_second = 1000\n[tenants.lots.ceiling]\n"
+                       "memory = 268435456\n"}
     rig.keys, rig.tenants = keys, tenants
     try:
         for name in ("front-a", "front-b"):
@@ -268,6 +273,69 @@ def test_a_tenant_runs_max_running_turns_across_the_cluster(rig: ClusterRig) -> 
     assert b0 >= a1 - 0.05, ((a0, a1), (b0, b1))  # one after the other
     (c0, c1), (d0, d1) = sorted(spans("a"))
     assert d0 < c1, ((c0, c1), (d0, d1))  # at once
+
+
+def control_calls(front: Served, kind: str) -> int:
+    """How many calls of ``kind`` the control actor answered since it started (/metrics)."""
+    [line] = metric_lines(front, f'memex_cluster_control_calls{{kind="{kind}"}}')
+    return int(float(line.split()[-1]))
+
+
+def test_a_tenants_rate_holds_across_fronts_with_tokens_taken_in_batches(
+        rig: ClusterRig) -> None:
+    """Turns of a tenant with a rate (and no ``max_running``) take tokens from the control
+    actor's one bucket in batches that each front spends itself. A tenant of 2 turns a
+    second (burst 2) runs turns as fast as it can through both fronts at once until each
+    has been answered 429 three times: the turns that ran stay within its burst plus its
+    rate times the seconds, and the burst itself ran (the positive control). A tenant well
+    within its rate (1,000 a second) runs 48 turns, four sessions at once on each front:
+    every one runs, and the control actor was asked for tokens at most once every two turns
+    (before, once a turn)."""
+    def hammer(sb: Any) -> tuple[int, int]:
+        ran = refused = 0
+        while refused < 3:
+            try:
+                assert sb.run("1").ok
+                ran += 1
+            except ServiceError as exc:
+                assert exc.status == 429, exc
+                refused += 1
+            assert ran + refused < 1_000, "never refused"
+        return ran, refused
+
+    def sessions(tenant: str, each: int) -> tuple[list[RemoteBackend], list[Any]]:
+        fronts = [backend(f, rig.keys[tenant]) for f in rig.fronts]
+        return fronts, [f.open(limits=Limits(memory=64 << 20, timeout=20))
+                        for _ in range(each) for f in fronts]
+
+    fronts, sbs = sessions("rated", 1)
+    try:
+        began = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(len(sbs)) as pool:
+            got = list(pool.map(hammer, sbs))
+        took = time.monotonic() - began
+        ran = sum(g[0] for g in got)
+        print(f"at 2 a second: {ran} turns ran in {took:.2f}s, each front refused 3 times")
+        assert 2 <= ran <= 2 + 2 * took, (ran, took)
+    finally:
+        for sb in sbs:
+            sb.close()
+        for f in fronts:
+            f.close()
+
+    fronts, sbs = sessions("lots", 4)
+    try:
+        asked = control_calls(rig.fronts[0], "token_batches")
+        with concurrent.futures.ThreadPoolExecutor(len(sbs)) as pool:
+            assert all(pool.map(lambda sb: all(sb.run("1").ok for _ in range(6)), sbs))
+        asked = control_calls(rig.fronts[0], "token_batches") - asked
+        print(f"within the rate: 48 turns, the control actor asked for tokens {asked} times")
+        assert 0 < asked <= 24, asked
+    finally:
+        for sb in sbs:
+            sb.close()
+        for f in fronts:
+            f.close()
 
 
 def test_a_front_killed_mid_turn_gives_back_its_turn_and_its_sessions_lifetime(
