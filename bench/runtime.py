@@ -1048,6 +1048,60 @@ def bench_output(q: bool) -> None:
             add("output", f"{what}, engine's stream (baseline)", b)
 
 
+def bench_host(q: bool) -> None:
+    """What MemEx costs the host process around its guests: the CPU an idle process with a
+    sandbox burns (the epoch ticker ticks only while a guest runs a turn; the baseline holds
+    it ticking, as it always did), a pure-Python loop of the host's beside that idle
+    sandbox, and an HTTPS client made with the process's one TLS context (``http_tls``)
+    against one that loads the CA certificates itself (httpx's default: the baseline)."""
+    import resource
+
+    import httpx2
+
+    from memex.runtime_wasm.engine import _engine
+    from memex.runtime_wasm.internal import http_tls
+
+    def cpu() -> float:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+
+    def loop() -> None:
+        x = 0
+        for i in range(2_000_000):
+            x += i
+
+    span = 1.0 if q else 3.0
+    with Sandbox() as sb:
+        sb.run("1")
+        idle: dict[bool, list[float]] = {True: [], False: []}
+        loops: dict[bool, list[float]] = {True: [], False: []}
+        for i in range(2 if q else 4):
+            for built in ((True, False) if i % 2 == 0 else (False, True)):
+                if not built:
+                    _engine.turn_started()  # the ticker ticks as if a guest ran: as before
+                try:
+                    c = cpu()
+                    time.sleep(span)
+                    idle[built].append((cpu() - c) / span)
+                    loops[built] += timed(loop, 3)
+                finally:
+                    if not built:
+                        _engine.turn_ended()
+    add("host", "idle process with a sandbox: CPU a second", statistics.median(idle[True]),
+        "the ticker ticks only while a guest runs")
+    add("host", "the same, ticking always (baseline)", statistics.median(idle[False]))
+    a, b = statistics.median(loops[True]), statistics.median(loops[False])
+    add("host", "a host loop beside it (2M additions)", loops[True],
+        f"{(b / a - 1) * 100:+.1f}% for the baseline")
+    add("host", "the same, ticking always (baseline)", loops[False])
+    n = 20 if q else 60
+    add("host", "an HTTPS client made (httpx2.Client)",
+        timed(lambda: httpx2.Client(verify=http_tls()).close, n, warmup=2),
+        "the process's one TLS context")
+    add("host", "the same, its own TLS context (baseline)",
+        timed(lambda: httpx2.Client().close, n, warmup=2))
+
+
 # ---- hostile guests (SECURITY.md, the runtime's own bookkeeping) -------------------------------
 def _allocated(paths: list[Path], skip: set[tuple[int, int]]) -> int:
     """Bytes of disk the regular files under ``paths`` hold, each inode once, leaving out the
@@ -1193,6 +1247,7 @@ def main() -> None:
         ("memex", "door", bench_door),
         ("disk", "disk", bench_disk),
         ("output", "output", bench_output),
+        ("host", "host", bench_host),
         ("hostile", "hostile", bench_hostile),
         ("images", "images", bench_images),
         ("images", "incremental", bench_incremental),
