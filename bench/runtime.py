@@ -1058,7 +1058,7 @@ def bench_host(q: bool) -> None:
 
     import httpx2
 
-    from memex.runtime_wasm.engine import _engine
+    from memex.runtime_wasm.engine._engine import turn_ended, turn_started
     from memex.runtime_wasm.internal import http_tls
 
     def cpu() -> float:
@@ -1078,7 +1078,7 @@ def bench_host(q: bool) -> None:
         for i in range(2 if q else 4):
             for built in ((True, False) if i % 2 == 0 else (False, True)):
                 if not built:
-                    _engine.turn_started()  # the ticker ticks as if a guest ran: as before
+                    turn_started()  # the ticker ticks as if a guest ran: as before
                 try:
                     c = cpu()
                     time.sleep(span)
@@ -1086,7 +1086,7 @@ def bench_host(q: bool) -> None:
                     loops[built] += timed(loop, 3)
                 finally:
                     if not built:
-                        _engine.turn_ended()
+                        turn_ended()
     add("host", "idle process with a sandbox: CPU a second", statistics.median(idle[True]),
         "the ticker ticks only while a guest runs")
     add("host", "the same, ticking always (baseline)", statistics.median(idle[False]))

@@ -51,6 +51,9 @@ ALLOWED_PRIVATE: dict[str, dict[str, str]] = {
         "memex.runtime_wasm.images._lz4": "plain lz4.block on one thread, for the codec's baseline",
         "memex.runtime_wasm._sandbox": "loads decompressed eagerly, for the load's baseline",
         "memex.runtime_wasm._awake.AWAKE": "every sandbox kept awake, for the density baseline",
+        "memex.runtime_wasm.engine._engine.turn_started": "the epoch ticker held ticking, for "
+                                                          "the idle process's baseline",
+        "memex.runtime_wasm.engine._engine.turn_ended": "the same, let go",
     },
     "bench/control.py": {
         "memex.cluster._control._Entry": "N directory entries made without a Ray cluster",
