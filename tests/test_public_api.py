@@ -152,7 +152,8 @@ INTERNAL: dict[str, list[str]] = {
     ],
     "memex.cluster.internal": [
         "CONTROL_NAME", "FRONT_LEASE", "SLAB_LEASE", "TOKEN_LEASE", "Admitted", "Control",
-        "Failed", "Granted", "Refused", "Reply", "Slab", "Storage", "Tokens", "Wait",
+        "Failed", "Granted", "RateTokens", "Refused", "Reply", "Slab", "Storage", "Tokens",
+        "Wait",
         "checkpoint_key", "session_key",
     ],
     "memex.eval.internal": [

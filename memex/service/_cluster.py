@@ -44,10 +44,10 @@ from ..backends.internal import (
 )
 from ..cluster.internal import (
     CONTROL_NAME,
-    TOKEN_LEASE,
     Admitted,
     Control,
     Granted,
+    RateTokens,
     Refused,
     Reply,
     Storage,
@@ -87,28 +87,6 @@ CONNECT_TIMEOUT = 5.0
 RUNNING_POLL = (0.002, 0.05)
 """First and longest wait (seconds) between two asks for a turn slot while the tenant runs
 its ``max_running`` turns across the cluster."""
-
-
-@dataclass
-class _Batch:
-    """A tenant's rate tokens this front took from the control actor and spends itself
-    (a tenant with a rate and no ``max_running``): a busy tenant's turns ask the actor once
-    a batch, not once a turn. A batch is asked for twice the last one's size when that was
-    all spent, else the size spent (at most the tenant's burst); what it does not spend
-    within :data:`TOKEN_LEASE` goes back to the actor's bucket."""
-
-    left: int = 0
-    expires: float = 0.0  # the event loop's clock
-    size: int = 0  # of the last batch
-    spent: int = 0  # of it
-    rate: float = 0.0  # the bound they were taken under
-    burst: int = 1
-    asking: asyncio.Future[None] | None = None  # the ask for a batch under way
-
-    def want(self, burst: int) -> int:
-        if self.size and self.spent >= self.size:
-            return max(1, min(burst, 2 * self.size))
-        return max(1, min(burst, self.spent))
 
 
 class _Link:
@@ -548,7 +526,8 @@ class ClusterService(Service):
         # (tenant, session): said with every config poll, so a restarted control actor
         # counts them again (it knew them only in its memory)
         self._admitted: dict[tuple[str, str], int] = {}
-        self._batches: dict[str, _Batch] = {}  # tenant -> its rate tokens held here
+        self.tokens = RateTokens()  # its tenants' rate tokens held here (a rate, no
+        # max_running: cluster._tokens)
         self._used: dict[str, float] = {}  # sessions used since the last report
         self._active: dict[str, Session] = {}  # those sessions
         # how the control actor knows this front's holds (turns admitted, turns running):
@@ -844,52 +823,26 @@ class ClusterService(Service):
                                                      self.front_id)
 
     async def _token(self, tenant: TenantConfig) -> None:
-        """One of the tenant's rate tokens: from this front's batch, else a new batch from
-        the control actor (429 with Retry-After when its bucket is empty). One ask at a
-        time per tenant: turns that find the batch spent while an ask is out wait for it."""
+        """One of the tenant's rate tokens, from this front's batch or a new one (429 with
+        Retry-After when the cluster's bucket is empty)."""
         rate = float(tenant.turns_per_second or 0)
         burst = max(1, int(rate or 1))
-        b = self._batches.setdefault(tenant.name, _Batch())
-        loop = asyncio.get_running_loop()
-        while True:
-            if b.left > 0 and loop.time() < b.expires:
-                b.left -= 1
-                b.spent += 1
-                return
-            if b.asking is None:
-                break
-            await asyncio.shield(b.asking)  # its batch, then look again
-        asking = b.asking = loop.create_future()
-        try:
-            # what is left of a batch past its lease goes back with the ask for the next
-            # (one call: the actor puts it back before it takes), if taken under this bound
-            returned = b.left if (b.rate, b.burst) == (rate, burst) else 0
-            b.left = 0
-            out = await self.link.control.take_tokens.remote(
-                tenant.name, rate, burst, b.want(burst), returned)
-            if isinstance(out, Refused):
-                raise _refusal(out)
-            assert isinstance(out, Tokens)
-            b.left, b.size, b.spent, b.rate, b.burst = out.n - 1, out.n, 1, rate, burst
-            b.expires = loop.time() + TOKEN_LEASE
-        finally:
-            b.asking = None
-            asking.set_result(None)
+        control = self.link.control
 
-    def _give_back(self, tenant: str, b: _Batch) -> None:
-        """The tokens ``b`` holds, back to the control actor's bucket (under the bound they
-        were taken under: the actor drops them if that changed)."""
-        if b.left > 0:
-            n, b.left = b.left, 0
-            with contextlib.suppress(Exception):
-                self.link.control.give_back_tokens.remote(tenant, b.rate, b.burst, n)
+        async def ask(want: int, returned: int) -> Tokens | Refused:
+            out: Tokens | Refused = await control.take_tokens.remote(
+                tenant.name, rate, burst, want, returned)
+            return out
+
+        refused = await self.tokens.take(tenant.name, rate, burst, ask)
+        if refused is not None:
+            raise _refusal(refused)
 
     def _give_back_expired(self) -> None:
-        """(each config poll) The batches past their lease, given back."""
-        now = asyncio.get_running_loop().time()
-        for name, b in list(self._batches.items()):
-            if b.left > 0 and now >= b.expires:
-                self._give_back(name, b)
+        """(each config poll) The tokens of batches past their lease, given back."""
+        for tenant, rate, burst, n in self.tokens.expired():
+            with contextlib.suppress(Exception):
+                self.link.control.give_back_tokens.remote(tenant, rate, burst, n)
 
     async def _admit(self, s: Session, tenant: TenantConfig, sb: ClusterSandbox
                      ) -> tuple[str | None, dict[str, Any] | None]:

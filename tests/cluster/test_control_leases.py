@@ -7,9 +7,11 @@ tests/service/test_cluster.py kills a real front mid-turn on a real cluster."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,7 +21,16 @@ pytest.importorskip("fsspec")
 from memex import Limits
 from memex.backends.internal import limits_to_wire
 from memex.cluster._control import _Entry
-from memex.cluster.internal import FRONT_LEASE, Admitted, Control, Refused, Storage, Tokens, Wait
+from memex.cluster.internal import (
+    FRONT_LEASE,
+    Admitted,
+    Control,
+    RateTokens,
+    Refused,
+    Storage,
+    Tokens,
+    Wait,
+)
 
 
 @pytest.fixture
@@ -197,3 +208,38 @@ def test_rate_tokens_are_taken_in_batches_from_the_one_bucket(tmp_path: Path) ->
     c.give_back_tokens("one", rate, 4, 9)  # never past the burst
     assert c.take_tokens("one", rate, 4, 100) == Tokens(4)
     assert c.stats()["counts"]["token_batches"] == 4  # the batches granted
+
+
+def test_a_fronts_turns_spend_batches_of_tokens_and_ask_once_a_batch(tmp_path: Path) -> None:
+    """A front's 48 turns of a tenant within its rate, four at once (RateTokens against the
+    control actor made here; the Ray call replaced by a direct one): the batches double
+    while each is spent (1, 2, 4, 8, 16, 32) and turns at once wait for the one ask under
+    way, so the actor is asked 6 times, not 48; every token came out of its bucket (a
+    burst of 1,000 at a rate too slow to refill during the test: 63 taken, 15 of them left
+    unspent here). A tenant past its rate gets the actor's refusal."""
+    c = _restarted(tmp_path)
+
+    def asker(rate: float, burst: int) -> Any:
+        async def ask(want: int, returned: int) -> Any:
+            await asyncio.sleep(0)  # an ask takes a round trip: turns at once pile up
+            return c.take_tokens("one", rate, burst, want, returned)
+        return ask
+
+    async def turns(tokens: RateTokens, n: int, rate: float, burst: int) -> list[Any]:
+        ask = asker(rate, burst)
+
+        async def worker(k: int) -> list[Any]:
+            return [await tokens.take("one", rate, burst, ask) for _ in range(k)]
+
+        done = await asyncio.gather(*(worker(n // 4) for _ in range(4)))
+        return [x for d in done for x in d]
+
+    front = RateTokens()
+    assert asyncio.run(turns(front, 48, 0.001, 1000)) == [None] * 48
+    assert front.asks == 6, front.asks
+    assert c.stats()["counts"]["token_batches"] == 6
+    assert 1000 - c.ledger.account("one").tokens == pytest.approx(63)  # 1+2+4+...+32
+
+    slow = RateTokens()  # a burst of 2, refilling too slowly to matter: two turns, refused
+    out = asyncio.run(turns(slow, 8, 0.002, 2))
+    assert out.count(None) == 2 and all(isinstance(x, Refused) for x in out if x), out
