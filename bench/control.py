@@ -17,6 +17,12 @@ writes at each create). At RESTART_BASELINE the making read every record first (
 adopted (their slab adoption is skipped alike); the folder is a local one, where a read
 costs far less than an S3 GET.
 
+Then a rate-bounded tenant's turns (a rate, no ``max_running``): the control actor's calls
+and its CPU per 1,000 turns of one front, four at once, as built (the front spends batches of
+tokens: ``cluster._tokens.RateTokens``) beside what every such turn cost before e4245e0, one
+``turn_begin`` and one ``turn_end`` of the actor a turn, on the same actor in the same run
+(the Ray call itself, 1-2 ms a call on a cluster, is left out of both).
+
     python bench/control.py            # needs memex[cluster] (Ray, fsspec)
 """
 
@@ -111,8 +117,8 @@ def main() -> None:
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--restart", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--samples", type=int, default=300, help="creates timed per row")
-    ap.add_argument("--only", choices=["creates", "restart"], default=None,
-                    help="run one of the two tables")
+    ap.add_argument("--only", choices=["creates", "restart", "tokens"], default=None,
+                    help="run one of the three tables")
     args = ap.parse_args()
     if args.child is not None:
         print(json.dumps(child(args.child, args.samples)))
@@ -120,10 +126,12 @@ def main() -> None:
     if args.restart is not None:
         print(json.dumps(restart(args.restart)))
         return
-    if args.only != "restart":
+    if args.only in (None, "creates"):
         creates(args.samples)
-    if args.only != "creates":
+    if args.only in (None, "restart"):
         restarts()
+    if args.only in (None, "tokens"):
+        tokens()
 
 
 def _baseline(commit: str, into: str) -> None:
@@ -168,6 +176,60 @@ def creates(samples: int) -> None:
                    for path in (str(ROOT), tmp)]
             print(f"  {n:>9,}  {row[0]['p50'] * 1e6:>10.1f} us {row[0]['p99'] * 1e6:>6.1f} us"
                   f"   {row[1]['p50'] * 1e6:>16.1f} us {row[1]['p99'] * 1e6:>6.1f} us")
+
+
+def tokens(turns: int = 1000) -> None:
+    import asyncio
+
+    from memex.backends.internal import limits_to_wire
+    from memex.cluster._control import _Entry
+    from memex.cluster.internal import Control, RateTokens, Storage
+    from memex.runtime_wasm import Limits
+
+    rate, burst = 1e6, 1000  # well within: every turn admitted
+    with tempfile.TemporaryDirectory() as tmp:
+        c = Control(Storage(tmp), namespace="b", slab_memory=1 << 30, slab_cpus=1,
+                    save_interval=0, monitor=3600)
+        for sid, tenant in (("s-1", "t"), ("s-2", "u")):  # a tenant each (its own bucket)
+            c._put(_Entry(id=sid, tenant=tenant, memory=64, disk=8, slab="slab-x",
+                          spec={"limits": limits_to_wire(Limits())}))
+        calls = [0]
+
+        async def ask(want: int, returned: int) -> object:
+            calls[0] += 1
+            await asyncio.sleep(0)  # a round trip: turns at once pile up behind it
+            return c.take_tokens("t", rate, burst, want, returned)
+
+        async def built() -> None:
+            front = RateTokens()
+
+            async def worker() -> None:
+                for _ in range(turns // 4):
+                    assert await front.take("t", rate, burst, ask) is None
+                    await asyncio.sleep(0)  # the turn itself
+            await asyncio.gather(*(worker() for _ in range(4)))
+
+        async def before() -> None:
+            async def worker() -> None:
+                for _ in range(turns // 4):
+                    calls[0] += 1
+                    await asyncio.sleep(0)
+                    assert type(c.turn_begin("u", "s-2", None, rate, burst, "f")).__name__ \
+                        == "Admitted"
+                    await asyncio.sleep(0)  # the turn itself
+                    calls[0] += 1
+                    c.turn_end("u", "s-2", None, True, "f")
+            await asyncio.gather(*(worker() for _ in range(4)))
+
+        print(f"a rate-bounded tenant's {turns:,} turns through one front, 4 at once (rate "
+              f"{rate:g}/s): the control actor's calls, and the front's and actor's CPU:")
+        for label, fn in (("as built (batches of tokens)", built),
+                          ("before e4245e0 (begin and end a turn)", before)):
+            calls[0] = 0
+            t = time.process_time()
+            asyncio.run(fn())
+            cpu = time.process_time() - t
+            print(f"  {label:40s} {calls[0]:>6,} calls  {cpu * 1e3:8.1f} ms of CPU")
 
 
 if __name__ == "__main__":
