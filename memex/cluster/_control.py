@@ -599,10 +599,7 @@ class Control:
             if rate:
                 wait = a.take(rate, 0.0, burst)  # no token now: refused, nothing reserved
                 if wait < 0:
-                    return ControlRefusal("quota", f"{tenant!r} runs at most {rate:g} turns "
-                                          "per second across the cluster",
-                                          retry_after=max(1, int((1 - a.tokens) / rate + 1))
-                                          ).reply()
+                    return _past_rate(tenant, rate, a.tokens)
             a.running += 1
             e.begun = max(e.begun, e.turns) + 1
             e.running += 1
@@ -630,10 +627,7 @@ class Control:
                 a.give_back(rate, burst, min(max(0, int(returned)), MAX_TOKENS))
             n = a.take_up_to(rate, burst, want)
             if n == 0:
-                return ControlRefusal("quota", f"{tenant!r} runs at most {rate:g} turns per "
-                                      "second across the cluster",
-                                      retry_after=max(1, int((1 - a.tokens) / rate + 1))
-                                      ).reply()
+                return _past_rate(tenant, rate, a.tokens)
             self.counts["token_batches"] += 1
             return Tokens(n)
 
@@ -1155,6 +1149,14 @@ indexed by the first control actor that finds this missing)."""
 CONFIG_KEY = "config/published"
 """Where the storage keeps the config last published (msgpack: version, text, kits)."""
 CONFIG_BYTES = 64 << 20
+
+
+def _past_rate(tenant: str, rate: float, tokens: float) -> Refused:
+    """A tenant's turn past its rate across the cluster: 429, and the seconds until its
+    bucket holds a token again."""
+    return ControlRefusal("quota", f"{tenant!r} runs at most {rate:g} turns per second "
+                          "across the cluster",
+                          retry_after=max(1, int((1 - tokens) / rate + 1))).reply()
 
 
 def owner_key(tenant: str, sid: str) -> str:

@@ -826,7 +826,7 @@ class ClusterService(Service):
         """One of the tenant's rate tokens, from this front's batch or a new one (429 with
         Retry-After when the cluster's bucket is empty)."""
         rate = float(tenant.turns_per_second or 0)
-        burst = max(1, int(rate or 1))
+        burst = _burst(tenant)
         control = self.link.control
 
         async def ask(want: int, returned: int) -> Tokens | Refused:
@@ -847,7 +847,7 @@ class ClusterService(Service):
     async def _admit(self, s: Session, tenant: TenantConfig, sb: ClusterSandbox
                      ) -> tuple[str | None, dict[str, Any] | None]:
         rate = tenant.turns_per_second
-        burst = max(1, int(rate or 1))
+        burst = _burst(tenant)
         wait, waited = RUNNING_POLL[0], 0.0
         while True:
             out = await self.link.control.turn_begin.remote(
@@ -896,6 +896,11 @@ class ClusterService(Service):
         link = self.link
         out: dict[str, Any] = link.get(link.control.drain.remote(node), timeout=None)
         return out
+
+
+def _burst(tenant: TenantConfig) -> int:
+    """The bucket of a tenant's rate: a second's worth of turns, at least one."""
+    return max(1, int(tenant.turns_per_second or 1))
 
 
 def _slab_of(s: Session) -> str | None:
