@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import ssl
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from certs import self_signed
 
 REPLY = {"id": "c1", "object": "chat.completion", "created": 0, "model": "m",
          "choices": [{"index": 0, "finish_reason": "stop",
@@ -61,15 +61,7 @@ print(json.dumps(out))
 @pytest.fixture(scope="module")
 def tls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     """(an https:// URL on 127.0.0.1 answering chat completions, its certificate)."""
-    if shutil.which("openssl") is None:
-        pytest.skip("the openssl command is needed to make a test certificate")
-    d = tmp_path_factory.mktemp("tls")
-    cert, key = d / "cert.pem", d / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
-                    "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", str(key), "-out",
-                    str(cert), "-days", "2", "-subj", "/CN=127.0.0.1", "-addext",
-                    "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True,
-                   timeout=60)
+    cert, key = self_signed(tmp_path_factory.mktemp("tls"), "/CN=127.0.0.1", "IP:127.0.0.1")
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"

@@ -12,9 +12,7 @@ from __future__ import annotations
 import ast
 import ipaddress
 import json
-import shutil
 import ssl
-import subprocess
 import sys
 import threading
 import time
@@ -25,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from certs import self_signed
 
 from memex import Limits, Sandbox, TurnStatus
 from memex.host_tools import Egress, EgressPolicy
@@ -133,17 +132,8 @@ def server() -> Iterator[_Server]:
 
 @pytest.fixture(scope="module")
 def tls_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A self-signed certificate for ``secure.test`` (made with the openssl command)."""
-    if shutil.which("openssl") is None:
-        pytest.skip("the openssl command is needed to make a test certificate")
-    d = tmp_path_factory.mktemp("tls")
-    cert, key = d / "cert.pem", d / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
-                    "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", str(key), "-out",
-                    str(cert), "-days", "2", "-subj", "/CN=secure.test", "-addext",
-                    "subjectAltName=DNS:secure.test"], check=True, capture_output=True,
-                   timeout=60)
-    return cert, key
+    """A self-signed certificate for ``secure.test``."""
+    return self_signed(tmp_path_factory.mktemp("tls"), "/CN=secure.test", "DNS:secure.test")
 
 
 @pytest.fixture(scope="module")
