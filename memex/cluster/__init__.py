@@ -2,7 +2,8 @@
 core and the backends: the *slabs* that hold sessions on the nodes (``_slab``), the storage
 they save to (``_storage``), the *control actor* that keeps the cluster's directory, ledger,
 placement and config (``_control``), the fronts' leases on what they hold (``_leases``) and
-the typed records the control actor answers with (``_replies``). The fronts' HTTP side is
+the typed records the control actor answers with (``_replies``) and a slab's (``_direct``:
+its outcomes, its direct path's messages and their codec). The fronts' HTTP side is
 ``memex.service``'s, which reaches this package through ``memex.cluster.internal``.
 
 Nothing here is for an application: a cluster is used through ``memex serve`` and

@@ -51,7 +51,6 @@ import msgpack
 
 from ..backends.internal import (
     Ledger,
-    error_from_wire,
     error_to_wire,
     limits_from_wire,
 )
@@ -59,6 +58,7 @@ from ..errors import BackendBusy, ConfigError, ImageError, MemexError
 from ..runtime_wasm import Limits
 from ..runtime_wasm.internal import DecodeCost, unpack_bounded
 from ..serving.internal import DoorKit, SlabDoors
+from ._direct import Outcome
 from ._leases import FRONT_LEASE, FrontLeases
 from ._replies import Admitted, Failed, Granted, Refused, Reply, Tokens, Wait
 from ._slab import SLAB_LEASE, Slab, session_key
@@ -384,11 +384,9 @@ class Control:
     def _open(self, slab: _SlabInfo, sid: str, tenant: str, spec: dict[str, Any],
               from_save: bool) -> dict[str, Any]:
         kit = self.kits.get(tenant)  # its operator tools and egress policy, served there
-        out = self._ray.get(slab.handle.open.remote(sid, tenant, spec, from_save, kit),
-                            timeout=self.place_timeout)
-        if out[0] != "ok":
-            raise error_from_wire(out[1])
-        result: dict[str, Any] = out[1]
+        out: Outcome = self._ray.get(slab.handle.open.remote(sid, tenant, spec, from_save,
+                                                             kit), timeout=self.place_timeout)
+        result: dict[str, Any] = out.unwrap()
         return result
 
     def _out(self, e: _Entry) -> dict[str, Any]:
@@ -463,20 +461,17 @@ class Control:
                         slab.used += p.memory
                 if here:
                     try:
-                        out = self._ray.get(slab.handle.fork.remote(sid, child),
-                                            timeout=self.place_timeout)
-                        if out[0] != "ok":
-                            raise error_from_wire(out[1])
+                        forked: Outcome = self._ray.get(slab.handle.fork.remote(sid, child),
+                                                        timeout=self.place_timeout)
+                        turns = int(forked.unwrap()["turns"])
                     except BaseException:
                         with self.lock:
                             slab.used -= p.memory
                         raise
-                    turns = int(out[1]["turns"])
                 else:
-                    saved = self._ray.get(slab.handle.save.remote(sid),
-                                          timeout=self.place_timeout)
-                    if saved[0] != "ok":
-                        raise error_from_wire(saved[1])
+                    saved: Outcome = self._ray.get(slab.handle.save.remote(sid),
+                                                   timeout=self.place_timeout)
+                    saved.unwrap()
                     self.storage.put(session_key(child, "record"), _child_record(
                         self.storage, sid, child, p.memory))
                     slab = self._slab_for(p.memory)
@@ -943,9 +938,9 @@ class Control:
                     e = self.sessions.get(sid)
                 if e is None:
                     continue
-                out = self._ray.get(slab.handle.save.remote(sid), timeout=self.place_timeout)
-                if out[0] != "ok":
-                    raise error_from_wire(out[1])
+                out: Outcome = self._ray.get(slab.handle.save.remote(sid),
+                                             timeout=self.place_timeout)
+                out.unwrap()
                 target = self._slab_for(e.memory, avoid=slab.name)
                 try:
                     self._open(target, sid, e.tenant, e.spec, True)

@@ -40,8 +40,6 @@ from ..backends.internal import (
     ChannelClosed,
     ClientDoor,
     ProtocolError,
-    answer_of,
-    error_to_wire,
     limits_from_wire,
     mounts_from_wire,
     result_to_wire,
@@ -58,6 +56,22 @@ from ..runtime_wasm.internal import (
     set_guest_nice,
     unpack_bounded,
 )
+from ._direct import (
+    DIRECT,
+    Answer,
+    Call,
+    Done,
+    Hello,
+    NotHeld,
+    NotHeldHere,
+    Outcome,
+    Raised,
+    Started,
+    Welcome,
+    from_wire,
+    outcome_of,
+    to_wire,
+)
 from ._storage import Storage
 
 __all__ = ["DIRECT", "RECORD_CAP", "SLAB_LEASE", "DoorServer", "Slab", "session_key"]
@@ -73,9 +87,6 @@ AUDIT_KEEP = 1000
 (each turn's answer carries those of its calls to the front's audit log; past this many,
 the oldest are counted as dropped)."""
 
-DIRECT = frozenset({"run", "read_file", "write_file", "list_files", "checkpoint", "restore",
-                    "save"})
-"""What a front calls over a slab's socket (the rest goes through Ray)."""
 SLAB_LEASE = 4.0
 """Seconds a slab serves after the control actor last reached it. The control actor pings
 every slab each second (renewing it), and opens a lost slab's sessions elsewhere only once
@@ -166,7 +177,8 @@ class _Held:
 
 class Slab:
     """A Ray actor holding sessions (made remote, named and detached, by the cluster's
-    control actor). Every method answers ``["ok", value]`` or ``["err", <error wire>]``."""
+    control actor). Every method answers an ``Outcome`` (``_direct``): ``Done``, ``Raised``
+    or ``NotHeld``."""
 
     def __init__(self, name: str, storage: Storage, save_interval: float,
                  doors: DoorServer | None = None, *, guest_nice: int = 0) -> None:
@@ -207,28 +219,28 @@ class Slab:
                              name="memex-slab-conn", daemon=True).start()
 
     def _proven(self, conn: socket.socket) -> bool:
-        """Whether the connection opens with ``["hello", secret]``: read whole within
-        HELLO_TIMEOUT and at most HELLO_BYTES, before anything else is read or kept."""
+        """Whether the connection opens with a ``Hello`` holding the secret: read whole
+        within HELLO_TIMEOUT and at most HELLO_BYTES, before anything else is read or kept."""
         conn.settimeout(HELLO_TIMEOUT)
         try:
             head = _read_exactly(conn, HEADER.size)
             size, nfds = HEADER.unpack(head)
             if size > HELLO_BYTES or nfds:
                 return False
-            hello = unpack_bounded(_read_exactly(conn, size), DecodeCost.for_bytes(size))
-        except (OSError, ValueError, EOFError):
+            hello = from_wire(unpack_bounded(_read_exactly(conn, size),
+                                             DecodeCost.for_bytes(size)))
+        except (OSError, ValueError, EOFError, ProtocolError):
             return False
         finally:
             with contextlib.suppress(OSError):
                 conn.settimeout(None)
-        return (isinstance(hello, list) and len(hello) == 2 and hello[0] == "hello"
-                and isinstance(hello[1], bytes) and hmac.compare_digest(hello[1], self._secret))
+        return isinstance(hello, Hello) and hmac.compare_digest(hello.secret, self._secret)
 
     def _serve(self, conn: socket.socket, strangers: threading.BoundedSemaphore) -> None:
-        """One front's connection: ``["hello", secret]`` first (else it is closed unheard),
-        then ``["call", seq, method, args]`` answered by ``["reply", seq, out]``; a turn is
-        acknowledged by ``["started", seq]`` as it begins, so a front that loses the
-        connection knows whether the turn could have run."""
+        """One front's connection: its ``Hello`` first (else it is closed unheard), then
+        each ``Call`` answered by an ``Answer``; a turn is acknowledged by ``Started`` as it
+        begins, so a front that loses the connection knows whether the turn could have run.
+        Anything that is not a ``Call`` closes the connection."""
         try:
             proven = self._proven(conn)
         finally:
@@ -239,38 +251,36 @@ class Slab:
             return
         ch = Channel(conn)
         try:
-            ch.send(["hello"])
+            ch.send(to_wire(Welcome()))
             while True:
-                msg, _ = ch.recv()
-                if len(msg) != 4 or msg[0] != "call" or msg[2] not in DIRECT or \
-                        not isinstance(msg[3], list):
+                raw, _ = ch.recv()
+                call = from_wire(raw)
+                if not isinstance(call, Call):
                     return
-                _, seq, method, args = msg
+                seq, method, args = call.seq, call.method, call.args
                 if not self._leased():
-                    ch.send(["reply", seq, ["err", error_to_wire(SandboxClosed(
-                        f"session {args[0] if args else '?'} is not held by this slab: its "
-                        "lease from the control actor ran out"))]])
+                    ch.send(to_wire(Answer(seq, NotHeld(args[0], lease=True))))
                     continue
                 if method == "run":
-                    ch.send(["started", seq])
+                    ch.send(to_wire(Started(seq)))
                 try:
                     out = getattr(self, method)(*args)
                 except TypeError as exc:  # wrong arguments: a bug of the caller
-                    out = ["err", ["SandboxError", f"{method}: {exc}", None]]
-                ch.send(["reply", seq, out])
+                    out = Raised(["SandboxError", f"{method}: {exc}", None])
+                ch.send(to_wire(Answer(seq, out)))
         except (ChannelClosed, ProtocolError, TimeoutError, OSError):
             pass
         finally:
             ch.close()
 
     # ---- plumbing ---------------------------------------------------------------------------
-    def _call(self, fn: Any, *args: Any) -> list[Any]:
-        return answer_of(fn, *args)
+    def _call(self, fn: Any, *args: Any) -> Outcome:
+        return outcome_of(fn, *args)
 
     def _h(self, sid: str) -> _Held:
         h = self.held.get(sid)
         if h is None:
-            raise SandboxClosed(f"session {sid} is not held by this slab")
+            raise NotHeldHere(sid)
         return h
 
     def _leased(self) -> bool:
@@ -301,7 +311,7 @@ class Slab:
 
     # ---- sessions ---------------------------------------------------------------------------
     def open(self, sid: str, tenant: str, spec: dict[str, Any], from_save: bool,
-             kit: Any = None) -> list[Any]:
+             kit: Any = None) -> Outcome:
         """Open the session here: empty, or from its last save (what it holds is said:
         ``turns``, ``files_kept``; ``saved: False`` when it had none yet); ``kit``: what
         the server serves on its door (the tenant's operator tools and egress policy,
@@ -364,7 +374,7 @@ class Slab:
         return rec
 
     def run(self, sid: str, code: str, timeout: float | None, filename: str | None
-            ) -> list[Any]:
+            ) -> Outcome:
         def go() -> dict[str, Any]:
             h = self._h(sid)
             with h.lock:
@@ -377,7 +387,7 @@ class Slab:
                         "audit": h.audit.take()}
         return self._call(go)
 
-    def checkpoint(self, sid: str, key: str) -> list[Any]:
+    def checkpoint(self, sid: str, key: str) -> Outcome:
         """The session's state written to ``key`` of the storage; its memory's size (what
         it counts against the tenant) and the turns it holds."""
         def go() -> dict[str, Any]:
@@ -389,7 +399,7 @@ class Slab:
             return {"size": cp.size, "bytes": len(blob), "turns": h.turns}
         return self._call(go)
 
-    def restore(self, sid: str, key: str) -> list[Any]:
+    def restore(self, sid: str, key: str) -> Outcome:
         def go() -> None:
             h = self._h(sid)
             blob = self.storage.get(key, h.sb.limits.memory + (64 << 20))
@@ -403,7 +413,7 @@ class Slab:
                     self._save(sid, h)
         return self._call(go)
 
-    def fork(self, sid: str, child: str) -> list[Any]:
+    def fork(self, sid: str, child: str) -> Outcome:
         def go() -> dict[str, Any]:
             h = self._h(sid)
             with h.lock:
@@ -416,10 +426,10 @@ class Slab:
             return {"turns": c.turns}
         return self._call(go)
 
-    def read_file(self, sid: str, path: str, max_bytes: int | None) -> list[Any]:
+    def read_file(self, sid: str, path: str, max_bytes: int | None) -> Outcome:
         return self._call(lambda: self._h(sid).sb.read_file(path, max_bytes=max_bytes))
 
-    def write_file(self, sid: str, path: str, data: bytes) -> list[Any]:
+    def write_file(self, sid: str, path: str, data: bytes) -> Outcome:
         def go() -> None:
             h = self._h(sid)
             with h.lock:
@@ -427,11 +437,11 @@ class Slab:
                 h.gen += 1
         return self._call(go)
 
-    def list_files(self, sid: str, path: str, limit: int) -> list[Any]:
+    def list_files(self, sid: str, path: str, limit: int) -> Outcome:
         return self._call(lambda: [[f.name, f.path, f.kind, f.size] for f in
                                    self._h(sid).sb.list_files(path, limit=limit)])
 
-    def close(self, sid: str, forget: bool) -> list[Any]:
+    def close(self, sid: str, forget: bool) -> Outcome:
         """Close the session here; ``forget``: its saves go too (the client closed it)."""
         def go() -> None:
             with self.lock:
@@ -458,7 +468,7 @@ class Slab:
         if h.unserve is not None:
             h.unserve()
 
-    def save(self, sid: str) -> list[Any]:
+    def save(self, sid: str) -> Outcome:
         """Save the session now (if it changed since its last save); the turns it holds."""
         def go() -> int:
             h = self._h(sid)
@@ -518,7 +528,7 @@ class Slab:
             if now - box.pulled > DOOR_STALE:
                 self.door_detach(sid, token)
 
-    def door_attach(self, sid: str) -> list[Any]:
+    def door_attach(self, sid: str) -> Outcome:
         """A front's door connection for the session: its token to pull frames with."""
         def go() -> int:
             h = self._h(sid)
@@ -535,20 +545,20 @@ class Slab:
             return token
         return self._call(go)
 
-    def door_pull(self, sid: str, token: int, wait: float) -> list[Any]:
+    def door_pull(self, sid: str, token: int, wait: float) -> Outcome:
         """The frames waiting for the connection (within ``wait`` seconds); None once the
         session or the connection is gone."""
         h = self.held.get(sid)
         box = h.boxes.get(token) if h is not None else None
         if box is None or not self._leased():
-            return ["ok", None]
-        return ["ok", box.take(min(wait, 5.0))]
+            return Done(None)
+        return Done(box.take(min(wait, 5.0)))
 
-    def door_answer(self, sid: str, data: bytes) -> list[Any]:
+    def door_answer(self, sid: str, data: bytes) -> Outcome:
         h = self.held.get(sid)
-        return ["ok", h is not None and h.door.answer(bytes(data))]
+        return Done(h is not None and h.door.answer(bytes(data)))
 
-    def door_detach(self, sid: str, token: int) -> list[Any]:
+    def door_detach(self, sid: str, token: int) -> Outcome:
         h = self.held.get(sid)
         if h is not None:
             h.door.detach(token)
@@ -557,7 +567,7 @@ class Slab:
                 with box.cond:
                     box.closed = True
                     box.cond.notify_all()
-        return ["ok", None]
+        return Done(None)
 
 
 def _read_exactly(conn: socket.socket, n: int) -> bytes:

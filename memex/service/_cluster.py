@@ -45,14 +45,24 @@ from ..backends.internal import (
 from ..cluster.internal import (
     CONTROL_NAME,
     Admitted,
+    Answer,
+    Call,
     Control,
+    Done,
     Granted,
+    Hello,
+    NotHeld,
+    Outcome,
     RateTokens,
     Refused,
     Reply,
+    Started,
     Storage,
     Tokens,
+    Welcome,
     checkpoint_key,
+    from_wire,
+    to_wire,
 )
 from ..errors import BackendBusy, ConfigError, SandboxClosed, SandboxError
 from ..runtime_wasm import Door, GuestFile, Limits, TurnResult, TurnStatus
@@ -138,32 +148,33 @@ class _Link:
         return isinstance(exc, e.RayActorError | e.ActorUnavailableError | ValueError)
 
     # the direct path to a slab: a pool of sockets per slab, each opened with its secret
-    def call(self, to: _Where, method: str, args: list[Any], timeout: float) -> Any:
+    def call(self, to: _Where, method: str, args: list[Any], timeout: float) -> Outcome:
         """``method(sid, *args)`` on the slab ``to`` over a socket of the pool. Raises
         :class:`_Unreached` when the call did not reach it (it could not have run: a turn
         is acknowledged as it starts), :class:`_Broken` when the connection broke after."""
         ch = self._take(to)
-        self._seq += 1
-        seq = self._seq
+        with self._lock:
+            self._seq += 1
+            seq = self._seq
         started = method != "run"
         try:
-            ch.send(["call", seq, method, args])
-            msg, _ = ch.recv(timeout)
-            if msg[0] == "started":
+            ch.send(to_wire(Call(seq, method, args)))
+            msg = from_wire(ch.recv(timeout)[0])
+            if isinstance(msg, Started) and msg.seq == seq:
                 started = True
-                msg, _ = ch.recv(timeout)
+                msg = from_wire(ch.recv(timeout)[0])
         except (ChannelClosed, ProtocolError, OSError) as exc:
             ch.close()
             raise (_Broken if started and method == "run" else _Unreached)(str(exc)) from None
         except TimeoutError:
             ch.close()
             raise _Broken(f"no answer within {timeout:.3g} s") from None
-        if msg[0] != "reply" or len(msg) != 3 or msg[1] != seq:
+        if not isinstance(msg, Answer) or msg.seq != seq:
             ch.close()
             raise _Broken(f"an answer out of order from slab {to.slab}")
         with self._lock:
             self._idle.setdefault(to.slab, []).append(ch)
-        return msg[2]
+        return msg.outcome
 
     def _take(self, to: _Where) -> Channel:
         with self._lock:
@@ -175,11 +186,11 @@ class _Link:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.settimeout(None)
             ch = Channel(sock)
-            ch.send(["hello", to.secret])
-            msg, _ = ch.recv(CONNECT_TIMEOUT)
+            ch.send(to_wire(Hello(to.secret)))
+            msg = from_wire(ch.recv(CONNECT_TIMEOUT)[0])
         except (ChannelClosed, ProtocolError, OSError) as exc:
             raise _Unreached(f"slab {to.slab}: {exc}") from None
-        if msg != ["hello"]:
+        if not isinstance(msg, Welcome):
             ch.close()
             raise _Unreached(f"slab {to.slab} did not take this front's hello")
         return ch
@@ -332,14 +343,13 @@ class ClusterSandbox(SandboxHandle):
             except _Broken:
                 self._refresh(dead=True, begun=self.turns + 1)
                 raise _Moved() from None
-            if out[0] == "ok":
-                return out[1]
-            err = error_from_wire(out[1])
-            if isinstance(err, SandboxClosed) and "not held by this slab" in str(err) and \
-                    attempt < 2:  # moved (a drain, a recovery) or ended; or its slab lost
-                self._refresh(dead="lease" in str(err))  # its lease: being recovered now
-                continue
-            raise err
+            match out:
+                case Done(value):
+                    return value
+                case NotHeld(lease=lease) if attempt < 2:  # moved (a drain, a recovery)
+                    self._refresh(dead=lease)  # or ended; its slab's lease ran out: being
+                    continue  # recovered now
+            out.unwrap()  # raises what the slab raised, or that it does not hold it
         raise SandboxError("the session kept moving while this call followed it")
 
     # the SandboxAPI the routes use
@@ -459,18 +469,19 @@ class RelayDoor(Door):
             slab, slab_token = sb.slab, None
             try:
                 if slab:
-                    out = await asyncio.wait_for(link.slab(slab).door_attach.remote(sb.sid),
-                                                 RELAY_WAIT)
-                    if out[0] == "ok":
-                        slab_token = out[1]
+                    out: Outcome = await asyncio.wait_for(
+                        link.slab(slab).door_attach.remote(sb.sid), RELAY_WAIT)
+                    if isinstance(out, Done):
+                        slab_token = out.value
                         joined.set()
                     while slab_token is not None:
-                        got = await asyncio.wait_for(
+                        got: Outcome = await asyncio.wait_for(
                             link.slab(slab).door_pull.remote(sb.sid, slab_token, 1.0),
                             1.0 + RELAY_WAIT)
-                        if got[1] is None:
+                        frames = got.unwrap()
+                        if frames is None:
                             break  # the session left this slab, or its lease ran out
-                        for frame in got[1]:
+                        for frame in frames:
                             await send(frame)
                         if sb.slab != slab:
                             break  # a turn found it moved: follow it now

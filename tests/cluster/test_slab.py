@@ -19,7 +19,22 @@ pytest.importorskip("fsspec")
 
 from memex import Limits
 from memex.backends.internal import HEADER, Channel, ChannelClosed, limits_to_wire, mounts_to_wire
-from memex.cluster.internal import Slab, Storage, session_key
+from memex.cluster.internal import (
+    Answer,
+    Call,
+    Done,
+    Hello,
+    NotHeld,
+    Outcome,
+    Raised,
+    Slab,
+    Started,
+    Storage,
+    Welcome,
+    from_wire,
+    session_key,
+    to_wire,
+)
 
 SID = "s_test"
 
@@ -29,7 +44,7 @@ def slab(tmp_path: Path) -> Iterator[Slab]:
     s = Slab("memex-slab-test", Storage(str(tmp_path / "store")), save_interval=0)
     spec = {"limits": limits_to_wire(Limits(timeout=10)), "mounts": mounts_to_wire([]),
             "preload": [], "env": None}
-    assert s.open(SID, "a", spec, False)[0] == "ok"
+    assert isinstance(s.open(SID, "a", spec, False), Done)
     yield s
     s.close(SID, True)
     s._listener.close()
@@ -41,19 +56,18 @@ def connect(slab: Slab) -> socket.socket:
 
 def proven(slab: Slab) -> Channel:
     ch = Channel(connect(slab))
-    ch.send(["hello", slab._secret])
-    assert ch.recv(10)[0] == ["hello"]
+    ch.send(to_wire(Hello(slab._secret)))
+    assert from_wire(ch.recv(10)[0]) == Welcome()
     return ch
 
 
-def call(ch: Channel, method: str, *args: Any) -> list[Any]:
-    ch.send(["call", 7, method, [SID, *args]])
-    msg, _ = ch.recv(30)
-    if msg[0] == "started":
-        msg, _ = ch.recv(30)
-    assert msg[0] == "reply" and msg[1] == 7, msg
-    out: list[Any] = msg[2]
-    return out
+def call(ch: Channel, method: str, *args: Any) -> Outcome:
+    ch.send(to_wire(Call(7, method, [SID, *args])))
+    msg = from_wire(ch.recv(30)[0])
+    if msg == Started(7):  # a turn that begins (one refused never does)
+        msg = from_wire(ch.recv(30)[0])
+    assert isinstance(msg, Answer) and msg.seq == 7, msg
+    return msg.outcome
 
 
 def closed_unheard(sock: socket.socket) -> bool:
@@ -67,7 +81,8 @@ def closed_unheard(sock: socket.socket) -> bool:
 def test_a_turn_over_the_direct_path_with_the_secret(slab: Slab) -> None:
     ch = proven(slab)
     out = call(ch, "run", "x = 6 * 7\nx", None, None)
-    assert out[0] == "ok" and out[1]["result"]["value"] == "42" and out[1]["turns"] == 1
+    assert isinstance(out, Done), out
+    assert out.value["result"]["value"] == "42" and out.value["turns"] == 1
     ch.close()
 
 
@@ -80,12 +95,12 @@ def test_a_stranger_cannot_make_it_hold_more_than_a_hello(slab: Slab) -> None:
         assert closed_unheard(sock)
         sock.close()
     ch = Channel(connect(slab))
-    ch.send(["call", 1, "run", [SID, "ran = True", None, None]])
+    ch.send(to_wire(Call(1, "run", [SID, "ran = True", None, None])))
     with pytest.raises(ChannelClosed):
         ch.recv(10)
     ch.close()
     out = call(proven(slab), "run", "'ran' in globals()", None, None)  # the positive control
-    assert out[1]["result"]["value"] == "False"
+    assert isinstance(out, Done) and out.value["result"]["value"] == "False"
 
 
 @pytest.mark.slow
@@ -99,21 +114,50 @@ def test_connections_that_have_not_said_the_secret_are_bounded(slab: Slab) -> No
     for s in idle:
         s.close()
     time.sleep(0.5)
-    assert call(proven(slab), "run", "1", None, None)[0] == "ok"  # room again
+    assert isinstance(call(proven(slab), "run", "1", None, None), Done)  # room again
 
 
 def test_a_slab_past_its_lease_neither_serves_nor_saves(slab: Slab) -> None:
     ch = proven(slab)
-    assert call(ch, "run", "v = 1", None, None)[0] == "ok"
+    assert isinstance(call(ch, "run", "v = 1", None, None), Done)
     record = slab.storage.get(session_key(SID, "record"), 1 << 20)
     assert record is not None and json.loads(record)["turns"] == 1
     slab._lease_until = 0.0  # the control actor has not reached it for SLAB_LEASE seconds
     out = call(ch, "run", "v = 2", None, None)
-    assert out[0] == "err" and "lease" in out[1][1], out
+    assert out == NotHeld(SID, lease=True), out
     slab.held[SID].gen += 1  # as if changed: a save is due
-    assert slab.save(SID)[0] == "ok"
+    assert isinstance(slab.save(SID), Done)
     assert json.loads(slab.storage.get(session_key(SID, "record"), 1 << 20) or b"{}"
                       )["turns"] == 1  # not written
     slab.renew()
-    assert call(ch, "run", "v", None, None)[1]["result"]["value"] == "1"  # v = 2 never ran
+    out = call(ch, "run", "v", None, None)
+    assert isinstance(out, Done) and out.value["result"]["value"] == "1"  # v = 2 never ran
     ch.close()
+
+
+def test_a_session_the_slab_does_not_hold_is_answered_not_held(slab: Slab) -> None:
+    """A call for another session is answered ``NotHeld`` (a front asks the control actor
+    where it is now), by type, not by the words of an error; an error of the guest's call
+    is ``Raised`` and the connection serves on."""
+    ch = proven(slab)
+    ch.send(to_wire(Call(3, "read_file", ["s_other", "/tmp/x", None])))
+    assert from_wire(ch.recv(30)[0]) == Answer(3, NotHeld("s_other", lease=False))
+    out = call(ch, "read_file", "/tmp/missing", None)
+    assert isinstance(out, Raised) and out.error[0] == "GuestFileError", out
+    assert isinstance(call(ch, "run", "1", None, None), Done)  # the positive control
+    ch.close()
+
+
+def test_a_proven_connection_that_sends_anything_but_a_call_is_closed(slab: Slab) -> None:
+    """After the hello, a message that is not a call (a second hello, an unknown method, a
+    call without its session) closes the connection without running anything."""
+    for wrong in (to_wire(Hello(slab._secret)), ["call", 1, "close", [SID, True]],
+                  ["call", 1, "run", []], ["call", 1, "run", [SID, "gone = 1", None, None], 5]):
+        ch = proven(slab)
+        ch.send(wrong)
+        with pytest.raises(ChannelClosed):
+            ch.recv(10)
+        ch.close()
+    out = call(proven(slab), "run", "'gone' in globals()", None, None)
+    assert isinstance(out, Done) and out.value["result"]["value"] == "False"
+    assert SID in slab.held

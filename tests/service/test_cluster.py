@@ -641,6 +641,16 @@ def test_a_slab_answers_only_a_front_that_knows_its_secret(rig: ClusterRig) -> N
     reading anything else (a call sent without it does not run); with the secret (the
     positive control), the same call runs."""
     from memex.backends.internal import Channel, ChannelClosed
+    from memex.cluster.internal import (
+        Answer,
+        Call,
+        Done,
+        Hello,
+        Started,
+        Welcome,
+        from_wire,
+        to_wire,
+    )
 
     with backend(rig.fronts[0], rig.keys["a"]) as ba:
         sb = ba.open(limits=Limits(memory=256 << 20, timeout=20))
@@ -649,7 +659,7 @@ def test_a_slab_answers_only_a_front_that_knows_its_secret(rig: ClusterRig) -> N
             print(e["endpoint"][0], e["endpoint"][1], e["secret"].hex())
         """)[-3:]
         endpoint, secret = (host, int(port)), bytes.fromhex(hexed)
-        call = ["call", 1, "run", [sb.id, "x = 'ran'", None, None]]
+        call = to_wire(Call(1, "run", [sb.id, "x = 'ran'", None, None]))
 
         def exchange(first: list[Any]) -> list[Any]:
             # 60 s bounds a hang: each exchange ends on the slab's answer or its close (a
@@ -662,12 +672,13 @@ def test_a_slab_answers_only_a_front_that_knows_its_secret(rig: ClusterRig) -> N
             finally:
                 ch.close()
 
-        for first in (["hello", b"\0" * 32], ["hello", secret[:-1]], call):
+        for first in (to_wire(Hello(b"\0" * 32)), ["hello", secret[:-1]], call):
             with pytest.raises(ChannelClosed):
                 exchange(first)
         assert sb.run("'x' in globals()").value == "False"  # nothing ran
-        got = exchange(["hello", secret])
-        assert got[0] == ["hello"] and got[1] == ["started", 1] and got[2][2][0] == "ok", got
+        got = [from_wire(m) for m in exchange(to_wire(Hello(secret)))]
+        assert got[:2] == [Welcome(), Started(1)], got
+        assert isinstance(got[2], Answer) and isinstance(got[2].outcome, Done), got
         assert sb.run("x").value == "'ran'"
         sb.close()
 
