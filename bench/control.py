@@ -84,17 +84,24 @@ def restart(root: str) -> dict[str, float]:
 def child(n: int, samples: int) -> dict[str, float]:
     from memex import Limits
     from memex.backends.internal import limits_to_wire
-    from memex.cluster._control import _Entry
     from memex.cluster.internal import Control, Storage
+
+    try:  # this build: the directory is a part of its own
+        from memex.cluster._directory import Entry
+    except ImportError:  # a baseline before the control actor was split by concern
+        from memex.cluster._control import _Entry as Entry  # type: ignore[attr-defined,no-redef]
 
     with tempfile.TemporaryDirectory() as tmp:
         c = Control(Storage(str(Path(tmp) / "storage")), namespace="bench", slab_memory=1 << 30,
                     slab_cpus=1, save_interval=0, monitor=3600)
         spec = {"limits": limits_to_wire(Limits())}
-        put = getattr(c, "_put", None)
+        directory = getattr(c, "directory", None)
+        put = directory.put if directory is not None else getattr(c, "_put", None)
+        reserve = directory.reserve if directory is not None else c._reserve
+        unreserve = directory.unreserve if directory is not None else c._unreserve
         for i in range(n):
-            e = _Entry(id=f"s-{i}", tenant=f"t-{i % TENANTS}", memory=1 << 20, disk=0,
-                       slab="slab-x", spec=spec)
+            e = Entry(id=f"s-{i}", tenant=f"t-{i % TENANTS}", memory=1 << 20, disk=0,
+                      slab="slab-x", spec=spec)
             if put is not None:
                 put(e)
             else:
@@ -105,8 +112,8 @@ def child(n: int, samples: int) -> dict[str, float]:
             tenant = f"t-{k % TENANTS}"
             t = time.perf_counter()
             with c.lock:
-                c._reserve(tenant, bounds, 1 << 20, 0)
-                c._unreserve(tenant, 1 << 20, 0)
+                reserve(tenant, bounds, 1 << 20, 0)
+                unreserve(tenant, 1 << 20, 0)
             times.append(time.perf_counter() - t)
     times.sort()
     return {"p50": times[len(times) // 2], "p99": times[int(0.99 * (len(times) - 1))]}
@@ -182,7 +189,7 @@ def tokens(turns: int = 1000) -> None:
     import asyncio
 
     from memex.backends.internal import limits_to_wire
-    from memex.cluster._control import _Entry
+    from memex.cluster._directory import Entry
     from memex.cluster.internal import Control, RateTokens, Storage
     from memex.runtime_wasm import Limits
 
@@ -191,8 +198,8 @@ def tokens(turns: int = 1000) -> None:
         c = Control(Storage(tmp), namespace="b", slab_memory=1 << 30, slab_cpus=1,
                     save_interval=0, monitor=3600)
         for sid, tenant in (("s-1", "t"), ("s-2", "u")):  # a tenant each (its own bucket)
-            c._put(_Entry(id=sid, tenant=tenant, memory=64, disk=8, slab="slab-x",
-                          spec={"limits": limits_to_wire(Limits())}))
+            c.directory.put(Entry(id=sid, tenant=tenant, memory=64, disk=8, slab="slab-x",
+                                  spec={"limits": limits_to_wire(Limits())}))
         calls = [0]
 
         async def ask(want: int, returned: int) -> object:

@@ -8,14 +8,19 @@ which pickles them): a front matches on the type, not on a string at the head of
 * :class:`Tokens` -- a batch of a tenant's rate tokens for a front to spend itself.
 * :class:`Refused` -- a bound or the cluster's room says no: ``code`` is ``quota`` (429),
   ``busy`` (503) or ``not_found`` (404), with the seconds to wait before trying again.
-* :class:`Failed` -- it could not be done: the error on the wire (``error_from_wire``)."""
+* :class:`Failed` -- it could not be done: the error on the wire (``error_from_wire``).
+
+Inside the actor, a refusal is raised as :class:`ControlRefusal` by whichever part finds it
+(the directory's bounds, placement's room, a checkpoint's hold) and answered as its
+:class:`Refused`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Admitted", "Failed", "Granted", "Refused", "Reply", "Tokens", "Wait"]
+__all__ = ["Admitted", "ControlRefusal", "Failed", "Granted", "Refused", "Reply", "Tokens",
+           "Wait"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,3 +58,18 @@ class Failed:
 
 Reply = Granted | Refused | Failed
 """What a create, a fork or a checkpoint's hold answers."""
+
+
+class ControlRefusal(Exception):
+    """What the control actor refuses, as data a front turns into its answer: ``code`` is
+    ``quota`` (429), ``busy`` (503: no room in the cluster) or ``not_found``."""
+
+    def __init__(self, code: str, message: str, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.code, self.message, self.retry_after = code, message, retry_after
+
+    def reply(self) -> Refused:
+        return Refused(self.code, self.message, self.retry_after)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # it may cross Ray: rebuilt with its arguments
+        return (type(self), (self.code, self.message, self.retry_after))

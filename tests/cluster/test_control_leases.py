@@ -20,7 +20,7 @@ pytest.importorskip("fsspec")
 
 from memex import Limits
 from memex.backends.internal import limits_to_wire
-from memex.cluster._control import _Entry
+from memex.cluster._directory import Entry
 from memex.cluster.internal import (
     FRONT_LEASE,
     Admitted,
@@ -38,7 +38,7 @@ def control(tmp_path: Path) -> Iterator[Control]:
     c = Control(Storage(str(tmp_path / "storage")), namespace="t", slab_memory=1 << 30,
                 slab_cpus=1, save_interval=0, monitor=3600)  # its rounds run by the test
     for sid in ("s-1", "s-2"):  # sessions on a slab the directory names (never reached)
-        c._put(_Entry(id=sid, tenant="one", memory=64, disk=8, slab="slab-x",
+        c.directory.put(Entry(id=sid, tenant="one", memory=64, disk=8, slab="slab-x",
                       spec={"limits": limits_to_wire(Limits(lifetime=60))}))
     yield c
 
@@ -85,8 +85,7 @@ def test_turns_a_silent_front_said_were_running_no_longer_hold_the_session(
     control.report([["s-1", 1, 1, 0.0]], "front-dead")
     assert e.why_ended(time.time()) is None  # a turn runs through front-dead
     _silent(control, "front-dead")
-    with control.lock:
-        control._expire_fronts()
+    control.turns.expire_fronts()
     assert e.running_at == {}
     assert e.why_ended(time.time()) == "its lifetime ended"
 
@@ -97,7 +96,7 @@ def _restarted(tmp_path: Path) -> Control:
     c = Control(Storage(str(tmp_path / "storage")), namespace="t", slab_memory=1 << 30,
                 slab_cpus=1, save_interval=0, monitor=3600)
     for sid in ("s-1", "s-2"):
-        c._put(_Entry(id=sid, tenant="one", memory=64, disk=8, slab="slab-x",
+        c.directory.put(Entry(id=sid, tenant="one", memory=64, disk=8, slab="slab-x",
                       spec={"limits": limits_to_wire(Limits(lifetime=60))}))
     return c
 

@@ -20,7 +20,7 @@ pytest.importorskip("fsspec")
 
 from memex import Limits
 from memex.backends.internal import limits_to_wire
-from memex.cluster._control import INDEXED_KEY, owner_key
+from memex.cluster._records import INDEXED_KEY, owner_key
 from memex.cluster.internal import Control, Granted, Refused, Storage, checkpoint_key, session_key
 from memex.errors import BackendBusy
 
@@ -103,7 +103,7 @@ def test_the_back_fill_reads_every_tenant_and_drops_markers_without_a_record(
         store: Counted) -> None:
     store.put(owner_key("a", "s-gone"), b"")  # its create never got as far as a save
     c = _control(store, backfill=True)
-    assert c.loaded.wait(60)
+    assert c.read_back.loaded.wait(60)
     assert c.stats()["loading"] is False
     assert c.stats()["sessions"] == {"a": 3, "b": 40}
     assert "s-gone" not in c.sessions
@@ -116,7 +116,7 @@ def test_a_store_from_before_the_index_is_indexed_once(tmp_path: Path) -> None:
     for i in range(5):
         _save(s, f"s-old{i}", "old", indexed=False)
     c = _control(s, backfill=True)
-    assert c.loaded.wait(60)
+    assert c.read_back.loaded.wait(60)
     assert sorted(e["id"] for e in c.of("old")) == [f"s-old{i}" for i in range(5)]
     assert s.get(INDEXED_KEY, 64) == b"1"
     assert sorted(s.children("owners/old")) == [f"s-old{i}" for i in range(5)]
