@@ -2,7 +2,7 @@
 killed mid-turn left its turn counted for good). A front renews its lease with every word
 (its config poll each second); silent for ``FRONT_LEASE`` seconds, what it held is given
 back. This module keeps the leases and their holdings; the control actor applies what they
-mean to its tenants' accounts and its sessions (``_control``)."""
+mean to its tenants' accounts and its sessions (``_turns``)."""
 
 from __future__ import annotations
 

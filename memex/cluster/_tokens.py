@@ -1,7 +1,7 @@
 """A front's batches of its tenants' rate tokens (issue 47: every turn of a tenant with a
 rate asked the control actor first). A tenant with a rate and no ``max_running`` takes its
-tokens from the control actor's one bucket (:meth:`Control.take_tokens`) in batches that
-the front spends itself: a batch is twice the last one when that was all spent, else the
+tokens from the control actor's one bucket (``Control.take_tokens``: ``_turns``) in batches
+that the front spends itself: a batch is twice the last one when that was all spent, else the
 size spent, at most the tenant's burst, and good for :data:`TOKEN_LEASE` seconds; what it
 did not spend goes back with the next ask, or with the front's config poll. One ask at a
 time per tenant: turns that find the batch spent while an ask is out wait for it.
@@ -17,8 +17,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from ._control import TOKEN_LEASE
 from ._replies import Refused, Tokens
+from ._turns import TOKEN_LEASE
 
 __all__ = ["Ask", "RateTokens"]
 
