@@ -162,12 +162,12 @@ def cluster_figures(scale: int) -> None:
                 ray.get([control.lookup.remote("t", s.id) for _ in range(calls)])
                 lookups = calls / (time.perf_counter() - t)
                 t = time.perf_counter()
-                for _ in range(calls // 2):
-                    ray.get(control.turn_begin.remote("t", s.id, None, None, 1))
-                    control.turn_end.remote("t", s.id, None)
+                for _ in range(calls // 2):  # a bound no take reaches: never a Wait
+                    ray.get(control.take_slots.remote("t", 1 << 20, 1, "bench"))
+                    control.give_back_slots.remote("t", 1, "bench")
                 admits = (calls // 2) / (time.perf_counter() - t)
             print(f"  {'directory lookups (pipelined)':44s}     {lookups:9.0f} /s")
-            print(f"  {'turn admissions (begin, then end)':44s}     {admits:9.0f} /s")
+            print(f"  {'running slots (take, then give back)':44s}     {admits:9.0f} /s")
 
             print("\nmemory: a slab's resident size with idle sessions (each ran '1'):")
             stats0: dict[str, Any] = ray.get(control.stats.remote())

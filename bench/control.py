@@ -17,11 +17,13 @@ writes at each create). At RESTART_BASELINE the making read every record first (
 adopted (their slab adoption is skipped alike); the folder is a local one, where a read
 costs far less than an S3 GET.
 
-Then a rate-bounded tenant's turns (a rate, no ``max_running``): the control actor's calls
-and its CPU per 1,000 turns of one front, four at once, as built (the front spends batches of
-tokens: ``cluster._tokens.RateTokens``) beside what every such turn cost before e4245e0, one
-``turn_begin`` and one ``turn_end`` of the actor a turn, on the same actor in the same run
-(the Ray call itself, 1-2 ms a call on a cluster, is left out of both).
+Then a rate-bounded tenant's turns (a rate, no ``max_running``) and a ``max_running``
+tenant's: the control actor's calls and its CPU per 1,000 turns of one front, four at once,
+as built (the front spends batches of tokens, ``cluster._tokens.RateTokens``, and keeps its
+running slots, ``cluster._slots.RunningSlots``) beside what every such turn cost before (two
+calls of the actor a turn, to begin and to end it: made here as a slot taken and given back,
+calls of the same lock-held kind, on the same actor in the same run; the Ray call itself,
+1-2 ms a call on a cluster, is left out of both).
 
     python bench/control.py            # needs memex[cluster] (Ray, fsspec)
 """
@@ -125,7 +127,8 @@ def main() -> None:
     ap.add_argument("--restart", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--samples", type=int, default=300, help="creates timed per row")
     ap.add_argument("--only", choices=["creates", "restart", "tokens"], default=None,
-                    help="run one of the three tables")
+                    help="run one of the three parts (tokens: a rate's batches of tokens "
+                    "and a bound's running slots)")
     args = ap.parse_args()
     if args.child is not None:
         print(json.dumps(child(args.child, args.samples)))
@@ -190,14 +193,15 @@ def tokens(turns: int = 1000) -> None:
 
     from memex.backends.internal import limits_to_wire
     from memex.cluster._directory import Entry
-    from memex.cluster.internal import Control, RateTokens, Storage
+    from memex.cluster.internal import Control, RateTokens, RunningSlots, Storage
     from memex.runtime_wasm import Limits
 
     rate, burst = 1e6, 1000  # well within: every turn admitted
     with tempfile.TemporaryDirectory() as tmp:
         c = Control(Storage(tmp), namespace="b", slab_memory=1 << 30, slab_cpus=1,
                     save_interval=0, monitor=3600)
-        for sid, tenant in (("s-1", "t"), ("s-2", "u")):  # a tenant each (its own bucket)
+        for sid, tenant in (("s-1", "t"), ("s-2", "u"), ("s-3", "v"), ("s-4", "w")):  # each
+            # a tenant of its own (its own bucket and slots)
             c.directory.put(Entry(id=sid, tenant=tenant, memory=64, disk=8, slab="slab-x",
                                   spec={"limits": limits_to_wire(Limits())}))
         calls = [0]
@@ -216,27 +220,52 @@ def tokens(turns: int = 1000) -> None:
                     await asyncio.sleep(0)  # the turn itself
             await asyncio.gather(*(worker() for _ in range(4)))
 
-        async def before() -> None:
+        async def before(tenant: str, sid: str) -> None:
+            """Every turn asks the actor twice: to begin it (its slot and its token) and to
+            end it, as fronts did before e4245e0 (a rate) and before the slots (a bound):
+            here as a slot of this build's actor taken and given back, the same two calls
+            of the same lock-held kind."""
             async def worker() -> None:
                 for _ in range(turns // 4):
                     calls[0] += 1
                     await asyncio.sleep(0)
-                    assert type(c.turn_begin("u", "s-2", None, rate, burst, "f")).__name__ \
-                        == "Admitted"
+                    assert type(c.take_slots(tenant, 4, 1, "f")).__name__ == "Slots"
                     await asyncio.sleep(0)  # the turn itself
                     calls[0] += 1
-                    c.turn_end("u", "s-2", None, True, "f")
+                    c.give_back_slots(tenant, 1, "f")
             await asyncio.gather(*(worker() for _ in range(4)))
 
-        print(f"a rate-bounded tenant's {turns:,} turns through one front, 4 at once (rate "
-              f"{rate:g}/s): the control actor's calls, and the front's and actor's CPU:")
-        for label, fn in (("as built (batches of tokens)", built),
-                          ("before e4245e0 (begin and end a turn)", before)):
-            calls[0] = 0
-            t = time.process_time()
-            asyncio.run(fn())
-            cpu = time.process_time() - t
-            print(f"  {label:40s} {calls[0]:>6,} calls  {cpu * 1e3:8.1f} ms of CPU")
+        async def ask_slots(want: int) -> object:
+            calls[0] += 1
+            await asyncio.sleep(0)
+            return c.take_slots("v", 4, want, "g")
+
+        async def slots_built() -> None:
+            front = RunningSlots()
+
+            async def worker() -> None:
+                for _ in range(turns // 4):
+                    assert await front.take("v", 4, ask_slots, 5.0)
+                    await asyncio.sleep(0)  # the turn itself
+                    front.release("v")
+            await asyncio.gather(*(worker() for _ in range(4)))
+
+        for title, rows in (
+                (f"a rate-bounded tenant's {turns:,} turns through one front, 4 at once (rate "
+                 f"{rate:g}/s): the control actor's calls, and the front's and actor's CPU:",
+                 (("as built (batches of tokens)", built),
+                  ("before e4245e0 (begin and end a turn)", lambda: before("u", "s-2")))),
+                (f"a max_running = 4 tenant's {turns:,} turns through one front, 4 at once: "
+                 "the control actor's calls, and the front's and actor's CPU:",
+                 (("as built (running slots kept)", slots_built),
+                  ("before (begin and end a turn)", lambda: before("w", "s-4"))))):
+            print(title)
+            for label, fn in rows:
+                calls[0] = 0
+                t = time.process_time()
+                asyncio.run(fn())
+                cpu = time.process_time() - t
+                print(f"  {label:40s} {calls[0]:>6,} calls  {cpu * 1e3:8.1f} ms of CPU")
 
 
 if __name__ == "__main__":

@@ -151,10 +151,10 @@ INTERNAL: dict[str, list[str]] = {
         "result_from_wire", "result_to_wire", "tmp_files", "tmp_files_from",
     ],
     "memex.cluster.internal": [
-        "CONTROL_NAME", "FRONT_LEASE", "SLAB_LEASE", "TOKEN_LEASE", "Admitted", "Answer",
-        "Call", "Control", "Done", "Failed", "Granted", "Hello", "NotHeld", "Outcome",
-        "Raised", "RateTokens", "Refused", "Reply", "Slab", "Started", "Storage", "Tokens",
-        "Wait", "Welcome",
+        "CONTROL_NAME", "FRONT_LEASE", "SLAB_LEASE", "TOKEN_LEASE", "Answer", "Call",
+        "Control", "Done", "Failed", "Granted", "Heard", "Hello", "NotHeld", "Outcome",
+        "Raised", "RateTokens", "Refused", "Reply", "RunningSlots", "Slab", "Slots",
+        "Started", "Storage", "Tokens", "Wait", "Welcome",
         "checkpoint_key", "from_wire", "session_key", "to_wire",
     ],
     "memex.eval.internal": [

@@ -20,15 +20,18 @@ their read-back (``_records``); the sessions' life, recovery and the config are 
 * **Restart in constant time.** A restarted actor reads the config and asks the live slabs
   what they hold (each slab keeps its sessions' tenant and spec), and answers at once: it
   reads no session record first. A tenant's saved sessions and held checkpoints are read
-  when something of that tenant is first asked (its create, lookup, turn), through the
+  when something of that tenant is first asked (its create, lookup, slots), through the
   storage's per-tenant index (``owners/<tenant>/<sid>``, written before a session opens),
   so that costs the tenant's own sessions, never the cluster's; a background thread reads
   the rest.
-* **Fronts' leases.** What a front holds here (the turns it was admitted and has not ended,
-  the turns it said run through it) lasts while it speaks: it asks for the config every
-  second, which renews its lease. A front silent for :data:`FRONT_LEASE` seconds (killed,
-  cut off) loses them: its tenants' running turns come back and its sessions may end by
-  their limits, with no word from it. A front that comes back after that ends nothing twice.
+* **Turns never wait on it.** A ``max_running`` tenant's running slots and a rated tenant's
+  tokens are handed to the fronts, which spend them themselves (``_turns``): a turn on a
+  healthy slab asks this actor nothing.
+* **Fronts' leases.** What a front holds here (running slots, the turns it said run through
+  it) lasts while it speaks: it asks for the config every second, which renews its lease.
+  A front silent for :data:`FRONT_LEASE` seconds (killed, cut off) loses them: its
+  tenants' slots come back and its sessions may end by their limits, with no word from it.
+  A front that comes back after that gives nothing back twice.
 * **Rates across a restart.** A tenant's rate bucket lives here, in memory: a restarted
   actor (one that finds a published config) fills each bucket from its own start, empty
   then, so the turns a tenant is admitted stay within its burst plus its rate times the
@@ -61,7 +64,17 @@ from ._directory import Directory, Entry
 from ._leases import FRONT_LEASE
 from ._placement import Placement, SlabInfo, SlabSettings
 from ._records import ReadBack, child_record, owner_key
-from ._replies import Admitted, ControlRefusal, Failed, Granted, Refused, Reply, Tokens, Wait
+from ._replies import (
+    ControlRefusal,
+    Failed,
+    Granted,
+    Heard,
+    Refused,
+    Reply,
+    Slots,
+    Tokens,
+    Wait,
+)
 from ._slab import session_key
 from ._storage import Storage
 from ._turns import TOKEN_LEASE, Turns
@@ -97,7 +110,7 @@ class Control:
         # checkpoints, running turns, rate bucket): the one Ledger of memex.backends (a
         # server's too), kept under self.lock by the parts below
         self.ledger = Ledger()
-        self.counts = {"lookups": 0, "turns": 0, "creates": 0, "recoveries": 0,
+        self.counts = {"lookups": 0, "creates": 0, "recoveries": 0, "slot_batches": 0,
                        "token_batches": 0}
         self.directory = Directory(self.ledger)
         self.placement = Placement(ray, self.lock, self.directory, storage, SlabSettings(
@@ -152,16 +165,17 @@ class Control:
             return version
 
     def config(self, known: int, front: str | None = None,
-               admitted: list[list[Any]] | None = None
-               ) -> tuple[int, str, dict[str, Any]] | None:
-        """The held config and its kits when it is newer than ``known``, else None. Asked
-        every second by each front: it renews ``front``'s lease (``admitted``: the turns
-        admitted through it that have not ended, :meth:`Turns.heard`)."""
-        if front is not None:
-            self.turns.heard(front, admitted)
+               held: list[list[Any]] | None = None) -> Heard:
+        """The held config and its kits when it is newer than ``known`` (else None in its
+        place), and the tenants a front waits for a running slot of. Asked every second by
+        each front: it renews ``front``'s lease (``held``: the slots it holds,
+        :meth:`Turns.heard`)."""
+        wanted = self.turns.heard(front, held) if front is not None else self.turns.wanted()
         with self.lock:
-            held, kits = self.config_text, self.kits
-        return (held[0], held[1], kits) if held is not None and held[0] > known else None
+            config, kits = self.config_text, self.kits
+        newer = (config[0], config[1], kits) if config is not None and config[0] > known \
+            else None
+        return Heard(newer, wanted)
 
     def _load_config(self) -> None:
         """The config last published (unreadable: the fronts publish theirs again)."""
@@ -340,12 +354,14 @@ class Control:
             return notice
 
     # ---- turns (``_turns``) -------------------------------------------------------------------
-    def turn_begin(self, tenant: str, sid: str, max_running: int | None,
-                   rate: float | None, burst: int, front: str | None = None
-                   ) -> Admitted | Wait | Refused:
-        """Admit one turn of ``sid`` (:meth:`Turns.begin`)."""
+    def take_slots(self, tenant: str, max_running: int, want: int, front: str
+                   ) -> Slots | Wait:
+        """Running slots of a ``max_running`` tenant for ``front`` (:meth:`Turns.take_slots`)."""
         self.read_back.tenant(tenant)
-        return self.turns.begin(tenant, sid, max_running, rate, burst, front)
+        return self.turns.take_slots(tenant, max_running, want, front)
+
+    def give_back_slots(self, tenant: str, n: int, front: str) -> None:
+        self.turns.give_back_slots(tenant, n, front)
 
     def take_tokens(self, tenant: str, rate: float, burst: int, want: int,
                     returned: int = 0) -> Tokens | Refused:
@@ -355,10 +371,6 @@ class Control:
 
     def give_back_tokens(self, tenant: str, rate: float, burst: int, n: int) -> None:
         self.turns.give_back_tokens(tenant, rate, burst, n)
-
-    def turn_end(self, tenant: str, sid: str, turns: int | None, admitted: bool = True,
-                 front: str | None = None) -> None:
-        self.turns.end(tenant, sid, turns, admitted, front)
 
     def report(self, uses: list[list[Any]], front: str = "") -> None:
         self.turns.report(uses, front)

@@ -35,7 +35,6 @@ class Entry:
     parent: str | None = None
     begun: int = 0  # turns begun (what a node's death loses is begun - saved)
     turns: int = 0  # turns its slab last reported
-    running: int = 0
     notice: dict[str, Any] | None = None
     gone: str = "its slab was lost (its node died, or it stopped answering)"  # for the notice
     fence: float = 0.0  # not opened elsewhere before (monotonic): its old slab's lease ran out
@@ -49,7 +48,7 @@ class Entry:
     def why_ended(self, now: float) -> str | None:
         """Why its own limits ended it (as ``CoreSession.why_ended``); a session with a turn
         running is left to finish."""
-        if self.running or any(self.running_at.values()):
+        if any(self.running_at.values()):
             return None
         lifetime, idle_timeout = self.limits.lifetime, self.limits.idle_timeout
         if lifetime is not None and now - self.created >= lifetime:

@@ -1,8 +1,10 @@
 """What each front of a cluster holds at its control actor, under a lease (issue 47: a front
 killed mid-turn left its turn counted for good). A front renews its lease with every word
 (its config poll each second); silent for ``FRONT_LEASE`` seconds, what it held is given
-back. This module keeps the leases and their holdings; the control actor applies what they
-mean to its tenants' accounts and its sessions (``_turns``)."""
+back. What a front holds: running slots of ``max_running`` tenants (each the room for one
+turn at once, which the front spends itself: ``_slots``), and the sessions it said have a
+turn running through it. This module keeps the leases and their holdings; the control
+actor applies what they mean to its tenants' accounts and its sessions (``_turns``)."""
 
 from __future__ import annotations
 
@@ -16,8 +18,8 @@ __all__ = ["FRONT_LEASE", "MAX_ADOPTED", "Front", "FrontLeases"]
 FRONT_LEASE = 5.0
 """Seconds a front's holds last without a word from it (it speaks every second)."""
 MAX_ADOPTED = 10_000
-"""At most this many running turns taken from one front's word (a front is the cluster's own,
-but its word is bounded all the same)."""
+"""At most this many slots taken from one front's word (a front is the cluster's own, but
+its word is bounded all the same)."""
 
 
 @dataclass(eq=False)
@@ -25,9 +27,9 @@ class Front:
     """A front's lease and what it holds under it."""
 
     seen: float  # monotonic: its last word
-    turns: dict[tuple[str, str], int] = field(default_factory=dict)  # (tenant, sid) -> open
+    slots: dict[str, int] = field(default_factory=dict)  # tenant -> running slots held
     reported: set[str] = field(default_factory=set)  # sessions it said have turns running
-    synced: bool = False  # the admitted turns it holds were taken from its word (config)
+    synced: bool = False  # the slots it holds were taken from its word (config)
 
 
 class FrontLeases:
@@ -47,21 +49,23 @@ class FrontLeases:
             f.seen = self._clock()
         return f
 
-    def hold(self, front: str, tenant: str, sid: str) -> None:
-        """An admitted turn, held under the front's lease until it ends."""
+    def hold(self, front: str, tenant: str, n: int) -> None:
+        """``n`` running slots of ``tenant``, held under the front's lease until it gives
+        them back."""
         f = self.renew(front)
-        f.turns[(tenant, sid)] = f.turns.get((tenant, sid), 0) + 1
+        f.slots[tenant] = f.slots.get(tenant, 0) + n
 
-    def release(self, front: str, tenant: str, sid: str) -> bool:
-        """An admitted turn ended: whether the front still held it (not when its lease ran
-        out and gave it back already: nothing is given back twice)."""
+    def release(self, front: str, tenant: str, n: int) -> int:
+        """The front gives back ``n`` slots of ``tenant``: how many it held of them (not
+        those its lease gave back already when it ran out: nothing is given back twice)."""
         f = self.renew(front)
-        held = f.turns.get((tenant, sid), 0)
-        if held > 1:
-            f.turns[(tenant, sid)] = held - 1
+        held = f.slots.get(tenant, 0)
+        given = min(max(0, n), held)
+        if held - given > 0:
+            f.slots[tenant] = held - given
         else:
-            f.turns.pop((tenant, sid), None)
-        return held > 0
+            f.slots.pop(tenant, None)
+        return given
 
     def running(self, front: str, sid: str, running: bool) -> None:
         """The front said whether a turn of ``sid`` runs through it now."""
@@ -71,28 +75,27 @@ class FrontLeases:
         else:
             f.reported.discard(sid)
 
-    def adopt(self, front: str, admitted: list[Any],
-              known: Callable[[str, str], bool]) -> Iterator[tuple[str, str, int]]:
-        """The running turns a front says this actor admitted through it, taken once (the
-        first word of a front this actor has no record of): those it does not hold already
-        (admitted since), of sessions ``known(tenant, sid)``; each ``(tenant, sid, more)`` is
-        held here and yielded for the caller to count."""
+    def adopt(self, front: str, held: list[Any]) -> Iterator[tuple[str, int]]:
+        """The slots a front says it holds, ``[tenant, n]`` each, taken once (the first word
+        of a front this actor has no record of: after a restart of the actor, or the
+        front's lease ran out): those it does not hold here already (taken since); each
+        ``(tenant, more)`` is held here and yielded for the caller to count."""
         f = self.renew(front)
         if f.synced:
             return
         f.synced = True
-        for item in admitted[:MAX_ADOPTED]:
-            if not (isinstance(item, list) and len(item) == 3):
+        left = MAX_ADOPTED
+        for item in held[:MAX_ADOPTED]:
+            if not (isinstance(item, list) and len(item) == 2):
                 continue
-            tenant, sid, n = item
-            if not (isinstance(tenant, str) and isinstance(sid, str) and isinstance(n, int)):
+            tenant, n = item
+            if not (isinstance(tenant, str) and isinstance(n, int)) or isinstance(n, bool):
                 continue
-            if not known(tenant, sid):
-                continue  # ended meanwhile
-            more = min(max(0, n - f.turns.get((tenant, sid), 0)), MAX_ADOPTED)
+            more = min(max(0, n - f.slots.get(tenant, 0)), left)
             if more:
-                f.turns[(tenant, sid)] = f.turns.get((tenant, sid), 0) + more
-                yield tenant, sid, more
+                left -= more
+                f.slots[tenant] = f.slots.get(tenant, 0) + more
+                yield tenant, more
 
     def expire(self) -> list[tuple[str, Front]]:
         """The fronts silent for ``FRONT_LEASE``, dropped, with what they held (for the

@@ -2,10 +2,12 @@
 which pickles them): a front matches on the type, not on a string at the head of a list.
 
 * :class:`Granted` -- done; ``value`` is what was made (a session's entry, a checkpoint id).
-* :class:`Admitted` -- a turn may start: the slab that holds the session now, and what a
-  recovery of it lost (said once).
+* :class:`Slots` -- running slots of a ``max_running`` tenant for a front to spend itself
+  (each the room for one turn at once, held under the front's lease until given back).
 * :class:`Wait` -- the tenant runs its ``max_running`` turns across the cluster: ask again.
 * :class:`Tokens` -- a batch of a tenant's rate tokens for a front to spend itself.
+* :class:`Heard` -- the answer to a front's poll: the config if newer than the front's, and
+  the tenants whose turns wait for a slot (a front gives back their idle slots at once).
 * :class:`Refused` -- a bound or the cluster's room says no: ``code`` is ``quota`` (429),
   ``busy`` (503) or ``not_found`` (404), with the seconds to wait before trying again.
 * :class:`Failed` -- it could not be done: the error on the wire (``error_from_wire``).
@@ -19,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Admitted", "ControlRefusal", "Failed", "Granted", "Refused", "Reply", "Tokens",
+__all__ = ["ControlRefusal", "Failed", "Granted", "Heard", "Refused", "Reply", "Slots", "Tokens",
            "Wait"]
 
 
@@ -29,9 +31,8 @@ class Granted:
 
 
 @dataclass(frozen=True, slots=True)
-class Admitted:
-    slab: str | None
-    notice: dict[str, Any] | None
+class Slots:
+    n: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +43,12 @@ class Wait:
 @dataclass(frozen=True, slots=True)
 class Tokens:
     n: int
+
+
+@dataclass(frozen=True, slots=True)
+class Heard:
+    config: tuple[int, str, dict[str, Any]] | None
+    wanted: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,13 +1,16 @@
 """The control actor's admission of turns: each tenant's running turns and turn rate across
-the cluster, kept in its account of the one ``Ledger``, and what each front holds of them
-under its lease (``_leases``): a turn admitted through a front counts until the front ends
-it or falls silent for ``FRONT_LEASE`` seconds.
+the cluster, kept in its account of the one ``Ledger``, handed to the fronts in leases they
+spend themselves, so a turn on a healthy slab never waits on the control actor.
 
-* A tenant with ``max_running`` has each turn admitted here (:meth:`Turns.begin`, answered
-  :class:`Admitted`, :class:`Wait` or :class:`Refused` past its rate).
-* A tenant with a rate and no ``max_running`` is admitted by the fronts themselves from
-  batches of its rate tokens (:meth:`Turns.take_tokens`), every token out of the one bucket
-  here, so its turns across the fronts stay within its burst plus its rate times the seconds.
+* A tenant with ``max_running`` has that many running *slots* across the cluster; a front
+  takes some (:meth:`Turns.take_slots`, answered :class:`Slots` or :class:`Wait` when every
+  slot is held) and runs a turn in each, one at a time, for as long as it keeps them; it
+  gives them back when they go unused for a poll, at once when another front waits for one
+  (:meth:`Turns.wanted`, said in each poll's answer), or by falling silent for
+  ``FRONT_LEASE`` seconds (the leases: ``_leases``).
+* A tenant with a rate takes batches of its rate tokens (:meth:`Turns.take_tokens`), every
+  token out of the one bucket here, so its turns across the fronts stay within its burst
+  plus its rate times the seconds.
 * What a front says of its sessions each second (:meth:`Turns.report`) keeps their turns
   and last use, and the turns running through it (a session with one is not ended by its
   limits).
@@ -18,74 +21,84 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 from ._directory import Directory
 from ._leases import FrontLeases
-from ._replies import Admitted, ControlRefusal, Refused, Tokens, Wait
+from ._replies import ControlRefusal, Refused, Slots, Tokens, Wait
 
-__all__ = ["MAX_TOKENS", "TOKEN_LEASE", "Turns"]
+__all__ = ["MAX_SLOTS", "MAX_TOKENS", "TOKEN_LEASE", "WANTED_FOR", "Turns"]
 
 TOKEN_LEASE = 1.0
 """Seconds a front may spend a batch of rate tokens (:meth:`Turns.take_tokens`) before it
 gives back what it did not spend."""
 MAX_TOKENS = 10_000
 """At most this many tokens in one batch or one give-back (a front's word is bounded)."""
+MAX_SLOTS = 10_000
+"""At most this many slots in one take or one give-back."""
+WANTED_FOR = 2.0
+"""Seconds a tenant counts as wanted after a front was answered :class:`Wait` for it (a
+waiting front asks again within 50 ms, so a tenant still short of slots stays wanted)."""
 
 
 class Turns:
     """The running turns and rates of the cluster's tenants, and the fronts' leases on
-    them. ``counts``: the control actor's counters (``turns``, ``token_batches``)."""
+    them. ``counts``: the control actor's counters (``slot_batches``, ``token_batches``)."""
 
     def __init__(self, lock: threading.RLock, directory: Directory,
                  counts: dict[str, int]) -> None:
         self.lock, self.directory, self.counts = lock, directory, counts
         self.ledger = directory.ledger
         self.leases = FrontLeases()  # what each front holds, under its lease
+        self._wanted: dict[str, float] = {}  # tenant -> when a front was told to Wait
 
-    def heard(self, front: str, admitted: list[list[Any]] | None) -> None:
-        """``front`` spoke (its config poll): its lease renewed. ``admitted``: the turns
-        this actor admitted through it that have not ended, ``[tenant, sid, n]``, taken the
-        first time this actor hears the front (after a restart of this actor, or the
-        front's lease ran out), so a restart does not forget the running turns of
-        ``max_running`` tenants."""
+    def heard(self, front: str, held: list[list[Any]] | None) -> tuple[str, ...]:
+        """``front`` spoke (its config poll): its lease renewed. ``held``: the slots it
+        holds, ``[tenant, n]``, taken the first time this actor hears the front (after a
+        restart of this actor, or the front's lease ran out), so a restart does not forget
+        the running turns of ``max_running`` tenants. The tenants wanted now
+        (:meth:`wanted`)."""
         with self.lock:
             self.leases.renew(front)
-            took: Iterator[tuple[str, str, int]] = iter(()) if admitted is None else \
-                self.leases.adopt(front, admitted, self.directory.owns)
-            for tenant, sid, more in took:
+            for tenant, more in self.leases.adopt(front, held) if held is not None else ():
                 self.ledger.account(tenant).running += more
-                e = self.directory.get(sid)
-                if e is not None:
-                    e.running += more
+            return self.wanted()
 
-    def begin(self, tenant: str, sid: str, max_running: int | None, rate: float | None,
-              burst: int, front: str | None = None) -> Admitted | Wait | Refused:
-        """Admit one turn of ``sid``: :class:`Admitted` (where it is now, and what a
-        recovery lost, said once), or :class:`Wait` while the tenant runs ``max_running``
-        turns across the cluster, or :class:`Refused` past its rate. The turn is held under
-        ``front``'s lease until :meth:`end` (or the lease runs out)."""
+    def take_slots(self, tenant: str, max_running: int, want: int, front: str
+                   ) -> Slots | Wait:
+        """Up to ``want`` of the tenant's ``max_running`` running slots, held under
+        ``front``'s lease: :class:`Slots`, or :class:`Wait` while every slot is held (the
+        tenant is then *wanted*: each front gives back its idle slots of it at once)."""
+        want = max(1, min(int(want), int(max_running), MAX_SLOTS))
         with self.lock:
-            e = self.directory.of(tenant, sid)
-            if e is None:
-                return ControlRefusal("not_found", f"no session {sid!r}").reply()
             a = self.ledger.account(tenant)
-            if max_running is not None and a.running >= max_running:
+            free = int(max_running) - a.running
+            if free <= 0:
+                self._wanted[tenant] = time.monotonic()
                 return Wait()
-            if rate:
-                wait = a.take(rate, 0.0, burst)  # no token now: refused, nothing reserved
-                if wait < 0:
-                    return past_rate(tenant, rate, a.tokens)
-            a.running += 1
-            e.begun = max(e.begun, e.turns) + 1
-            e.running += 1
-            if front is not None:
-                self.leases.hold(front, tenant, sid)
-            e.last_used = time.time()
-            self.counts["turns"] += 1
-            notice, e.notice = e.notice, None
-            return Admitted(e.slab, notice)
+            n = min(want, free)
+            a.running += n
+            self.leases.hold(front, tenant, n)
+            self.counts["slot_batches"] += 1
+            return Slots(n)
+
+    def give_back_slots(self, tenant: str, n: int, front: str) -> None:
+        """Slots ``front`` gives back (only those it holds: one its lease gave back already
+        is not given back twice)."""
+        with self.lock:
+            given = self.leases.release(front, tenant, min(max(0, int(n)), MAX_SLOTS))
+            a = self.ledger.account(tenant)
+            a.running = max(0, a.running - given)
+            if given and a.running == 0:
+                self._wanted.pop(tenant, None)
+
+    def wanted(self) -> tuple[str, ...]:
+        """The tenants a front was answered :class:`Wait` for within :data:`WANTED_FOR`
+        seconds."""
+        with self.lock:
+            now = time.monotonic()
+            self._wanted = {t: at for t, at in self._wanted.items() if now - at < WANTED_FOR}
+            return tuple(sorted(self._wanted))
 
     def take_tokens(self, tenant: str, rate: float, burst: int, want: int,
                     returned: int = 0) -> Tokens | Refused:
@@ -110,27 +123,6 @@ class Turns:
             self.ledger.account(tenant).give_back(rate, burst, min(max(0, int(n)),
                                                                     MAX_TOKENS))
 
-    def end(self, tenant: str, sid: str, turns: int | None, admitted: bool = True,
-            front: str | None = None) -> None:
-        """A turn of ``sid`` ended (``admitted``: one :meth:`begin` let in; else a front's
-        report of a turn no bound asked to admit): the session's turns and use. A turn
-        ``front`` no longer holds (its lease ran out and gave it back) is not given back
-        twice."""
-        with self.lock:
-            e = self.directory.get(sid)
-            if admitted and front is not None:
-                admitted = self.leases.release(front, tenant, sid)
-            if admitted:
-                a = self.ledger.account(tenant)
-                a.running = max(0, a.running - 1)
-                if e is not None:
-                    e.running = max(0, e.running - 1)
-            if e is not None:
-                e.last_used = time.time()
-                if turns is not None:
-                    e.turns = max(e.turns, turns)
-                    e.begun = max(e.begun, turns)
-
     def report(self, uses: list[list[Any]], front: str = "") -> None:
         """A front's batch of ``[sid, turns, running, last_used]``: the turns its sessions'
         slabs answered, the turns still running there, and when they were last used (sent
@@ -153,18 +145,14 @@ class Turns:
                 self.leases.running(front, sid, bool(int(running)))
 
     def expire_fronts(self) -> list[str]:
-        """Take back what each front silent for FRONT_LEASE held: its open turns from its
-        tenants' accounts and its sessions, and the turns it said were running. The fronts
-        dropped."""
+        """Take back what each front silent for FRONT_LEASE held: its slots from its
+        tenants' accounts, and the turns it said were running. The fronts dropped."""
         with self.lock:
             gone = self.leases.expire()
             for front, f in gone:
-                for (tenant, sid), n in f.turns.items():
+                for tenant, n in f.slots.items():
                     a = self.ledger.account(tenant)
                     a.running = max(0, a.running - n)
-                    e = self.directory.get(sid)
-                    if e is not None:
-                        e.running = max(0, e.running - n)
                 for sid in f.reported:
                     e = self.directory.get(sid)
                     if e is not None:

@@ -1,7 +1,7 @@
 """What ``memex serve``'s fronts (``memex.service``) use of the cluster: the control actor
 (``Control``, its Ray name, its answers as typed records), the slab's lease, its outcomes and
-its direct path's messages as typed records with their one codec, the storage
-with its keys and a front's batches of rate tokens. Not a public surface: names here may
+its direct path's messages as typed records with their one codec, the storage with its
+keys, and a front's running slots and batches of rate tokens. Not a public surface: names here may
 change in any release. Pinned in tests/test_public_api.py (``INTERNAL``) so that a change is
 still deliberate."""
 
@@ -20,12 +20,14 @@ from ._direct import (
     to_wire,
 )
 from ._leases import FRONT_LEASE
-from ._replies import Admitted, Failed, Granted, Refused, Reply, Tokens, Wait
+from ._replies import Failed, Granted, Heard, Refused, Reply, Slots, Tokens, Wait
 from ._slab import SLAB_LEASE, Slab, session_key
+from ._slots import RunningSlots
 from ._storage import Storage
 from ._tokens import RateTokens
 
-__all__ = ["CONTROL_NAME", "FRONT_LEASE", "SLAB_LEASE", "TOKEN_LEASE", "Admitted", "Answer",
-           "Call", "Control", "Done", "Failed", "Granted", "Hello", "NotHeld", "Outcome",
-           "Raised", "RateTokens", "Refused", "Reply", "Slab", "Started", "Storage", "Tokens",
-           "Wait", "Welcome", "checkpoint_key", "from_wire", "session_key", "to_wire"]
+__all__ = ["CONTROL_NAME", "FRONT_LEASE", "SLAB_LEASE", "TOKEN_LEASE", "Answer", "Call",
+           "Control", "Done", "Failed", "Granted", "Heard", "Hello", "NotHeld", "Outcome",
+           "Raised", "RateTokens", "Refused", "Reply", "RunningSlots", "Slab", "Slots",
+           "Started", "Storage", "Tokens", "Wait", "Welcome", "checkpoint_key", "from_wire",
+           "session_key", "to_wire"]

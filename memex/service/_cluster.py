@@ -44,21 +44,24 @@ from ..backends.internal import (
 )
 from ..cluster.internal import (
     CONTROL_NAME,
-    Admitted,
     Answer,
     Call,
     Control,
     Done,
     Granted,
+    Heard,
     Hello,
     NotHeld,
     Outcome,
     RateTokens,
     Refused,
     Reply,
+    RunningSlots,
+    Slots,
     Started,
     Storage,
     Tokens,
+    Wait,
     Welcome,
     checkpoint_key,
     from_wire,
@@ -94,9 +97,6 @@ JOIN_WAIT = 30.0
 before it is closed (1013, try again) rather than told ``ready``."""
 CONNECT_TIMEOUT = 5.0
 """Seconds to open a socket to a slab (a node gone without a word is found out by this)."""
-RUNNING_POLL = (0.002, 0.05)
-"""First and longest wait (seconds) between two asks for a turn slot while the tenant runs
-its ``max_running`` turns across the cluster."""
 
 
 class _Link:
@@ -521,7 +521,7 @@ class RelayDoor(Door):
 class ClusterService(Service):
     """The service of one front of a cluster (see the module's docstring)."""
 
-    RATE_HERE = False  # the control actor's turn_begin admits the rate across the fronts
+    RATE_HERE = False  # a rate's tokens come from the control actor's one bucket
 
     def __init__(self, config: ServiceConfig) -> None:
         if config.cluster is None:
@@ -533,15 +533,13 @@ class ClusterService(Service):
         self._stamp: tuple[int, int] | None = None
         self._heard: float | None = None  # when the control actor last answered
         self._running: dict[str, int] = {}  # turns running through this front, by session
-        # the turns the control actor admitted through this front and not yet ended, by
-        # (tenant, session): said with every config poll, so a restarted control actor
-        # counts them again (it knew them only in its memory)
-        self._admitted: dict[tuple[str, str], int] = {}
-        self.tokens = RateTokens()  # its tenants' rate tokens held here (a rate, no
-        # max_running: cluster._tokens)
+        # its max_running tenants' running slots held here (cluster._slots): said with
+        # every config poll, so a restarted control actor counts them again
+        self.slots = RunningSlots()
+        self.tokens = RateTokens()  # its tenants' rate tokens held here (cluster._tokens)
         self._used: dict[str, float] = {}  # sessions used since the last report
         self._active: dict[str, Session] = {}  # those sessions
-        # how the control actor knows this front's holds (turns admitted, turns running):
+        # how the control actor knows this front's holds (running slots, turns running):
         # they last while this front asks for the config each second (FRONT_LEASE)
         self.front_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 
@@ -596,11 +594,13 @@ class ClusterService(Service):
                             text = self._config_text()
                             if text is not None:
                                 await link.control.publish.remote(*text)
-                held = [[t, sid, n] for (t, sid), n in self._admitted.items()]
-                newer = await link.control.config.remote(link.version, self.front_id, held)
+                heard: Heard = await link.control.config.remote(
+                    link.version, self.front_id, self.slots.held())
+                newer = heard.config
                 self._heard = asyncio.get_running_loop().time()
                 self._report()
                 self._give_back_expired()
+                self._give_back_slots(heard.wanted)
                 if newer is not None:
                     link.version = newer[0]
                     kits = {n: DoorKit.from_wire(k) for n, k in newer[2].items()}
@@ -788,29 +788,21 @@ class ClusterService(Service):
     async def admitted(self, s: Session, tenant: TenantConfig, *, turn: bool
                        ) -> AsyncIterator[None]:
         """This front's order and shares, then (for a turn of a tenant with a running or
-        rate bound) the cluster's: its running turns and rate across every front, checked
-        by the control actor, which also says where the session is now. A turn of a tenant
-        without such a bound goes straight to the slab, and is reported after."""
+        rate bound) the cluster's: a running slot and a rate token of the tenant's across
+        every front, held by this front (taken from the control actor when it holds none).
+        The turn then goes straight to the slab, and is reported after."""
         async with super().admitted(s, tenant, turn=turn):
             if not turn:
                 yield
                 return
-            link = self.link
             sb = s.sandbox
             assert isinstance(sb, ClusterSandbox)
             bounded = tenant.max_running is not None
-            held = (tenant.name, s.id)
-            if not bounded and tenant.turns_per_second:
+            if tenant.turns_per_second:
                 await self._token(tenant)
             if bounded:
-                slab, notice = await self._admit(s, tenant, sb)
-                self._admitted[held] = self._admitted.get(held, 0) + 1
+                await self._slot(tenant, sb)
             try:
-                if bounded:
-                    if slab != sb.slab:
-                        await anyio.to_thread.run_sync(sb._refresh, False)
-                    if notice:
-                        s.notice = notice
                 if sb.notice_pending:
                     await anyio.to_thread.run_sync(sb.take_pending_notice)
                 self._running[s.id] = self._running.get(s.id, 0) + 1
@@ -824,14 +816,38 @@ class ClusterService(Service):
                         s.notice, sb.notice = sb.notice, None
             finally:
                 if bounded:
-                    left = self._admitted.get(held, 0) - 1
-                    if left > 0:
-                        self._admitted[held] = left
-                    else:
-                        self._admitted.pop(held, None)
-                    with contextlib.suppress(Exception):
-                        link.control.turn_end.remote(tenant.name, s.id, sb.turns, True,
-                                                     self.front_id)
+                    self._release_slot(tenant.name)
+
+    async def _slot(self, tenant: TenantConfig, sb: ClusterSandbox) -> None:
+        """One of the tenant's running slots for this turn: one this front holds, else one
+        taken from the control actor; while every slot is held by turns elsewhere, the
+        turn waits (asking again, 2 to 50 ms apart) up to its timeout, then 429."""
+        control, bound = self.link.control, int(tenant.max_running or 1)
+
+        async def ask(want: int) -> Slots | Wait:
+            out: Slots | Wait = await control.take_slots.remote(tenant.name, bound, want,
+                                                                self.front_id)
+            return out
+
+        if not await self.slots.take(tenant.name, bound, ask, sb.limits.timeout):
+            raise ApiError(429, "busy", f"{tenant.name!r} runs its max_running "
+                           f"({tenant.max_running}) turns across the cluster",
+                           headers={"Retry-After": "1"})
+
+    def _release_slot(self, tenant: str) -> None:
+        """A turn ended: its slot stays here for the next, or goes back at once when another
+        front waits for one (said by the last poll)."""
+        n = self.slots.release(tenant)
+        if n:
+            with contextlib.suppress(Exception):
+                self.link.control.give_back_slots.remote(tenant, n, self.front_id)
+
+    def _give_back_slots(self, wanted: tuple[str, ...]) -> None:
+        """(each config poll) The slots no turn used since the last poll, and the idle ones
+        of tenants another front waits for, given back."""
+        for tenant, n in self.slots.poll(wanted):
+            with contextlib.suppress(Exception):
+                self.link.control.give_back_slots.remote(tenant, n, self.front_id)
 
     async def _token(self, tenant: TenantConfig) -> None:
         """One of the tenant's rate tokens, from this front's batch or a new one (429 with
@@ -854,26 +870,6 @@ class ClusterService(Service):
         for tenant, rate, burst, n in self.tokens.expired():
             with contextlib.suppress(Exception):
                 self.link.control.give_back_tokens.remote(tenant, rate, burst, n)
-
-    async def _admit(self, s: Session, tenant: TenantConfig, sb: ClusterSandbox
-                     ) -> tuple[str | None, dict[str, Any] | None]:
-        rate = tenant.turns_per_second
-        burst = _burst(tenant)
-        wait, waited = RUNNING_POLL[0], 0.0
-        while True:
-            out = await self.link.control.turn_begin.remote(
-                tenant.name, s.id, tenant.max_running, rate, burst, self.front_id)
-            if isinstance(out, Admitted):
-                return out.slab, out.notice
-            if isinstance(out, Refused):
-                raise _refusal(out)
-            if waited > sb.limits.timeout:
-                raise ApiError(429, "busy", f"{tenant.name!r} runs its max_running "
-                               f"({tenant.max_running}) turns across the cluster",
-                               headers={"Retry-After": "1"})
-            await asyncio.sleep(wait)
-            waited += wait
-            wait = min(wait * 2, RUNNING_POLL[1])
 
     # ---- checkpoints ----------------------------------------------------------------------
     async def take_checkpoint(self, s: Session, tenant: TenantConfig) -> str:

@@ -105,7 +105,7 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterRig]:
             "one": "key-one-" + "w" * 20, "gone": "key-gone-" + "z" * 20,
             "ops": "key-ops-" + "v" * 20, "pkg": "key-pkg-" + "u" * 20,
             "two": "key-two-" + "t" * 20, "rated": "key-rated-" + "r" * 20,
-            "lots": "key-lots-" + "l" * 20}
+            "lots": "key-lots-" + "l" * 20, "four": "key-four-" + "f" * 20}
     tenants = {"a": "max_sessions = 50\n[tenants.a.ceiling]\nmemory = 536870912\n",
                "small": "max_sessions = 3\n[tenants.small.ceiling]\nmemory = 268435456\n",
                "one": "max_running = 1\n[tenants.one.ceiling]\nmemory = 268435456\n",
@@ -118,7 +118,8 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterRig]:
                "rated": "turns_per_second = 2\n[tenants.rated.ceiling]\n"
                         "memory = 268435456\n",
                "lots": "turns_per_second = 1000\n[tenants.lots.ceiling]\n"
-                       "memory = 268435456\n"}
+                       "memory = 268435456\n",
+               "four": "max_running = 4\n[tenants.four.ceiling]\nmemory = 268435456\n"}
     rig.keys, rig.tenants = keys, tenants
     try:
         for name in ("front-a", "front-b"):
@@ -338,6 +339,42 @@ def test_a_tenants_rate_holds_across_fronts_with_tokens_taken_in_batches(
             sb.close()
         for f in fronts:
             f.close()
+
+
+def test_a_bounded_tenants_fronts_keep_their_running_slots(rig: ClusterRig) -> None:
+    """A tenant of ``max_running = 4`` runs 48 turns through one front, four sessions at
+    once: the front takes a slot from the control actor only while it holds fewer than its
+    turns at once, then keeps them, so the actor was asked for slots far fewer times than
+    turns ran (before, twice a turn: to begin it and to end it). Then four turns of a
+    second through that front hold every slot while a turn through the other front waits
+    for one: it runs once one of them ends (the first front's poll said the tenant is
+    wanted, so its slot goes back as its turn ends), never while four run (the bound holds
+    across the fronts), and it is not refused."""
+    a, b = rig.fronts
+    key = rig.keys["four"]
+    code = "import time\nt0 = time.time(); time.sleep(1.5); (t0, time.time())"
+    with backend(a, key) as fa, backend(b, key) as fb:
+        sbs = [fa.open(limits=Limits(memory=64 << 20, timeout=20)) for _ in range(4)]
+        other = fb.open(limits=Limits(memory=64 << 20, timeout=20))
+        asked = control_calls(a, "slot_batches")
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            assert all(pool.map(lambda sb: all(sb.run("1").ok for _ in range(12)), sbs))
+        asked = control_calls(a, "slot_batches") - asked
+        print(f"48 turns of a max_running = 4 tenant: the control actor asked for slots "
+              f"{asked} times")
+        assert 0 < asked < 48, asked
+        with concurrent.futures.ThreadPoolExecutor(5) as pool:
+            held = [pool.submit(sb.run, code) for sb in sbs]
+            time.sleep(0.5)  # the four run through front a
+            waiting = pool.submit(other.run, code)
+            spans = [ast.literal_eval(str(f.result().value)) for f in held]
+            w0, _ = ast.literal_eval(str(waiting.result().value))
+        first_end = min(end for _, end in spans)
+        print(f"the turn through front b began {w0 - first_end:+.3f}s after the first of "
+              "the four ended")
+        assert w0 >= first_end - 0.05, (w0, spans)  # never a fifth at once
+        for sb in [*sbs, other]:
+            sb.close()
 
 
 def test_a_front_killed_mid_turn_gives_back_its_turn_and_its_sessions_lifetime(
@@ -840,7 +877,9 @@ def test_a_restarted_control_actor_answers_from_the_live_slabs(rig: ClusterRig) 
     = 2`` tenant open on live slabs and 10,000 other saved sessions in the store. Their
     turns run on through the front that holds them while the actor is away and after it is
     back, every one answered (a turn of a tenant with no running or rate bound never asks
-    it), and whatever needs the actor meanwhile is answered 503, never 500; the restarted
+    it), and so do the turns of a ``max_running = 1`` tenant's session through that front
+    (its running slot is held by the front, which spends it without asking the actor);
+    whatever needs the actor meanwhile is answered 503, never 500; the restarted
     actor takes each session's entry from the slab that holds it (not moved: no
     ``restored``), so the tenant's bound still holds (a third create is refused, 429), a
     front that never saw a session finds it, and the stored tenants' sessions are theirs
@@ -850,13 +889,28 @@ def test_a_restarted_control_actor_answers_from_the_live_slabs(rig: ClusterRig) 
     storage = rig.folder / "storage"
     assert (storage / "owners-indexed").exists()  # the owners' index the fill writes into
     fill_store(storage, LARGE_STORE)
-    with backend(a, key) as ba:
+    with backend(a, key) as ba, backend(a, rig.keys["one"]) as b1:
         one = ba.open(limits=Limits(memory=128 << 20, timeout=20))
         two = ba.open(limits=Limits(memory=128 << 20, timeout=20))
-        assert one.run("x = 0").ok and two.run("y = 5").ok
+        bounded = b1.open(limits=Limits(memory=128 << 20, timeout=20))
+        assert one.run("x = 0").ok and two.run("y = 5").ok and bounded.run("z = 0").ok
+        stop, bounded_turns = threading.Event(), []
+
+        def keep_busy() -> None:  # its turns one after another: the front keeps its slot
+            while not stop.is_set():
+                try:
+                    r = bounded.run("z += 1; z")
+                except Exception as exc:  # a 503 while the actor is away: the failure
+                    bounded_turns.append(exc)
+                    return
+                bounded_turns.append(r.value if r.ok else r)
+
+        busy = threading.Thread(target=keep_busy, daemon=True)
+        busy.start()
         assert ask_control(rig, "ray.kill(control, no_restart=False)\nprint('killed')") \
             == ["killed"]
         turns, began = 0, time.monotonic()
+        before = len(bounded_turns)
         while True:  # until the restarted actor lists the tenant's sessions again
             r = one.run("x += 1; x")
             turns += 1
@@ -866,8 +920,15 @@ def test_a_restarted_control_actor_answers_from_the_live_slabs(rig: ClusterRig) 
                 break
             assert listed.status == 503, (listed.status, listed.text)  # away: never a 500
             assert time.monotonic() - began < 120, "the control actor did not come back"
+        away = len(bounded_turns) - before
+        stop.set()
+        busy.join(60)
         print(f"the control actor answered again {time.monotonic() - began:.1f}s after "
-              f"it was killed; {turns} turns ran meanwhile")
+              f"it was killed; {turns} turns ran meanwhile, and {away} of the max_running "
+              "tenant's")
+        assert bounded_turns == [str(n) for n in range(1, len(bounded_turns) + 1)], \
+            bounded_turns[-3:]  # every one answered, in order
+        assert away > 0
         assert sorted(s["id"] for s in json.loads(listed.text)["sessions"]) == \
             sorted([one.id, two.id])
         with pytest.raises(ServiceError) as refused:
@@ -879,3 +940,4 @@ def test_a_restarted_control_actor_answers_from_the_live_slabs(rig: ClusterRig) 
         one.close()
         ba.open(limits=Limits(memory=128 << 20, timeout=20)).close()  # room again
         two.close()
+        bounded.close()
