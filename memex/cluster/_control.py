@@ -47,6 +47,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import logging
+import os
 import secrets
 import threading
 import time
@@ -578,7 +579,8 @@ class Control:
                     "counts": dict(self.counts),
                     "checkpoints": {a.name: len(a.checkpoints)
                                     for a in self.ledger.accounts()},
-                    "loading": not self.read_back.loaded.is_set()}
+                    "loading": not self.read_back.loaded.is_set(),
+                    "pid": os.getpid()}  # the actor's process, for an operator's tools
 
     def ping(self) -> bool:
         return True
