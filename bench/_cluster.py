@@ -8,8 +8,9 @@ slab's does).
 * a trivial cell through each (RemoteBackend, turns socket): the cluster front's overhead
   is the difference of the p50s (target <= 2 ms);
 * a session create through each;
-* the control actor's own cost: directory lookups and turn admissions per second, called
-  back to back from this process (what bounds the cluster size: docs/scaling.md);
+* the control actor's own cost: directory lookups, and running slots taken and given back,
+  per second, called back to back from this process (what bounds the cluster size:
+  docs/scaling.md);
 * a worker node killed under a session: seconds from the kill to the session's next
   successful result on the other node;
 * turns/s with 1 and then 2 worker nodes (8 clients, trivial cells): on two cores this shows

@@ -54,8 +54,9 @@ class Metrics:
         self._slabs = Gauge("memex_cluster_slab", "each live slab's sessions, and the memory "
                             "its sessions' limits take of its capacity (bytes)",
                             ["node", "slab", "what"], registry=r)
-        self._running = Gauge("memex_cluster_running", "turns running across the cluster",
-                              ["tenant"], registry=r)
+        self._running = Gauge("memex_cluster_running", "running slots held across the "
+                              "cluster (a max_running tenant's turns running, and the slots "
+                              "fronts keep for their next turns)", ["tenant"], registry=r)
         self._control = Gauge("memex_cluster_control_calls", "calls the control actor "
                               "answered since it started, by kind", ["kind"], registry=r)
 
