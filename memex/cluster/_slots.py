@@ -61,7 +61,12 @@ class RunningSlots:
                 p.peak = max(p.peak, p.busy)
                 return True
             self.asks += 1
-            out = await ask(1)
+            asking = asyncio.ensure_future(ask(1))
+            try:
+                out = await asyncio.shield(asking)
+            except asyncio.CancelledError:  # the turn's caller left: what the ask brings is
+                asking.add_done_callback(lambda done: self._keep(p, done))  # held here, so
+                raise  # it goes back at a poll (dropped, the actor would count it for good)
             if isinstance(out, Slots):
                 p.held += out.n
                 continue
@@ -70,6 +75,14 @@ class RunningSlots:
             await asyncio.sleep(wait)
             waited += wait
             wait = min(wait * 2, POLL[1])
+
+    @staticmethod
+    def _keep(p: _Pool, done: asyncio.Future[Slots | Wait]) -> None:
+        """The slots an abandoned ask was granted, held (idle) by the pool."""
+        if not done.cancelled() and done.exception() is None:
+            out = done.result()
+            if isinstance(out, Slots):
+                p.held += out.n
 
     def release(self, tenant: str) -> int:
         """A turn of ``tenant`` ended: its slot stays for the front's next turn, unless

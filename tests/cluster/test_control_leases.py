@@ -325,3 +325,36 @@ def test_a_fronts_turns_keep_their_slots_and_ask_only_for_more(tmp_path: Path) -
         return [idle.poll(()), idle.poll(())]  # used since the first poll: kept once
 
     assert asyncio.run(one_turn_then_polls()) == [[], [("one", 1)]]
+
+
+def test_a_slot_granted_to_a_turn_whose_caller_left_is_held_and_given_back(
+        tmp_path: Path) -> None:
+    """A turn waiting on its ask for a slot is cancelled (its client left) while the ask is
+    under way: the slot the actor grants is held by the front (idle), and its next poll
+    gives it back, so the tenant's slots at the actor come back to none. Dropped with the
+    turn, the actor would count it held by the front for as long as the front lives (the
+    control: the grant itself reached the actor)."""
+    c = _restarted(tmp_path)
+    gate: asyncio.Event | None = None
+
+    async def ask(want: int) -> Any:
+        assert gate is not None
+        await gate.wait()  # the actor's answer, on its way back
+        return c.take_slots("one", 1, want, "front-a")
+
+    async def go() -> list[tuple[str, int]]:
+        nonlocal gate
+        gate = asyncio.Event()
+        front = RunningSlots()
+        turn = asyncio.ensure_future(front.take("one", 1, ask, 5.0))
+        await asyncio.sleep(0.01)
+        turn.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await turn
+        gate.set()
+        await asyncio.sleep(0.01)
+        assert c.ledger.held("one")["running_turns"] == 1  # granted: the control
+        assert front.held() == [["one", 1]]
+        return front.poll(())
+
+    assert asyncio.run(go()) == [("one", 1)]
