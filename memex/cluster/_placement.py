@@ -23,11 +23,14 @@ from ._replies import ControlRefusal
 from ._slab import SLAB_LEASE, Slab
 from ._storage import Storage
 
-__all__ = ["NODE_LABEL", "SUSPECT_FOR", "Placement", "SlabInfo"]
+__all__ = ["CONFIRM_WAIT", "NODE_LABEL", "SUSPECT_FOR", "Placement", "SlabInfo"]
 
 NODE_LABEL = "ray.io/node-id"
 """The label Ray gives every node: new slabs are kept off draining and suspect nodes by it."""
 
+CONFIRM_WAIT = 5.0
+"""Seconds a slab said lost has to answer before it is taken as dead (a slab that answers
+is not dead, whoever said so)."""
 SUSPECT_FOR = 60.0
 """Seconds a node that lost a slab takes no new one while other nodes can (Ray marks a dead
 machine dead only after missed heartbeats; a slab that died alone clears it this soon)."""
@@ -195,27 +198,50 @@ class Placement:
             self.slabs[name] = slab
         return slab
 
+    def _answering(self, slabs: list[SlabInfo], timeout: float) -> set[str]:
+        """The names of ``slabs`` that answer within ``timeout`` seconds, asked all at once
+        (each answer renews that slab's lease; its time is kept as its ``last_ok``)."""
+        refs = {s.handle.ready.remote(): s for s in slabs}
+        done, _ = self._ray.wait(list(refs), num_returns=len(refs), timeout=timeout)
+        answering = set()
+        for ref in done:
+            try:
+                self._ray.get(ref, timeout=0)
+            except Exception:  # it died: its answer is its error
+                continue
+            s = refs[ref]
+            s.last_ok = time.monotonic()
+            answering.add(s.name)
+        return answering
+
     def mark_dead(self, name: str, why: str) -> None:
-        """A slab said lost (by a front, or the monitor), checked first: one that answers
-        is not dead. A dead one's sessions are left without a slab, fenced until its lease
-        has run out (it may serve until then), and its node is suspect for a while."""
+        """A slab said lost (by a front), checked first: one that answers within 5 s is not
+        dead. The other live slabs of its node are checked with it, at once (a lost machine
+        takes them all: each found then, not one monitor round after another). A dead one's
+        sessions are left without a slab, fenced until its lease has run out (it may serve
+        until then), and its node is suspect for a while."""
         with self.lock:
             slab = self.slabs.get(name)
             if slab is None or slab.dead is not None:
                 return
-        try:  # a front's word is checked: a slab that answers is not dead
-            self._ray.get(slab.handle.ready.remote(), timeout=5)
-            slab.last_ok = time.monotonic()
-            return
-        except Exception:  # dead, or unreachable for 5 s: replaced
-            pass
+            mates = [s for s in self.slabs.values()
+                     if s.node == slab.node and s.dead is None and s is not slab]
+        answering = self._answering([slab, *mates], CONFIRM_WAIT)
+        for s in (slab, *mates):
+            if s.name not in answering:
+                self._dead(s, why if s is slab else
+                           "a slab of its node was lost and it did not answer either")
+
+    def _dead(self, slab: SlabInfo, why: str) -> None:
         fence = slab.last_ok + SLAB_LEASE + 0.25
         with self.lock:
+            if slab.dead is not None:
+                return
             slab.dead = why
             self.suspect[slab.node] = time.monotonic()
             for sid in slab.sessions:
                 e = self.directory.get(sid)
-                if e is not None and e.slab == name:
+                if e is not None and e.slab == slab.name:
                     e.slab, e.fence = None, fence
             slab.sessions.clear()
             slab.used = 0
@@ -223,15 +249,19 @@ class Placement:
             self._ray.kill(slab.handle)
 
     def ping(self, every: float) -> None:
-        """Ask every live slab whether it is there (each answer renews its lease); a silent
-        one is marked dead."""
-        refs = [(s, s.handle.ready.remote()) for s in self.live()]
-        for s, ref in refs:
-            try:
-                self._ray.get(ref, timeout=max(2.0, every * 2))
-                s.last_ok = time.monotonic()
-            except Exception:
-                self.mark_dead(s.name, "it stopped answering")
+        """Ask every live slab whether it is there, all at once (each answer renews its
+        lease); those silent for ``every`` * 2 seconds (at least 2) are asked again, together,
+        and those silent for :data:`CONFIRM_WAIT` more are dead."""
+        live = self.live()
+        if not live:
+            return
+        answering = self._answering(live, max(2.0, every * 2))
+        silent = [s for s in live if s.name not in answering]
+        if silent:
+            confirmed = self._answering(silent, CONFIRM_WAIT)
+            for s in silent:
+                if s.name not in confirmed:
+                    self._dead(s, "it stopped answering")
 
     def retire_empty(self) -> None:
         """Give back to Ray the slabs that held no session for ``idle`` seconds (the last
