@@ -798,11 +798,11 @@ class ClusterService(Service):
             sb = s.sandbox
             assert isinstance(sb, ClusterSandbox)
             bounded = tenant.max_running is not None
-            if tenant.turns_per_second:
-                await self._token(tenant)
-            if bounded:
-                await self._slot(tenant, sb)
+            if bounded:  # its slot first: a turn that waits for one and is refused has
+                await self._slot(tenant, sb)  # spent none of its rate
             try:
+                if tenant.turns_per_second:
+                    await self._token(tenant)
                 if sb.notice_pending:
                     await anyio.to_thread.run_sync(sb.take_pending_notice)
                 self._running[s.id] = self._running.get(s.id, 0) + 1

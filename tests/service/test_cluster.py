@@ -105,7 +105,8 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterRig]:
             "one": "key-one-" + "w" * 20, "gone": "key-gone-" + "z" * 20,
             "ops": "key-ops-" + "v" * 20, "pkg": "key-pkg-" + "u" * 20,
             "two": "key-two-" + "t" * 20, "rated": "key-rated-" + "r" * 20,
-            "lots": "key-lots-" + "l" * 20, "pair": "key-pair-" + "p" * 20}
+            "lots": "key-lots-" + "l" * 20, "pair": "key-pair-" + "p" * 20,
+            "capped": "key-capped-" + "c" * 20}
     tenants = {"a": "max_sessions = 50\n[tenants.a.ceiling]\nmemory = 536870912\n",
                "small": "max_sessions = 3\n[tenants.small.ceiling]\nmemory = 268435456\n",
                "one": "max_running = 1\n[tenants.one.ceiling]\nmemory = 268435456\n",
@@ -119,7 +120,9 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterRig]:
                         "memory = 268435456\n",
                "lots": "turns_per_second = 1000\n[tenants.lots.ceiling]\n"
                        "memory = 268435456\n",
-               "pair": "max_running = 2\n[tenants.pair.ceiling]\nmemory = 268435456\n"}
+               "pair": "max_running = 2\n[tenants.pair.ceiling]\nmemory = 268435456\n",
+               "capped": "max_running = 1\nturns_per_second = 100\n"
+                         "[tenants.capped.ceiling]\nmemory = 268435456\n"}
     rig.keys, rig.tenants = keys, tenants
     try:
         for name in ("front-a", "front-b"):
@@ -376,6 +379,33 @@ def test_a_bounded_tenants_fronts_keep_their_running_slots(rig: ClusterRig) -> N
         assert w0 >= first_end - 0.05, (w0, spans)  # never a third at once
         for sb in [*sbs, other]:
             sb.close()
+
+
+def test_a_turn_refused_for_want_of_a_slot_spends_none_of_the_rate(rig: ClusterRig) -> None:
+    """A tenant of ``max_running = 1`` and a rate: a long turn through front a holds its
+    slot while a turn through front b waits for it and is refused (429, its timeout); the
+    refused turn took none of the tenant's rate tokens (front b never asked the control
+    actor for a batch: a turn takes its slot before its token). The control: the long turn
+    through front a did ask for one."""
+    a, b = rig.fronts
+    key = rig.keys["capped"]
+    with backend(a, key) as fa, backend(b, key) as fb:
+        holder = fa.open(limits=Limits(memory=64 << 20, timeout=20))
+        waiter = fb.open(limits=Limits(memory=64 << 20, timeout=1))
+        asked = control_calls(a, "token_batches")
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            long = pool.submit(holder.run, "import time; time.sleep(3)")
+            time.sleep(0.5)  # it runs, holding the one slot and a token
+            took = control_calls(a, "token_batches") - asked
+            with pytest.raises(ServiceError) as waited:
+                waiter.run("1")
+            assert waited.value.status == 429, waited.value
+            refused_took = control_calls(a, "token_batches") - asked - took
+            assert long.result().ok
+        assert took == 1, took  # the control: the turn that ran asked for its batch
+        assert refused_took == 0, refused_took
+        holder.close()
+        waiter.close()
 
 
 def test_turns_of_a_bounded_tenant_run_on_while_the_control_actor_is_frozen(
