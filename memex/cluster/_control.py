@@ -55,12 +55,12 @@ from typing import Any
 
 import msgpack
 
-from ..backends.internal import Ledger, error_to_wire, limits_from_wire
-from ..errors import ConfigError, MemexError
+from ..backends.internal import Ledger, limits_from_wire
+from ..errors import ConfigError
 from ..runtime_wasm.internal import DecodeCost, unpack_bounded
 from ..serving.internal import DoorKit
 from ._checkpoints import Checkpoints, checkpoint_key
-from ._direct import Outcome
+from ._direct import Outcome, raised
 from ._directory import Directory, Entry
 from ._leases import FRONT_LEASE
 from ._placement import Placement, SlabInfo, SlabSettings
@@ -235,7 +235,7 @@ class Control:
         except ControlRefusal as refusal:
             return refusal.reply()
         except Exception as exc:  # a typed answer for the front
-            return Failed(_wire(exc))
+            return Failed(raised(exc).error)
         return Granted(self._out(e))
 
     def fork(self, tenant: str, bounds: dict[str, Any], sid: str) -> Reply:
@@ -244,7 +244,7 @@ class Control:
         try:
             self.read_back.tenant(tenant)
         except Exception as exc:
-            return Failed(_wire(exc))
+            return Failed(raised(exc).error)
         with self.lock:
             p = self.directory.of(tenant, sid)
         if p is None or p.slab is None:
@@ -297,7 +297,7 @@ class Control:
         except ControlRefusal as refusal:
             return refusal.reply()
         except Exception as exc:
-            return Failed(_wire(exc))
+            return Failed(raised(exc).error)
         return Granted(self._out(e))
 
     def lookup(self, tenant: str, sid: str) -> dict[str, Any] | None:
@@ -584,9 +584,3 @@ class Control:
 
     def ping(self) -> bool:
         return True
-
-
-def _wire(exc: BaseException) -> list[Any]:
-    if isinstance(exc, MemexError):
-        return list(error_to_wire(exc))
-    return ["SandboxError", f"{type(exc).__name__}: {exc}", None]

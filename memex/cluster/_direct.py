@@ -26,7 +26,7 @@ from ..errors import MemexError, SandboxClosed
 
 __all__ = ["DIRECT", "Answer", "Call", "DirectMessage", "Done", "Hello", "NotHeld",
            "NotHeldHere", "Outcome", "Raised", "Started", "Welcome", "from_wire",
-           "outcome_of", "to_wire"]
+           "outcome_of", "raised", "to_wire"]
 
 DIRECT = frozenset({"run", "read_file", "write_file", "list_files", "checkpoint", "restore",
                     "save"})
@@ -90,17 +90,23 @@ class NotHeldHere(Exception):
         self.sid, self.lease = sid, lease
 
 
+def raised(exc: BaseException) -> Raised:
+    """``exc`` on the wire: MemEx's own as itself, anything else as a ``SandboxError`` naming
+    its type (the one translation for the slabs' answers and the control actor's)."""
+    if isinstance(exc, MemexError):
+        return Raised(list(error_to_wire(exc)))
+    return Raised(["SandboxError", f"{type(exc).__name__}: {exc}", None])
+
+
 def outcome_of(fn: Callable[..., Any], *args: Any) -> Outcome:
     """``fn(*args)`` as an outcome: :class:`Done`, :class:`NotHeld`, or :class:`Raised` for
-    what else it raised (anything not MemEx's as a ``SandboxError`` naming its type)."""
+    what else it raised (:func:`raised`)."""
     try:
         return Done(fn(*args))
     except NotHeldHere as exc:
         return NotHeld(exc.sid, exc.lease)
-    except MemexError as exc:
-        return Raised(list(error_to_wire(exc)))
     except Exception as exc:
-        return Raised(["SandboxError", f"{type(exc).__name__}: {exc}", None])
+        return raised(exc)
 
 
 # ---- the direct path's messages ---------------------------------------------------------------

@@ -192,7 +192,11 @@ class Placement:
             raise ControlRefusal("busy", "the cluster has no node with room for another "
                                  f"slab of {s.memory} bytes and {s.cpus} "
                                  "CPUs; retry later, or add nodes", retry_after=5) from None
-        slab = SlabInfo(name, handle, str(info["node"]), s.memory,
+        return self._known(name, handle, info)
+
+    def _known(self, name: str, handle: Any, info: dict[str, Any]) -> SlabInfo:
+        """A slab that answered ``ready`` (``info``), in the placement's slabs."""
+        slab = SlabInfo(name, handle, str(info["node"]), self.settings.memory,
                         list(info["endpoint"]), bytes(info["secret"]))
         with self.lock:
             self.slabs[name] = slab
@@ -302,11 +306,7 @@ class Placement:
                 held = self._ray.get(handle.holding.remote(), timeout=5)
             except Exception:
                 continue
-            slab = SlabInfo(name, handle, str(info["node"]), self.settings.memory,
-                            list(info["endpoint"]), bytes(info["secret"]))
-            with self.lock:
-                self.slabs[name] = slab
-            yield slab, held
+            yield self._known(name, handle, info), held
 
     def stats(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """(nodes, slabs) as the cluster's view shows them."""
